@@ -1,0 +1,47 @@
+# Two entry points for a fresh machine: `make demo` (the main job) and `make test`.
+# Everything else here is what those two need; each target installs what it uses.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+NODE_STAMP := workers/node_modules/.installed-stamp
+
+.PHONY: demo test lint typecheck unit deps node-deps bench soak clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+$(NODE_STAMP): workers/package.json workers/package-lock.json
+	npm ci --prefix workers --no-audit --no-fund --loglevel=error
+	touch $(NODE_STAMP)
+
+deps: $(STAMP)
+node-deps: $(NODE_STAMP)
+
+## demo: validate the example policy and show what it defines
+demo: $(STAMP)
+	@echo "== edgegen validate examples/policy.yaml"
+	@$(BIN)/edgegen validate examples/policy.yaml
+	@echo
+	@echo "== edgegen show examples/policy.yaml"
+	@$(BIN)/edgegen show examples/policy.yaml
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP) $(NODE_STAMP)
+	$(BIN)/python -m pytest
+
+## test: install into .venv (and workers/node_modules), then ruff, mypy --strict, pytest
+test: lint typecheck unit
+
+clean:
+	rm -rf $(VENV) workers/node_modules .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""applimit: exact, shared, per-tier rate limits in Redis for Python apps."""

@@ -1,0 +1,159 @@
+"""``edgegen validate``, ``edgegen show`` and ``edgegen schema``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import policy
+from policy import Diagnostic, Policy, Severity
+
+
+def register(sub: Any) -> None:
+    """Add the policy commands to the CLI."""
+    validate = sub.add_parser(
+        "validate",
+        help="check a policy file (exit 0 valid, 1 errors)",
+        description="Load a policy, report every error with file, line and field, and lint it.",
+    )
+    validate.add_argument("policy", metavar="POLICY", help="the policy file (YAML)")
+    validate.add_argument(
+        "--strict", action="store_true", help="treat warnings as errors (exit 1 on any warning)"
+    )
+    validate.add_argument("--format", choices=("text", "json"), default="text")
+    validate.add_argument("--quiet", "-q", action="store_true", help="print errors only")
+    validate.set_defaults(func=run_validate)
+
+    show = sub.add_parser(
+        "show", help="print what a policy defines", description="Summarise a policy's limits."
+    )
+    show.add_argument("policy", metavar="POLICY")
+    show.add_argument("--format", choices=("text", "json"), default="text")
+    show.set_defaults(func=run_show)
+
+    schema = sub.add_parser(
+        "schema",
+        help="print the policy file's JSON Schema",
+        description="Print the JSON Schema of the policy file, for editors and CI.",
+    )
+    schema.set_defaults(func=run_schema)
+
+
+def _counts(found: list[Diagnostic]) -> dict[Severity, int]:
+    return {s: sum(1 for d in found if d.severity is s) for s in Severity}
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    """Validate and lint; exit 1 on errors (or warnings with --strict)."""
+    try:
+        loaded = policy.load(args.policy)
+    except policy.PolicyLoadError as exc:
+        if args.format == "json":
+            _print_json(
+                {
+                    "file": args.policy,
+                    "valid": False,
+                    "diagnostics": [d.to_json() for d in exc.diagnostics],
+                }
+            )
+            return 1
+        raise
+    found = policy.lint(loaded)
+    counts = _counts(found)
+    failing = counts[Severity.ERROR] + (counts[Severity.WARNING] if args.strict else 0)
+    if args.format == "json":
+        _print_json(
+            {
+                "file": args.policy,
+                "valid": failing == 0,
+                "strict": args.strict,
+                "limits": len(loaded.limits),
+                "diagnostics": [d.to_json() for d in found],
+            }
+        )
+        return 1 if failing else 0
+    for diagnostic in found:
+        if args.quiet and diagnostic.severity is not Severity.ERROR:
+            continue
+        stream = sys.stderr if diagnostic.severity is not Severity.INFO else sys.stdout
+        stream.write(f"{diagnostic.format()} [{diagnostic.severity.value} {diagnostic.code}]\n")
+    summary = (
+        f"{_plural(counts[Severity.ERROR], 'error')}, "
+        f"{_plural(counts[Severity.WARNING], 'warning')}, {counts[Severity.INFO]} info"
+    )
+    if failing:
+        why = " (--strict: warnings count as errors)" if args.strict else ""
+        sys.stderr.write(f"{args.policy}: invalid{why}: {summary}\n")
+        return 1
+    if not args.quiet:
+        edge = sum(1 for limit in loaded.limits if limit.edge)
+        app = sum(1 for limit in loaded.limits if limit.app)
+        sys.stdout.write(
+            f"{args.policy}: valid: {_plural(len(loaded.limits), 'limit')} "
+            f"({edge} edge, {app} app), {summary}\n"
+        )
+    return 0
+
+
+def describe(loaded: Policy) -> list[dict[str, Any]]:
+    """A plain summary of each limit: what it matches and how it is enforced."""
+    rows: list[dict[str, Any]] = []
+    for limit in loaded.limits:
+        match = limit.match
+        parts = []
+        if match.methods:
+            parts.append(" ".join(match.methods))
+        parts.extend(match.paths)
+        parts.extend(f"{p}*" for p in match.path_prefix)
+        if match.hosts:
+            parts.append("on " + ", ".join(match.hosts))
+        row: dict[str, Any] = {"name": limit.name, "match": " ".join(parts) or "every request"}
+        if limit.edge:
+            edge = limit.edge
+            who = "unauthenticated " if edge.unauthenticated_only else ""
+            row["edge"] = f"{edge.rate} per {who}IP, {edge.action.value}"
+        if limit.app:
+            app = limit.app
+            tiers = ", ".join(
+                f"{tier} {' + '.join(str(r) for r in rates)}" for tier, rates in app.tiers.items()
+            )
+            shadow = " (shadow)" if not app.enforce else ""
+            approx = " (approximate)" if app.mode.value == "approximate" else ""
+            row["app"] = f"{app.algorithm.value} per {app.per.value}{shadow}{approx}: {tiers}"
+        rows.append(row)
+    return rows
+
+
+def run_show(args: argparse.Namespace) -> int:
+    """Print a table of the policy's limits."""
+    loaded = policy.load(args.policy)
+    rows = describe(loaded)
+    if args.format == "json":
+        _print_json({"file": args.policy, "tiers": list(loaded.tiers), "limits": rows})
+        return 0
+    plan = loaded.cloudflare.plan.value if loaded.cloudflare else "none"
+    out = [f"{args.policy}: {len(rows)} limits, tiers {' < '.join(loaded.tiers)}, plan {plan}"]
+    for row in rows:
+        out.append(f"  {row['name']}: {row['match']}")
+        if "edge" in row:
+            out.append(f"      edge: {row['edge']}")
+        if "app" in row:
+            out.append(f"      app:  {row['app']}")
+    sys.stdout.write("\n".join(out) + "\n")
+    return 0
+
+
+def run_schema(args: argparse.Namespace) -> int:
+    """Print the JSON Schema."""
+    _print_json(policy.json_schema())
+    return 0
+
+
+def _print_json(value: object) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=False) + "\n")

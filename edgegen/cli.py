@@ -1,0 +1,80 @@
+"""The ``edgegen`` command line: a thin shell over the library.
+
+Each command module registers its subcommands; this module parses arguments, runs the
+command, and maps every library error to a message and an exit code in one place, so that
+a user mistake never ends in a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+from policy import PolicyLoadError
+
+from . import _cli_policy
+from .errors import EdgegenError
+
+Handler = Callable[[argparse.Namespace], int]
+
+# Modules that add subcommands; each has ``register(subparsers) -> None`` and sets
+# ``func`` on its parsers. Order here is the order of ``edgegen --help``.
+COMMAND_MODULES = (_cli_policy,)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors exit 2 with one clear line (no traceback)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"edgegen: error: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (exposed for docs and tests)."""
+    parser = _Parser(
+        prog="edgegen",
+        description="Compile a rate-limit policy to Cloudflare rules and a Worker; "
+        "validate, plan, apply and diff it.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for module in COMMAND_MODULES:
+        module.register(sub)
+    return parser
+
+
+def print_load_error(error: PolicyLoadError, stream: TextIO) -> None:
+    """Print every diagnostic of a failed load, one per line, and a count."""
+    for diagnostic in error.diagnostics:
+        stream.write(f"{diagnostic.format()} [error {diagnostic.code}]\n")
+    count = len(error.diagnostics)
+    stream.write(f"{count} error{'s' if count != 1 else ''}: the policy was not loaded\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run edgegen; returns the exit code (0 ok, 1 error, 2 usage or 'changes' for plan)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.func
+    try:
+        return handler(args)
+    except PolicyLoadError as exc:
+        print_load_error(exc, sys.stderr)
+        return exc.exit_code
+    except EdgegenError as exc:
+        sys.stderr.write(f"edgegen: error: {exc}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("edgegen: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        # `edgegen schema | head` closes the pipe early; that is not an error.
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""The rate-limit policy: one declarative file that drives the edge and the app.
+
+Public surface::
+
+    policy.load(path) / policy.loads(text)   -> Policy   (raises PolicyLoadError)
+    policy.lint(policy)                      -> list[Diagnostic]
+    policy.json_schema()                     -> dict
+    Rate, Duration, Algorithm, Action, Plan, ...   the shared vocabulary
+    Matcher, normalize_path                  request matching, the same at edge and app
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._errors import Diagnostic, PolicyError, PolicyLoadError, Severity
+from ._lint import allowance, lint, sliding_log_bytes
+from ._loader import Position, SourceMap, format_path, load, loads
+from ._match import Matcher, normalize_host, normalize_path
+from ._model import (
+    App,
+    AppLimit,
+    AuthenticatedWhen,
+    Cloudflare,
+    EdgeLimit,
+    Limit,
+    Match,
+    Policy,
+    Worker,
+)
+from ._vocab import (
+    Action,
+    Algorithm,
+    AppKey,
+    Duration,
+    EdgeKey,
+    EdgeTarget,
+    Mode,
+    OnRedisError,
+    Plan,
+    Rate,
+)
+
+
+def json_schema() -> dict[str, Any]:
+    """The policy file's JSON Schema (draft 2020-12), for editors and CI validation."""
+    schema = Policy.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "Rate-limit policy"
+    return schema
+
+
+__all__ = [
+    "Action",
+    "Algorithm",
+    "App",
+    "AppKey",
+    "AppLimit",
+    "AuthenticatedWhen",
+    "Cloudflare",
+    "Diagnostic",
+    "Duration",
+    "EdgeKey",
+    "EdgeLimit",
+    "EdgeTarget",
+    "Limit",
+    "Match",
+    "Matcher",
+    "Mode",
+    "OnRedisError",
+    "Plan",
+    "Policy",
+    "PolicyError",
+    "PolicyLoadError",
+    "Position",
+    "Rate",
+    "Severity",
+    "SourceMap",
+    "Worker",
+    "allowance",
+    "format_path",
+    "json_schema",
+    "lint",
+    "load",
+    "loads",
+    "normalize_host",
+    "normalize_path",
+    "sliding_log_bytes",
+]

@@ -1,0 +1,288 @@
+"""The lint pass: checks that need the whole policy, each with a stable code and severity.
+
+Codes are part of the public contract (CI configurations filter on them):
+
+======  ========  ==============================================================
+code    severity  meaning
+======  ========  ==============================================================
+L001    error     two limits have the same name
+L002    error     an app limit names a tier that ``tiers`` does not list
+L003    warning   a ``${VAR}`` without default is not set in the environment
+L004    error     edge limits are defined but there is no ``cloudflare`` section
+L101    warning   a higher tier gets less than a lower one
+L102    warning   an edge limit is stricter than the app's lowest tier on its route
+L103    warning   a sliding log whose limit makes memory per identity large
+L104    warning   two limits have identical matchers
+L105    info      two limits' matchers overlap (a request counts against both)
+L106    warning   an app limit gives no rate for some tier (that tier is unlimited)
+L107    info      a limit runs in shadow mode (enforce: false)
+L108    warning   unauthenticated_only with no credentials in authenticated_when
+L2xx    *         what the zone's Cloudflare plan can express (policy.capabilities)
+======  ========  ==============================================================
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from ._errors import Diagnostic, Severity
+from ._loader import FieldPath, SourceMap, format_path
+from ._model import AppLimit, Limit, Policy
+from ._vocab import Algorithm, AppKey, Rate
+
+# Above this, a sliding log costs more Redis memory per identity than users expect; the
+# sorted set leaves its compact listpack encoding after 128 entries (see docs/policy.md).
+SLIDING_LOG_MEMORY_WARN_BYTES = 32 * 1024
+_LISTPACK_MAX_ENTRIES = 128
+_LISTPACK_BYTES_PER_ENTRY = 40
+_SKIPLIST_BYTES_PER_ENTRY = 140
+
+
+def sliding_log_bytes(limit: int) -> int:
+    """Estimated Redis memory of a full sliding log of ``limit`` entries (Redis 7)."""
+    per_entry = (
+        _LISTPACK_BYTES_PER_ENTRY if limit <= _LISTPACK_MAX_ENTRIES else _SKIPLIST_BYTES_PER_ENTRY
+    )
+    return limit * per_entry
+
+
+def allowance(rates: tuple[Rate, ...], window_ms: int) -> float:
+    """The most requests a set of rates admits in a window of ``window_ms`` (all must hold)."""
+    best = float("inf")
+    for rate in rates:
+        periods = max(1.0, window_ms / rate.period.ms)
+        best = min(best, rate.limit * periods)
+    return best
+
+
+class _Linter:
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.source: SourceMap | None = policy._source
+        self.found: list[Diagnostic] = []
+
+    def add(
+        self,
+        code: str,
+        severity: Severity,
+        path: FieldPath,
+        message: str,
+        limit: str | None = None,
+    ) -> None:
+        pos = self.source.locate(path) if self.source else None
+        self.found.append(
+            Diagnostic(
+                message=message,
+                code=code,
+                severity=severity,
+                file=self.source.file if self.source else None,
+                line=pos.line if pos else None,
+                column=pos.column if pos else None,
+                path=format_path(path),
+                limit=limit,
+            )
+        )
+
+    def run(self) -> list[Diagnostic]:
+        self.env()
+        self.names()
+        self.cloudflare()
+        for index, limit in enumerate(self.policy.limits):
+            if limit.app is not None:
+                self.app_limit(index, limit, limit.app)
+            if limit.edge is not None:
+                self.edge_limit(index, limit)
+        self.matchers()
+        self.edge_versus_app()
+        return sorted(self.found, key=lambda d: (d.line or 0, d.column or 0, d.code))
+
+    def env(self) -> None:
+        if self.source is None:
+            return
+        for path, name in self.source.unset_env:
+            self.add(
+                "L003",
+                Severity.WARNING,
+                path,
+                f"environment variable {name} is not set; set it, or give a default with "
+                f"${{{name}:-value}}",
+            )
+
+    def names(self) -> None:
+        first: dict[str, int] = {}
+        for index, limit in enumerate(self.policy.limits):
+            if limit.name in first:
+                self.add(
+                    "L001",
+                    Severity.ERROR,
+                    ("limits", index, "name"),
+                    f"limit name {limit.name!r} is already used by limits[{first[limit.name]}];"
+                    " names must be unique (they name rules and Redis keys)",
+                    limit.name,
+                )
+            else:
+                first[limit.name] = index
+
+    def cloudflare(self) -> None:
+        if self.policy.cloudflare is None:
+            for index, limit in enumerate(self.policy.limits):
+                if limit.edge is not None:
+                    self.add(
+                        "L004",
+                        Severity.ERROR,
+                        ("limits", index, "edge"),
+                        f"limit {limit.name!r} has an edge part but the policy has no "
+                        "'cloudflare' section; add one with the zone's plan",
+                        limit.name,
+                    )
+
+    def app_limit(self, index: int, limit: Limit, app: AppLimit) -> None:
+        base: FieldPath = ("limits", index, "app")
+        known = self.policy.tiers
+        for tier in app.tiers:
+            if tier not in known:
+                self.add(
+                    "L002",
+                    Severity.ERROR,
+                    (*base, "tiers", tier),
+                    f"tier {tier!r} is not one of the policy's tiers ({', '.join(known)}); "
+                    "fix the name or add it to 'tiers'",
+                    limit.name,
+                )
+        missing = [t for t in known if t not in app.tiers]
+        if missing and any(t in known for t in app.tiers):
+            self.add(
+                "L106",
+                Severity.WARNING,
+                (*base, "tiers"),
+                f"no rate for tier(s) {', '.join(missing)}: callers in them are not limited by "
+                f"{limit.name!r}; give every tier a rate",
+                limit.name,
+            )
+        ordered = [(t, app.tiers[t]) for t in known if t in app.tiers]
+        windows = sorted({r.period.ms for _, rates in ordered for r in rates})
+        for (low_name, low), (high_name, high) in itertools.pairwise(ordered):
+            for window in windows:
+                if allowance(high, window) < allowance(low, window):
+                    self.add(
+                        "L101",
+                        Severity.WARNING,
+                        (*base, "tiers", high_name),
+                        f"tier {high_name!r} admits fewer requests than the lower tier "
+                        f"{low_name!r} ({_fmt(allowance(high, window))} vs "
+                        f"{_fmt(allowance(low, window))} per {_window(window)}); tiers are "
+                        "ordered least to most generous",
+                        limit.name,
+                    )
+                    break
+        if app.algorithm is Algorithm.SLIDING_LOG:
+            for tier, rates in app.tiers.items():
+                for rate in rates:
+                    size = sliding_log_bytes(rate.limit)
+                    if size > SLIDING_LOG_MEMORY_WARN_BYTES:
+                        self.add(
+                            "L103",
+                            Severity.WARNING,
+                            (*base, "tiers", tier),
+                            f"sliding_log keeps one entry per request: {rate} needs about "
+                            f"{size // 1024} KB of Redis memory per {app.per.value}; use "
+                            "algorithm gcra or sliding_window (constant memory)",
+                            limit.name,
+                        )
+        if not app.enforce:
+            self.add(
+                "L107",
+                Severity.INFO,
+                (*base, "enforce"),
+                f"limit {limit.name!r} is in shadow mode: decisions are reported, never enforced",
+                limit.name,
+            )
+
+    def edge_limit(self, index: int, limit: Limit) -> None:
+        assert limit.edge is not None
+        when = self.policy.authenticated_when
+        if limit.edge.unauthenticated_only and not (when.headers or when.cookies):
+            self.add(
+                "L108",
+                Severity.WARNING,
+                ("limits", index, "edge"),
+                f"limit {limit.name!r} counts unauthenticated requests only, but "
+                "authenticated_when lists no headers or cookies, so every request counts; "
+                "add authenticated_when or set unauthenticated_only: false",
+                limit.name,
+            )
+
+    def matchers(self) -> None:
+        limits = self.policy.limits
+        compiled = [limit.match.matcher() for limit in limits]
+        for i in range(len(limits)):
+            for j in range(i + 1, len(limits)):
+                if limits[i].name == limits[j].name:
+                    continue
+                if compiled[i].same_as(compiled[j]):
+                    self.add(
+                        "L104",
+                        Severity.WARNING,
+                        ("limits", j, "match"),
+                        f"limits {limits[i].name!r} and {limits[j].name!r} match exactly the "
+                        "same requests; merge them into one limit",
+                        limits[j].name,
+                    )
+                elif compiled[i].overlaps(compiled[j]):
+                    self.add(
+                        "L105",
+                        Severity.INFO,
+                        ("limits", j, "match"),
+                        f"limits {limits[i].name!r} and {limits[j].name!r} overlap: a request "
+                        "matching both counts against both",
+                        limits[j].name,
+                    )
+
+    def edge_versus_app(self) -> None:
+        limits = self.policy.limits
+        lowest = self.policy.tiers[0] if self.policy.tiers else None
+        for i, edge_owner in enumerate(limits):
+            edge = edge_owner.edge
+            if edge is None:
+                continue
+            for app_owner in limits:
+                app = app_owner.app
+                if app is None or lowest is None or lowest not in app.tiers:
+                    continue
+                # Edge counts anonymous traffic per IP and the app counts users: no conflict.
+                if edge.unauthenticated_only and app.per is AppKey.USER:
+                    continue
+                # Only an edge limit covering the app limit's whole route hides it.
+                if app_owner is not edge_owner and not edge_owner.match.matcher().covers(
+                    app_owner.match.matcher()
+                ):
+                    continue
+                window = edge.rate.period.ms
+                edge_allows = allowance((edge.rate,), window)
+                app_allows = allowance(app.tiers[lowest], window)
+                if edge_allows < app_allows:
+                    self.add(
+                        "L102",
+                        Severity.WARNING,
+                        ("limits", i, "edge", "rate"),
+                        f"edge limit {edge.rate} per IP on {edge_owner.name!r} is stricter than "
+                        f"the {lowest!r} tier of {app_owner.name!r} "
+                        f"({_fmt(app_allows)} per {_window(window)}), so clients hit the edge "
+                        "first and the app limit never applies; loosen the edge limit",
+                        edge_owner.name,
+                    )
+
+
+def _fmt(value: float) -> str:
+    return f"{value:,.0f}" if value == int(value) else f"{value:,.1f}"
+
+
+def _window(ms: int) -> str:
+    from ._vocab import Duration
+
+    return str(Duration(ms))
+
+
+def lint(policy: Policy) -> list[Diagnostic]:
+    """Check a loaded policy as a whole; returns findings sorted by their place in the file."""
+    return _Linter(policy).run()

@@ -1,0 +1,188 @@
+"""Request matching: one meaning for `match:` at the edge and in the app.
+
+A matcher selects requests by path (exact paths or path prefixes), method and host. Empty
+criteria match everything. Paths and prefixes combine with OR; path, method and host combine
+with AND. Paths are compared after the same normalisation the Cloudflare edge and the Workers
+runtime apply (query and fragment dropped, dot segments resolved, non-ASCII percent-encoded),
+case-sensitively. Hosts are compared case-insensitively without the port; ``*.example.com``
+matches every subdomain of example.com but not example.com itself.
+
+This module is pure and has no dependency on pydantic, so the app's hot path can use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Characters WHATWG's URL parser leaves unescaped in a path; everything else is
+# percent-encoded, so a path compares the same here as in the Worker's `new URL()`.
+_PATH_SAFE = frozenset(
+    b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~!$&'()*+,;=:@/%[]\\^|"
+)
+_DOT_SEGMENTS = {".", "%2e", "%2E"}
+_DOTDOT_SEGMENTS = {"..", ".%2e", ".%2E", "%2e.", "%2E.", "%2e%2e", "%2E%2E", "%2e%2E", "%2E%2e"}
+MAX_PATH_LENGTH = 16_384
+
+
+def normalize_path(raw: str | bytes) -> str:
+    """Return the path part of a request target the way the edge sees it.
+
+    Drops query and fragment, makes the path absolute, resolves ``.`` and ``..`` segments,
+    treats ``\\`` as ``/`` (as browsers and workerd do for http URLs) and percent-encodes
+    bytes outside the URL path set. Never raises: undecodable bytes are percent-encoded.
+    """
+    data = raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else raw
+    data = data[: MAX_PATH_LENGTH * 3]
+    for sep in (b"?", b"#"):
+        cut = data.find(sep)
+        if cut >= 0:
+            data = data[:cut]
+    encoded = "".join(chr(b) if b in _PATH_SAFE else f"%{b:02X}" for b in data)
+    encoded = encoded.replace("\\", "/")
+    if not encoded.startswith("/"):
+        encoded = "/" + encoded
+    out: list[str] = []
+    segments = encoded.split("/")[1:]
+    for index, segment in enumerate(segments):
+        last = index == len(segments) - 1
+        if segment in _DOT_SEGMENTS:
+            if last:
+                out.append("")
+            continue
+        if segment in _DOTDOT_SEGMENTS:
+            if out:
+                out.pop()
+            if last:
+                out.append("")
+            continue
+        out.append(segment)
+    return "/" + "/".join(out)
+
+
+def normalize_host(raw: str | None) -> str:
+    """Lower-case a Host header value and strip its port (IPv6 brackets kept)."""
+    if not raw:
+        return ""
+    host = raw.strip().lower()
+    if host.startswith("["):
+        end = host.find("]")
+        return host[: end + 1] if end >= 0 else host
+    if host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    return host.rstrip(".")
+
+
+def host_matches(pattern: str, host: str) -> bool:
+    """True when a normalised host matches a policy host (exact, or ``*.`` wildcard)."""
+    if pattern.startswith("*."):
+        return host.endswith(pattern[1:]) and len(host) > len(pattern) - 1
+    return host == pattern
+
+
+@dataclass(frozen=True, slots=True)
+class Matcher:
+    """A compiled `match:` block. Build it with ``Matcher.create`` or from a policy limit."""
+
+    paths: frozenset[str] = frozenset()
+    path_prefixes: tuple[str, ...] = ()
+    methods: frozenset[str] = frozenset()
+    hosts: tuple[str, ...] = ()
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        paths: tuple[str, ...] | list[str] = (),
+        path_prefixes: tuple[str, ...] | list[str] = (),
+        methods: tuple[str, ...] | list[str] = (),
+        hosts: tuple[str, ...] | list[str] = (),
+    ) -> Matcher:
+        """Build a matcher, normalising methods to upper case and hosts to lower case."""
+        return cls(
+            paths=frozenset(paths),
+            path_prefixes=tuple(path_prefixes),
+            methods=frozenset(m.upper() for m in methods),
+            hosts=tuple(h.lower() for h in hosts),
+        )
+
+    @property
+    def matches_all_paths(self) -> bool:
+        """True when the matcher puts no condition on the path."""
+        return not self.paths and not self.path_prefixes
+
+    def matches(self, method: str, path: str, host: str | None = None) -> bool:
+        """Decide whether a request matches; ``path`` must already be normalised."""
+        if self.methods and method.upper() not in self.methods:
+            return False
+        if self.hosts:
+            name = normalize_host(host)
+            if not any(host_matches(p, name) for p in self.hosts):
+                return False
+        return self.matches_path(path)
+
+    def matches_path(self, path: str) -> bool:
+        """Decide the path part alone; ``path`` must already be normalised."""
+        if self.matches_all_paths:
+            return True
+        return path in self.paths or any(path.startswith(p) for p in self.path_prefixes)
+
+    def matches_raw(self, method: str, raw_target: str | bytes, host: str | None = None) -> bool:
+        """Like ``matches`` but normalises a raw request target (path and query) first."""
+        return self.matches(method, normalize_path(raw_target), host)
+
+    def overlaps(self, other: Matcher) -> bool:
+        """True when some request could match both matchers (a conservative check)."""
+        if self.methods and other.methods and not (self.methods & other.methods):
+            return False
+        if self.hosts and other.hosts and not _hosts_overlap(self.hosts, other.hosts):
+            return False
+        if self.matches_all_paths or other.matches_all_paths:
+            return True
+        if any(other.matches_path(path) for path in self.paths):
+            return True
+        if any(self.matches_path(path) for path in other.paths):
+            return True
+        return any(
+            a.startswith(b) or b.startswith(a)
+            for a in self.path_prefixes
+            for b in other.path_prefixes
+        )
+
+    def covers(self, other: Matcher) -> bool:
+        """True when every request ``other`` matches is also matched by this matcher."""
+        if self.methods and not (other.methods and other.methods <= self.methods):
+            return False
+        if self.hosts and not (
+            other.hosts
+            and all(any(host_matches(p, h) or p == h for p in self.hosts) for h in other.hosts)
+        ):
+            return False
+        if self.matches_all_paths:
+            return True
+        if other.matches_all_paths:
+            return False
+        return all(self.matches_path(p) for p in other.paths) and all(
+            any(prefix.startswith(mine) for mine in self.path_prefixes)
+            for prefix in other.path_prefixes
+        )
+
+    def same_as(self, other: Matcher) -> bool:
+        """True when both matchers select exactly the same requests, as written."""
+        return (
+            self.paths == other.paths
+            and set(self.path_prefixes) == set(other.path_prefixes)
+            and self.methods == other.methods
+            and set(self.hosts) == set(other.hosts)
+        )
+
+
+def _hosts_overlap(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    for x in a:
+        for y in b:
+            if x == y:
+                return True
+            if x.startswith("*.") and (host_matches(x, y) or y.endswith(x[1:])):
+                return True
+            if y.startswith("*.") and (host_matches(y, x) or x.endswith(y[1:])):
+                return True
+    return False

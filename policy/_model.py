@@ -1,0 +1,412 @@
+"""The policy file's schema: frozen pydantic models where unknown keys are errors.
+
+These models are the single source of truth for the file format; ``edgegen schema`` prints
+their JSON Schema and docs/policy.md describes each field. Checks that need the whole policy
+(tier names, duplicates, plan capabilities) live in the lint pass, so that one bad limit
+does not hide the others.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from ._match import Matcher
+from ._vocab import (
+    HTTP_METHODS,
+    Action,
+    Algorithm,
+    AppKey,
+    Duration,
+    EdgeKey,
+    EdgeTarget,
+    Mode,
+    OnRedisError,
+    Plan,
+    Rate,
+)
+
+_TIER_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
+_WORKER_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+_HEADER_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
+_COOKIE_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
+_HOST_RE = re.compile(
+    r"^(\*\.)?(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$"
+)
+_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+_KEY_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
+MAX_NAME_LENGTH = 64
+MAX_LIMITS = 200
+MAX_PATH_CHARS = 1024
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=False)
+
+
+def _as_tuple(value: object) -> object:
+    """Accept a single string where a list is expected: ``methods: POST``."""
+    if isinstance(value, str):
+        return (value,)
+    return value
+
+
+def _as_rates(value: object) -> object:
+    """A tier's limit is one rate or a list of rates (all of which must hold)."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueError("an empty list of rates limits nothing; give at least one rate")
+        return tuple(Rate.parse(v) for v in value)
+    return (Rate.parse(value),)
+
+
+_RATE_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "pattern": r"^\d+/\d*(ms|s|m|h|d)$",
+    "description": "Requests per period, e.g. 100/1m or 5/10s",
+}
+
+Rates = Annotated[
+    tuple[Rate, ...],
+    BeforeValidator(_as_rates),
+    WithJsonSchema(
+        {
+            "oneOf": [
+                _RATE_SCHEMA,
+                {"type": "array", "items": _RATE_SCHEMA, "minItems": 1},
+            ]
+        }
+    ),
+]
+StrList = Annotated[tuple[str, ...], BeforeValidator(_as_tuple)]
+
+
+def _check_path(path: str, what: str) -> str:
+    if not path.startswith("/"):
+        raise ValueError(f"{what} {path!r} must start with '/'")
+    if len(path) > MAX_PATH_CHARS:
+        raise ValueError(f"{what} is {len(path)} characters long; the maximum is {MAX_PATH_CHARS}")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        raise ValueError(f"{what} {path!r} contains a control character")
+    if "?" in path or "#" in path:
+        raise ValueError(f"{what} {path!r} contains '?' or '#'; match on the path only")
+    return path
+
+
+class Match(_Model):
+    """Which requests a limit applies to. Empty criteria match everything."""
+
+    paths: StrList = Field(default=(), description="Exact request paths, e.g. /login.")
+    path_prefix: StrList = Field(
+        default=(), description="Path prefixes (one or a list), e.g. /api/."
+    )
+    methods: StrList = Field(default=(), description="HTTP methods, e.g. [POST]. Empty: any.")
+    hosts: StrList = Field(
+        default=(), description="Host names; *.example.com matches subdomains. Empty: any."
+    )
+
+    @field_validator("paths")
+    @classmethod
+    def _paths(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_check_path(p, "path") for p in value)
+
+    @field_validator("path_prefix")
+    @classmethod
+    def _prefixes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_check_path(p, "path prefix") for p in value)
+
+    @field_validator("methods")
+    @classmethod
+    def _methods(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        out = []
+        for method in value:
+            upper = method.upper()
+            if upper not in HTTP_METHODS:
+                known = ", ".join(sorted(HTTP_METHODS))
+                raise ValueError(f"{method!r} is not an HTTP method; use one of {known}")
+            out.append(upper)
+        return tuple(dict.fromkeys(out))
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        out = []
+        for host in value:
+            lower = host.lower()
+            if not _HOST_RE.match(lower) or len(lower) > 253:
+                raise ValueError(
+                    f"{host!r} is not a host name; write it like api.example.com or "
+                    "*.example.com (no scheme, port or path)"
+                )
+            out.append(lower)
+        return tuple(out)
+
+    def matcher(self) -> Matcher:
+        """The plain matcher for this block, used by the app and the edge compiler alike."""
+        return Matcher.create(
+            paths=self.paths, path_prefixes=self.path_prefix, methods=self.methods, hosts=self.hosts
+        )
+
+
+class EdgeLimit(_Model):
+    """A coarse, per-IP limit enforced by Cloudflare before traffic reaches the app."""
+
+    rate: Rate = Field(description="Requests per period per client IP, e.g. 600/1m.")
+    per: EdgeKey = Field(default=EdgeKey.IP, description="What is counted: the client IP.")
+    action: Action = Field(default=Action.BLOCK, description="What Cloudflare does over the limit.")
+    timeout: Duration | None = Field(
+        default=None,
+        description="How long a client stays blocked (mitigation timeout). Default: the period "
+        "for block, none (0) for challenges.",
+    )
+    unauthenticated_only: bool = Field(
+        default=True,
+        description="Count only requests without the credentials in authenticated_when.",
+    )
+    target: EdgeTarget = Field(
+        default=EdgeTarget.AUTO,
+        description="Run as a Cloudflare rule, in the Worker, or let the plan decide (auto).",
+    )
+
+
+class AppLimit(_Model):
+    """A per-user (or per-IP), per-tier limit enforced in the app through Redis."""
+
+    per: AppKey = Field(default=AppKey.USER, description="Count per user or per client IP.")
+    algorithm: Algorithm = Field(
+        default=Algorithm.SLIDING_WINDOW,
+        description="sliding_log (exact log), sliding_window (two counters), gcra (smooth).",
+    )
+    tiers: dict[str, Rates] = Field(
+        description="The limit for each tier: one rate, or a list that must all hold."
+    )
+    burst: int | None = Field(
+        default=None,
+        ge=1,
+        description="gcra only: how many requests may arrive at once (default: the limit).",
+    )
+    enforce: bool = Field(
+        default=True, description="false: shadow mode, decisions are reported but never deny."
+    )
+    on_redis_error: OnRedisError | None = Field(
+        default=None, description="Override app.on_redis_error for this limit."
+    )
+    mode: Mode = Field(
+        default=Mode.EXACT,
+        description="exact: every decision in Redis; approximate: local counts, synced.",
+    )
+    sync_every: int | None = Field(
+        default=None, ge=1, le=10_000, description="approximate mode: sync after N requests."
+    )
+    sync_interval: Duration | None = Field(
+        default=None, description="approximate mode: sync at least this often."
+    )
+
+    @field_validator("tiers")
+    @classmethod
+    def _tiers(cls, value: dict[str, tuple[Rate, ...]]) -> dict[str, tuple[Rate, ...]]:
+        if not value:
+            raise ValueError("no tiers given; set a rate for at least one tier")
+        return value
+
+    @model_validator(mode="after")
+    def _algorithm_options(self) -> AppLimit:
+        if self.burst is not None and self.algorithm is not Algorithm.GCRA:
+            raise ValueError(
+                f"burst applies to gcra only, not {self.algorithm.value}; remove burst or "
+                "set algorithm: gcra"
+            )
+        if self.mode is Mode.EXACT and (self.sync_every or self.sync_interval):
+            raise ValueError("sync_every and sync_interval need mode: approximate")
+        return self
+
+
+class Limit(_Model):
+    """One named limit: which requests, and how it is enforced at the edge and in the app."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        description="A unique name; it names the generated rule and the Redis keys.",
+    )
+    description: str | None = Field(default=None, max_length=500)
+    match: Match = Field(default_factory=Match, description="Which requests this limit counts.")
+    edge: EdgeLimit | None = Field(default=None, description="The Cloudflare part, per IP.")
+    app: AppLimit | None = Field(default=None, description="The in-app part, per user and tier.")
+
+    @field_validator("name", "description")
+    @classmethod
+    def _printable(cls, value: str | None) -> str | None:
+        if value is not None and any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value):
+            raise ValueError("contains a control character (newline, tab, ...); remove it")
+        if value is not None and value != value.strip():
+            raise ValueError("starts or ends with whitespace; remove it")
+        return value
+
+    @model_validator(mode="after")
+    def _enforced_somewhere(self) -> Limit:
+        if self.edge is None and self.app is None:
+            raise ValueError(f"limit {self.name!r} has neither edge nor app; add at least one")
+        return self
+
+
+class Worker(_Model):
+    """The Worker that carries edge limits the zone's plan cannot express as rules."""
+
+    name: str = Field(description="Worker script name (lower case, digits, dashes).")
+    routes: StrList = Field(default=(), description='Route patterns, e.g. "api.example.com/*".')
+    compatibility_date: str = Field(default="2025-01-01", pattern=r"^\d{4}-\d{2}-\d{2}$")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _WORKER_NAME_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a Worker name; use 1-63 lower-case letters, digits and "
+                "dashes, not starting or ending with a dash"
+            )
+        return value
+
+    @field_validator("routes")
+    @classmethod
+    def _routes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for route in value:
+            if "://" in route or not route or any(c.isspace() for c in route) or "/" not in route:
+                raise ValueError(
+                    f"{route!r} is not a route pattern; write it like api.example.com/* (no scheme)"
+                )
+        return value
+
+
+class Cloudflare(_Model):
+    """The zone the edge part is applied to, and its plan."""
+
+    plan: Plan = Field(description="The zone's plan: it decides what rules can express.")
+    zone_id: str | None = Field(default=None, description="32 hex digits; needed by plan/apply.")
+    account_id: str | None = Field(default=None, description="32 hex digits; for the Worker.")
+    worker: Worker | None = Field(default=None)
+
+    @field_validator("zone_id", "account_id")
+    @classmethod
+    def _id(cls, value: str | None) -> str | None:
+        # An unset ${VAR} arrives as None (reported by lint); an empty string is the same.
+        if value in (None, ""):
+            return None
+        assert value is not None
+        if not _ID_RE.match(value):
+            raise ValueError(f"{value!r} is not a Cloudflare id; it is 32 lower-case hex digits")
+        return value
+
+
+class AuthenticatedWhen(_Model):
+    """A request counts as authenticated when it carries any of these credentials."""
+
+    headers: StrList = Field(default=(), description="Header names, e.g. [authorization].")
+    cookies: StrList = Field(default=(), description="Cookie names, e.g. [session].")
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for header in value:
+            if not _HEADER_RE.match(header):
+                raise ValueError(f"{header!r} is not a valid HTTP header name")
+        return tuple(h.lower() for h in value)
+
+    @field_validator("cookies")
+    @classmethod
+    def _cookies(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for cookie in value:
+            if not _COOKIE_RE.match(cookie):
+                raise ValueError(f"{cookie!r} is not a valid cookie name")
+        return value
+
+
+class App(_Model):
+    """Settings of the in-app limiter shared by every app limit."""
+
+    redis_url: str = Field(default="redis://localhost:6379/0")
+    key_prefix: str = Field(default="rl", description="Prefix of every Redis key.")
+    on_redis_error: OnRedisError = Field(
+        default=OnRedisError.ALLOW,
+        description="allow (fail open) or deny (fail closed) when Redis cannot answer.",
+    )
+    timeout: Duration = Field(
+        default=Duration(50), description="The most one decision may wait for Redis."
+    )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://", "redis+sentinel://")):
+            raise ValueError(
+                f"{value!r} is not a Redis URL; write it like redis://host:6379/0 "
+                "(or rediss:// for TLS)"
+            )
+        return value
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not _KEY_PREFIX_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a key prefix; use 1-32 letters, digits, '_', '.' or '-'"
+            )
+        return value
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout(cls, value: Duration) -> Duration:
+        if value.ms > 10_000:
+            raise ValueError(f"{value} is too long to wait on every request; use at most 10s")
+        return value
+
+
+class Policy(_Model):
+    """A whole policy file: one source for the edge rules, the Worker and the app limiter."""
+
+    version: Literal[1] = Field(description="The file format version; 1.")
+    cloudflare: Cloudflare | None = Field(default=None)
+    authenticated_when: AuthenticatedWhen = Field(default_factory=AuthenticatedWhen)
+    tiers: StrList = Field(
+        default=("default",), description="Tier names, ordered least to most generous."
+    )
+    app: App = Field(default_factory=App)
+    limits: tuple[Limit, ...] = Field(default=(), max_length=MAX_LIMITS)
+
+    # Where each value came from in the file; set by the loader, used by lint for locations.
+    _source: Any = PrivateAttr(default=None)
+
+    @field_validator("tiers")
+    @classmethod
+    def _tiers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("no tiers; list at least one, e.g. [free, pro]")
+        for tier in value:
+            if not _TIER_RE.match(tier):
+                raise ValueError(
+                    f"{tier!r} is not a tier name; use a letter then letters, digits, '_' or '-'"
+                )
+        seen: set[str] = set()
+        for tier in value:
+            if tier in seen:
+                raise ValueError(f"tier {tier!r} is listed twice")
+            seen.add(tier)
+        return value
+
+    def limit(self, name: str) -> Limit:
+        """The limit with this name; KeyError when there is none."""
+        for limit in self.limits:
+            if limit.name == name:
+                return limit
+        raise KeyError(name)
