@@ -1,0 +1,1 @@
+"""Worker templates and JavaScript, shipped as package data of edgegen."""
