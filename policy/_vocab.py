@@ -19,7 +19,7 @@ from pydantic_core import core_schema
 # Units a duration may use, in milliseconds. "m" is minutes: rates are about requests per
 # minute far more often than per month, and months have no fixed length anyway.
 _UNITS_MS: dict[str, int] = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_DURATION_RE = re.compile(r"^\s*(?P<n>\d{1,9})?\s*(?P<unit>ms|s|m|h|d)\s*$")
+_DURATION_RE = re.compile(r"^\s*(?P<n>\d{1,12})?\s*(?P<unit>ms|s|m|h|d)\s*$")
 _RATE_RE = re.compile(r"^\s*(?P<limit>\d{1,12})\s*/\s*(?P<period>[^/]+?)\s*$")
 # Common spellings people try, mapped to the unit we want them to write.
 _UNIT_HINTS: dict[str, str] = {

@@ -1,0 +1,428 @@
+"""The policy model: vocabulary, environment expansion, lint codes, matching and the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import policy
+from policy import Duration, Matcher, Rate, Severity
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "policy.yaml"
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "ms"),
+    [
+        ("100/1m", 100, 60_000),
+        ("5/10s", 5, 10_000),
+        ("20000/1h", 20_000, 3_600_000),
+        ("1/d", 1, 86_400_000),
+        ("7/250ms", 7, 250),
+        (" 3 / 2m ", 3, 120_000),
+    ],
+)
+def test_rate_parsing(text: str, limit: int, ms: int) -> None:
+    """Rates parse into a limit and a period in milliseconds."""
+    rate = Rate.parse(text)
+    assert (rate.limit, rate.period.ms) == (limit, ms)
+
+
+@given(st.integers(1, 10**9), st.integers(1, 366 * 86_400_000))
+def test_rate_text_round_trips(limit: int, ms: int) -> None:
+    """A rate's canonical text parses back to the same rate."""
+    rate = Rate(limit, Duration(ms))
+    assert Rate.parse(str(rate)) == rate
+
+
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [("10/1min", "10/1m"), ("10/5 seconds", "10/5s"), ("10/hour", "10/1h"), ("abc", "100/1m")],
+)
+def test_rate_errors_suggest_a_spelling(text: str, hint: str) -> None:
+    """A misspelt unit gets a suggestion in the unit we use."""
+    with pytest.raises(ValueError, match=f"write it like {hint}"):
+        Rate.parse(text)
+
+
+def test_duration_canonical_text() -> None:
+    """Durations print in the largest unit that divides them."""
+    assert [str(Duration.parse(t)) for t in ("60s", "1500ms", "120m", "24h", 5)] == [
+        "1m",
+        "1500ms",
+        "2h",
+        "1d",
+        "5s",
+    ]
+
+
+def _load(body: str, env: dict[str, str] | None = None) -> policy.Policy:
+    return policy.loads(textwrap.dedent(body), "p.yaml", env=env or {})
+
+
+def test_environment_expansion() -> None:
+    """${VAR} and ${VAR:-default} read the environment; $$ is a literal dollar."""
+    loaded = _load(
+        """
+        version: 1
+        cloudflare: { plan: pro, zone_id: "${ZONE}" }
+        app:
+          redis_url: ${REDIS_URL:-redis://cache:6379/1}
+          key_prefix: ${PREFIX:-rl}
+        limits:
+          - name: "cost$$"
+            app: { tiers: { default: "${RATE:-9/1s}" } }
+        """,
+        env={"ZONE": "0" * 32, "PREFIX": "svc"},
+    )
+    assert loaded.cloudflare is not None
+    assert loaded.cloudflare.zone_id == "0" * 32
+    assert loaded.app.redis_url == "redis://cache:6379/1"
+    assert loaded.app.key_prefix == "svc"
+    assert loaded.limits[0].name == "cost$"
+    assert loaded.limits[0].app is not None
+    assert str(loaded.limits[0].app.tiers["default"][0]) == "9/1s"
+
+
+def test_unset_variable_is_a_located_warning() -> None:
+    """An unset ${VAR} without default leaves the field unset and lint says where."""
+    loaded = _load(
+        """
+        version: 1
+        cloudflare:
+          plan: pro
+          zone_id: ${CLOUDFLARE_ZONE_ID}
+        """
+    )
+    assert loaded.cloudflare is not None and loaded.cloudflare.zone_id is None
+    [finding] = [d for d in policy.lint(loaded) if d.code == "L003"]
+    assert finding.severity is Severity.WARNING
+    assert (finding.line, finding.path) == (5, "cloudflare.zone_id")
+    assert "CLOUDFLARE_ZONE_ID is not set" in finding.message
+
+
+def _codes(body: str) -> dict[str, list[policy.Diagnostic]]:
+    found: dict[str, list[policy.Diagnostic]] = {}
+    for d in policy.lint(_load(body)):
+        found.setdefault(d.code, []).append(d)
+    return found
+
+
+BASE = """
+version: 1
+cloudflare: { plan: enterprise }
+authenticated_when: { headers: [authorization] }
+tiers: [free, pro, enterprise]
+limits:
+"""
+
+
+def test_lint_duplicate_names_and_unknown_tiers() -> None:
+    """Duplicate names (L001) and unknown tiers (L002) are errors with locations."""
+    found = _codes(
+        BASE
+        + """
+  - name: api
+    app: { tiers: { free: 1/1s, pro: 2/1s, enterprise: 3/1s } }
+  - name: api
+    match: { paths: [/other] }
+    app: { tiers: { free: 1/1s, gold: 2/1s, pro: 2/1s, enterprise: 3/1s } }
+"""
+    )
+    assert found["L001"][0].severity is Severity.ERROR
+    assert found["L001"][0].path == "limits[1].name"
+    assert found["L002"][0].path == "limits[1].app.tiers.gold"
+    assert found["L002"][0].line == 12
+
+
+def test_lint_tiers_getting_less_generous() -> None:
+    """A higher tier with a smaller allowance at any window is L101."""
+    found = _codes(
+        BASE
+        + """
+  - name: api
+    app: { tiers: { free: 100/1m, pro: [1000/1m, 50/1h], enterprise: 10000/1m } }
+"""
+    )
+    [warning] = found["L101"]
+    assert warning.path == "limits[0].app.tiers.pro"
+    assert "'pro' admits fewer requests than the lower tier 'free'" in warning.message
+
+
+def test_lint_edge_stricter_than_app() -> None:
+    """An edge limit covering an app limit's route and stricter than its lowest tier: L102."""
+    found = _codes(
+        BASE
+        + """
+  - name: edge
+    match: { path_prefix: /api/ }
+    edge: { rate: 10/1m, unauthenticated_only: false }
+  - name: app
+    match: { paths: [/api/x] }
+    app: { tiers: { free: 100/1m, pro: 200/1m, enterprise: 300/1m } }
+"""
+    )
+    assert [d.limit for d in found["L102"]] == ["edge"]
+    assert "loosen the edge limit" in found["L102"][0].message
+
+
+def test_lint_edge_for_anonymous_does_not_conflict_with_users() -> None:
+    """Edge counting anonymous IPs and app counting users do not trigger L102."""
+    found = _codes(
+        BASE
+        + """
+  - name: api
+    match: { path_prefix: /api/ }
+    edge: { rate: 10/1m }
+    app: { tiers: { free: 100/1m, pro: 200/1m, enterprise: 300/1m } }
+"""
+    )
+    assert "L102" not in found
+
+
+def test_lint_sliding_log_memory() -> None:
+    """A large sliding log is L103 with an estimate and the suggested algorithms."""
+    found = _codes(
+        BASE
+        + """
+  - name: api
+    app:
+      algorithm: sliding_log
+      tiers: { free: 100/1m, pro: 20000/1h, enterprise: 30000/1h }
+"""
+    )
+    assert {d.path for d in found["L103"]} == {
+        "limits[0].app.tiers.pro",
+        "limits[0].app.tiers.enterprise",
+    }
+    assert "gcra or sliding_window" in found["L103"][0].message
+
+
+def test_lint_matchers_identical_and_overlapping() -> None:
+    """Identical matchers warn (L104); overlapping ones are info (L105)."""
+    found = _codes(
+        BASE
+        + """
+  - name: a
+    match: { path_prefix: /api/ }
+    app: { tiers: { free: 1/1s, pro: 2/1s, enterprise: 3/1s } }
+  - name: b
+    match: { path_prefix: /api/ }
+    app: { tiers: { free: 1/1s, pro: 2/1s, enterprise: 3/1s } }
+  - name: c
+    match: { paths: [/api/search] }
+    app: { tiers: { free: 1/1s, pro: 2/1s, enterprise: 3/1s } }
+  - name: d
+    match: { paths: [/static/x] }
+    app: { tiers: { free: 1/1s, pro: 2/1s, enterprise: 3/1s } }
+"""
+    )
+    assert [(d.limit, d.severity) for d in found["L104"]] == [("b", Severity.WARNING)]
+    assert sorted(d.limit or "" for d in found["L105"]) == ["c", "c"]
+
+
+def test_lint_missing_tier_shadow_and_no_credentials() -> None:
+    """L106 (tier without rate), L107 (shadow mode) and L108 (no credentials) fire."""
+    found = _codes(
+        """
+version: 1
+cloudflare: { plan: enterprise }
+tiers: [free, pro]
+limits:
+  - name: a
+    edge: { rate: 10/1m }
+    app: { enforce: false, tiers: { free: 1/1s } }
+"""
+    )
+    assert found["L106"][0].severity is Severity.WARNING
+    assert "pro" in found["L106"][0].message
+    assert found["L107"][0].severity is Severity.INFO
+    assert found["L108"][0].severity is Severity.WARNING
+
+
+def test_lint_edge_without_cloudflare_section() -> None:
+    """Edge limits need a cloudflare section (L004, error)."""
+    found = _codes(
+        """
+version: 1
+limits:
+  - name: a
+    edge: { rate: 10/1m, unauthenticated_only: false }
+"""
+    )
+    assert found["L004"][0].severity is Severity.ERROR
+
+
+def test_example_policy_is_clean() -> None:
+    """The example policy loads and lints without errors or warnings."""
+    loaded = policy.load(EXAMPLE, env={})
+    found = policy.lint(loaded)
+    assert [d for d in found if d.severity is not Severity.INFO] == []
+    features = {
+        "algorithms": {lim.app.algorithm for lim in loaded.limits if lim.app},
+        "shadow": any(lim.app and not lim.app.enforce for lim in loaded.limits),
+        "approximate": any(
+            lim.app and lim.app.mode.value == "approximate" for lim in loaded.limits
+        ),
+        "hosts": any(lim.match.hosts for lim in loaded.limits),
+        "multi-rate tier": any(
+            lim.app and any(len(r) > 1 for r in lim.app.tiers.values()) for lim in loaded.limits
+        ),
+        "fail closed": any(
+            lim.app and lim.app.on_redis_error and lim.app.on_redis_error.value == "deny"
+            for lim in loaded.limits
+        ),
+    }
+    assert features == {
+        "algorithms": set(policy.Algorithm),
+        "shadow": True,
+        "approximate": True,
+        "hosts": True,
+        "multi-rate tier": True,
+        "fail closed": True,
+    }
+
+
+MATCH_CASES = [
+    # (matcher kwargs, method, path, host, expected)
+    ({"paths": ["/login"]}, "POST", "/login", None, True),
+    ({"paths": ["/login"]}, "POST", "/login/", None, False),
+    ({"paths": ["/login"], "methods": ["POST"]}, "GET", "/login", None, False),
+    ({"paths": ["/login"], "methods": ["POST"]}, "post", "/login", None, True),
+    ({"path_prefixes": ["/api/"]}, "GET", "/api/x", None, True),
+    ({"path_prefixes": ["/api/"]}, "GET", "/api", None, False),
+    ({"path_prefixes": ["/api/"], "paths": ["/health"]}, "GET", "/health", None, True),
+    ({"hosts": ["api.example.com"]}, "GET", "/", "API.example.com:443", True),
+    ({"hosts": ["api.example.com"]}, "GET", "/", "example.com", False),
+    ({"hosts": ["*.example.com"]}, "GET", "/", "a.b.example.com", True),
+    ({"hosts": ["*.example.com"]}, "GET", "/", "example.com", False),
+    ({"hosts": ["*.example.com"]}, "GET", "/", "badexample.com", False),
+    ({}, "DELETE", "/anything", "any.host", True),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "method", "path", "host", "expected"), MATCH_CASES)
+def test_matcher_semantics(
+    kwargs: dict[str, list[str]], method: str, path: str, host: str | None, expected: bool
+) -> None:
+    """Paths OR prefixes, AND methods, AND hosts (case-insensitive, port ignored)."""
+    assert Matcher.create(**kwargs).matches(method, path, host) is expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "normalized"),
+    [
+        ("/api/x?q=1", "/api/x"),
+        ("/api/./x", "/api/x"),
+        ("/api/../login", "/login"),
+        ("/a/%2e%2e/login", "/login"),
+        ("", "/"),
+        ("/caf\u00e9", "/caf%C3%A9"),
+        (b"/\xff", "/%FF"),
+        ("/a b", "/a%20b"),
+        ("/a\\b", "/a/b"),
+        ("/x#frag", "/x"),
+    ],
+)
+def test_normalize_path(raw: str | bytes, normalized: str) -> None:
+    """Paths are normalised the way the edge sees them, and never raise."""
+    assert policy.normalize_path(raw) == normalized
+
+
+@given(st.binary(max_size=300))
+def test_normalize_path_never_raises(raw: bytes) -> None:
+    """Any bytes normalise to an absolute, ASCII path."""
+    out = policy.normalize_path(raw)
+    assert out.startswith("/") and out.isascii()
+
+
+def test_matcher_overlap_and_cover() -> None:
+    """Overlap and coverage used by lint are consistent with matching."""
+    api = Matcher.create(path_prefixes=["/api/"])
+    search = Matcher.create(paths=["/api/search"], methods=["GET"])
+    login = Matcher.create(paths=["/login"], methods=["POST"])
+    assert api.overlaps(search) and api.covers(search) and not search.covers(api)
+    assert not api.overlaps(login)
+    assert not search.overlaps(Matcher.create(paths=["/api/search"], methods=["POST"]))
+
+
+def test_json_schema_describes_every_section() -> None:
+    """The schema lists every top-level key, forbids unknown keys, and is valid JSON."""
+    schema = policy.json_schema()
+    assert set(schema["properties"]) == {
+        "version",
+        "cloudflare",
+        "authenticated_when",
+        "tiers",
+        "app",
+        "limits",
+    }
+    assert schema["additionalProperties"] is False
+    json.dumps(schema)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "edgegen.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+    )
+
+
+def test_cli_validate_example_strict() -> None:
+    """The example passes ``validate --strict`` and says what it found."""
+    result = _cli("validate", "--strict", str(EXAMPLE))
+    assert result.returncode == 0, result.stderr
+    assert "valid: 6 limits" in result.stdout
+
+
+def test_cli_validate_strict_turns_warnings_into_errors(tmp_path: Path) -> None:
+    """A warning passes by default and fails with --strict."""
+    file = tmp_path / "p.yaml"
+    file.write_text("version: 1\ncloudflare: { plan: pro, zone_id: '${UNSET_ZONE_VAR}' }\n")
+    assert _cli("validate", str(file)).returncode == 0
+    strict = _cli("validate", "--strict", str(file))
+    assert strict.returncode == 1
+    assert "environment variable UNSET_ZONE_VAR is not set" in strict.stderr
+    assert "[warning L003]" in strict.stderr
+
+
+def test_cli_validate_json(tmp_path: Path) -> None:
+    """--format json gives machine-readable diagnostics for load errors too."""
+    file = tmp_path / "p.yaml"
+    file.write_text("version: 1\ntiers: [free]\nlimits:\n  - name: a\n    app: { tiers: 3 }\n")
+    result = _cli("validate", "--format", "json", str(file))
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    assert report["valid"] is False
+    assert report["diagnostics"][0]["line"] == 5
+    assert report["diagnostics"][0]["path"] == "limits[0].app.tiers"
+
+
+def test_cli_schema_and_show() -> None:
+    """``schema`` prints JSON Schema; ``show`` lists every limit."""
+    schema = _cli("schema")
+    assert schema.returncode == 0
+    assert json.loads(schema.stdout)["title"] == "Rate-limit policy"
+    show = _cli("show", str(EXAMPLE))
+    assert show.returncode == 0
+    for name in ("login", "api", "search", "exports", "webhooks", "events"):
+        assert f"  {name}: " in show.stdout
+
+
+def test_cli_usage_errors_exit_2() -> None:
+    """A bad command line exits 2 with a usage message, not a traceback."""
+    result = _cli("validate")
+    assert result.returncode == 2
+    assert "usage:" in result.stderr and "Traceback" not in result.stderr
