@@ -29,6 +29,9 @@ demo: $(STAMP)
 	@echo
 	@echo "== edgegen show examples/policy.yaml"
 	@$(BIN)/edgegen show examples/policy.yaml
+	@echo
+	@echo "== edgegen build examples/policy.yaml --out out/edge --explain"
+	@$(BIN)/edgegen build examples/policy.yaml --out out/edge --explain
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,7 +1,33 @@
-"""edgegen: compile a rate-limit policy to Cloudflare rules and a Worker, plan and apply it."""
+"""edgegen: compile a rate-limit policy to Cloudflare rules and a Worker, plan and apply it.
+
+Public surface::
+
+    edgegen.build(policy) -> Artifacts        compile (pure; raises CompileError)
+    edgegen.write(artifacts, out_dir)         write Artifacts.files() under a directory
+    Artifacts, WorkerArtifact, Placement, Target   what build returns
+    EdgegenError, UsageError, CompileError, BuildProblem   the errors
+
+``Artifacts.ruleset`` is exactly the body of
+``PUT /zones/{zone_id}/rulesets/phases/http_ratelimit/entrypoint``; ``Artifacts.worker`` is
+None when no limit runs in the Worker.
+"""
 
 from __future__ import annotations
 
-from .errors import EdgegenError, UsageError
+from ._artifacts import Artifacts, Placement, Target, WorkerArtifact
+from ._compile import build
+from ._output import write
+from .errors import BuildProblem, CompileError, EdgegenError, UsageError
 
-__all__ = ["EdgegenError", "UsageError"]
+__all__ = [
+    "Artifacts",
+    "BuildProblem",
+    "CompileError",
+    "EdgegenError",
+    "Placement",
+    "Target",
+    "UsageError",
+    "WorkerArtifact",
+    "build",
+    "write",
+]

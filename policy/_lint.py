@@ -17,14 +17,26 @@ L105    info      two limits' matchers overlap (a request counts against both)
 L106    warning   an app limit gives no rate for some tier (that tier is unlimited)
 L107    info      a limit runs in shadow mode (enforce: false)
 L108    warning   unauthenticated_only with no credentials in authenticated_when
-L2xx    *         what the zone's Cloudflare plan can express (policy.capabilities)
+L201    error     an edge limit that neither a rule on the plan nor the Worker can carry
+L202    error     ``target: rule``, but the plan cannot carry the limit as a rule
+L203    error     ``target: worker``, but the Worker binding cannot carry the limit
+L204    error     limits must run in the Worker but there is no ``cloudflare.worker``
+L205    warning   a period or timeout the plan does not offer sends a limit to the Worker
+L206    info      a field the plan's rules cannot use sends a limit to the Worker
+L207    info      the plan's rule quota is used up, so a limit goes to the Worker
+L208    info      a limit in the Worker has a timeout the Worker cannot honour
+L209    warning   the Worker carries limits but has no routes
 ======  ========  ==============================================================
+
+The L2xx decisions come from ``policy.capabilities.place``, the same function the edge
+compiler uses, so lint and ``edgegen build`` always agree on where a limit runs.
 """
 
 from __future__ import annotations
 
 import itertools
 
+from . import capabilities
 from ._errors import Diagnostic, Severity
 from ._loader import FieldPath, SourceMap, format_path
 from ._model import AppLimit, Limit, Policy
@@ -94,6 +106,7 @@ class _Linter:
                 self.edge_limit(index, limit)
         self.matchers()
         self.edge_versus_app()
+        self.plan_capabilities()
         return sorted(self.found, key=lambda d: (d.line or 0, d.column or 0, d.code))
 
     def env(self) -> None:
@@ -211,6 +224,10 @@ class _Linter:
                 "add authenticated_when or set unauthenticated_only: false",
                 limit.name,
             )
+
+    def plan_capabilities(self) -> None:
+        for finding in capabilities.findings(self.policy):
+            self.add(finding.code, finding.severity, finding.path, finding.message, finding.limit)
 
     def matchers(self) -> None:
         limits = self.policy.limits

@@ -22,23 +22,51 @@ _PATH_SAFE = frozenset(
 _DOT_SEGMENTS = {".", "%2e", "%2E"}
 _DOTDOT_SEGMENTS = {"..", ".%2e", ".%2E", "%2e.", "%2E.", "%2e%2e", "%2E%2E", "%2e%2E", "%2E%2e"}
 MAX_PATH_LENGTH = 16_384
+# WHATWG's URL parser deletes every ASCII tab and newline from its input, and trims C0
+# controls and spaces from both ends, before it looks at the path.
+_TAB_OR_NEWLINE = b"\t\n\r"
+_C0_OR_SPACE = bytes(range(0x21))
+
+
+def _utf8(raw: str) -> bytes:
+    """Encode like a JavaScript string becomes a URL: lone surrogates turn into U+FFFD.
+
+    Surrogate escapes (U+DC80..U+DCFF, how Python carries undecodable bytes in a str) stay
+    the bytes they stand for.
+    """
+    try:
+        return raw.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        cleaned = "".join(
+            "\ufffd" if 0xD800 <= ord(c) <= 0xDFFF and not 0xDC80 <= ord(c) <= 0xDCFF else c
+            for c in raw
+        )
+        return cleaned.encode("utf-8", "surrogateescape")
+
+
+def _percent_encode(data: bytes) -> str:
+    """Percent-encode the bytes outside the URL path set and treat ``\\`` as ``/``."""
+    encoded = "".join(chr(b) if b in _PATH_SAFE else f"%{b:02X}" for b in data)
+    return encoded.replace("\\", "/")
 
 
 def normalize_path(raw: str | bytes) -> str:
-    """Return the path part of a request target the way the edge sees it.
+    """Return the path part of a request target the way the Worker's ``new URL()`` sees it.
 
-    Drops query and fragment, makes the path absolute, resolves ``.`` and ``..`` segments,
-    treats ``\\`` as ``/`` (as browsers and workerd do for http URLs) and percent-encodes
-    bytes outside the URL path set. Never raises: undecodable bytes are percent-encoded.
+    Drops query and fragment, deletes tabs and newlines and trims trailing controls and
+    spaces (as the WHATWG URL parser does), makes the path absolute, resolves ``.`` and
+    ``..`` segments (also written ``%2e``), treats ``\\`` as ``/`` and percent-encodes bytes
+    outside the URL path set. Double slashes are kept and existing percent-escapes are left
+    as written. Never raises: undecodable bytes are percent-encoded.
     """
-    data = raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else raw
+    data = _utf8(raw) if isinstance(raw, str) else bytes(raw)
     data = data[: MAX_PATH_LENGTH * 3]
+    data = data.translate(None, _TAB_OR_NEWLINE).strip(_C0_OR_SPACE)
     for sep in (b"?", b"#"):
         cut = data.find(sep)
         if cut >= 0:
             data = data[:cut]
-    encoded = "".join(chr(b) if b in _PATH_SAFE else f"%{b:02X}" for b in data)
-    encoded = encoded.replace("\\", "/")
+    encoded = _percent_encode(data)
     if not encoded.startswith("/"):
         encoded = "/" + encoded
     out: list[str] = []
@@ -57,6 +85,16 @@ def normalize_path(raw: str | bytes) -> str:
             continue
         out.append(segment)
     return "/" + "/".join(out)
+
+
+def encode_policy_path(path: str) -> str:
+    """A path or prefix from the policy in the form requests are compared in.
+
+    Percent-encodes what a request path can never contain literally (non-ASCII, spaces,
+    quotes, ...) so that ``/café`` in the policy matches the request path ``/caf%C3%A9``;
+    dot segments are left alone, since a prefix like ``/a/`` must stay a prefix.
+    """
+    return _percent_encode(_utf8(path))
 
 
 def normalize_host(raw: str | None) -> str:
@@ -97,10 +135,10 @@ class Matcher:
         methods: tuple[str, ...] | list[str] = (),
         hosts: tuple[str, ...] | list[str] = (),
     ) -> Matcher:
-        """Build a matcher, normalising methods to upper case and hosts to lower case."""
+        """Build a matcher: methods upper case, hosts lower case, paths percent-encoded."""
         return cls(
-            paths=frozenset(paths),
-            path_prefixes=tuple(path_prefixes),
+            paths=frozenset(encode_policy_path(p) for p in paths),
+            path_prefixes=tuple(dict.fromkeys(encode_policy_path(p) for p in path_prefixes)),
             methods=frozenset(m.upper() for m in methods),
             hosts=tuple(h.lower() for h in hosts),
         )

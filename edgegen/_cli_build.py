@@ -1,0 +1,126 @@
+"""``edgegen build``: compile the policy's edge limits and write the artifacts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import policy
+from policy import Diagnostic, Policy, Severity
+
+from ._artifacts import Artifacts, Target
+from ._compile import build
+from ._output import write
+from .errors import CompileError
+
+
+def register(sub: Any) -> None:
+    """Add ``build`` to the CLI."""
+    parser = sub.add_parser(
+        "build",
+        help="compile edge limits to Cloudflare rules, a Worker and Terraform",
+        description="Compile the policy's edge limits for the zone's plan: rules where the "
+        "plan can express them, the Worker otherwise. Writes cloudflare/http_ratelimit.json, "
+        "worker/ (when a limit needs it) and terraform/ratelimit.tf under --out.",
+    )
+    parser.add_argument("policy", metavar="POLICY", help="the policy file (YAML)")
+    parser.add_argument("--out", metavar="DIR", required=True, help="directory to write into")
+    parser.add_argument(
+        "--explain", action="store_true", help="print where each limit went and why"
+    )
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.set_defaults(func=run_build)
+
+
+def _summary(loaded: Policy, artifacts: Artifacts) -> str:
+    plan = loaded.cloudflare.plan.value if loaded.cloudflare else "none"
+    rules = len(artifacts.ruleset["rules"])
+    in_worker = sum(1 for p in artifacts.placements if p.target is Target.WORKER)
+    worker = (
+        f", {in_worker} limit{'s' if in_worker != 1 else ''} in the Worker {artifacts.worker.name}"
+        if artifacts.worker
+        else ", no Worker"
+    )
+    return f"{rules} rule{'s' if rules != 1 else ''} for the {plan} plan{worker}"
+
+
+def _explain_lines(artifacts: Artifacts) -> list[str]:
+    if not artifacts.placements:
+        return ["  no edge limits"]
+    lines: list[str] = []
+    for placement in artifacts.placements:
+        lines.append(f"  {placement.limit} -> {placement.target.value}")
+        lines.extend(f"      {reason}" for reason in placement.reasons)
+    return lines
+
+
+def _json_report(
+    args: argparse.Namespace,
+    found: list[Diagnostic],
+    artifacts: Artifacts | None,
+    error: CompileError | None,
+) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "file": args.policy,
+        "out": args.out,
+        "built": artifacts is not None,
+        "diagnostics": [d.to_json() for d in found],
+    }
+    if error is not None:
+        report["problems"] = [
+            {"code": p.code, "limit": p.limit, "message": p.message, "lacks": p.lacks, "fix": p.fix}
+            for p in error.problems
+        ]
+    if artifacts is not None:
+        report["placements"] = [
+            {"limit": p.limit, "target": p.target.value, "reasons": list(p.reasons)}
+            for p in artifacts.placements
+        ]
+        report["files"] = sorted(artifacts.files())
+    return report
+
+
+def run_build(args: argparse.Namespace) -> int:
+    """Lint, compile and write; exit 1 when the policy has errors or cannot be compiled."""
+    loaded = policy.load(args.policy)
+    found = policy.lint(loaded)
+    errors = [d for d in found if d.severity is Severity.ERROR]
+    as_json = args.format == "json"
+    if errors:
+        if as_json:
+            _print_json(_json_report(args, found, None, None))
+            return 1
+        for diagnostic in found:
+            if diagnostic.severity is not Severity.INFO:
+                sys.stderr.write(
+                    f"{diagnostic.format()} [{diagnostic.severity.value} {diagnostic.code}]\n"
+                )
+        sys.stderr.write(f"{args.policy}: not built: {len(errors)} error(s)\n")
+        return 1
+    try:
+        artifacts = build(loaded)
+    except CompileError as exc:
+        if as_json:
+            _print_json(_json_report(args, found, None, exc))
+            return exc.exit_code
+        raise
+    write(artifacts, args.out)
+    if as_json:
+        _print_json(_json_report(args, found, artifacts, None))
+        return 0
+    for diagnostic in found:
+        if diagnostic.severity is Severity.WARNING:
+            sys.stderr.write(f"{diagnostic.format()} [warning {diagnostic.code}]\n")
+    out = [f"{args.policy}: built {_summary(loaded, artifacts)}"]
+    if args.explain:
+        out.extend(_explain_lines(artifacts))
+    out.append(f"wrote {', '.join(str(Path(args.out) / f) for f in artifacts.files())}")
+    sys.stdout.write("\n".join(out) + "\n")
+    return 0
+
+
+def _print_json(value: object) -> None:
+    sys.stdout.write(json.dumps(value, indent=2) + "\n")

@@ -1,0 +1,307 @@
+"""A parser and evaluator for the subset of Cloudflare's Rules language that edgegen writes.
+
+Used by the tests to check that generated expressions are well formed (every string
+literal closes, every escape is one the language has) and that they *mean* what the
+policy's Python matcher means, on the same requests. It follows the documented semantics:
+maps of arrays for headers and cookies, ``[*]`` to iterate, and any comparison on a missing
+value is false.
+
+Grammar (the subset)::
+
+    expr       := or
+    or         := and ("or" and)*
+    and        := unary ("and" unary)*
+    unary      := "not" unary | primary
+    primary    := "(" expr ")" | "true" | "false" | comparison
+    comparison := value (("eq" STRING) | ("gt" NUMBER) | ("in" "{" STRING+ "}"))?
+    value      := (call | FIELD) index*
+    call       := NAME "(" comparison ("," STRING)* ")"
+    index      := "[" STRING "]" | "[*]"
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Missing:
+    """The value of a field that is not there (an absent header or cookie)."""
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING = Missing()
+_TOKEN = re.compile(
+    r'\s*(?:(?P<string>"(?:[^"\\]|\\.)*")|(?P<number>\d+)|(?P<name>[a-z_][a-z0-9_.]*)'
+    r"|(?P<punct>\[\*\]|[()\[\]{},]))"
+)
+
+
+class ParseError(ValueError):
+    """The expression is not in the subset (or not well formed at all)."""
+
+
+def unescape(literal: str) -> str:
+    """The value of a string literal; only ``\\"`` and ``\\\\`` are escapes."""
+    body = literal[1:-1]
+    out: list[str] = []
+    index = 0
+    while index < len(body):
+        char = body[index]
+        if char == "\\":
+            nxt = body[index + 1]
+            if nxt not in '"\\':
+                raise ParseError(f"unknown escape \\{nxt} in {literal}")
+            out.append(nxt)
+            index += 2
+            continue
+        out.append(char)
+        index += 1
+    return "".join(out)
+
+
+def tokenize(text: str) -> list[tuple[str, str]]:
+    """Split an expression into (kind, text) tokens; ParseError on anything else."""
+    tokens: list[tuple[str, str]] = []
+    position = 0
+    while position < len(text):
+        if text[position:].strip() == "":
+            break
+        match = _TOKEN.match(text, position)
+        if not match:
+            raise ParseError(f"unexpected text at {position}: {text[position : position + 20]!r}")
+        kind = match.lastgroup
+        assert kind is not None
+        tokens.append((kind, match.group(kind)))
+        position = match.end()
+    return tokens
+
+
+@dataclass
+class Request:
+    """What the expression sees of a request."""
+
+    path: str
+    method: str
+    host: str
+    headers: dict[str, list[str]] = field(default_factory=dict)
+    cookies: dict[str, list[str]] = field(default_factory=dict)
+
+    def fields(self) -> dict[str, Any]:
+        """Field name -> value."""
+        return {
+            "http.request.uri.path": self.path,
+            "http.request.method": self.method,
+            "http.host": self.host,
+            "http.request.headers": self.headers,
+            "http.request.cookies": self.cookies,
+        }
+
+
+@dataclass(frozen=True)
+class Array:
+    """The values produced by ``[*]`` (and by functions applied to them)."""
+
+    items: tuple[Any, ...]
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.tokens = tokenize(text)
+        self.position = 0
+        self.strings: list[str] = []
+
+    def peek(self) -> tuple[str, str] | None:
+        return self.tokens[self.position] if self.position < len(self.tokens) else None
+
+    def take(self, expected: str | None = None) -> tuple[str, str]:
+        token = self.peek()
+        if token is None:
+            raise ParseError("unexpected end of expression")
+        if expected is not None and token[1] != expected:
+            raise ParseError(f"expected {expected!r}, found {token[1]!r}")
+        self.position += 1
+        return token
+
+    def string(self) -> str:
+        kind, text = self.take()
+        if kind != "string":
+            raise ParseError(f"expected a string, found {text!r}")
+        value = unescape(text)
+        self.strings.append(value)
+        return value
+
+    def parse(self) -> Any:
+        node = self.or_()
+        if self.peek() is not None:
+            raise ParseError(f"trailing tokens from {self.peek()!r}")
+        return node
+
+    def or_(self) -> Any:
+        parts = [self.and_()]
+        while self.peek() == ("name", "or"):
+            self.take()
+            parts.append(self.and_())
+        return ("or", parts) if len(parts) > 1 else parts[0]
+
+    def and_(self) -> Any:
+        parts = [self.unary()]
+        while self.peek() == ("name", "and"):
+            self.take()
+            parts.append(self.unary())
+        return ("and", parts) if len(parts) > 1 else parts[0]
+
+    def unary(self) -> Any:
+        if self.peek() == ("name", "not"):
+            self.take()
+            return ("not", self.unary())
+        return self.primary()
+
+    def primary(self) -> Any:
+        token = self.peek()
+        if token == ("punct", "("):
+            self.take()
+            node = self.or_()
+            self.take(")")
+            return node
+        if token in (("name", "true"), ("name", "false")):
+            self.take()
+            return ("const", token[1] == "true")
+        return self.comparison()
+
+    def comparison(self) -> Any:
+        value = self.value()
+        nxt = self.peek()
+        if nxt == ("name", "eq"):
+            self.take()
+            return ("cmp", "eq", value, self.string())
+        if nxt == ("name", "gt"):
+            self.take()
+            kind, number = self.take()
+            if kind != "number":
+                raise ParseError(f"gt needs a number, found {number!r}")
+            return ("cmp", "gt", value, int(number))
+        if nxt == ("name", "in"):
+            self.take()
+            self.take("{")
+            items: list[str] = []
+            while self.peek() != ("punct", "}"):
+                items.append(self.string())
+            self.take("}")
+            if not items:
+                raise ParseError("an empty set")
+            return ("cmp", "in", value, frozenset(items))
+        return value
+
+    def value(self) -> Any:
+        kind, name = self.take()
+        if kind != "name":
+            raise ParseError(f"expected a field or function, found {name!r}")
+        if self.peek() == ("punct", "("):
+            self.take()
+            args: list[Any] = [self.comparison()]
+            while self.peek() == ("punct", ","):
+                self.take()
+                args.append(("str", self.string()))
+            self.take(")")
+            if name not in ("any", "len", "starts_with", "ends_with"):
+                raise ParseError(f"unknown function {name!r}")
+            node: Any = ("call", name, args)
+        else:
+            if name not in Request("", "", "").fields():
+                raise ParseError(f"unknown field {name!r}")
+            node = ("field", name)
+        while self.peek() in (("punct", "["), ("punct", "[*]")):
+            if self.take()[1] == "[*]":
+                node = ("star", node)
+            else:
+                node = ("index", node, self.string())
+                self.take("]")
+        return node
+
+
+def parse(text: str) -> tuple[Any, list[str]]:
+    """Parse an expression; returns the tree and every string literal's value, in order."""
+    parser = _Parser(text)
+    return parser.parse(), parser.strings
+
+
+def _compare(op: str, left: Any, right: Any) -> bool:
+    if isinstance(left, Missing):
+        return False
+    if op == "eq":
+        return bool(left == right)
+    if op == "gt":
+        return isinstance(left, int) and left > right
+    return bool(left in right)
+
+
+def _eval(node: Any, request: Request) -> Any:
+    kind = node[0]
+    if kind == "const":
+        return node[1]
+    if kind == "str":
+        return node[1]
+    if kind == "field":
+        return request.fields()[node[1]]
+    if kind == "index":
+        container = _eval(node[1], request)
+        if not isinstance(container, dict):
+            return MISSING
+        return container.get(node[2], MISSING)
+    if kind == "star":
+        inner = _eval(node[1], request)
+        if isinstance(inner, Array):
+            return inner
+        # Iterating a missing array yields nothing.
+        return Array(() if isinstance(inner, Missing) else tuple(inner))
+    if kind == "cmp":
+        left = _eval(node[2], request)
+        if isinstance(left, Array):
+            return Array(tuple(_compare(node[1], v, node[3]) for v in left.items))
+        return _compare(node[1], left, node[3])
+    if kind == "call":
+        name, args = node[1], node[2]
+        first = _eval(args[0], request)
+        if name == "any":
+            if not isinstance(first, Array):
+                raise ParseError("any() needs an array argument")
+            return any(v is True for v in first.items)
+        if name == "len":
+            if isinstance(first, Array):
+                return Array(tuple(_length(v) for v in first.items))
+            return _length(first)
+        if not isinstance(first, str):
+            return MISSING
+        other = _eval(args[1], request)
+        return first.startswith(other) if name == "starts_with" else first.endswith(other)
+    if kind == "or":
+        return any(_truth(part, request) for part in node[1])
+    if kind == "and":
+        return all(_truth(part, request) for part in node[1])
+    if kind == "not":
+        return not _truth(node[1], request)
+    raise ParseError(f"cannot evaluate {node!r}")
+
+
+def _length(value: Any) -> Any:
+    if isinstance(value, Missing):
+        return MISSING
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogatepass"))
+    return len(value)
+
+
+def _truth(node: Any, request: Request) -> bool:
+    value = _eval(node, request)
+    if isinstance(value, Array):
+        raise ParseError("an array used as a condition; wrap it in any()")
+    return value is True
+
+
+def evaluate(tree: Any, request: Request) -> bool:
+    """The value of a parsed expression for a request."""
+    return _truth(tree, request)
