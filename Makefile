@@ -41,6 +41,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP) $(NODE_STAMP)
+	npm test --prefix workers --silent
 	$(BIN)/python -m pytest
 
 ## test: install into .venv (and workers/node_modules), then ruff, mypy --strict, pytest
