@@ -15,9 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Characters WHATWG's URL parser leaves unescaped in a path; everything else is
-# percent-encoded, so a path compares the same here as in the Worker's `new URL()`.
+# percent-encoded, so a path compares the same here as in the Worker's `new URL()`. The
+# current URL standard (and workerd) encodes "^" in paths too, though older parsers (Node
+# 20's) do not: workerd is the one the Worker runs in.
 _PATH_SAFE = frozenset(
-    b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~!$&'()*+,;=:@/%[]\\^|"
+    b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~!$&'()*+,;=:@/%[]\\|"
 )
 _DOT_SEGMENTS = {".", "%2e", "%2E"}
 _DOTDOT_SEGMENTS = {"..", ".%2e", ".%2E", "%2e.", "%2E.", "%2e%2e", "%2E%2E", "%2e%2E", "%2E%2e"}

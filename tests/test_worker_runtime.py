@@ -1,0 +1,494 @@
+"""The generated Worker in the real workerd runtime (through Miniflare), and wrangler --dry-run.
+
+Uses the pinned tooling in workers/ (workers/harness/run.mjs and dryrun.mjs, see
+workers/README.md). Without workers/node_modules these tests fail with the install command;
+they never skip.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import rules_eval
+from edge_support import HARNESS, PLANS, WORKERS, golden_policy, require_node_modules, run_node
+
+import edgegen
+import policy
+from edgegen import _worker
+from policy import normalize_host, normalize_path
+
+pytestmark = pytest.mark.workerd
+
+IP_A = "203.0.113.7"
+IP_B = "2001:db8::1"
+HOSTILE = 'evil "quote" \\back ${x} %{y} `tick` </script> ünï\u2028end'
+RUNTIME_POLICY = """\
+version: 1
+cloudflare:
+  plan: free
+  worker: { name: runtime-test, routes: ["api.example.com/*"] }
+authenticated_when: { headers: [authorization, x-api-key], cookies: [session] }
+limits:
+  - name: api
+    match: { path_prefix: /api/ }
+    edge: { rate: 3/1m }
+  - name: login
+    match: { paths: [/login], methods: [POST] }
+    edge: { rate: 2/1m, unauthenticated_only: false }
+"""
+
+
+def build_worker(tmp_path: Path, text: str = RUNTIME_POLICY) -> edgegen.WorkerArtifact:
+    """Build a policy and write its Worker files under tmp_path."""
+    artifacts = edgegen.build(policy.loads(text))
+    assert artifacts.worker is not None
+    edgegen.write(artifacts, tmp_path)
+    return artifacts.worker
+
+
+def ratelimits(worker: edgegen.WorkerArtifact) -> dict[str, Any]:
+    """The job's bindings, exactly as the Worker declares them."""
+    return {
+        b["name"]: {"namespace_id": b["namespace_id"], "simple": b["simple"]}
+        for b in worker.bindings
+    }
+
+
+def run(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run one job; once more if the rate-limit window turned over during it."""
+    for _attempt in range(2):
+        result = run_node(HARNESS / "run.mjs", job)
+        if not result["windowCrossed"]:
+            break
+    assert not result["windowCrossed"], "the rate-limit window turned over twice"
+    responses: list[dict[str, Any]] = result["responses"]
+    for response in responses:
+        assert "exception" not in response, response["exception"]
+    return responses
+
+
+def request(
+    path: str, ip: str | None = IP_A, method: str = "GET", **headers: str
+) -> dict[str, Any]:
+    """A request to api.example.com, from an IP (None: no CF-Connecting-IP)."""
+    sent = {k.replace("_", "-"): v for k, v in headers.items()}
+    if ip is not None:
+        sent["cf-connecting-ip"] = ip
+    return {"url": f"https://api.example.com{path}", "method": method, "headers": sent}
+
+
+def job_for(tmp_path: Path, worker: edgegen.WorkerArtifact, requests: list[Any]) -> dict[str, Any]:
+    """A run.mjs job for the Worker written under tmp_path."""
+    return {
+        "script": str(tmp_path / "worker" / worker.main_module),
+        "compatibilityDate": worker.compatibility_date,
+        "ratelimits": ratelimits(worker),
+        "requests": requests,
+    }
+
+
+def assert_reached_origin(response: dict[str, Any], sent: dict[str, Any]) -> None:
+    """The origin got the request exactly as the client sent it."""
+    assert response["status"] == 200
+    assert response["headers"].get("x-origin") == "1"
+    echo = json.loads(response["body"])
+    assert echo["method"] == sent["method"]
+    assert echo["url"] == sent["url"]
+    expected = {k.lower(): v for k, v in sent["headers"].items()}
+    expected.setdefault("host", "api.example.com")
+    assert echo["headers"] == expected
+    assert echo["body"] == sent.get("body")
+
+
+def assert_too_many(response: dict[str, Any], name: str, limit: int, period: int) -> None:
+    """A 429 with Retry-After, RateLimit-Policy and an RFC 9457 problem body."""
+    assert response["status"] == 429
+    headers = response["headers"]
+    assert headers["content-type"] == "application/problem+json"
+    assert headers["retry-after"] == str(period)
+    assert headers["ratelimit-policy"].endswith(f";q={limit};w={period}")
+    assert "x-origin" not in headers
+    body = json.loads(response["body"])
+    assert set(body) == {"type", "title", "status", "detail", "limit"}
+    assert body["status"] == 429 and body["title"] == "Too Many Requests"
+    assert body["limit"] == name
+
+
+def test_over_limit_unauthenticated_requests_get_429(tmp_path: Path) -> None:
+    """The fourth anonymous request in a minute is refused with the problem response."""
+    worker = build_worker(tmp_path)
+    sent = [request(f"/api/items/{i}") for i in range(5)]
+    responses = run(job_for(tmp_path, worker, sent))
+    for response, original in zip(responses[:3], sent[:3], strict=True):
+        assert_reached_origin(response, original)
+    for response in responses[3:]:
+        assert_too_many(response, "api", 3, 60)
+        assert response["headers"]["ratelimit-policy"] == '"api";q=3;w=60'
+
+
+def test_authenticated_requests_reach_the_origin_unchanged(tmp_path: Path) -> None:
+    """Requests with a credential skip unauthenticated-only limits and arrive untouched."""
+    worker = build_worker(tmp_path)
+    sent = [
+        *(request("/api/x", Authorization=f"Bearer t{i}") for i in range(4)),
+        *(request("/api/x", x_api_key="k") for _ in range(2)),
+        *(request("/api/x", Cookie="theme=dark; session=abc") for _ in range(2)),
+        {**request("/api/upload", method="POST", Authorization="t"), "body": "payload ünï"},
+    ]
+    responses = run(job_for(tmp_path, worker, sent))
+    for response, original in zip(responses, sent, strict=True):
+        assert_reached_origin(response, original)
+
+
+def test_empty_credentials_do_not_authenticate(tmp_path: Path) -> None:
+    """An empty Authorization header or a cookie named differently still counts."""
+    worker = build_worker(tmp_path)
+    sent = [
+        request("/api/a", Authorization=""),
+        request("/api/a", Cookie="sessionid=1"),
+        request("/api/a", Cookie="session"),
+        request("/api/a"),
+    ]
+    responses = run(job_for(tmp_path, worker, sent))
+    assert [r["status"] for r in responses] == [200, 200, 200, 429]
+
+
+def test_non_matching_requests_reach_the_origin_unchanged(tmp_path: Path) -> None:
+    """Paths and methods no limit matches are never counted and never altered."""
+    worker = build_worker(tmp_path)
+    sent = [
+        *(request("/other?q=1", Accept="text/html") for _ in range(5)),
+        *(request("/login", method="GET") for _ in range(4)),
+        *(request("/apix") for _ in range(4)),
+        {**request("/upload", method="PUT", Content_Type="text/plain"), "body": "x" * 1000},
+    ]
+    responses = run(job_for(tmp_path, worker, sent))
+    for response, original in zip(responses, sent, strict=True):
+        assert_reached_origin(response, original)
+
+
+def test_different_ips_are_counted_apart(tmp_path: Path) -> None:
+    """Exhausting the limit from one IP leaves another IP's count untouched."""
+    worker = build_worker(tmp_path)
+    sent = [
+        request("/login", ip=IP_A, method="POST"),
+        request("/login", ip=IP_A, method="POST"),
+        request("/login", ip=IP_A, method="POST"),
+        request("/login", ip=IP_B, method="POST"),
+        request("/login", ip=IP_B, method="POST"),
+        request("/login", ip=IP_B, method="POST"),
+    ]
+    responses = run(job_for(tmp_path, worker, sent))
+    statuses = [r["status"] for r in responses]
+    assert statuses == [200, 200, 429, 200, 200, 429]
+    assert_too_many(responses[2], "login", 2, 60)
+
+
+def test_odd_input_never_throws(tmp_path: Path) -> None:
+    """No IP header, huge paths, bad escapes, odd cookies and long IPs all get an answer."""
+    worker = build_worker(tmp_path)
+    sent = [
+        *(request("/api/no-ip", ip=None) for _ in range(5)),
+        # Long enough to be odd, short enough for the local HTTP server (it answers 431
+        # above ~16 KB of request line and headers, and Miniflare sends the URL twice).
+        request("/api/" + "a" * 7_000),
+        request("/api/%FF%FE%00/%C3%28/%"),
+        request("/api/x", Cookie=";;;=;==;session"),
+        request("/api/x", ip="x" * 5_000),
+        request("/api/x", ip="  "),
+        request("/api/\u00ff/\u2028/\ud83d\ude00"),
+        request("/api/x", Authorization="\u00ff\u00fe"),
+    ]
+    responses = run(job_for(tmp_path, worker, sent))
+    # Without CF-Connecting-IP nothing is counted: all five pass.
+    assert [r["status"] for r in responses[:5]] == [200] * 5
+    assert all(r["status"] in (200, 429) for r in responses)
+
+
+def test_a_missing_binding_fails_open(tmp_path: Path) -> None:
+    """If the binding is not there the Worker lets requests through instead of failing."""
+    worker = build_worker(tmp_path)
+    job = job_for(tmp_path, worker, [request("/api/x") for _ in range(5)])
+    job["ratelimits"] = {}
+    responses = run(job)
+    assert [r["status"] for r in responses] == [200] * 5
+
+
+@pytest.mark.parametrize("plan", ["free", "pro"])
+def test_golden_workers_run(plan: str, tmp_path: Path) -> None:
+    """The golden policy's Worker (hostile names included) loads and limits in workerd."""
+    artifacts = edgegen.build(golden_policy(plan))
+    assert artifacts.worker is not None
+    edgegen.write(artifacts, tmp_path)
+    hostile = golden_policy(plan).limit(HOSTILE).match.matcher()
+    path = sorted(hostile.paths)[0]
+    sent = [request(path) for _ in range(11)]
+    responses = run(job_for(tmp_path, artifacts.worker, sent))
+    assert [r["status"] for r in responses] == [200] * 10 + [429]
+    assert json.loads(responses[-1]["body"])["limit"] == HOSTILE
+
+
+def _dry_run(directory: Path) -> subprocess.CompletedProcess[str]:
+    require_node_modules()
+    return subprocess.run(
+        ["node", str(HARNESS / "dryrun.mjs"), str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=WORKERS,
+        check=False,
+    )
+
+
+def test_wrangler_dry_run_accepts_every_generated_worker(tmp_path: Path) -> None:
+    """`wrangler deploy --dry-run` accepts the Worker of every plan and of the example."""
+    workers: list[tuple[str, edgegen.WorkerArtifact]] = []
+    for plan in PLANS:
+        artifacts = edgegen.build(golden_policy(plan))
+        if artifacts.worker is not None:
+            edgegen.write(artifacts, tmp_path / plan)
+            workers.append((plan, artifacts.worker))
+    example = edgegen.build(
+        policy.load(Path(__file__).parent.parent / "examples" / "policy.yaml", env={})
+    )
+    assert example.worker is not None
+    edgegen.write(example, tmp_path / "example")
+    workers.append(("example", example.worker))
+    assert len(workers) >= 3
+    for name, worker in workers:
+        result = _dry_run(tmp_path / name / "worker")
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, f"{name}: wrangler refused the Worker:\n{output}"
+        for binding in worker.bindings:
+            assert f"env.{binding['name']}" in output, (name, output)
+        assert not (tmp_path / name / "worker" / ".wrangler").exists()
+
+
+def test_wrangler_dry_run_refuses_a_bad_period(tmp_path: Path) -> None:
+    """The dry run really checks: the same Worker with a 30 s period is refused."""
+    worker = build_worker(tmp_path)
+    toml = (tmp_path / "worker" / "wrangler.toml").read_text()
+    (tmp_path / "worker" / "wrangler.toml").write_text(toml.replace("period = 60", "period = 30"))
+    result = _dry_run(tmp_path / "worker")
+    assert result.returncode != 0
+    assert "10 or 60" in result.stdout + result.stderr
+    assert worker.bindings
+
+
+# --- the JavaScript matcher against the Python one ---------------------------------------
+
+CORPUS_POLICY = """\
+version: 1
+cloudflare: { plan: enterprise }
+authenticated_when: { headers: [authorization, x-api-key], cookies: [session, sid] }
+limits:
+  - name: login
+    match: { paths: [/login, /api/v1/sessions], methods: [POST] }
+    edge: { rate: 5/1m, unauthenticated_only: false }
+  - name: api
+    match: { path_prefix: [/api/, /v2/] }
+    edge: { rate: 5/1m }
+  - name: hooks
+    match: { hosts: ["*.hooks.example.com", hooks.example.com], path_prefix: /in/ }
+    edge: { rate: 5/1m, unauthenticated_only: false }
+  - name: exact-host
+    match: { hosts: [api.example.com], methods: [GET, HEAD, PATCH] }
+    edge: { rate: 5/1m }
+  - name: unicode
+    match: { paths: ["/café", "/a b", "/x\\\\y"], path_prefix: ["/ünï/"] }
+    edge: { rate: 5/1m, unauthenticated_only: false }
+  - name: everything
+    edge: { rate: 5/1m }
+"""
+
+# (method, host, target, headers): the target is appended to https://host.
+CORPUS: list[tuple[str, str, str, dict[str, str]]] = [
+    ("POST", "example.com", "/login", {}),
+    ("GET", "example.com", "/login", {}),
+    ("post", "example.com", "/login", {}),
+    ("POST", "example.com", "/login/", {}),
+    ("POST", "example.com", "/Login", {}),
+    ("POST", "example.com", "/login?next=/x", {}),
+    ("POST", "example.com", "/login#frag", {}),
+    ("POST", "example.com", "/api/v1/sessions", {}),
+    ("POST", "example.com", "/a/../login", {}),
+    ("POST", "example.com", "/a/%2e%2e/login", {}),
+    ("POST", "example.com", "/./login", {}),
+    ("POST", "example.com", "//login", {}),
+    ("POST", "example.com", "/%6Cogin", {}),
+    ("POST", "example.com", "/log\tin", {}),
+    ("POST", "example.com", "/login\n", {}),
+    ("GET", "example.com", "/api/x", {}),
+    ("GET", "example.com", "/api", {}),
+    ("GET", "example.com", "/api/", {}),
+    ("GET", "example.com", "/apix", {}),
+    ("GET", "example.com", "/v2/y", {}),
+    ("GET", "example.com", "/api/x", {"authorization": "Bearer t"}),
+    ("GET", "example.com", "/api/x", {"authorization": ""}),
+    ("GET", "example.com", "/api/x", {"x-api-key": "k"}),
+    ("GET", "example.com", "/api/x", {"cookie": "session=1"}),
+    ("GET", "example.com", "/api/x", {"cookie": "session="}),
+    ("GET", "example.com", "/api/x", {"cookie": "a=1; sid=2"}),
+    ("GET", "example.com", "/api/x", {"cookie": "sessionid=1"}),
+    ("GET", "example.com", "/api/x", {"cookie": "Session=1"}),
+    ("GET", "example.com", "/api/x", {"cookie": "session"}),
+    ("GET", "example.com", "/api/x", {"cookie": " session =1"}),
+    ("GET", "example.com", "/api\\x", {}),
+    ("GET", "example.com", "\\api\\x", {}),
+    ("GET", "example.com", "/api/%2e%2e/x", {}),
+    ("GET", "example.com", "/api/../api/x", {}),
+    ("GET", "example.com", "/api/./x", {}),
+    ("GET", "example.com", "/api/" + "a" * 5000, {}),
+    ("GET", "a.hooks.example.com", "/in/1", {}),
+    ("GET", "A.B.HOOKS.EXAMPLE.COM", "/in/1", {}),
+    ("GET", "hooks.example.com", "/in/1", {}),
+    ("GET", "hooks.example.com:8443", "/in/1", {}),
+    ("GET", "hooks.example.com.", "/in/1", {}),
+    ("GET", "badhooks.example.com", "/in/1", {}),
+    ("GET", "hooks.example.com", "/out/1", {}),
+    ("GET", "xn--bcher-kva.hooks.example.com", "/in/1", {}),
+    ("GET", "api.example.com", "/anything", {}),
+    ("HEAD", "api.example.com", "/anything", {}),
+    ("PATCH", "api.example.com", "/anything", {}),
+    ("PUT", "api.example.com", "/anything", {}),
+    ("DELETE", "api.example.com", "/anything", {}),
+    ("GET", "API.EXAMPLE.COM:443", "/anything", {}),
+    ("GET", "api.example.com.", "/anything", {}),
+    ("GET", "[::1]:8080", "/anything", {}),
+    ("GET", "127.0.0.1", "/api/x", {}),
+    ("GET", "example.com", "/café", {}),
+    ("GET", "example.com", "/caf%C3%A9", {}),
+    ("GET", "example.com", "/caf%c3%a9", {}),
+    ("GET", "example.com", "/a b", {}),
+    ("GET", "example.com", "/a%20b", {}),
+    ("GET", "example.com", "/x\\y", {}),
+    ("GET", "example.com", "/x/y", {}),
+    ("GET", "example.com", "/ünï/z", {}),
+    ("GET", "example.com", "/%C3%BCn%C3%AF/z", {}),
+    ("GET", "example.com", "/\ud800", {}),
+    ("GET", "example.com", "/\u2028/\U0001f600", {}),
+    ("GET", "example.com", "/`{}|^[]<>\"'", {}),
+    ("GET", "example.com", "/%", {}),
+    ("GET", "example.com", "/a%zz", {}),
+    ("GET", "example.com", "/trailing ", {}),
+    ("GET", "example.com", "", {}),
+    ("GET", "example.com", "?only=query", {}),
+    ("OPTIONS", "example.com", "/api/x", {}),
+]
+
+
+def python_applicable(
+    loaded: policy.Policy, method: str, host: str, target: str, headers: dict[str, str]
+) -> list[str]:
+    """The limits the policy's Python matcher applies, with the documented credential rule."""
+    when = loaded.authenticated_when
+    authenticated = any(headers.get(name) for name in when.headers)
+    cookie = headers.get("cookie", "")
+    sent = {pair.split("=", 1)[0].strip() for pair in cookie.split(";") if "=" in pair}
+    authenticated = authenticated or any(name in sent for name in when.cookies)
+    names = []
+    for limit in loaded.limits:
+        assert limit.edge is not None
+        if not limit.match.matcher().matches_raw(method, target, host):
+            continue
+        if limit.edge.unauthenticated_only and authenticated:
+            continue
+        names.append(limit.name)
+    return names
+
+
+def rule_applicable(
+    artifacts: edgegen.Artifacts,
+    loaded: policy.Policy,
+    method: str,
+    host: str,
+    target: str,
+    headers: dict[str, str],
+) -> list[str]:
+    """The limits whose generated rule expression matches (the path as the edge normalises it)."""
+    cookies: dict[str, list[str]] = {}
+    for pair in headers.get("cookie", "").split(";"):
+        if "=" in pair:
+            name, value = pair.split("=", 1)
+            if name.strip():
+                cookies.setdefault(name.strip(), []).append(value)
+    fields = rules_eval.Request(
+        path=normalize_path(target),
+        method=method.upper(),
+        host=normalize_host(host),
+        headers={k: [v] for k, v in headers.items() if k != "cookie"},
+        cookies=cookies,
+    )
+    names = []
+    for limit, rule in zip(loaded.limits, artifacts.ruleset["rules"], strict=True):
+        tree, _ = rules_eval.parse(rule["expression"])
+        if rules_eval.evaluate(tree, fields):
+            names.append(limit.name)
+    return names
+
+
+def test_js_matcher_agrees_with_python(tmp_path: Path) -> None:
+    """On a corpus of 70 requests, workerd and Python agree on path, matches and credentials.
+
+    The Worker's own functions (limiter.js, verbatim) decide, on `new URL(request.url)` in
+    workerd; Python decides with policy.normalize_path and Matcher.matches_raw. The
+    Enterprise rule expressions, evaluated on the same requests, agree too.
+    """
+    assert len(CORPUS) >= 50
+    loaded = policy.loads(CORPUS_POLICY)
+    limits = [_worker.WorkerLimit(limit, 60) for limit in loaded.limits]
+    blob = _worker.script_json(_worker.config(loaded, limits))
+    module = tmp_path / "matcher.js"
+    module.write_text(
+        f"const CONFIG = {blob};\n\n"
+        + _worker.template_text(_worker.LOGIC_FILE)
+        + textwrap.dedent(
+            """
+            export default {
+              async fetch(request) {
+                const url = new URL(request.url);
+                const names = applicableLimits(request, url, CONFIG).map((l) => l.name);
+                // In a header, so that HEAD requests (no body) report too.
+                const result = JSON.stringify({ path: url.pathname, limits: names });
+                return new Response(null, { headers: { "x-matcher": result } });
+              },
+            };
+            """
+        ),
+        encoding="utf-8",
+    )
+    requests = [
+        {"url": f"https://{host}{target}", "method": method, "headers": headers}
+        for method, host, target, headers in CORPUS
+    ]
+    responses = run({"script": str(module), "ratelimits": {}, "requests": requests})
+    artifacts = edgegen.build(loaded)
+    mismatches = []
+    for (method, host, target, headers), response in zip(CORPUS, responses, strict=True):
+        assert response["status"] == 200, (target, response)
+        got = json.loads(response["headers"]["x-matcher"])
+        expected_path = normalize_path(target)
+        expected = python_applicable(loaded, method, host, target, headers)
+        by_rule = rule_applicable(artifacts, loaded, method, host, target, headers)
+        if got["path"] != expected_path or got["limits"] != expected or by_rule != expected:
+            mismatches.append(
+                {
+                    "request": (method, host, target[:80], headers),
+                    "workerd": got | {"path": got["path"][:80]},
+                    "python": {"path": expected_path[:80], "limits": expected},
+                    "rules": by_rule,
+                }
+            )
+    assert not mismatches, json.dumps(mismatches, indent=2, ensure_ascii=False)
+
+
+def test_harness_files_are_where_the_tests_expect() -> None:
+    """The runner and the dry-run script exist (they ship with workers/package.json)."""
+    assert (HARNESS / "run.mjs").is_file() and (HARNESS / "dryrun.mjs").is_file()
+    assert shutil.which("node") is not None
