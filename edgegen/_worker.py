@@ -92,6 +92,12 @@ class WorkerLimit:
         """The binding's name in ``env``."""
         return _ids.binding_name(self.limit.name)
 
+    @property
+    def requests(self) -> int:
+        """Requests allowed per period."""
+        assert self.limit.edge is not None
+        return self.limit.edge.rate.limit
+
 
 def config(policy: Policy, limits: list[WorkerLimit]) -> dict[str, Any]:
     """The data the Worker's logic reads: credentials and, per limit, matcher and binding."""
@@ -168,7 +174,7 @@ def bindings(worker: Worker, limits: list[WorkerLimit]) -> tuple[dict[str, Any],
             "type": "ratelimit",
             "name": item.binding,
             "namespace_id": _ids.namespace_id(worker.name, item.limit.name),
-            "simple": {"limit": item.limit.edge.rate.limit, "period": item.period},  # type: ignore[union-attr]
+            "simple": {"limit": item.requests, "period": item.period},
         }
         for item in limits
     )

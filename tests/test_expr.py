@@ -131,3 +131,12 @@ def test_the_parser_rejects_malformed_text() -> None:
         rules_eval.parse('http.host eq "a\\n"')
     with pytest.raises(rules_eval.ParseError):
         rules_eval.parse('http.host eq "a" or')
+
+
+def test_hostile_hosts_and_credentials_are_escaped() -> None:
+    """Strings that bypass the policy's validation still come out as exact literals."""
+    matcher = Matcher.create(hosts=['ev"il\\.com', '*.x"y${z}'], methods=['P"OST'])
+    when = AuthenticatedWhen.model_construct(headers=('x"h',), cookies=('c\\"k',))
+    text = _expr.matcher_expression(matcher, when).text
+    _tree, strings = rules_eval.parse(text)
+    assert strings == ['P"OST', 'ev"il\\.com', '.x"y${z}', 'x"h', 'c\\"k']
