@@ -66,6 +66,7 @@ def test_documented_values() -> None:
 
 
 def _lint(plan: str, limits: str, worker: bool = True) -> list[policy.Diagnostic]:
+    """The L2xx findings for these limits (YAML) on a plan, with or without a Worker."""
     worker_line = '  worker: { name: w, routes: ["example.com/*"] }\n' if worker else ""
     text = (
         f"version: 1\ncloudflare:\n  plan: {plan}\n{worker_line}"

@@ -504,3 +504,22 @@ def test_cli_build_json_and_errors(tmp_path: Path) -> None:
     assert "limit 'x': period 30s is not available on the pro plan" in result.stderr
     assert "[error L201]" in result.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_public_surface() -> None:
+    """build, write, the artifact types and the errors are exported from edgegen."""
+    expected = {
+        "Artifacts",
+        "BuildProblem",
+        "CompileError",
+        "EdgegenError",
+        "Placement",
+        "Target",
+        "UsageError",
+        "WorkerArtifact",
+        "build",
+        "write",
+    }
+    assert expected <= set(edgegen.__all__)
+    for name in expected:
+        assert getattr(edgegen, name) is not None

@@ -235,6 +235,7 @@ def test_golden_workers_run(plan: str, tmp_path: Path) -> None:
 
 
 def _dry_run(directory: Path) -> subprocess.CompletedProcess[str]:
+    """`wrangler deploy --dry-run` in a directory, through workers/harness/dryrun.mjs."""
     require_node_modules()
     return subprocess.run(
         ["node", str(HARNESS / "dryrun.mjs"), str(directory)],
@@ -492,3 +493,14 @@ def test_harness_files_are_where_the_tests_expect() -> None:
     """The runner and the dry-run script exist (they ship with workers/package.json)."""
     assert (HARNESS / "run.mjs").is_file() and (HARNESS / "dryrun.mjs").is_file()
     assert shutil.which("node") is not None
+
+
+def test_missing_node_modules_fails_with_the_install_command(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without workers/node_modules the JS tests fail (never skip) and say how to install."""
+    import edge_support
+
+    monkeypatch.setattr(edge_support, "NODE_MODULES", tmp_path / "node_modules")
+    with pytest.raises(pytest.fail.Exception, match=r"make test.*npm ci --prefix workers"):
+        edge_support.require_node_modules()
