@@ -14,7 +14,7 @@ from policy import Diagnostic, Policy, Severity
 from ._artifacts import Artifacts, Target
 from ._compile import build
 from ._output import write
-from .errors import CompileError
+from .errors import CompileError, UsageError
 
 
 def register(sub: Any) -> None:
@@ -107,7 +107,13 @@ def run_build(args: argparse.Namespace) -> int:
             _print_json(_json_report(args, found, None, exc))
             return exc.exit_code
         raise
-    write(artifacts, args.out)
+    try:
+        write(artifacts, args.out)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write the artifacts under {args.out}: {exc.strerror or exc}; choose a "
+            "directory you can write to with --out"
+        ) from exc
     if as_json:
         _print_json(_json_report(args, found, artifacts, None))
         return 0

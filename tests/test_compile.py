@@ -523,3 +523,19 @@ def test_public_surface() -> None:
     assert expected <= set(edgegen.__all__)
     for name in expected:
         assert getattr(edgegen, name) is not None
+
+
+def test_cli_build_unwritable_out(tmp_path: Path) -> None:
+    """--out naming a file is a usage error with one clear line, not a traceback."""
+    target = tmp_path / "a-file"
+    target.write_text("")
+    result = subprocess.run(
+        [sys.executable, "-m", "edgegen.cli", "build", str(GOLDEN_POLICY), "--out", str(target)],
+        capture_output=True,
+        text=True,
+        env={"PLAN": "pro", "PATH": ""},
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "cannot write the artifacts under" in result.stderr
+    assert "Traceback" not in result.stderr
