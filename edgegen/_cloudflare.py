@@ -1,0 +1,747 @@
+"""The Cloudflare API client: the only module in edgegen that talks HTTP.
+
+Every call goes through ``Client._send``, which adds the token, applies explicit timeouts,
+retries what is safe to retry, and unwraps Cloudflare's v4 envelope
+(``{"success", "errors", "messages", "result"}``) into the result or one
+``CloudflareAPIError`` carrying the HTTP status, Cloudflare's error codes, messages and JSON
+pointers, and ``Retry-After``.
+
+Retries follow Cloudflare's own SDK: 429, 408, 409 and 5xx are retried, honouring
+``Retry-After`` up to 60 s, else exponential backoff (0.5 s doubling, cap 8 s) with full
+jitter. A request that is not idempotent (POST) is only retried when Cloudflare certainly did
+not act on it (429, or a connection that never opened); otherwise the error is marked
+``ambiguous`` so that apply can say the write may or may not have happened.
+
+Writes are first built as ``Write`` values (method, path, body) and then sent, so that
+``apply --dry-run`` prints exactly the requests it would have sent.
+
+The token is held by ``Token``, whose ``repr`` and ``str`` never show it; it is added to
+each request by an ``httpx.Auth`` flow, so it is in no client attribute, no log line and no
+exception message.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import email.policy
+import email.utils
+import hashlib
+import json
+import random
+import time
+from collections.abc import Callable, Generator, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from .errors import CloudflareAPIError, ErrorDetail, UsageError
+
+DEFAULT_BASE_URL = "https://api.cloudflare.com/client/v4"
+TOKEN_ENV = "CLOUDFLARE_API_TOKEN"
+BASE_URL_ENV = "CLOUDFLARE_API_BASE_URL"
+PHASE = "http_ratelimit"
+USER_AGENT = "edgegen/0.1"
+# Cloudflare's error codes this client gives a meaning to (all others are passed through).
+ENTRYPOINT_NOT_FOUND = 10003
+SCRIPT_NOT_FOUND = 10007
+# Reads are small; a script upload may take a while on a slow link.
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+_IDEMPOTENT = frozenset({"GET", "PUT", "DELETE"})
+_RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
+_MODULE_TYPE = "application/javascript+module"
+
+
+class Token:
+    """An API token that never shows itself: ``repr``, ``str`` and format give ``***``."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        value = value.strip()
+        if not value:
+            raise UsageError(
+                "the Cloudflare API token is empty; put the token in CLOUDFLARE_API_TOKEN or "
+                "in the file given to --token-file"
+            )
+        if any(c.isspace() or ord(c) < 0x21 or ord(c) > 0x7E for c in value):
+            # Never echo the value: say only what is wrong with it.
+            raise UsageError(
+                "the Cloudflare API token contains spaces, line breaks or non-ASCII "
+                "characters; copy the token again, with nothing around it"
+            )
+        self._value = value
+
+    def reveal(self) -> str:
+        """The token itself; only the Authorization header may use it."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Token('***')"
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return repr(self)
+
+    def __reduce__(self) -> Any:
+        raise TypeError("an API token cannot be pickled or copied out of the process")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], token_file: str | None = None) -> Token:
+        """The token from ``--token-file`` if given, else from ``CLOUDFLARE_API_TOKEN``.
+
+        Raises UsageError (naming the variable or file, never the token) when there is none.
+        """
+        if token_file is not None:
+            path = Path(token_file)
+            try:
+                text = path.read_text("utf-8")
+            except FileNotFoundError:
+                raise UsageError(
+                    f"the token file {token_file} does not exist; give the path of a file "
+                    "holding only the API token"
+                ) from None
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
+                raise UsageError(
+                    f"cannot read the token file {token_file} ({reason}); give a readable "
+                    "file holding only the API token"
+                ) from None
+            return cls(text)
+        value = env.get(TOKEN_ENV, "")
+        if not value.strip():
+            raise UsageError(
+                f"no Cloudflare API token: set {TOKEN_ENV} or pass --token-file FILE "
+                "(to plan without access to the zone, pull its state and use plan --state)"
+            )
+        return cls(value)
+
+
+def base_url_from_env(env: Mapping[str, str]) -> str:
+    """``CLOUDFLARE_API_BASE_URL`` (e.g. a proxy) or the public API; must be http(s)."""
+    url = env.get(BASE_URL_ENV, "").strip() or DEFAULT_BASE_URL
+    if not url.startswith(("https://", "http://")):
+        raise UsageError(
+            f"{BASE_URL_ENV} is {url!r}, which is not an http(s) URL; set it like "
+            f"{DEFAULT_BASE_URL} or unset it"
+        )
+    return url.rstrip("/")
+
+
+class _BearerAuth(httpx.Auth):
+    """Adds ``Authorization: Bearer`` to each request as it is sent, and nowhere else."""
+
+    def __init__(self, token: Token) -> None:
+        self._token = token
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        request.headers["Authorization"] = f"Bearer {self._token.reveal()}"
+        yield request
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often and how long to retry. ``attempts`` counts the first try too."""
+
+    attempts: int = 5
+    base_delay: float = 0.5
+    max_delay: float = 8.0
+    max_retry_after: float = 60.0
+
+    def backoff(self, retry: int, jitter: Callable[[float, float], float]) -> float:
+        """Full jitter: a random wait between 0 and the capped exponential delay."""
+        return jitter(0.0, min(self.max_delay, self.base_delay * 2**retry))
+
+
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (seconds or an HTTP date), or None."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One part of a multipart/form-data body."""
+
+    name: str
+    content: bytes
+    content_type: str
+    filename: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """A request that changes the zone, built before it is sent (``--dry-run`` prints it).
+
+    ``what`` says in words what it does, e.g. ``update the http_ratelimit rules``.
+    """
+
+    method: str
+    path: str
+    what: str
+    params: tuple[tuple[str, str], ...] = ()
+    json_body: Any = None
+    parts: tuple[Part, ...] = ()
+
+    def describe(self, base_url: str) -> str:
+        """The request as text: method, URL and body (multipart parts by name and size)."""
+        query = "&".join(f"{k}={v}" for k, v in self.params)
+        lines = [f"{self.method} {base_url}{self.path}{'?' + query if query else ''}"]
+        if self.json_body is not None:
+            lines.append(json.dumps(self.json_body, indent=2, ensure_ascii=False))
+        for part in self.parts:
+            if part.content_type == "application/json":
+                lines.append(f'part "{part.name}" ({part.content_type}):')
+                lines.append(json.dumps(json.loads(part.content), indent=2, ensure_ascii=False))
+            else:
+                lines.append(
+                    f'part "{part.name}" ({part.content_type}, {len(part.content):,} bytes, '
+                    f"sha256 {_sha256(part.content)})"
+                )
+        return "\n".join(lines)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Ruleset:
+    """A zone's phase entrypoint ruleset as Cloudflare returns it."""
+
+    id: str
+    version: str
+    description: str
+    rules: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptSettings:
+    """A Worker script's settings: its bindings and compatibility date."""
+
+    bindings: tuple[dict[str, Any], ...]
+    compatibility_date: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptContent:
+    """A Worker script's modules (name -> bytes) and which one is the entry point."""
+
+    main_module: str
+    modules: dict[str, bytes] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A Worker route of a zone: a URL pattern and the script it runs (None: no Worker)."""
+
+    id: str
+    pattern: str
+    script: str | None
+
+
+def _describe_path(path: str) -> str:
+    """What an API path is about, in words, for error messages."""
+    parts = path.strip("/").split("/")
+    if path.endswith(f"/rulesets/phases/{PHASE}/entrypoint"):
+        return f"the {PHASE} rules of zone {parts[1]}"
+    if "/workers/routes" in path:
+        return f"the Worker routes of zone {parts[1]}"
+    if "/workers/scripts/" in path:
+        return f"the Worker script {parts[4]!r} of account {parts[1]}"
+    return path
+
+
+def _permission_hint(path: str) -> str:
+    if "/rulesets/" in path:
+        return "Zone > Zone WAF > Edit"
+    if "/workers/routes" in path:
+        return "Zone > Workers Routes > Edit"
+    if "/workers/scripts/" in path:
+        return "Account > Workers Scripts > Edit"
+    return "the permission this request needs"
+
+
+def _error_details(body: Any) -> tuple[ErrorDetail, ...]:
+    if not isinstance(body, dict):
+        return ()
+    out: list[ErrorDetail] = []
+    for item in body.get("errors") or ():
+        if not isinstance(item, dict):
+            continue
+        code = item.get("code")
+        source = item.get("source")
+        pointer = source.get("pointer") if isinstance(source, dict) else None
+        out.append(
+            ErrorDetail(
+                code=code if isinstance(code, int) else None,
+                message=str(item.get("message", "")),
+                pointer=pointer if isinstance(pointer, str) else None,
+            )
+        )
+    return tuple(out)
+
+
+def _summary(errors: Iterable[ErrorDetail]) -> str:
+    parts = []
+    for error in errors:
+        text = f"code {error.code}: {error.message}" if error.code is not None else error.message
+        if error.pointer:
+            text += f" (at {error.pointer})"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def api_error(
+    method: str,
+    path: str,
+    status: int,
+    errors: tuple[ErrorDetail, ...],
+    retry_after: float | None,
+    *,
+    ambiguous: bool = False,
+) -> CloudflareAPIError:
+    """The error for a refused request, with a message that names the fix."""
+    what = _describe_path(path)
+    said = f": {_summary(errors)}" if errors else ""
+    if status == 401:
+        message = (
+            f"Cloudflare did not accept the API token for {method} {what} (HTTP 401{said}); "
+            "check that CLOUDFLARE_API_TOKEN (or --token-file) holds a valid, unexpired token"
+        )
+    elif status == 403:
+        message = (
+            f"the API token may not {method} {what} (HTTP 403{said}); give the token "
+            f"{_permission_hint(path)}, or use a token for the right account and zone"
+        )
+    elif status == 429:
+        wait = f" Cloudflare asks to wait {retry_after:g} s." if retry_after is not None else ""
+        message = (
+            f"Cloudflare's API limit was reached on {method} {what} (HTTP 429{said});{wait} "
+            "the limit is 1,200 requests per 5 minutes per token; wait and run again"
+        )
+    elif status >= 500:
+        message = (
+            f"Cloudflare failed to answer {method} {what} (HTTP {status}{said}); this is on "
+            "Cloudflare's side: try again later, and check https://www.cloudflarestatus.com"
+        )
+    elif status == 404:
+        message = (
+            f"Cloudflare found nothing at {method} {what} (HTTP 404{said}); check the zone id, "
+            "account id and Worker name in the policy"
+        )
+    else:
+        message = (
+            f"Cloudflare refused {method} {what} (HTTP {status}{said}); fix what it names "
+            "and run again"
+        )
+    if ambiguous:
+        message += "; Cloudflare may or may not have made this change: run edgegen plan to see"
+    return CloudflareAPIError(
+        message,
+        method=method,
+        path=path,
+        status=status,
+        errors=errors,
+        retry_after=retry_after,
+        ambiguous=ambiguous,
+    )
+
+
+def _sleep(seconds: float) -> None:
+    """Wait between retries (tests replace it, so no test ever really sleeps)."""
+    time.sleep(seconds)
+
+
+class Client:
+    """A synchronous Cloudflare API client for the endpoints edgegen uses.
+
+    ``transport`` replaces the network (tests pass ``httpx.MockTransport`` or use respx),
+    ``sleep`` and ``jitter`` replace waiting and randomness. Use it as a context manager, or
+    call ``close``.
+    """
+
+    def __init__(
+        self,
+        token: Token,
+        *,
+        base_url: str = DEFAULT_BASE_URL,
+        transport: httpx.BaseTransport | None = None,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        retry: RetryPolicy | None = None,
+        sleep: Callable[[float], None] | None = None,
+        jitter: Callable[[float, float], float] | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.retry = retry or RetryPolicy()
+        self._sleep = sleep
+        self._jitter = jitter or random.uniform
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            auth=_BearerAuth(token),
+            transport=transport,
+            timeout=timeout,
+            headers={"User-Agent": USER_AGENT, "Accept": "application/json"},
+            follow_redirects=False,
+        )
+
+    @classmethod
+    def from_env(
+        cls, env: Mapping[str, str], *, token_file: str | None = None, **options: Any
+    ) -> Client:
+        """A client with the token and base URL from the environment (or ``--token-file``)."""
+        return cls(Token.from_env(env, token_file), base_url=base_url_from_env(env), **options)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __repr__(self) -> str:
+        return f"Client(base_url={self.base_url!r})"
+
+    # --- the one place requests are sent -----------------------------------------------
+
+    def _wait(self, seconds: float) -> None:
+        if self._sleep is not None:
+            self._sleep(seconds)
+        else:
+            _sleep(seconds)
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: tuple[tuple[str, str], ...] = (),
+        json_body: Any = None,
+        parts: tuple[Part, ...] = (),
+        raw: bool = False,
+    ) -> httpx.Response:
+        """Send with retries; returns a 2xx response, else raises CloudflareAPIError."""
+        idempotent = method in _IDEMPOTENT
+        files = (
+            [(p.name, (p.filename, p.content, p.content_type)) for p in parts] if parts else None
+        )
+        retry = 0
+        while True:
+            last = retry + 1 >= self.retry.attempts
+            try:
+                response = self._http.request(
+                    method,
+                    path,
+                    params=list(params) or None,
+                    json=json_body if json_body is not None else None,
+                    files=files,
+                )
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+                # The request never left this machine: safe to retry whatever it is.
+                if last:
+                    raise self._transport_error(method, path, exc, ambiguous=False) from None
+            except httpx.TransportError as exc:
+                # Sent, but no answer: a write may or may not have happened.
+                if last or not idempotent:
+                    raise self._transport_error(
+                        method, path, exc, ambiguous=method != "GET"
+                    ) from None
+            else:
+                if response.is_success:
+                    return response
+                retry_after = parse_retry_after(response.headers.get("Retry-After"))
+                retryable = response.status_code in _RETRY_STATUSES and (
+                    idempotent or response.status_code == 429
+                )
+                too_long = retry_after is not None and retry_after > self.retry.max_retry_after
+                if not retryable or last or too_long:
+                    body = _json_or_none(response)
+                    if not raw and not _is_envelope(body):
+                        raise self._not_envelope(method, path, response)
+                    ambiguous = method != "GET" and response.status_code >= 500
+                    raise api_error(
+                        method,
+                        path,
+                        response.status_code,
+                        _error_details(body),
+                        retry_after,
+                        ambiguous=ambiguous,
+                    )
+                if retry_after is not None:
+                    self._wait(retry_after)
+                    retry += 1
+                    continue
+            self._wait(self.retry.backoff(retry, self._jitter))
+            retry += 1
+
+    def _transport_error(
+        self, method: str, path: str, exc: Exception, *, ambiguous: bool
+    ) -> CloudflareAPIError:
+        kind = type(exc).__name__
+        message = (
+            f"could not get an answer from Cloudflare at {self.base_url} for {method} "
+            f"{_describe_path(path)} after {self.retry.attempts} attempts ({kind}); check the "
+            f"network, a proxy set in {BASE_URL_ENV}, and run again"
+        )
+        if ambiguous:
+            message += "; Cloudflare may or may not have made this change: run edgegen plan to see"
+        return CloudflareAPIError(
+            message, method=method, path=path, status=None, ambiguous=ambiguous
+        )
+
+    def _not_envelope(self, method: str, path: str, response: httpx.Response) -> CloudflareAPIError:
+        return CloudflareAPIError(
+            f"{method} {_describe_path(path)} got HTTP {response.status_code} with a body that "
+            f"is not a Cloudflare API response (from {self.base_url}); if "
+            f"{BASE_URL_ENV} points at a proxy, check that it forwards to the Cloudflare API",
+            method=method,
+            path=path,
+            status=response.status_code,
+            ambiguous=method != "GET",
+            enveloped=False,
+        )
+
+    def _result(self, method: str, path: str, response: httpx.Response) -> Any:
+        """Unwrap a 2xx envelope: its ``result``, or an error when ``success`` is not true."""
+        body = _json_or_none(response)
+        if not _is_envelope(body):
+            raise self._not_envelope(method, path, response)
+        assert isinstance(body, dict)
+        if body["success"] is not True:
+            raise api_error(method, path, response.status_code, _error_details(body), None)
+        return body.get("result")
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._result(method, path, self._send(method, path, **kwargs))
+
+    def _get_or_none(self, path: str, missing_code: int) -> Any:
+        """GET, returning None only when Cloudflare clearly says the thing does not exist.
+
+        A 404 whose envelope names another code (e.g. an unknown zone) or a 404 that is not
+        a Cloudflare envelope at all (a proxy) is an error, not "missing": treating it as
+        missing could make apply delete rules that are really there.
+        """
+        try:
+            return self._call("GET", path)
+        except CloudflareAPIError as exc:
+            if _means_missing(exc, missing_code):
+                return None
+            raise
+
+    # --- reads -------------------------------------------------------------------------
+
+    @staticmethod
+    def entrypoint_path(zone_id: str) -> str:
+        """The path of a zone's http_ratelimit entrypoint."""
+        return f"/zones/{quote(zone_id, safe='')}/rulesets/phases/{PHASE}/entrypoint"
+
+    def get_entrypoint(self, zone_id: str) -> Ruleset | None:
+        """The zone's http_ratelimit entrypoint, or None when the zone has none yet."""
+        path = self.entrypoint_path(zone_id)
+        result = self._get_or_none(path, ENTRYPOINT_NOT_FOUND)
+        if result is None:
+            return None
+        return parse_ruleset(result, "GET", path)
+
+    def get_script_settings(self, account_id: str, name: str) -> ScriptSettings | None:
+        """A Worker script's bindings and compatibility date, or None if there is no script."""
+        path = f"{self.script_path(account_id, name)}/settings"
+        result = self._get_or_none(path, SCRIPT_NOT_FOUND)
+        if result is None:
+            return None
+        if not isinstance(result, dict) or not isinstance(result.get("bindings", []), list):
+            raise _bad_result("GET", path, "settings with a list of bindings")
+        bindings = tuple(b for b in result.get("bindings") or () if isinstance(b, dict))
+        date = result.get("compatibility_date")
+        return ScriptSettings(bindings, date if isinstance(date, str) else None)
+
+    def get_script_content(self, account_id: str, name: str) -> ScriptContent | None:
+        """A Worker script's modules, or None if there is no script.
+
+        Cloudflare answers with multipart/form-data (one part per module) for module
+        Workers, naming the entry point in ``CF-Entrypoint``, and with the raw script for
+        service-worker scripts.
+        """
+        path = f"{self.script_path(account_id, name)}/content/v2"
+        try:
+            response = self._send("GET", path, raw=True)
+        except CloudflareAPIError as exc:
+            if _means_missing(exc, SCRIPT_NOT_FOUND):
+                return None
+            raise
+        entry = response.headers.get("CF-Entrypoint")
+        content_type = response.headers.get("Content-Type", "")
+        if content_type.startswith("multipart/"):
+            modules = parse_multipart(content_type, response.content)
+            if not modules:
+                raise _bad_result("GET", path, "a multipart body with at least one module")
+            main = entry or next(iter(modules))
+            if main not in modules:
+                raise _bad_result("GET", path, f"a module named {main!r} (CF-Entrypoint)")
+            return ScriptContent(main, modules)
+        return ScriptContent(entry or "worker.js", {entry or "worker.js": response.content})
+
+    @staticmethod
+    def script_path(account_id: str, name: str) -> str:
+        """The path of a Worker script."""
+        return f"/accounts/{quote(account_id, safe='')}/workers/scripts/{quote(name, safe='')}"
+
+    @staticmethod
+    def routes_path(zone_id: str) -> str:
+        """The path of a zone's Worker routes."""
+        return f"/zones/{quote(zone_id, safe='')}/workers/routes"
+
+    def list_routes(self, zone_id: str) -> tuple[Route, ...]:
+        """Every Worker route of the zone."""
+        path = self.routes_path(zone_id)
+        result = self._call("GET", path)
+        if not isinstance(result, list):
+            raise _bad_result("GET", path, "a list of routes")
+        return tuple(parse_route(item, "GET", path) for item in result)
+
+    # --- writes ------------------------------------------------------------------------
+
+    def put_entrypoint_write(
+        self, zone_id: str, body: dict[str, Any], *, dry_run: bool = False
+    ) -> Write:
+        """Replace the zone's rate limiting rules (``dry_run``: only validate them)."""
+        return Write(
+            "PUT",
+            self.entrypoint_path(zone_id),
+            f"{'validate' if dry_run else 'update'} the {PHASE} rules of zone {zone_id}",
+            params=(("dry_run", "true"),) if dry_run else (),
+            json_body=body,
+        )
+
+    def put_script_write(
+        self, account_id: str, name: str, metadata: dict[str, Any], modules: Mapping[str, str]
+    ) -> Write:
+        """Upload a module Worker: a ``metadata`` part and one part per module."""
+        parts = [Part("metadata", json.dumps(metadata).encode("utf-8"), "application/json")]
+        parts.extend(
+            Part(module, source.encode("utf-8"), _MODULE_TYPE, filename=module)
+            for module, source in modules.items()
+        )
+        return Write(
+            "PUT",
+            self.script_path(account_id, name),
+            f"upload the Worker {name}",
+            parts=tuple(parts),
+        )
+
+    def create_route_write(self, zone_id: str, pattern: str, script: str) -> Write:
+        """Add a Worker route."""
+        return Write(
+            "POST",
+            self.routes_path(zone_id),
+            f"add the route {pattern} -> {script}",
+            json_body={"pattern": pattern, "script": script},
+        )
+
+    def delete_route_write(self, zone_id: str, route_id: str, pattern: str) -> Write:
+        """Remove a Worker route."""
+        return Write(
+            "DELETE",
+            f"{self.routes_path(zone_id)}/{quote(route_id, safe='')}",
+            f"remove the route {pattern}",
+        )
+
+    def send(self, write: Write) -> Any:
+        """Send a write and return Cloudflare's ``result``.
+
+        Deleting a route that is already gone counts as done: the zone is as wanted.
+        """
+        try:
+            return self._call(
+                write.method,
+                write.path,
+                params=write.params,
+                json_body=write.json_body,
+                parts=write.parts,
+            )
+        except CloudflareAPIError as exc:
+            if write.method == "DELETE" and exc.status == 404:
+                return None
+            raise
+
+
+def _means_missing(exc: CloudflareAPIError, missing_code: int) -> bool:
+    """A 404 in Cloudflare's envelope with no code or the code for "does not exist"."""
+    return exc.status == 404 and exc.enveloped and (not exc.codes or missing_code in exc.codes)
+
+
+def _json_or_none(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _is_envelope(body: Any) -> bool:
+    return isinstance(body, dict) and isinstance(body.get("success"), bool)
+
+
+def _bad_result(method: str, path: str, expected: str) -> CloudflareAPIError:
+    return CloudflareAPIError(
+        f"{method} {_describe_path(path)} answered, but not with {expected}; the API may have "
+        "changed or a proxy altered the answer: nothing was written; report this with the "
+        "request above",
+        method=method,
+        path=path,
+        status=200,
+    )
+
+
+def parse_ruleset(result: Any, method: str, path: str) -> Ruleset:
+    """A Ruleset from an entrypoint result; an error if it is not shaped like one."""
+    if not isinstance(result, dict) or not isinstance(result.get("rules", []), list):
+        raise _bad_result(method, path, "a ruleset with a list of rules")
+    rules = result.get("rules") or []
+    if not all(isinstance(rule, dict) for rule in rules):
+        raise _bad_result(method, path, "a ruleset whose rules are objects")
+    return Ruleset(
+        id=str(result.get("id", "")),
+        version=str(result.get("version", "")),
+        description=str(result.get("description", "")),
+        rules=tuple(rules),
+    )
+
+
+def parse_route(item: Any, method: str, path: str) -> Route:
+    """A Route from a routes result item."""
+    if not isinstance(item, dict) or not isinstance(item.get("pattern"), str):
+        raise _bad_result(method, path, "routes with a pattern")
+    script = item.get("script")
+    return Route(str(item.get("id", "")), item["pattern"], script if script else None)
+
+
+def parse_multipart(content_type: str, body: bytes) -> dict[str, bytes]:
+    """Part name -> bytes of a multipart/form-data body (the standard library's parser)."""
+    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode("latin-1")
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
+    out: dict[str, bytes] = {}
+    if not message.is_multipart():
+        return out
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True)
+        if isinstance(name, str) and isinstance(payload, bytes):
+            out[name] = payload
+    return out

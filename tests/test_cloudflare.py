@@ -1,0 +1,426 @@
+"""The Cloudflare API client against the stateful fake: envelope, errors, retries, token."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import respx
+from cloudflare_fake import ACCOUNT_ID, BASE_URL, TOKEN, ZONE_ID, FakeCloudflare
+
+from edgegen import _cloudflare
+from edgegen._cloudflare import Client, RetryPolicy, Token, parse_retry_after
+from edgegen.errors import CloudflareAPIError, UsageError
+
+RULE: dict[str, Any] = {
+    "ref": "edgegen:login-1",
+    "description": "login",
+    "expression": 'http.request.uri.path eq "/login"',
+    "action": "block",
+    "ratelimit": {
+        "characteristics": ["cf.colo.id", "ip.src"],
+        "period": 60,
+        "requests_per_period": 5,
+        "mitigation_timeout": 60,
+    },
+}
+
+
+class Sleeps(list[float]):
+    """Records each wait instead of sleeping."""
+
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeCloudflare]:
+    """A fake zone, installed for the test."""
+    zone = FakeCloudflare()
+    with zone.mock():
+        yield zone
+
+
+@pytest.fixture
+def sleeps() -> Sleeps:
+    """The waits the client asked for."""
+    return Sleeps()
+
+
+@pytest.fixture
+def client(sleeps: Sleeps) -> Iterator[Client]:
+    """A client of the fake whose jitter is its upper bound (so waits are predictable)."""
+    with Client(Token(TOKEN), sleep=sleeps, jitter=lambda low, high: high) as c:
+        yield c
+
+
+def put_rules(client: Client, rules: list[dict[str, Any]], **options: Any) -> Any:
+    """PUT the entrypoint with these rules."""
+    return client.send(
+        client.put_entrypoint_write(ZONE_ID, {"description": "d", "rules": rules}, **options)
+    )
+
+
+def test_missing_entrypoint_reads_as_none(fake: FakeCloudflare, client: Client) -> None:
+    """A zone without an entrypoint answers 404 with code 10003, which means "no rules"."""
+    assert client.get_entrypoint(ZONE_ID) is None
+    assert fake.log[-1].status == 404
+
+
+def test_put_then_get_unwraps_the_envelope(fake: FakeCloudflare, client: Client) -> None:
+    """A write returns the ruleset; each write makes a new version; ids are kept when sent."""
+    first = put_rules(client, [RULE])
+    assert first["version"] == "1"
+    ruleset = client.get_entrypoint(ZONE_ID)
+    assert ruleset is not None
+    assert ruleset.version == "1"
+    rule_id = ruleset.rules[0]["id"]
+    changed = {**RULE, "id": rule_id, "ratelimit": {**RULE["ratelimit"], "requests_per_period": 6}}
+    second = put_rules(client, [changed])
+    assert second["version"] == "2"
+    assert second["rules"][0]["id"] == rule_id
+    assert second["rules"][0]["version"] == "2"
+
+
+def test_dry_run_validates_without_saving(fake: FakeCloudflare, client: Client) -> None:
+    """``?dry_run=true`` returns result null and leaves the zone as it was."""
+    assert put_rules(client, [RULE], dry_run=True) is None
+    assert fake.entrypoint is None
+    assert fake.log[-1].query == "dry_run=true"
+
+
+def test_invalid_rule_is_a_400_with_codes_and_pointers(
+    fake: FakeCloudflare, client: Client
+) -> None:
+    """Every problem comes back, each with Cloudflare's code, message and JSON pointer."""
+    bad = {**RULE, "expression": "x" * 5000, "ratelimit": {**RULE["ratelimit"], "period": 30}}
+    with pytest.raises(CloudflareAPIError) as info:
+        put_rules(client, [bad])
+    error = info.value
+    assert error.status == 400
+    assert error.pointers == ("/rules/0/expression", "/rules/0/ratelimit/period")
+    assert len(error.codes) == 2
+    assert "4096" in error.messages[0]
+    assert "HTTP 400" in str(error)
+    assert error.ambiguous is False
+
+
+def test_plan_quota_is_enforced(fake: FakeCloudflare, client: Client) -> None:
+    """More rules than the plan allows is rejected at /rules."""
+    fake.plan = "pro"
+    rules = [{**RULE, "ref": f"edgegen:r{i}"} for i in range(3)]
+    with pytest.raises(CloudflareAPIError) as info:
+        put_rules(client, rules)
+    assert "/rules" in info.value.pointers
+
+
+@pytest.mark.parametrize(
+    ("tokens", "status", "fix"),
+    [({}, 401, "valid, unexpired token"), ({TOKEN: frozenset({"routes"})}, 403, "Zone WAF")],
+)
+def test_bad_tokens(
+    fake: FakeCloudflare, client: Client, tokens: dict[str, frozenset[str]], status: int, fix: str
+) -> None:
+    """An unknown token is 401, one without the permission 403; both say how to fix it."""
+    fake.tokens = tokens
+    with pytest.raises(CloudflareAPIError) as info:
+        client.get_entrypoint(ZONE_ID)
+    assert info.value.status == status
+    assert info.value.codes == (10000,)
+    assert fix in str(info.value)
+    assert TOKEN not in str(info.value)
+
+
+def test_a_wrong_zone_is_an_error_not_an_empty_zone(fake: FakeCloudflare, client: Client) -> None:
+    """A 404 with another code (7003: no such zone) must not read as "no rules yet"."""
+    with pytest.raises(CloudflareAPIError) as info:
+        client.get_entrypoint("0" * 32)
+    assert info.value.status == 404
+    assert info.value.codes == (7003,)
+
+
+def test_429_waits_for_retry_after(fake: FakeCloudflare, client: Client, sleeps: Sleeps) -> None:
+    """Over the API limit, the client waits as long as Retry-After says, then succeeds."""
+    fake.throttle(after=0, times=2, retry_after="3")
+    assert client.list_routes(ZONE_ID) == ()
+    assert sleeps == [3.0, 3.0]
+    assert [r.status for r in fake.log] == [429, 429, 200]
+
+
+def test_retry_after_beyond_the_cap_fails_at_once(
+    fake: FakeCloudflare, client: Client, sleeps: Sleeps
+) -> None:
+    """A 5-minute block is not waited out: the error says how long Cloudflare asked."""
+    fake.throttle(after=0, times=5, retry_after="300")
+    with pytest.raises(CloudflareAPIError) as info:
+        client.list_routes(ZONE_ID)
+    assert info.value.status == 429
+    assert info.value.retry_after == 300.0
+    assert "wait 300 s" in str(info.value)
+    assert sleeps == []
+
+
+def test_5xx_is_retried_with_capped_exponential_backoff(
+    fake: FakeCloudflare, sleeps: Sleeps
+) -> None:
+    """Idempotent requests are retried on 5xx; waits double from 0.5 s up to the cap."""
+    fake.fail("GET", "/workers/routes", 502, times=4)
+    retry = RetryPolicy(attempts=5, base_delay=0.5, max_delay=2.0)
+    with Client(Token(TOKEN), sleep=sleeps, jitter=lambda lo, hi: hi, retry=retry) as c:
+        assert c.list_routes(ZONE_ID) == ()
+    assert sleeps == [0.5, 1.0, 2.0, 2.0]
+
+
+def test_jitter_is_full_jitter(fake: FakeCloudflare, sleeps: Sleeps) -> None:
+    """Each wait is drawn between 0 and the backoff delay."""
+    fake.fail("GET", "/workers/routes", 503, times=2)
+    seen: list[tuple[float, float]] = []
+
+    def jitter(low: float, high: float) -> float:
+        seen.append((low, high))
+        return high / 4
+
+    with Client(Token(TOKEN), sleep=sleeps, jitter=jitter) as c:
+        c.list_routes(ZONE_ID)
+    assert seen == [(0.0, 0.5), (0.0, 1.0)]
+    assert sleeps == [0.125, 0.25]
+
+
+def test_5xx_gives_up_after_the_attempts(fake: FakeCloudflare, client: Client) -> None:
+    """After every attempt fails, the error says it is Cloudflare's side."""
+    fake.fail("GET", "/entrypoint", 500, times=10)
+    with pytest.raises(CloudflareAPIError) as info:
+        client.get_entrypoint(ZONE_ID)
+    assert info.value.status == 500
+    assert "cloudflarestatus" in str(info.value)
+    assert sum(1 for r in fake.log if r.status == 500) == 5
+
+
+def test_post_is_not_retried_on_5xx(fake: FakeCloudflare, client: Client) -> None:
+    """A POST that got a 5xx may have happened: not retried, marked ambiguous."""
+    fake.set_script("w", "export default {}")
+    fake.fail("POST", "/workers/routes", 500, after_write=True)
+    with pytest.raises(CloudflareAPIError) as info:
+        client.send(client.create_route_write(ZONE_ID, "a.example.com/*", "w"))
+    assert info.value.ambiguous is True
+    assert "may or may not" in str(info.value)
+    assert len(fake.writes) == 1
+    assert len(fake.routes) == 1
+
+
+def test_post_is_retried_on_429(fake: FakeCloudflare, client: Client, sleeps: Sleeps) -> None:
+    """A 429 means Cloudflare did nothing, so even a POST is retried."""
+    fake.set_script("w", "export default {}")
+    fake.throttle(after=0, times=1, retry_after="1")
+    client.send(client.create_route_write(ZONE_ID, "a.example.com/*", "w"))
+    assert sleeps == [1.0]
+    assert len(fake.routes) == 1
+
+
+def test_connection_errors_are_retried() -> None:
+    """A connection that never opened is retried; the final error names the base URL."""
+    sleeps = Sleeps()
+    tries: list[httpx.Request] = []
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        tries.append(request)
+        raise httpx.ConnectError("refused", request=request)
+
+    with respx.mock(base_url=BASE_URL) as router:
+        router.get(path__regex=r".*").mock(side_effect=refuse)
+        with Client(Token(TOKEN), sleep=sleeps) as c, pytest.raises(CloudflareAPIError) as info:
+            c.list_routes(ZONE_ID)
+    assert info.value.status is None
+    assert BASE_URL in str(info.value)
+    assert len(sleeps) == 4
+    assert len(tries) == 5
+
+
+def test_timeout_on_a_write_is_ambiguous() -> None:
+    """A PUT whose answer timed out is retried (PUT is idempotent), then reported ambiguous."""
+    tries: list[httpx.Request] = []
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        tries.append(request)
+        raise httpx.ReadTimeout("slow", request=request)
+
+    with respx.mock(base_url=BASE_URL) as router:
+        router.put(path__regex=r".*").mock(side_effect=slow)
+        with Client(Token(TOKEN), sleep=Sleeps()) as c, pytest.raises(CloudflareAPIError) as info:
+            c.send(c.put_entrypoint_write(ZONE_ID, {"rules": []}))
+    assert info.value.ambiguous is True
+    assert len(tries) == 5
+
+
+def test_timeout_on_a_post_is_not_retried() -> None:
+    """A POST whose answer timed out may have happened: one try, reported ambiguous."""
+    tries: list[httpx.Request] = []
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        tries.append(request)
+        raise httpx.ReadTimeout("slow", request=request)
+
+    with respx.mock(base_url=BASE_URL) as router:
+        router.post(path__regex=r".*").mock(side_effect=slow)
+        with Client(Token(TOKEN), sleep=Sleeps()) as c, pytest.raises(CloudflareAPIError) as info:
+            c.send(c.create_route_write(ZONE_ID, "a.example.com/*", "w"))
+    assert info.value.ambiguous is True
+    assert len(tries) == 1
+
+
+def test_an_answer_that_is_not_an_envelope() -> None:
+    """A proxy's HTML page is not read as "missing": it is an error naming the proxy."""
+    with respx.mock(base_url=BASE_URL) as router:
+        router.get(path__regex=r".*").mock(return_value=httpx.Response(404, text="<html>no</html>"))
+        with Client(Token(TOKEN), sleep=Sleeps()) as c, pytest.raises(CloudflareAPIError) as info:
+            c.get_entrypoint(ZONE_ID)
+    assert info.value.enveloped is False
+    assert "CLOUDFLARE_API_BASE_URL" in str(info.value)
+
+
+def test_success_false_on_200_is_an_error() -> None:
+    """``success: false`` is an error even with HTTP 200."""
+    body = {
+        "success": False,
+        "errors": [{"code": 1, "message": "no"}],
+        "messages": [],
+        "result": None,
+    }
+    with respx.mock(base_url=BASE_URL) as router:
+        router.get(path__regex=r".*").mock(return_value=httpx.Response(200, json=body))
+        with Client(Token(TOKEN), sleep=Sleeps()) as c, pytest.raises(CloudflareAPIError) as info:
+            c.list_routes(ZONE_ID)
+    assert info.value.codes == (1,)
+
+
+def test_worker_upload_is_multipart_and_reads_back(fake: FakeCloudflare, client: Client) -> None:
+    """The upload has a metadata part and a module part; settings and content read back."""
+    binding = {
+        "type": "ratelimit",
+        "name": "RL_A",
+        "namespace_id": "1001",
+        "simple": {"limit": 5, "period": 60},
+    }
+    metadata = {
+        "main_module": "worker.js",
+        "compatibility_date": "2025-01-01",
+        "bindings": [binding],
+    }
+    source = "// Generated by edgegen\nexport default { fetch() {} }\n"
+    client.send(client.put_script_write(ACCOUNT_ID, "api", metadata, {"worker.js": source}))
+    settings = client.get_script_settings(ACCOUNT_ID, "api")
+    content = client.get_script_content(ACCOUNT_ID, "api")
+    assert settings is not None and content is not None
+    assert settings.bindings == (binding,)
+    assert settings.compatibility_date == "2025-01-01"
+    assert content.main_module == "worker.js"
+    assert content.modules == {"worker.js": source.encode()}
+    assert client.get_script_settings(ACCOUNT_ID, "other") is None
+    assert client.get_script_content(ACCOUNT_ID, "other") is None
+
+
+def test_a_bad_binding_is_rejected(fake: FakeCloudflare, client: Client) -> None:
+    """The fake validates bindings like the API: a ratelimit period must be 10 or 60."""
+    binding = {
+        "type": "ratelimit",
+        "name": "RL_A",
+        "namespace_id": "1",
+        "simple": {"limit": 5, "period": 30},
+    }
+    metadata = {
+        "main_module": "worker.js",
+        "compatibility_date": "2025-01-01",
+        "bindings": [binding],
+    }
+    with pytest.raises(CloudflareAPIError) as info:
+        client.send(
+            client.put_script_write(ACCOUNT_ID, "api", metadata, {"worker.js": "export default {}"})
+        )
+    assert info.value.status == 400
+    assert "10 or 60" in str(info.value)
+
+
+def test_routes_create_conflict_and_delete(fake: FakeCloudflare, client: Client) -> None:
+    """Routes: create, 409 for a taken pattern, delete (a gone route counts as deleted)."""
+    fake.set_script("w", "export default {}")
+    created = client.send(client.create_route_write(ZONE_ID, "a.example.com/*", "w"))
+    with pytest.raises(CloudflareAPIError) as info:
+        client.send(client.create_route_write(ZONE_ID, "a.example.com/*", "w"))
+    assert info.value.status == 409
+    (route,) = client.list_routes(ZONE_ID)
+    assert (route.id, route.pattern, route.script) == (created["id"], "a.example.com/*", "w")
+    client.send(client.delete_route_write(ZONE_ID, route.id, route.pattern))
+    assert client.send(client.delete_route_write(ZONE_ID, route.id, route.pattern)) is None
+    assert client.list_routes(ZONE_ID) == ()
+
+
+def test_the_token_is_never_shown(fake: FakeCloudflare, client: Client) -> None:
+    """Not in the Token's repr, the client's repr, a write's description or an error."""
+    token = Token(TOKEN)
+    assert TOKEN not in repr(token) + str(token) + f"{token}" + repr(client)
+    write = client.put_entrypoint_write(ZONE_ID, {"rules": []})
+    assert TOKEN not in write.describe(client.base_url)
+    fake.tokens = {}
+    with pytest.raises(CloudflareAPIError) as info:
+        client.list_routes(ZONE_ID)
+    assert TOKEN not in str(info.value) + repr(info.value.__dict__)
+    with pytest.raises(TypeError):
+        json.dumps(token)
+
+
+@pytest.mark.parametrize("value", ["", "   ", "two words", "line\nbreak", "tökén"])
+def test_bad_token_values_are_refused_without_echo(value: str) -> None:
+    """An empty or malformed token is a UsageError that does not repeat the value."""
+    with pytest.raises(UsageError) as info:
+        Token(value)
+    assert value.strip() == "" or value not in str(info.value)
+
+
+def test_token_from_env_and_file(tmp_path: Any) -> None:
+    """``--token-file`` wins over the variable; missing both names both."""
+    path = tmp_path / "token"
+    path.write_text(TOKEN + "\n")
+    assert Token.from_env({}, str(path)).reveal() == TOKEN
+    assert Token.from_env({"CLOUDFLARE_API_TOKEN": TOKEN}).reveal() == TOKEN
+    with pytest.raises(UsageError, match="CLOUDFLARE_API_TOKEN or pass --token-file"):
+        Token.from_env({})
+    with pytest.raises(UsageError, match="does not exist"):
+        Token.from_env({}, str(tmp_path / "nope"))
+
+
+def test_base_url_from_env() -> None:
+    """The base URL comes from CLOUDFLARE_API_BASE_URL and must be http(s)."""
+    assert _cloudflare.base_url_from_env({}) == "https://api.cloudflare.com/client/v4"
+    proxy = {"CLOUDFLARE_API_BASE_URL": "http://proxy.local:8080/cf/"}
+    assert _cloudflare.base_url_from_env(proxy) == "http://proxy.local:8080/cf"
+    with pytest.raises(UsageError, match="not an http"):
+        _cloudflare.base_url_from_env({"CLOUDFLARE_API_BASE_URL": "ftp://x"})
+
+
+def test_requests_go_through_the_configured_base_url(sleeps: Sleeps) -> None:
+    """A proxy base URL with a path prefix is where every request goes."""
+    proxy = FakeCloudflare(base_url="http://proxy.local:8080/cf/client/v4")
+    with proxy.mock(), Client(Token(TOKEN), base_url=proxy.base_url, sleep=sleeps) as c:
+        assert c.get_entrypoint(ZONE_ID) is None
+    assert proxy.log[0].path.startswith("/cf/client/v4/zones/")
+
+
+def test_timeouts_are_explicit() -> None:
+    """Every request has connect and read timeouts."""
+    timeout = _cloudflare.DEFAULT_TIMEOUT
+    assert timeout.connect == 10.0
+    assert timeout.read == 30.0
+
+
+def test_parse_retry_after() -> None:
+    """Retry-After is seconds or an HTTP date; anything else is ignored."""
+    from datetime import UTC, datetime
+
+    now = datetime(2026, 1, 1, 0, 0, 0, tzinfo=UTC)
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after("Thu, 01 Jan 2026 00:00:30 GMT", now) == 30.0
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after(None) is None
