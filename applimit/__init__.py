@@ -1,1 +1,42 @@
-"""applimit: exact, shared, per-tier rate limits in Redis for Python apps."""
+"""applimit: exact, shared, per-tier rate limits in Redis for Python apps.
+
+Public surface::
+
+    Limiter.from_policy(path, redis=... | redis_url=...)        blocking
+    AsyncLimiter.from_policy(path, redis=... | redis_url=...)   asyncio
+        .hit(name, identity, tier=, cost=)       consume if allowed
+        .peek(name, identity, tier=, cost=)      look, consume nothing
+        .check_request(method, path, identity, tier=, cost=, ip=, host=)
+        .reset(name, identity, tier=)
+    Decision, LimitResult                        what a call answers
+    ApplimitError and its subclasses             see applimit._errors
+
+docs/applimit.md describes the algorithms, keys and failure policy.
+"""
+
+from __future__ import annotations
+
+from ._async import AsyncLimiter
+from ._breaker import BreakerState
+from ._decision import Decision, LimitResult
+from ._errors import (
+    ApplimitError,
+    ConfigurationError,
+    InvalidArgumentError,
+    UnknownLimitError,
+    UnknownTierError,
+)
+from ._sync import Limiter
+
+__all__ = [
+    "ApplimitError",
+    "AsyncLimiter",
+    "BreakerState",
+    "ConfigurationError",
+    "Decision",
+    "InvalidArgumentError",
+    "LimitResult",
+    "Limiter",
+    "UnknownLimitError",
+    "UnknownTierError",
+]

@@ -1,0 +1,149 @@
+"""A circuit breaker in front of Redis, and the one-log-line-per-outage bookkeeping.
+
+States: *closed* (calls go to Redis), *open* (no calls; decisions follow the failure
+policy at once) and *half-open* (one caller probes Redis; the others stay degraded until
+the probe answers). ``threshold`` consecutive failures open the breaker; after
+``cooldown`` seconds one probe is let through; its success closes the breaker, its
+failure opens it for another ``cooldown``. Only one probe is in flight at a time, so a
+recovering Redis is not hit by every waiting caller at once.
+
+An outage starts with the first failure after a success and ends with the next success.
+It is logged twice: a warning when it starts and an info line, with the number of
+decisions made without Redis, when it ends. Nothing is logged per request.
+
+Thread-safe; the async limiter uses it from the event loop only, where the lock is never
+contended.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from enum import StrEnum
+
+logger = logging.getLogger("applimit")
+
+
+class BreakerState(StrEnum):
+    """Where the breaker is: calls flow, calls are skipped, or one probe is allowed."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class CircuitBreaker:
+    """Decides whether a call may go to Redis, from the outcomes of the previous calls."""
+
+    def __init__(
+        self,
+        *,
+        threshold: int = 3,
+        cooldown: float = 0.25,
+        probe_timeout: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        describe: str = "Redis",
+    ) -> None:
+        """Open after ``threshold`` consecutive failures; probe every ``cooldown`` seconds.
+
+        ``probe_timeout`` is how long a probe may go unanswered before another caller may
+        probe (a caller that was cancelled never reports back). ``describe`` names the
+        server in log lines.
+        """
+        if threshold < 1:
+            raise ValueError("the breaker threshold must be at least 1 failure")
+        if cooldown <= 0:
+            raise ValueError("the breaker cooldown must be a positive number of seconds")
+        self.threshold = threshold
+        self.cooldown = cooldown
+        self.probe_timeout = probe_timeout
+        self._clock = clock
+        self._describe = describe
+        self._lock = threading.Lock()
+        self._state = BreakerState.CLOSED
+        self._failures = 0
+        self._open_until = 0.0
+        self._probe_started: float | None = None
+        self._outage_started: float | None = None
+        self._degraded = 0
+
+    @property
+    def state(self) -> BreakerState:
+        """The current state (an open breaker whose cooldown is over still reads open)."""
+        return self._state
+
+    @property
+    def in_outage(self) -> bool:
+        """True from the first failure until the next success."""
+        return self._outage_started is not None
+
+    def allow(self) -> bool:
+        """True when this caller may call Redis now; False means decide without it."""
+        with self._lock:
+            if self._state is BreakerState.CLOSED:
+                return True
+            now = self._clock()
+            if self._state is BreakerState.OPEN:
+                if now < self._open_until:
+                    return False
+                self._state = BreakerState.HALF_OPEN
+                self._probe_started = now
+                return True
+            # Half-open: one probe at a time, unless the probe went silent.
+            if self._probe_started is not None and now - self._probe_started < self.probe_timeout:
+                return False
+            self._probe_started = now
+            return True
+
+    def success(self) -> None:
+        """Record an answer from Redis: closes the breaker and ends any outage."""
+        with self._lock:
+            self._failures = 0
+            self._state = BreakerState.CLOSED
+            self._probe_started = None
+            if self._outage_started is None:
+                return
+            lasted = self._clock() - self._outage_started
+            degraded = self._degraded
+            self._outage_started = None
+            self._degraded = 0
+        logger.info(
+            "%s answers again after %.1f s; %d decisions were made without it during the outage.",
+            self._describe,
+            lasted,
+            degraded,
+        )
+
+    def failure(self, error: BaseException) -> None:
+        """Record a failed call: may open the breaker; logs when an outage starts."""
+        with self._lock:
+            now = self._clock()
+            self._failures += 1
+            starting = self._outage_started is None
+            if starting:
+                self._outage_started = now
+            if self._state is BreakerState.HALF_OPEN or self._failures >= self.threshold:
+                self._state = BreakerState.OPEN
+                self._open_until = now + self.cooldown
+                self._probe_started = None
+        if starting:
+            logger.warning(
+                "%s cannot be used (%s: %s); decisions follow each limit's on_redis_error "
+                "until it answers again.",
+                self._describe,
+                type(error).__name__,
+                error,
+            )
+
+    def degraded(self) -> None:
+        """Count a decision made without Redis, for the end-of-outage log line."""
+        with self._lock:
+            self._degraded += 1
+
+    def retry_in(self) -> float:
+        """Seconds until the next probe may run (0 when the breaker is not open)."""
+        if self._state is not BreakerState.OPEN:
+            return 0.0
+        return max(0.0, self._open_until - self._clock())

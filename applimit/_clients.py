@@ -1,0 +1,363 @@
+"""The limiter's own Redis clients, built so that one decision never outlasts the timeout.
+
+redis-py retries a failed command 10 times by default, with backoff, and waits 5 s on a
+socket: with such a client a hung Redis costs seconds per decision. So the limiter never
+runs its script through a client it did not configure. From a URL it builds one; from a
+client you pass it builds its own from that client's settings (address, database, ACL
+user and password or credential provider, TLS options, the Sentinel service and its
+sentinels, the cluster's nodes) with:
+
+- ``socket_timeout`` and ``socket_connect_timeout`` set to the policy's ``app.timeout``;
+- no retries (the circuit breaker decides when to try again);
+- a blocking pool of ``max_connections`` that waits for a free connection at most the
+  timeout, instead of failing at once when many callers arrive together.
+
+Your client is left as it is and stays yours to close. Cluster clients connect when they
+are created, so they are built lazily, on the first decision, where a failure is answered
+by the failure policy rather than raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, TypeAlias, cast
+from urllib.parse import unquote
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.retry
+import redis.asyncio.sentinel
+import redis.cluster
+import redis.sentinel
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ._errors import ConfigurationError
+
+SyncClient: TypeAlias = "redis.Redis | redis.cluster.RedisCluster"
+AsyncClient: TypeAlias = "redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster"
+
+SENTINEL_SCHEME = "redis+sentinel://"
+DEFAULT_SENTINEL_PORT = 26379
+# Settings copied from a client you pass, besides address and database: who we are and
+# how we talk TLS. Everything about timing and retries is ours.
+_IDENTITY_KEYS = (
+    "username",
+    "password",
+    "credential_provider",
+    "client_name",
+    "socket_keepalive",
+    "socket_keepalive_options",
+)
+
+
+def _settings(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: kwargs[k] for k in _IDENTITY_KEYS if k in kwargs}
+    out.update({k: v for k, v in kwargs.items() if k.startswith("ssl_")})
+    return out
+
+
+def _timing(timeout: float) -> dict[str, Any]:
+    return {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "health_check_interval": 0,
+        "decode_responses": False,
+    }
+
+
+def _address(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    if kwargs.get("path"):
+        return {"path": kwargs["path"], "db": kwargs.get("db", 0)}
+    return {
+        "host": kwargs.get("host", "localhost"),
+        "port": kwargs.get("port", 6379),
+        "db": kwargs.get("db", 0),
+    }
+
+
+def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, dict[str, Any]]:
+    """Split ``redis+sentinel://[user:password@]host[:port][,host[:port]]/service[/db]``.
+
+    Returns the sentinels, the service name and the master's connection settings
+    (``username``, ``password``, ``db``). The credentials are the master's.
+    """
+    rest = url[len(SENTINEL_SCHEME) :]
+    if "?" in rest or "#" in rest:
+        raise ConfigurationError(
+            f"{url!r}: a Sentinel URL takes no query or fragment; write it like "
+            "redis+sentinel://host:26379,host2:26379/mymaster/0"
+        )
+    netloc, _, path = rest.partition("/")
+    options: dict[str, Any] = {}
+    if "@" in netloc:
+        userinfo, netloc = netloc.rsplit("@", 1)
+        user, _, password = userinfo.partition(":")
+        if user:
+            options["username"] = unquote(user)
+        if password:
+            options["password"] = unquote(password)
+    sentinels: list[tuple[str, int]] = []
+    for part in netloc.split(","):
+        host, port = part, DEFAULT_SENTINEL_PORT
+        if part.startswith("["):
+            end = part.find("]")
+            host, tail = part[1:end], part[end + 1 :]
+            if tail.startswith(":"):
+                port = int(tail[1:])
+        elif ":" in part:
+            host, port_text = part.rsplit(":", 1)
+            port = int(port_text)
+        if not host:
+            raise ConfigurationError(f"{url!r}: a sentinel address is empty")
+        sentinels.append((host, port))
+    service, _, db = path.partition("/")
+    if not service:
+        raise ConfigurationError(
+            f"{url!r} names no service; write it like redis+sentinel://host:26379/mymaster/0"
+        )
+    if db:
+        if not db.isdigit():
+            raise ConfigurationError(f"{url!r}: database {db!r} is not a number")
+        options["db"] = int(db)
+    return sentinels, unquote(service), options
+
+
+# --- sync --------------------------------------------------------------------------------
+
+
+def _sync_retry() -> Retry:
+    return Retry(NoBackoff(), 0)
+
+
+def sync_from_url(
+    url: str, *, timeout: float, cluster: bool, max_connections: int
+) -> Callable[[], SyncClient]:
+    """A factory for the limiter's sync client for ``url`` (redis, rediss, unix, sentinel)."""
+    timing = _timing(timeout)
+    if url.startswith(SENTINEL_SCHEME):
+        sentinels, service, options = parse_sentinel_url(url)
+
+        def sentinel_master() -> SyncClient:
+            # redis-py's Sentinel API carries no annotations.
+            sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+                sentinels,
+                sentinel_kwargs={**timing, "retry": _sync_retry()},
+            )
+            master = sentinel.master_for(  # type: ignore[no-untyped-call]
+                service,
+                retry=_sync_retry(),
+                max_connections=max_connections,
+                **timing,
+                **options,
+            )
+            return cast(redis.Redis, master)
+
+        return sentinel_master
+    if cluster:
+
+        def cluster_client() -> SyncClient:
+            return redis.cluster.RedisCluster.from_url(
+                url, retry=_sync_retry(), max_connections=max_connections, **timing
+            )
+
+        return cluster_client
+
+    def standalone() -> SyncClient:
+        pool = redis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=timeout, retry=_sync_retry(), **timing
+        )
+        return redis.Redis.from_pool(pool)
+
+    return standalone
+
+
+def sync_from_client(
+    client: object, *, timeout: float, max_connections: int
+) -> tuple[Callable[[], SyncClient], bool]:
+    """A factory for the limiter's own client built from ``client``'s settings.
+
+    Also returns whether it is a cluster client (checks are then grouped by slot).
+    """
+    timing = _timing(timeout)
+    if isinstance(client, redis.cluster.RedisCluster):
+        kwargs = client.nodes_manager.connection_kwargs
+        nodes = [(n.host, n.port) for n in client.get_nodes()]  # type: ignore[no-untyped-call]
+        remap = client.nodes_manager.address_remap
+        connection_class = kwargs.get("connection_class")
+
+        def cluster_clone() -> SyncClient:
+            extra: dict[str, Any] = {}
+            if connection_class is not None:
+                extra["connection_class"] = connection_class
+            return redis.cluster.RedisCluster(
+                startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in nodes],  # type: ignore[no-untyped-call]
+                retry=_sync_retry(),
+                address_remap=remap,
+                max_connections=max_connections,
+                **_settings(kwargs),
+                **timing,
+                **extra,
+            )
+
+        return cluster_clone, True
+    if isinstance(client, redis.Redis):
+        pool = client.connection_pool
+        kwargs = pool.connection_kwargs
+        if isinstance(pool, redis.sentinel.SentinelConnectionPool):
+            manager, service = pool.sentinel_manager, pool.service_name
+            db = kwargs.get("db", 0)
+
+            def sentinel_clone() -> SyncClient:
+                master = manager.master_for(
+                    service,
+                    connection_class=pool.connection_class,
+                    retry=_sync_retry(),
+                    max_connections=max_connections,
+                    db=db,
+                    **_settings(kwargs),
+                    **timing,
+                )
+                return cast(redis.Redis, master)
+
+            return sentinel_clone, False
+        connection_class = pool.connection_class
+
+        def clone() -> SyncClient:
+            own = redis.BlockingConnectionPool(  # type: ignore[no-untyped-call]
+                connection_class=connection_class,
+                max_connections=max_connections,
+                timeout=timeout,
+                retry=_sync_retry(),
+                **_address(kwargs),
+                **_settings(kwargs),
+                **timing,
+            )
+            return redis.Redis.from_pool(own)
+
+        return clone, False
+    raise ConfigurationError(
+        f"Limiter needs a redis.Redis or redis.cluster.RedisCluster client, not "
+        f"{type(client).__module__}.{type(client).__qualname__}; for redis.asyncio clients "
+        "use AsyncLimiter."
+    )
+
+
+# --- async -------------------------------------------------------------------------------
+
+
+def _async_retry() -> redis.asyncio.retry.Retry:
+    return redis.asyncio.retry.Retry(NoBackoff(), 0)
+
+
+def async_from_url(
+    url: str, *, timeout: float, cluster: bool, max_connections: int
+) -> Callable[[], AsyncClient]:
+    """A factory for the limiter's asyncio client for ``url``."""
+    timing = _timing(timeout)
+    if url.startswith(SENTINEL_SCHEME):
+        sentinels, service, options = parse_sentinel_url(url)
+
+        def sentinel_master() -> AsyncClient:
+            sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+                sentinels, sentinel_kwargs={**timing, "retry": _async_retry()}
+            )
+            master = sentinel.master_for(
+                service,
+                retry=_async_retry(),
+                max_connections=max_connections,
+                **timing,
+                **options,
+            )
+            return cast(redis.asyncio.Redis, master)
+
+        return sentinel_master
+    if cluster:
+
+        def cluster_client() -> AsyncClient:
+            return redis.asyncio.cluster.RedisCluster.from_url(
+                url, retry=_async_retry(), max_connections=max_connections, **timing
+            )
+
+        return cluster_client
+
+    def standalone() -> AsyncClient:
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=timeout,
+            retry=_async_retry(),
+            **timing,
+        )
+        return redis.asyncio.Redis.from_pool(pool)
+
+    return standalone
+
+
+def async_from_client(
+    client: object, *, timeout: float, max_connections: int
+) -> tuple[Callable[[], AsyncClient], bool]:
+    """A factory for the limiter's own asyncio client built from ``client``'s settings."""
+    timing = _timing(timeout)
+    if isinstance(client, redis.asyncio.cluster.RedisCluster):
+        kwargs = client.connection_kwargs
+        nodes = [(n.host, n.port) for n in client.get_nodes()] or [
+            (n.host, n.port) for n in client.startup_nodes
+        ]
+        connection_class = kwargs.get("connection_class")
+        ssl = connection_class is not None and issubclass(
+            connection_class, redis.asyncio.SSLConnection
+        )
+
+        def cluster_clone() -> AsyncClient:
+            return redis.asyncio.cluster.RedisCluster(
+                startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in nodes],
+                retry=_async_retry(),
+                max_connections=max_connections,
+                ssl=ssl,
+                **{k: v for k, v in _settings(kwargs).items() if k != "socket_keepalive_options"},
+                **timing,
+            )
+
+        return cluster_clone, True
+    if isinstance(client, redis.asyncio.Redis):
+        pool = client.connection_pool
+        kwargs = pool.connection_kwargs
+        if isinstance(pool, redis.asyncio.sentinel.SentinelConnectionPool):
+            manager, service = pool.sentinel_manager, pool.service_name
+            db = kwargs.get("db", 0)
+
+            def sentinel_clone() -> AsyncClient:
+                master = manager.master_for(
+                    service,
+                    connection_class=pool.connection_class,
+                    retry=_async_retry(),
+                    max_connections=max_connections,
+                    db=db,
+                    **_settings(kwargs),
+                    **timing,
+                )
+                return cast(redis.asyncio.Redis, master)
+
+            return sentinel_clone, False
+        connection_class = pool.connection_class
+
+        def clone() -> AsyncClient:
+            own = redis.asyncio.BlockingConnectionPool(
+                connection_class=connection_class,
+                max_connections=max_connections,
+                timeout=timeout,
+                retry=_async_retry(),
+                **_address(kwargs),
+                **_settings(kwargs),
+                **timing,
+            )
+            return redis.asyncio.Redis.from_pool(own)
+
+        return clone, False
+    raise ConfigurationError(
+        f"AsyncLimiter needs a redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster "
+        f"client, not {type(client).__module__}.{type(client).__qualname__}; for sync "
+        "clients use Limiter."
+    )

@@ -1,0 +1,495 @@
+"""The limiter's core: no I/O, shared by ``Limiter`` and ``AsyncLimiter``.
+
+At start-up :func:`compile_policy` turns the pydantic policy into plain frozen
+:class:`AppRule` objects; the hot path never touches pydantic. For each call the core
+turns a request into a :class:`Prepared` plan: the checks to run (one per rate of every
+limit that applies), grouped into script calls (keys and arguments for EVALSHA), and then
+turns the replies into a :class:`~applimit.Decision`. The shells only run the calls.
+
+All the checks of one call go into one script call, which decides them atomically. The
+one exception is Redis Cluster when one request's limits count different identities (a
+per-IP limit and a per-user limit): their keys live in different slots, so there is one
+call per slot, and when the request is denied after some of them consumed, the plan adds
+refund calls that give the consumption back (see docs/applimit.md).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+from redis.crc import key_slot
+
+from policy import Algorithm, AppKey, Matcher, OnRedisError, Policy, normalize_path
+
+from . import _keys
+from ._decision import Decision, LimitResult, combine
+from ._errors import ConfigurationError, InvalidArgumentError, UnknownLimitError, UnknownTierError
+
+Mode = Literal["hit", "peek"]
+
+# The key suffix of each algorithm: a policy that switches a limit's algorithm starts on
+# fresh keys instead of reading another algorithm's state (which would be WRONGTYPE).
+_KEY_SUFFIX = {
+    Algorithm.SLIDING_LOG: "log",
+    Algorithm.SLIDING_WINDOW: "sw",
+    Algorithm.GCRA: "gcra",
+}
+MAX_COST = 1_000_000_000
+# Under a test clock the script's time does not run with the server's, so expiry (which
+# does) is pushed out by this much: state the fake clock still needs is never dropped.
+TEST_CLOCK_TTL_SLACK_MS = 600_000
+_NONE = -1
+_NEVER = -2
+_REPLY_HEAD = 2
+_REPLY_FIELDS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class RateSpec:
+    """One rate of a tier: ``quota`` requests per ``period_us`` microseconds."""
+
+    quota: int
+    period_us: int
+    period_text: str
+
+    @property
+    def window(self) -> float:
+        """The period in seconds."""
+        return self.period_us / 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class AppRule:
+    """The app part of one policy limit, as plain values for the hot path."""
+
+    name: str
+    key_name: str
+    per_ip: bool
+    algorithm: str
+    key_suffix: str
+    burst: int | None
+    shadow: bool
+    fail_open: bool
+    matcher: Matcher
+    tiers: Mapping[str, tuple[RateSpec, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledPolicy:
+    """What the limiter needs of a policy: its app limits, tiers and settings."""
+
+    rules: tuple[AppRule, ...]
+    by_name: Mapping[str, AppRule]
+    edge_only: frozenset[str]
+    tiers: tuple[str, ...]
+    key_prefix: str
+    timeout: float
+    redis_url: str
+
+
+def _rates(rates: Iterable[tuple[int, int, str]]) -> tuple[RateSpec, ...]:
+    """Rates of one tier, one per period: for equal periods the smaller quota decides alone."""
+    best: dict[int, RateSpec] = {}
+    for quota, period_ms, text in rates:
+        spec = RateSpec(quota=quota, period_us=period_ms * 1000, period_text=text)
+        seen = best.get(spec.period_us)
+        if seen is None or spec.quota < seen.quota:
+            best[spec.period_us] = spec
+    return tuple(best.values())
+
+
+def compile_policy(policy: Policy) -> CompiledPolicy:
+    """Convert the policy into plain frozen values; ConfigurationError when it cannot work."""
+    rules: list[AppRule] = []
+    seen: set[str] = set()
+    edge_only: set[str] = set()
+    known_tiers = tuple(policy.tiers)
+    for limit in policy.limits:
+        if limit.name in seen:
+            raise ConfigurationError(
+                f"the policy defines limit {limit.name!r} twice; limit names name the Redis "
+                "keys, so each must be unique: rename one of them."
+            )
+        seen.add(limit.name)
+        app = limit.app
+        if app is None:
+            edge_only.add(limit.name)
+            continue
+        unknown = [t for t in app.tiers if t not in known_tiers]
+        if unknown:
+            raise ConfigurationError(
+                f"limit {limit.name!r} sets a rate for tier {unknown[0]!r}, which the "
+                f"policy's tiers ({', '.join(known_tiers)}) do not list; add it to `tiers:` "
+                "or remove it from the limit."
+            )
+        on_error = app.on_redis_error or policy.app.on_redis_error
+        tiers = {
+            tier: _rates((r.limit, r.period.ms, str(r.period)) for r in rates)
+            for tier, rates in app.tiers.items()
+        }
+        rules.append(
+            AppRule(
+                name=limit.name,
+                key_name=_keys.limit_component(limit.name),
+                per_ip=app.per is AppKey.IP,
+                algorithm=app.algorithm.value,
+                key_suffix=_KEY_SUFFIX[app.algorithm],
+                burst=app.burst,
+                shadow=not app.enforce,
+                fail_open=on_error is OnRedisError.ALLOW,
+                matcher=limit.match.matcher(),
+                tiers=MappingProxyType(tiers),
+            )
+        )
+    return CompiledPolicy(
+        rules=tuple(rules),
+        by_name=MappingProxyType({r.name: r for r in rules}),
+        edge_only=frozenset(edge_only),
+        tiers=known_tiers,
+        key_prefix=policy.app.key_prefix,
+        timeout=policy.app.timeout.ms / 1000,
+        redis_url=policy.app.redis_url,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One rate of one limit for one identity: one key in one script call."""
+
+    rule: AppRule
+    tier: str
+    rate: RateSpec
+    key: str
+    cost: int
+
+    def args(self) -> tuple[str, ...]:
+        """This check's six script arguments (see decide.lua)."""
+        burst = self.rule.burst if self.rule.burst is not None else self.rate.quota
+        return (
+            self.rule.algorithm,
+            str(self.rate.quota),
+            str(self.rate.period_us),
+            str(self.cost),
+            str(burst) if self.rule.algorithm == Algorithm.GCRA else "0",
+            "1" if self.rule.shadow else "0",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptCall:
+    """One EVALSHA of the limiter's script: its keys and arguments."""
+
+    keys: tuple[str, ...]
+    args: tuple[str, ...]
+
+
+def _script_call(
+    mode: str, checks: Sequence[Check], now: str, nonce: str, slack: str
+) -> ScriptCall:
+    args: list[str] = [mode, now, nonce, slack, str(len(checks))]
+    for check in checks:
+        args.extend(check.args())
+    return ScriptCall(keys=tuple(c.key for c in checks), args=tuple(args))
+
+
+def _seconds(us: int) -> float:
+    return max(0, us) / 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """The plan for one decision: script calls to run, then :meth:`decide` on the replies."""
+
+    mode: str
+    checks: tuple[Check, ...]
+    groups: tuple[tuple[int, ...], ...]
+    calls: tuple[ScriptCall, ...]
+    nonce: str
+    slack: str
+
+    def decide(self, replies: Sequence[object]) -> tuple[Decision, tuple[ScriptCall, ...]]:
+        """The decision for the replies of ``calls`` (in order), and any refund calls.
+
+        Refunds exist only when the checks were split over several calls (Redis Cluster,
+        several identities) and the request is denied although some calls consumed; the
+        shell runs them after answering, and their failure changes nothing in the decision.
+        """
+        if len(replies) != len(self.calls):
+            raise ValueError(f"expected {len(self.calls)} replies, got {len(replies)}")
+        results: list[LimitResult | None] = [None] * len(self.checks)
+        times: list[int] = []
+        for group, reply in zip(self.groups, replies, strict=True):
+            values = _int_list(reply, _REPLY_HEAD + _REPLY_FIELDS * len(group))
+            times.append(values[0])
+            for j, index in enumerate(group):
+                allowed, consumed, remaining, reset, retry = values[
+                    _REPLY_HEAD + _REPLY_FIELDS * j : _REPLY_HEAD + _REPLY_FIELDS * (j + 1)
+                ]
+                results[index] = self._result(
+                    self.checks[index],
+                    allowed=allowed == 1,
+                    consumed=consumed == 1,
+                    remaining=remaining,
+                    reset=reset,
+                    retry=retry,
+                )
+        final = [r for r in results if r is not None]
+        if len(final) != len(self.checks):
+            raise ValueError("the replies do not cover every check of the plan")
+        decision = combine(final)
+        refunds: list[ScriptCall] = []
+        if not decision.allowed and len(self.groups) > 1:
+            for group, now in zip(self.groups, times, strict=True):
+                spent = [i for i in group if final[i].consumed]
+                if not spent:
+                    continue
+                refunds.append(
+                    _script_call(
+                        "refund", [self.checks[i] for i in spent], str(now), self.nonce, "0"
+                    )
+                )
+                for i in spent:
+                    final[i] = _given_back(final[i], self.checks[i].cost)
+            decision = combine(final)
+        return decision, tuple(refunds)
+
+    def degraded(self, retry_after: float) -> Decision:
+        """The decision when Redis cannot answer: each limit's on_redis_error decides."""
+        results = [
+            LimitResult(
+                name=c.rule.name,
+                tier=c.tier,
+                algorithm=c.rule.algorithm,
+                quota=c.rate.quota,
+                window=c.rate.window,
+                allowed=c.rule.fail_open,
+                consumed=False,
+                remaining=0,
+                reset_after=0.0,
+                retry_after=None if c.rule.fail_open else retry_after,
+                shadow=c.rule.shadow,
+            )
+            for c in self.checks
+        ]
+        return combine(results, degraded=True)
+
+    @staticmethod
+    def _result(
+        check: Check, *, allowed: bool, consumed: bool, remaining: int, reset: int, retry: int
+    ) -> LimitResult:
+        retry_after: float | None
+        if allowed or retry == _NONE:
+            retry_after = None
+        elif retry == _NEVER:
+            retry_after = math.inf
+        else:
+            retry_after = _seconds(retry)
+        return LimitResult(
+            name=check.rule.name,
+            tier=check.tier,
+            algorithm=check.rule.algorithm,
+            quota=check.rate.quota,
+            window=check.rate.window,
+            allowed=allowed,
+            consumed=consumed,
+            remaining=max(0, remaining),
+            reset_after=_seconds(reset),
+            retry_after=retry_after,
+            shadow=check.rule.shadow,
+        )
+
+
+def _given_back(result: LimitResult, cost: int) -> LimitResult:
+    return LimitResult(
+        name=result.name,
+        tier=result.tier,
+        algorithm=result.algorithm,
+        quota=result.quota,
+        window=result.window,
+        allowed=result.allowed,
+        consumed=False,
+        remaining=min(result.quota, result.remaining + cost),
+        reset_after=result.reset_after,
+        retry_after=result.retry_after,
+        shadow=result.shadow,
+    )
+
+
+def _int_list(reply: object, length: int) -> list[int]:
+    """The script's reply as integers; ValueError when it is not the expected shape."""
+    if not isinstance(reply, list | tuple) or len(reply) != length:
+        raise ValueError(f"the limiter script replied {reply!r}; expected {length} integers")
+    out: list[int] = []
+    for value in reply:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"the limiter script replied {reply!r}; expected integers")
+        out.append(value)
+    return out
+
+
+class Core:
+    """Builds plans from requests and decisions from replies; holds no connection."""
+
+    def __init__(
+        self,
+        compiled: CompiledPolicy,
+        *,
+        cluster: bool,
+        test_clock: Callable[[], float] | None = None,
+    ) -> None:
+        """``cluster`` splits checks by hash slot; ``test_clock`` replaces server time (tests)."""
+        self.policy = compiled
+        self.cluster = cluster
+        self._test_clock = test_clock
+        self._slack = str(TEST_CLOCK_TTL_SLACK_MS) if test_clock is not None else "0"
+
+    # -- argument checks ----------------------------------------------------------------
+
+    def tier(self, tier: str | None) -> str:
+        """The tier to use: the given one if the policy lists it, else the lowest one."""
+        if tier is None:
+            return self.policy.tiers[0]
+        if tier not in self.policy.tiers:
+            raise UnknownTierError(tier, self.policy.tiers)
+        return tier
+
+    def rule(self, name: str) -> AppRule:
+        """The app limit called ``name``; UnknownLimitError names the ones that exist."""
+        rule = self.policy.by_name.get(name)
+        if rule is None:
+            raise UnknownLimitError(
+                name, self.policy.by_name, edge_only=name in self.policy.edge_only
+            )
+        return rule
+
+    @staticmethod
+    def cost(cost: int) -> int:
+        """``cost`` checked: a whole number from 1 to a billion."""
+        if isinstance(cost, bool) or not isinstance(cost, int):
+            raise InvalidArgumentError(
+                "cost", f"cost must be a whole number of requests, not {cost!r}."
+            )
+        if not 1 <= cost <= MAX_COST:
+            raise InvalidArgumentError(
+                "cost",
+                f"cost {cost} is out of range; a request costs from 1 to {MAX_COST:,} "
+                "(use peek() to look without consuming).",
+            )
+        return cost
+
+    @staticmethod
+    def _identity(identity: object, argument: str) -> str:
+        if not isinstance(identity, str):
+            raise InvalidArgumentError(
+                argument,
+                f"{argument} must be a str, not {type(identity).__name__}; convert it, "
+                f"e.g. str(user.id).",
+            )
+        if not identity:
+            raise InvalidArgumentError(
+                argument,
+                f"{argument} is empty; every caller with an empty {argument} would share "
+                "one quota. Pass the user's id, or None with ip= for anonymous callers.",
+            )
+        return identity
+
+    def _tag(self, rule: AppRule, identity: str | None, ip: str | None) -> str:
+        if not rule.per_ip and identity is not None:
+            return _keys.identity_tag(_keys.USER, self._identity(identity, "identity"))
+        if ip is None:
+            what = "counts per client IP" if rule.per_ip else "counts anonymous callers by IP"
+            raise InvalidArgumentError(
+                "ip",
+                f"limit {rule.name!r} {what}, but no ip= was given; pass the client's "
+                "address (the middleware does).",
+            )
+        return _keys.identity_tag(_keys.IP, _keys.canonical_ip(self._identity(ip, "ip")))
+
+    # -- plans ----------------------------------------------------------------------------
+
+    def checks(self, rule: AppRule, tier: str, tag: str, cost: int) -> list[Check]:
+        """The checks of ``rule`` for ``tier``: one per rate (none if the tier has none)."""
+        prefix = self.policy.key_prefix
+        return [
+            Check(
+                rule=rule,
+                tier=tier,
+                rate=rate,
+                key=_keys.state_key(prefix, rule.key_name, tag, rate.period_text, rule.key_suffix),
+                cost=cost,
+            )
+            for rate in rule.tiers.get(tier, ())
+        ]
+
+    def for_limit(
+        self, mode: Mode, name: str, identity: str, tier: str | None, cost: int
+    ) -> Prepared:
+        """The plan for ``hit``/``peek`` of one named limit."""
+        rule = self.rule(name)
+        resolved = self.tier(tier)
+        cost = self.cost(cost)
+        identity = self._identity(identity, "identity")
+        if rule.per_ip:
+            tag = _keys.identity_tag(_keys.IP, _keys.canonical_ip(identity))
+        else:
+            tag = _keys.identity_tag(_keys.USER, identity)
+        return self.plan(mode, self.checks(rule, resolved, tag, cost))
+
+    def for_request(
+        self,
+        mode: Mode,
+        method: str,
+        path: str,
+        identity: str | None,
+        *,
+        tier: str | None,
+        cost: int,
+        ip: str | None,
+        host: str | None,
+    ) -> Prepared:
+        """The plan for ``check_request``: every limit whose matcher applies."""
+        resolved = self.tier(tier)
+        cost = self.cost(cost)
+        normalized = normalize_path(path)
+        checks: list[Check] = []
+        for rule in self.policy.rules:
+            if resolved not in rule.tiers or not rule.matcher.matches(method, normalized, host):
+                continue
+            checks.extend(self.checks(rule, resolved, self._tag(rule, identity, ip), cost))
+        return self.plan(mode, checks)
+
+    def plan(self, mode: Mode, checks: Sequence[Check]) -> Prepared:
+        """Group ``checks`` into script calls: one, or one per hash slot on Redis Cluster."""
+        if self.cluster:
+            slots: dict[int, list[int]] = {}
+            for index, check in enumerate(checks):
+                slots.setdefault(key_slot(check.key.encode()), []).append(index)
+            groups = tuple(tuple(g) for g in slots.values())
+        else:
+            groups = (tuple(range(len(checks))),) if checks else ()
+        now = "" if self._test_clock is None else str(round(self._test_clock() * 1_000_000))
+        # The nonce names sliding-log entries: unique per call, so two requests in the same
+        # microsecond never merge into one entry.
+        nonce = os.urandom(6).hex() if mode == "hit" else ""
+        calls = tuple(
+            _script_call(mode, [checks[i] for i in group], now, nonce, self._slack)
+            for group in groups
+        )
+        return Prepared(mode, tuple(checks), groups, calls, nonce, self._slack)
+
+    def reset_keys(self, name: str, identity: str, tier: str | None) -> list[str]:
+        """Every key of limit ``name`` for ``identity`` (one tier's, or every tier's)."""
+        rule = self.rule(name)
+        identity = self._identity(identity, "identity")
+        if rule.per_ip:
+            tag = _keys.identity_tag(_keys.IP, _keys.canonical_ip(identity))
+        else:
+            tag = _keys.identity_tag(_keys.USER, identity)
+        tiers = [self.tier(tier)] if tier is not None else list(rule.tiers)
+        keys = {c.key: None for t in tiers for c in self.checks(rule, t, tag, 1)}
+        return list(keys)

@@ -1,0 +1,125 @@
+"""The answer of the limiter: a Decision, and one LimitResult per rate that was checked."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class LimitResult:
+    """One rate of one limit, as checked for one request.
+
+    ``name`` is the policy's limit name and ``tier`` the tier whose rate applied;
+    ``quota`` requests per ``window`` seconds is that rate (a tier with several rates gives
+    several results with the same name). ``allowed`` says whether this rate alone admits
+    the request; for a ``shadow`` limit (``enforce: false``) that is what it *would* decide,
+    and it never denies the request. ``consumed`` is true when the request was counted.
+
+    ``remaining`` is how many more requests of cost 1 this rate admits right now (after
+    this one, when it was consumed). ``reset_after`` is the number of seconds until the
+    full quota is back if nothing else arrives. ``retry_after`` is None when allowed;
+    otherwise the seconds until this request's cost fits, or ``math.inf`` when it never
+    can (a cost above the quota, or above a GCRA burst).
+    """
+
+    name: str
+    tier: str
+    algorithm: str
+    quota: int
+    window: float
+    allowed: bool
+    consumed: bool
+    remaining: int
+    reset_after: float
+    retry_after: float | None
+    shadow: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Whether a request may proceed, and the numbers for the response headers.
+
+    ``allowed`` is false only when an enforced limit denies (shadow limits never deny),
+    or when Redis could not answer and a limit involved fails closed.
+
+    The scalar fields describe the most restrictive result, ``binding``: when denied, the
+    denying rate whose wait is longest (the request fits only once every denial has
+    cleared); when allowed, the rate with the fewest ``remaining`` (then the longest
+    ``reset_after``). ``limit`` is its quota, ``policy`` its limit name. ``results`` keeps
+    every rate checked, in policy order, for headers that list them all.
+
+    ``reset_after`` and ``retry_after`` are seconds as floats; ``retry_after`` is None when
+    allowed. When no limit applies (``check_request`` matched none, or the tier has no rate
+    in the limit), ``results`` is empty, ``binding`` and ``policy`` are None, ``limit`` and
+    ``remaining`` are 0 and the request is allowed.
+
+    ``degraded`` marks a decision made without Redis (unreachable, too slow, or the circuit
+    breaker open): each limit's ``on_redis_error`` decided it, and the counts are unknown
+    (``remaining`` 0, ``reset_after`` 0).
+    """
+
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_after: float
+    retry_after: float | None
+    policy: str | None
+    results: tuple[LimitResult, ...] = ()
+    degraded: bool = False
+
+    @property
+    def binding(self) -> LimitResult | None:
+        """The result the scalar fields describe (None when no limit applied)."""
+        return _binding(self.results, self.allowed)
+
+    @property
+    def denied_by(self) -> tuple[LimitResult, ...]:
+        """The enforced results that denied the request (empty when allowed)."""
+        if self.allowed:
+            return ()
+        return tuple(r for r in self.results if not r.allowed and not r.shadow)
+
+    @property
+    def shadow_denied_by(self) -> tuple[LimitResult, ...]:
+        """The shadow results that would have denied the request, were they enforced."""
+        return tuple(r for r in self.results if not r.allowed and r.shadow)
+
+
+def _wait(result: LimitResult) -> float:
+    return math.inf if result.retry_after is None else result.retry_after
+
+
+def _binding(results: Sequence[LimitResult], allowed: bool) -> LimitResult | None:
+    if not results:
+        return None
+    enforced = [r for r in results if not r.shadow]
+    if not allowed:
+        denied = [r for r in enforced if not r.allowed]
+        if denied:
+            # max() keeps the first of equal waits: policy order breaks ties.
+            return max(denied, key=_wait)
+    pool = enforced or list(results)
+    return min(pool, key=lambda r: (r.remaining, -r.reset_after))
+
+
+def combine(results: Sequence[LimitResult], *, degraded: bool = False) -> Decision:
+    """The decision for a set of results: denied when any enforced result denies."""
+    allowed = all(r.allowed for r in results if not r.shadow)
+    chosen = _binding(results, allowed)
+    if chosen is None:
+        return Decision(True, 0, 0, 0.0, None, None, (), degraded)
+    retry = None
+    if not allowed:
+        retry = chosen.retry_after if chosen.retry_after is not None else math.inf
+    return Decision(
+        allowed=allowed,
+        limit=chosen.quota,
+        remaining=chosen.remaining,
+        reset_after=chosen.reset_after,
+        retry_after=retry,
+        policy=chosen.name,
+        results=tuple(results),
+        degraded=degraded,
+    )

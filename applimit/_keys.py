@@ -1,0 +1,78 @@
+"""Redis key names: bounded, collision-free, and one hash slot per identity.
+
+A key is ``<prefix>:<limit>:{<tag>}:<period>:<algorithm>``, for example
+``rl:api:{u=user-123}:1m:sw``. The braces are Redis Cluster's hash tag: every key of one
+identity hashes to the same slot, so one script can read and write all of them.
+
+The tag is ``<kind>=<escaped identity>`` or, for identities too long to keep, ``<kind>#``
+followed by the SHA-256 of the identity (URL-safe base64). The kind is ``u`` (user) or
+``i`` (client IP). Escaping percent-encodes every byte outside a small safe set, which
+includes ``{``, ``}``, ``:``, ``%``, ``=``, ``#``, spaces, controls and all non-ASCII, so:
+
+- no identity can end the tag early or open another one (the tag never contains braces);
+- two different identities never share a tag: escaping is injective, hashed and escaped
+  tags differ in their separator, and which form is used depends only on the identity;
+- every key is short whatever the identity's length (at most about 120 characters of tag).
+
+Limit names get the same escaping (they are at most 64 characters by the policy's rules).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import ipaddress
+
+# Bytes kept as they are. Everything else, '%' first among them, is written %XX.
+_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~@+!*,;")
+# Identities longer than this many bytes once escaped are stored as their digest.
+MAX_ESCAPED = 96
+
+USER = "u"
+IP = "i"
+
+
+def escape(raw: bytes) -> str:
+    """Percent-encode ``raw`` outside the safe set (an injective, brace-free encoding)."""
+    return "".join(chr(b) if b in _SAFE else f"%{b:02X}" for b in raw)
+
+
+def _utf8(text: str) -> bytes:
+    # surrogatepass keeps the encoding total and injective: a str with a lone surrogate
+    # (from a badly decoded header) still has exactly one byte string.
+    return text.encode("utf-8", "surrogatepass")
+
+
+def identity_tag(kind: str, identity: str) -> str:
+    """The hash-tag content for ``identity`` of ``kind`` (``USER`` or ``IP``)."""
+    raw = _utf8(identity)
+    if len(raw) <= MAX_ESCAPED:
+        escaped = escape(raw)
+        if len(escaped) <= MAX_ESCAPED:
+            return f"{kind}={escaped}"
+    digest = base64.urlsafe_b64encode(hashlib.sha256(raw).digest()).rstrip(b"=").decode()
+    return f"{kind}#{digest}"
+
+
+def canonical_ip(ip: str) -> str:
+    """An IP address in one spelling (``2001:DB8::0:1`` and ``2001:db8::1`` count together).
+
+    Text that is not an IP address is kept as it is: it is still a usable, if odd, key.
+    """
+    try:
+        address = ipaddress.ip_address(ip.strip())
+    except ValueError:
+        return ip
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address)
+
+
+def limit_component(name: str) -> str:
+    """A limit name as it appears in keys."""
+    return escape(_utf8(name))
+
+
+def state_key(prefix: str, limit: str, tag: str, period: str, algorithm: str) -> str:
+    """The key holding one limit's state for one identity and one rate period."""
+    return f"{prefix}:{limit}:{{{tag}}}:{period}:{algorithm}"

@@ -1,0 +1,164 @@
+"""What ``Limiter`` and ``AsyncLimiter`` share besides the core: options, breaker, outcomes.
+
+The shells differ only in how they run a script call (blocking, or awaited under a
+deadline). Everything else is here: resolving the policy and the Redis options, the
+circuit breaker, and turning a call's outcome (replies or an error) into a decision.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+
+from policy import Policy, load
+
+from ._breaker import CircuitBreaker
+from ._core import CompiledPolicy, Core, Prepared, ScriptCall, compile_policy
+from ._decision import Decision
+from ._errors import ConfigurationError, is_outage
+
+logger = logging.getLogger("applimit")
+
+# What a client told to wait during an outage is told: the breaker probes Redis again
+# well within this, so a retry after it may already be served normally.
+DEGRADED_RETRY_AFTER = 1.0
+# Errors specific to one key are logged at most this often (seconds), not per request.
+_KEY_ERROR_LOG_INTERVAL = 60.0
+
+
+def load_policy(source: str | os.PathLike[str] | Policy) -> Policy:
+    """A policy object from a path, or the object itself."""
+    if isinstance(source, Policy):
+        return source
+    return load(source)
+
+
+class LimiterBase:
+    """Construction and the I/O-free steps around each call, for both shells."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        has_client: bool,
+        redis_url: str | None,
+        cluster: bool,
+        max_connections: int,
+        failure_threshold: int,
+        recovery_time: float,
+        test_clock: Callable[[], float] | None,
+    ) -> None:
+        if has_client and redis_url is not None:
+            raise ConfigurationError(
+                "pass either redis= (a client) or redis_url=, not both; the limiter builds "
+                "its connections from one of them."
+            )
+        if max_connections < 1:
+            raise ConfigurationError(f"max_connections is {max_connections}; use at least 1.")
+        if recovery_time <= 0 or failure_threshold < 1:
+            raise ConfigurationError(
+                "failure_threshold must be at least 1 and recovery_time positive; they "
+                "decide when the circuit breaker opens and when it probes Redis again."
+            )
+        self.compiled: CompiledPolicy = compile_policy(policy)
+        self.url = redis_url if redis_url is not None else self.compiled.redis_url
+        self.timeout = self.compiled.timeout
+        self.max_connections = max_connections
+        self.cluster = cluster
+        self.test_clock = test_clock
+        self.breaker = CircuitBreaker(
+            threshold=failure_threshold,
+            cooldown=recovery_time,
+            # A probe that has not reported after a few timeouts was lost (cancelled).
+            probe_timeout=max(4 * self.timeout, recovery_time),
+            describe="Redis (applimit)",
+        )
+        self.core = Core(self.compiled, cluster=cluster, test_clock=test_clock)
+        self._key_error_logged = float("-inf")
+
+    def _set_cluster(self, cluster: bool) -> None:
+        self.cluster = cluster
+        self.core = Core(self.compiled, cluster=cluster, test_clock=self.test_clock)
+
+    # -- the public read-only surface -----------------------------------------------------
+
+    @property
+    def tiers(self) -> tuple[str, ...]:
+        """The policy's tiers, least generous first."""
+        return self.compiled.tiers
+
+    @property
+    def limits(self) -> tuple[str, ...]:
+        """The names of the policy's app limits, in policy order."""
+        return tuple(r.name for r in self.compiled.rules)
+
+    # -- outcomes -------------------------------------------------------------------------
+
+    def _before(self, prepared: Prepared) -> Decision | None:
+        """A decision made without calling Redis, or None to go ahead with the calls."""
+        if not prepared.checks:
+            return _UNLIMITED
+        if not self.breaker.allow():
+            self.breaker.degraded()
+            return prepared.degraded(DEGRADED_RETRY_AFTER)
+        return None
+
+    def _failed(self, prepared: Prepared, error: BaseException) -> Decision:
+        """The decision when a call failed: the failure policy, marked degraded."""
+        if self._note_failure(error):
+            self.breaker.degraded()
+        return prepared.degraded(DEGRADED_RETRY_AFTER)
+
+    def _note_failure(self, error: BaseException) -> bool:
+        """Feed a failed call to the breaker (or the log); True when it was an outage."""
+        if is_outage(error):
+            self.breaker.failure(error)
+            return True
+        self._log_refusal(error)
+        return False
+
+    def _log_refusal(self, error: BaseException) -> None:
+        """Log an answer from Redis that the limiter cannot use, at most once a minute."""
+        now = time.monotonic()
+        if now - self._key_error_logged < _KEY_ERROR_LOG_INTERVAL:
+            return
+        self._key_error_logged = now
+        logger.error(
+            "Redis answered the limiter with an error or an unexpected reply (%s: %s); the "
+            "decision follows the failure policy. Is something other than applimit writing "
+            "under key prefix %r, or another script loaded under the limiter's SHA?",
+            type(error).__name__,
+            error,
+            self.compiled.key_prefix,
+        )
+
+    def _succeeded(
+        self, prepared: Prepared, replies: Sequence[object]
+    ) -> tuple[Decision, tuple[ScriptCall, ...]]:
+        """The decision from the replies, and the refund calls to run after it."""
+        try:
+            decision, refunds = prepared.decide(replies)
+        except ValueError as error:
+            # A reply of the wrong shape: Redis answered, so this is not an outage, but
+            # the decision can only follow the failure policy.
+            self.breaker.success()
+            self._log_refusal(error)
+            return prepared.degraded(DEGRADED_RETRY_AFTER), ()
+        self.breaker.success()
+        return decision, refunds
+
+    @staticmethod
+    def _refund_failed(error: BaseException) -> None:
+        logger.warning(
+            "a refund after a denied multi-slot decision failed (%s: %s); the denied request "
+            "stays counted against the limits that had admitted it.",
+            type(error).__name__,
+            error,
+        )
+
+
+_UNLIMITED = Decision(
+    allowed=True, limit=0, remaining=0, reset_after=0.0, retry_after=None, policy=None
+)

@@ -1,0 +1,225 @@
+"""``Limiter``: the blocking shell around the core, for threads and WSGI apps."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Self
+
+from redis.exceptions import NoScriptError
+
+from policy import Policy
+
+from . import _clients, _script
+from ._clients import SyncClient
+from ._core import Prepared, ScriptCall
+from ._decision import Decision
+from ._errors import REDIS_FAILURES, ApplimitError
+from ._shell import LimiterBase, load_policy
+
+
+class Limiter(LimiterBase):
+    """Enforces a policy's app limits through Redis, for every instance of the app at once.
+
+    Build it with :meth:`from_policy`. Every method decides in one round trip to Redis
+    (see docs/applimit.md for the exception on Redis Cluster) and never raises a Redis
+    error: when Redis is down, slow or refuses, the decision follows the limit's
+    ``on_redis_error`` and is marked ``degraded``. Thread-safe; share one per process.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        redis: SyncClient | None = None,
+        redis_url: str | None = None,
+        cluster: bool = False,
+        max_connections: int = 128,
+        failure_threshold: int = 3,
+        recovery_time: float = 0.25,
+        test_clock: Callable[[], float] | None = None,
+    ) -> None:
+        """Enforce ``policy`` (a loaded :class:`policy.Policy`).
+
+        ``redis`` is a ``redis.Redis`` (also Sentinel-managed) or
+        ``redis.cluster.RedisCluster`` whose settings (address, credentials, TLS) the
+        limiter copies into connections of its own, with the policy's ``app.timeout``
+        and no retries; your client is not used or changed. Or give ``redis_url``
+        (``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://``; with
+        ``cluster=True`` a cluster node's URL). With neither, ``app.redis_url`` from the
+        policy is used.
+
+        ``max_connections`` bounds the limiter's pool (callers beyond it wait, within the
+        timeout). ``failure_threshold`` consecutive failures open the circuit breaker;
+        ``recovery_time`` seconds later one call probes Redis again.
+
+        ``test_clock`` is for tests only: a callable returning seconds that replaces the
+        Redis server's clock, so tests can move time without sleeping. Production code
+        leaves it None: every instance then uses the server's clock, so clock skew
+        between app servers changes nothing.
+        """
+        super().__init__(
+            policy,
+            has_client=redis is not None,
+            redis_url=redis_url,
+            cluster=cluster,
+            max_connections=max_connections,
+            failure_threshold=failure_threshold,
+            recovery_time=recovery_time,
+            test_clock=test_clock,
+        )
+        factory: Callable[[], SyncClient]
+        if redis is not None:
+            factory, is_cluster = _clients.sync_from_client(
+                redis, timeout=self.timeout, max_connections=max_connections
+            )
+            self._set_cluster(is_cluster)
+        else:
+            factory = _clients.sync_from_url(
+                self.url, timeout=self.timeout, cluster=cluster, max_connections=max_connections
+            )
+        self._factory = factory
+        self._client: SyncClient | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def from_policy(cls, source: str | os.PathLike[str] | Policy, **options: Any) -> Self:
+        """A limiter for the policy file at ``source`` (or a loaded Policy).
+
+        ``options`` are those of the constructor (``redis=``, ``redis_url=``, ...). Raises
+        ``policy.PolicyLoadError`` for a file that does not load and
+        :class:`ConfigurationError` for a policy the app cannot enforce.
+        """
+        return cls(load_policy(source), **options)
+
+    # -- decisions ------------------------------------------------------------------------
+
+    def hit(self, name: str, identity: str, *, tier: str | None = None, cost: int = 1) -> Decision:
+        """Count a request of ``cost`` against limit ``name`` for ``identity``, if it fits.
+
+        ``identity`` is the user (or, for a ``per: ip`` limit, the client IP); ``tier``
+        defaults to the policy's lowest. Every rate of the tier is checked atomically:
+        nothing is consumed unless all of them admit the request.
+        """
+        return self._decide(self.core.for_limit("hit", name, identity, tier, cost))
+
+    def peek(self, name: str, identity: str, *, tier: str | None = None, cost: int = 1) -> Decision:
+        """What :meth:`hit` would decide now, consuming nothing."""
+        return self._decide(self.core.for_limit("peek", name, identity, tier, cost))
+
+    def check_request(
+        self,
+        method: str,
+        path: str,
+        identity: str | None,
+        *,
+        tier: str | None = None,
+        cost: int = 1,
+        ip: str | None = None,
+        host: str | None = None,
+    ) -> Decision:
+        """Hit every app limit whose ``match`` applies to this request, all or nothing.
+
+        ``path`` is the request path (query allowed; it is normalised like the edge does).
+        ``identity`` is the user, or None for an anonymous caller, who is counted by
+        ``ip``. ``ip`` is the client address, needed by ``per: ip`` limits and anonymous
+        callers (the middleware passes it). ``host`` is the Host header, for limits that
+        match on hosts. A limit without a rate for ``tier`` does not apply.
+        """
+        return self._decide(
+            self.core.for_request(
+                "hit", method, path, identity, tier=tier, cost=cost, ip=ip, host=host
+            )
+        )
+
+    def reset(self, name: str, identity: str, *, tier: str | None = None) -> bool:
+        """Forget what limit ``name`` counted for ``identity`` (every tier, or one).
+
+        Returns False, and logs, when Redis could not be reached: unlike a decision, a
+        reset has no failure policy to fall back on.
+        """
+        keys = self.core.reset_keys(name, identity, tier)
+        try:
+            self._connection().delete(*keys)
+        except REDIS_FAILURES as error:
+            self._note_failure(error)
+            return False
+        return True
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the limiter's own connections (a client you passed stays open)."""
+        with self._lock:
+            client, self._client = self._client, None
+            self._closed = True
+        if client is not None:
+            client.close()
+
+    def __enter__(self) -> Self:
+        """Use as ``with Limiter.from_policy(...) as limiter:``; closes on exit."""
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the limiter's connections."""
+        self.close()
+
+    # -- running calls --------------------------------------------------------------------
+
+    def _connection(self) -> SyncClient:
+        client = self._client
+        if client is not None:
+            return client
+        with self._lock:
+            if self._closed:
+                raise ApplimitError("this limiter is closed; build a new one to keep deciding.")
+            if self._client is None:
+                self._client = self._factory()
+            return self._client
+
+    def _decide(self, prepared: Prepared) -> Decision:
+        early = self._before(prepared)
+        if early is not None:
+            return early
+        deadline = time.monotonic() + self.timeout
+        try:
+            client = self._connection()
+            replies: list[object] = []
+            for call in prepared.calls:
+                # On Redis Cluster a request may need one call per slot: each is bounded by
+                # the socket timeout, and together they keep to the decision's deadline.
+                if replies and time.monotonic() > deadline:
+                    raise TimeoutError("the decision's deadline passed between cluster calls")
+                replies.append(_run(client, call))
+        except REDIS_FAILURES as error:
+            return self._failed(prepared, error)
+        decision, refunds = self._succeeded(prepared, replies)
+        for call in refunds:
+            try:
+                _run(client, call)
+            except REDIS_FAILURES as error:
+                self._refund_failed(error)
+        return decision
+
+
+def _run(client: SyncClient, call: ScriptCall) -> object:
+    """EVALSHA the script; on NOSCRIPT (restarted or flushed server) EVAL it once."""
+    # redis-py's sync execute_command carries no annotations, hence the ignores.
+    try:
+        return client.execute_command(  # type: ignore[no-untyped-call]
+            "EVALSHA", _script.SHA, len(call.keys), *call.keys, *call.args
+        )
+    except NoScriptError:
+        # EVAL runs the script and caches it again, so the next call's EVALSHA finds it.
+        return client.execute_command(  # type: ignore[no-untyped-call]
+            "EVAL", _script.SOURCE, len(call.keys), *call.keys, *call.args
+        )

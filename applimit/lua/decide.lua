@@ -1,0 +1,91 @@
+-- decide.lua: one decision over any number of limit checks, atomically, in one round trip.
+-- It is the last part of the script, after common.lua and the algorithm files.
+--
+-- KEYS[i]  the state key of check i. On Redis Cluster every key of one call carries the
+--          same hash tag (the identity), so they share a slot.
+-- ARGV[1]  mode: "hit"    consume when every enforced check passes;
+--                "peek"   read only;
+--                "refund" undo an earlier hit that used the same nonce and time
+-- ARGV[2]  the time in µs, or "" to read the server's TIME (production always does; tests
+--          and refunds pass it)
+-- ARGV[3]  a nonce unique to the call: sliding-log entries are named after it
+-- ARGV[4]  ms added to every expiry: 0, except under a test clock, whose time does not
+--          run with the server's
+-- ARGV[5]  n, the number of checks; then 6 values per check i, from ARGV[6 + 6 (i - 1)]:
+--          algorithm, limit, period (µs), cost, burst (gcra; else 0), shadow (1 or 0)
+-- Returns  {now, n, then for each check: allowed, consumed, remaining, reset µs, retry µs}
+--          for "hit" and "peek"; {now, n} for "refund". retry is -1 when allowed and -2
+--          when the cost can never fit.
+--
+-- Phase 1 evaluates every check without writing. Phase 2 (hit only) writes when every
+-- enforced check passed: the enforced checks, and each shadow check that passed itself.
+-- A shadow check never blocks the others: it counts the traffic that gets through, the
+-- way it would count if it were enforced.
+
+local mode = ARGV[1]
+local now
+if ARGV[2] ~= '' then
+  now = tonumber(ARGV[2])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local nonce = ARGV[3]
+local slack_ms = tonumber(ARGV[4])
+local n = tonumber(ARGV[5])
+
+local checks = {}
+for i = 1, n do
+  local base = 5 + (i - 1) * 6
+  local alg = ALG[ARGV[base + 1]]
+  if alg == nil then
+    return redis.error_reply('ERR applimit: unknown algorithm ' .. tostring(ARGV[base + 1]))
+  end
+  checks[i] = {
+    alg = alg,
+    limit = tonumber(ARGV[base + 2]),
+    period = tonumber(ARGV[base + 3]),
+    cost = tonumber(ARGV[base + 4]),
+    burst = tonumber(ARGV[base + 5]),
+    shadow = ARGV[base + 6] == '1',
+  }
+end
+
+if mode == 'refund' then
+  for i = 1, n do
+    checks[i].alg.refund(KEYS[i], now, checks[i], nonce)
+  end
+  return {now, n}
+end
+
+local states = {}
+local pass = true
+for i = 1, n do
+  local st = checks[i].alg.check(KEYS[i], now, checks[i])
+  st.consumed = 0
+  states[i] = st
+  if st.allowed == 0 and not checks[i].shadow then
+    pass = false
+  end
+end
+
+if mode == 'hit' and pass then
+  for i = 1, n do
+    local st = states[i]
+    if st.allowed == 1 then
+      checks[i].alg.apply(KEYS[i], st, now, checks[i], nonce, slack_ms)
+      st.consumed = 1
+    end
+  end
+end
+
+local out = {now, n}
+for i = 1, n do
+  local st = states[i]
+  out[#out + 1] = st.allowed
+  out[#out + 1] = st.consumed
+  out[#out + 1] = st.remaining
+  out[#out + 1] = st.reset
+  out[#out + 1] = st.retry
+end
+return out

@@ -1,0 +1,74 @@
+-- gcra.lua: the generic cell rate algorithm, a token bucket kept as one timestamp.
+--
+-- KEYS: one string per check, "<tat> <frac>": the theoretical arrival time TAT is
+--   tat + frac / limit microseconds, kept as an integer and a remainder so that an
+--   emission interval of period / limit is exact even when it is not a whole µs.
+-- ARGV: none of its own; decide.lua passes c = {limit, period (µs), cost, burst, shadow}.
+--   burst is how many requests may arrive at once (the bucket's size).
+-- Functions (registered as ALG.gcra):
+--   check(key, now, c)               -> st, reads only
+--   apply(key, st, now, c, nonce, slack_ms)  stores the new TAT with PX rounded up
+--   refund(key, now, c, nonce)       moves the TAT back by what an earlier apply added
+-- Returns (in st): allowed (0/1), remaining (requests admitted now, one by one), reset
+--   (µs until the bucket is full again), retry (µs until `cost` fits; NONE when allowed,
+--   NEVER when cost > burst).
+--
+-- In units of µs x limit the emission interval is `period` and the bucket holds
+-- burst x period, so every comparison below is between exact integers.
+
+local function gcra_load(key, now, c)
+  local value = redis.call('GET', key)
+  if not value then
+    return 0
+  end
+  local tat, frac = string.match(value, '^(%-?%d+) (%d+)$')
+  local ahead = (tonumber(tat) - now) * c.limit + tonumber(frac)
+  if ahead < 0 then
+    return 0
+  end
+  return ahead
+end
+
+local function gcra_check(key, now, c)
+  local ahead = gcra_load(key, now, c)
+  local capacity = c.burst * c.period
+  local after = ahead + c.cost * c.period
+  local st = {ahead = ahead, after = after, allowed = 0, retry = NONE}
+  if after <= capacity then
+    st.allowed = 1
+  elseif c.cost > c.burst then
+    st.retry = NEVER
+  else
+    st.retry = cdiv(after - capacity, c.limit)
+  end
+  st.remaining = idiv(capacity - ahead, c.period)
+  st.reset = cdiv(ahead, c.limit)
+  return st
+end
+
+local function gcra_apply(key, st, now, c, nonce, slack_ms)
+  local whole = idiv(st.after, c.limit)
+  local frac = st.after - whole * c.limit
+  redis.call('SET', key, fmt(now + whole) .. ' ' .. fmt(frac), 'PX',
+    cdiv(st.after, c.limit * 1000) + slack_ms)
+  st.remaining = idiv(c.burst * c.period - st.after, c.period)
+  st.reset = cdiv(st.after, c.limit)
+end
+
+local function gcra_refund(key, now, c, nonce)
+  -- `now` is the time of the hit being undone: the TAT never moves back before it.
+  local value = redis.call('GET', key)
+  if not value then
+    return
+  end
+  local tat, frac = string.match(value, '^(%-?%d+) (%d+)$')
+  local ahead = (tonumber(tat) - now) * c.limit + tonumber(frac) - c.cost * c.period
+  if ahead <= 0 then
+    redis.call('DEL', key)
+    return
+  end
+  local whole = idiv(ahead, c.limit)
+  redis.call('SET', key, fmt(now + whole) .. ' ' .. fmt(ahead - whole * c.limit), 'KEEPTTL')
+end
+
+ALG.gcra = {check = gcra_check, apply = gcra_apply, refund = gcra_refund}

@@ -1,0 +1,88 @@
+-- sliding_log.lua: the exact sliding-window log.
+--
+-- KEYS: one sorted set per check. Each admitted unit of cost is one member "<nonce>:<i>"
+--   scored with its admission time; the window is (now - period, now].
+-- ARGV: none of its own; decide.lua passes each check as the table
+--   c = {limit, period (µs), cost, burst (unused), shadow}.
+-- Functions (registered as ALG.sliding_log):
+--   check(key, now, c)               -> st, reads only
+--   apply(key, st, now, c, nonce, slack_ms)  adds the entries, trims, sets PEXPIRE
+--   refund(key, now, c, nonce)       removes the entries an earlier apply added
+-- Returns (in st): allowed (0/1), remaining, reset (µs until every entry has left the
+--   window), retry (µs until `cost` fits: when the oldest entry that matters leaves; NONE
+--   when allowed, NEVER when cost > limit).
+--
+-- Fixed against the usual sorted-set script: entries are added only when admitted;
+-- members are unique per call and never built from formatted floats; PEXPIRE is rounded
+-- up and refreshed on every write; a cost above what is left is rejected without writing.
+
+local ZADD_CHUNK = 500
+
+local function log_newest(key)
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if last[2] then
+    return tonumber(last[2])
+  end
+  return nil
+end
+
+local function log_check(key, now, c)
+  local floor_score = now - c.period
+  local lower = '(' .. fmt(floor_score)
+  local count = redis.call('ZCOUNT', key, lower, '+inf')
+  local st = {count = count, allowed = 0, retry = NONE}
+  if c.cost <= c.limit - count then
+    st.allowed = 1
+  elseif c.cost > c.limit then
+    st.retry = NEVER
+  else
+    -- The request fits once `need` of the entries now in the window have left it; the
+    -- need-th oldest leaves at its score + period.
+    local need = count + c.cost - c.limit
+    local entry = redis.call('ZRANGEBYSCORE', key, lower, '+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
+    st.retry = tonumber(entry[2]) + c.period - now
+  end
+  st.remaining = c.limit - count
+  st.reset = 0
+  if count > 0 then
+    st.reset = log_newest(key) + c.period - now
+  end
+  return st
+end
+
+local function log_apply(key, st, now, c, nonce, slack_ms)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - c.period))
+  local score = fmt(now)
+  local i = 1
+  while i <= c.cost do
+    local args = {}
+    local last = math.min(c.cost, i + ZADD_CHUNK - 1)
+    for j = i, last do
+      args[#args + 1] = score
+      args[#args + 1] = nonce .. ':' .. fmt(j)
+    end
+    redis.call('ZADD', key, unpack(args))
+    i = last + 1
+  end
+  st.count = st.count + c.cost
+  st.remaining = c.limit - st.count
+  -- An entry scored after `now` exists only if the clock went back; it outlives `now`.
+  local newest = math.max(log_newest(key), now)
+  st.reset = newest + c.period - now
+  redis.call('PEXPIRE', key, cdiv(st.reset, 1000) + slack_ms)
+end
+
+local function log_refund(key, now, c, nonce)
+  local i = 1
+  while i <= c.cost do
+    local members = {}
+    local last = math.min(c.cost, i + ZADD_CHUNK - 1)
+    for j = i, last do
+      members[#members + 1] = nonce .. ':' .. fmt(j)
+    end
+    redis.call('ZREM', key, unpack(members))
+    i = last + 1
+  end
+end
+
+ALG.sliding_log = {check = log_check, apply = log_apply, refund = log_refund}

@@ -1,0 +1,342 @@
+"""The limiter's contract, run on {standalone, Redis Cluster} x {Limiter, AsyncLimiter}."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from typing import Any
+
+import pytest
+from limiter_support import MakeLimiter
+from redis.cluster import RedisCluster
+
+from applimit import InvalidArgumentError, UnknownLimitError, UnknownTierError, _script
+
+POLICY = """
+version: 1
+tiers: [free, pro]
+app:
+  key_prefix: t
+  timeout: 2s        # generous: these tests are about semantics, not latency
+limits:
+  - name: log
+    match: {path_prefix: /log/}
+    app: {algorithm: sliding_log, tiers: {free: 3/1m, pro: [5/1m, 8/1h]}}
+  - name: win
+    match: {path_prefix: /win/}
+    app: {algorithm: sliding_window, tiers: {free: 3/1m, pro: [5/1m, 8/1h]}}
+  - name: bucket
+    match: {path_prefix: /bucket/}
+    app: {algorithm: gcra, tiers: {free: 3/1m, pro: 5/1m}}
+  - name: shadow
+    match: {path_prefix: /both/}
+    app: {algorithm: sliding_log, enforce: false, tiers: {free: 1/1m}}
+  - name: strict
+    match: {path_prefix: /both/}
+    app: {algorithm: gcra, tiers: {free: 2/1m}}
+  - name: loose
+    match: {path_prefix: /both/}
+    app: {algorithm: sliding_window, tiers: {free: 5/1m}}
+  - name: by-ip
+    match: {path_prefix: /mixed/}
+    app: {per: ip, algorithm: sliding_log, tiers: {free: 2/1m}}
+  - name: by-user
+    match: {path_prefix: /mixed/}
+    app: {algorithm: gcra, tiers: {free: 4/1m}}
+  - name: pro-only
+    match: {paths: [/pro]}
+    app: {algorithm: sliding_log, tiers: {pro: 1/1m}}
+  - name: edge-only
+    match: {paths: [/edge]}
+    edge: {rate: 10/1m}
+cloudflare: {plan: business}
+"""
+
+ALGORITHM_LIMITS = ["log", "win", "bucket"]
+
+
+def user() -> str:
+    return f"user-{uuid.uuid4().hex[:8]}"
+
+
+def all_keys(admin: Any, pattern: str) -> list[bytes]:
+    """KEYS on every master of a cluster (a cluster client asks one node otherwise)."""
+    if isinstance(admin, RedisCluster):
+        return list(admin.keys(pattern, target_nodes=RedisCluster.PRIMARIES))
+    return list(admin.keys(pattern))
+
+
+@pytest.mark.parametrize("name", ALGORITHM_LIMITS)
+async def test_hit_counts_down_then_denies(make_limiter: MakeLimiter, name: str) -> None:
+    """Each algorithm admits its quota, reports exact remaining counts, then denies with a
+    positive retry_after no longer than the window, without consuming."""
+    limiter = make_limiter(POLICY)
+    who = user()
+    remaining = [(await limiter.hit(name, who, tier="free")).remaining for _ in range(3)]
+    assert remaining == [2, 1, 0]
+    denied = await limiter.hit(name, who, tier="free")
+    assert not denied.allowed
+    assert denied.policy == name
+    assert denied.limit == 3
+    assert denied.remaining == 0
+    assert denied.retry_after is not None
+    assert 0 < denied.retry_after <= 120
+    assert denied.reset_after > 0
+    assert denied.denied_by == denied.results
+    assert not denied.degraded
+    again = await limiter.peek(name, who, tier="free")
+    assert not again.allowed and again.remaining == 0
+
+
+@pytest.mark.parametrize("name", ALGORITHM_LIMITS)
+async def test_peek_consumes_nothing(make_limiter: MakeLimiter, name: str) -> None:
+    """peek reports what hit would decide and leaves the count unchanged."""
+    limiter = make_limiter(POLICY)
+    who = user()
+    for _ in range(5):
+        looked = await limiter.peek(name, who, tier="free")
+        assert looked.allowed and looked.remaining == 3 and looked.retry_after is None
+        assert not any(r.consumed for r in looked.results)
+    assert (await limiter.hit(name, who, tier="free")).remaining == 2
+    assert (await limiter.peek(name, who, tier="free", cost=2)).allowed
+    assert not (await limiter.peek(name, who, tier="free", cost=3)).allowed
+
+
+@pytest.mark.parametrize("name", ["log", "win"])
+async def test_multi_rate_tier_is_all_or_nothing(make_limiter: MakeLimiter, name: str) -> None:
+    """pro: [5/1m, 8/1h]: a request the minute rate denies consumes nothing of the hour rate,
+    and the decision reports the most restrictive rate while keeping both."""
+    limiter = make_limiter(POLICY)
+    who = user()
+    for _ in range(5):
+        assert (await limiter.hit(name, who, tier="pro")).allowed
+    for _ in range(3):
+        denied = await limiter.hit(name, who, tier="pro")
+        assert not denied.allowed
+    assert [(r.window, r.quota) for r in denied.results] == [(60.0, 5), (3600.0, 8)]
+    minute, hour = denied.results
+    assert not minute.allowed and hour.allowed
+    assert hour.remaining == 3, "denied requests must not consume the hour rate"
+    assert denied.limit == 5 and denied.binding == minute
+    assert denied.retry_after == minute.retry_after
+
+
+async def test_cost_above_the_limit_never_fits_and_writes_nothing(
+    make_limiter: MakeLimiter, redis_admin: Any
+) -> None:
+    """A cost larger than the quota is denied with retry_after = inf and leaves no key."""
+    limiter = make_limiter(POLICY)
+    who = user()
+    for name in ALGORITHM_LIMITS:
+        denied = await limiter.hit(name, who, tier="free", cost=4)
+        assert not denied.allowed
+        assert denied.retry_after == math.inf
+        assert denied.remaining == 3
+    assert not [k for k in all_keys(redis_admin, "t:*") if who.encode() in k]
+
+
+async def test_cost_larger_than_what_is_left_is_rejected_without_writing(
+    make_limiter: MakeLimiter,
+) -> None:
+    """With 1 left, a cost of 2 is denied and the 1 is still there afterwards."""
+    limiter = make_limiter(POLICY)
+    for name in ALGORITHM_LIMITS:
+        who = user()
+        assert (await limiter.hit(name, who, tier="free", cost=2)).remaining == 1
+        denied = await limiter.hit(name, who, tier="free", cost=2)
+        assert not denied.allowed and denied.remaining == 1
+        assert (await limiter.hit(name, who, tier="free")).allowed
+
+
+async def test_check_request_is_atomic_across_algorithms(make_limiter: MakeLimiter) -> None:
+    """Three limits match /both/: the gcra one (2/1m) denies the third request, and then the
+    sliding-window one (5/1m) is not consumed either."""
+    limiter = make_limiter(POLICY)
+    who = user()
+    for _ in range(2):
+        assert (await limiter.check_request("GET", "/both/x", who)).allowed
+    denied = await limiter.check_request("GET", "/both/x", who)
+    assert not denied.allowed
+    assert [r.name for r in denied.denied_by] == ["strict"]
+    assert {r.name for r in denied.results} == {"shadow", "strict", "loose"}
+    loose = next(r for r in denied.results if r.name == "loose")
+    assert loose.allowed and not loose.consumed and loose.remaining == 3
+    assert (await limiter.peek("loose", who)).remaining == 3
+
+
+async def test_shadow_limit_reports_but_never_denies(make_limiter: MakeLimiter) -> None:
+    """The shadow limit (1/1m) would deny the second request: it says so, and the request
+    goes through, consuming the enforced limits."""
+    limiter = make_limiter(POLICY)
+    who = user()
+    first = await limiter.check_request("GET", "/both/", who)
+    second = await limiter.check_request("GET", "/both/", who)
+    assert first.allowed and second.allowed
+    shadow = next(r for r in second.results if r.name == "shadow")
+    assert shadow.shadow and not shadow.allowed and not shadow.consumed
+    assert second.shadow_denied_by == (shadow,)
+    assert second.retry_after is None
+    assert (await limiter.peek("loose", who)).remaining == 3
+    # The binding result is an enforced one, never the shadow one.
+    assert second.binding is not None and not second.binding.shadow
+
+
+async def test_check_request_mixing_ip_and_user_limits(make_limiter: MakeLimiter) -> None:
+    """/mixed/ is limited per IP (2/1m) and per user (4/1m): on Cluster these keys live in
+    different slots, and the decision is still all or nothing."""
+    limiter = make_limiter(POLICY)
+    ip = f"10.0.{uuid.uuid4().int % 250}.{uuid.uuid4().int % 250}"
+    alice = user()
+    assert (await limiter.check_request("GET", "/mixed/", alice, ip=ip)).allowed
+    assert (await limiter.check_request("GET", "/mixed/", alice, ip=ip)).allowed
+    denied = await limiter.check_request("GET", "/mixed/", alice, ip=ip)
+    assert not denied.allowed and [r.name for r in denied.denied_by] == ["by-ip"]
+    by_user = next(r for r in denied.results if r.name == "by-user")
+    assert not by_user.consumed and by_user.remaining == 2
+    assert (await limiter.peek("by-user", alice)).remaining == 2
+    # The same user from another address still has their per-user quota left.
+    other_ip = "192.0.2.77"
+    await limiter.reset("by-ip", other_ip)
+    assert (await limiter.check_request("GET", "/mixed/", alice, ip=other_ip)).allowed
+    assert (await limiter.peek("by-user", alice)).remaining == 1
+
+
+async def test_anonymous_callers_are_counted_by_ip(make_limiter: MakeLimiter) -> None:
+    """identity=None counts a per-user limit by the client IP; without ip= it is an error."""
+    limiter = make_limiter(POLICY)
+    ip = f"2001:db8::{uuid.uuid4().int % 9999:x}"
+    for _ in range(2):
+        assert (await limiter.check_request("GET", "/bucket/", None, ip=ip)).allowed
+    # The same address written differently is the same caller.
+    spelled = ip.upper().replace("2001:DB8::", "2001:0DB8:0:0::")
+    assert (await limiter.check_request("GET", "/bucket/", None, ip=spelled)).remaining == 0
+    with pytest.raises(InvalidArgumentError) as raised:
+        await limiter.check_request("GET", "/bucket/", None)
+    assert raised.value.argument == "ip"
+
+
+async def test_no_matching_limit_and_missing_tier_allow(make_limiter: MakeLimiter) -> None:
+    """A request no limit matches, or a tier a limit gives no rate, is allowed with no
+    results; edge-only limits are not the app's business."""
+    limiter = make_limiter(POLICY)
+    nothing = await limiter.check_request("GET", "/nowhere", user())
+    assert nothing.allowed and nothing.results == () and nothing.policy is None
+    free = await limiter.check_request("GET", "/pro", user(), tier="free")
+    assert free.allowed and free.results == ()
+    pro = await limiter.check_request("GET", "/pro", user(), tier="pro")
+    assert pro.allowed and pro.policy == "pro-only"
+    assert (await limiter.hit("pro-only", user(), tier="free")).results == ()
+
+
+async def test_typed_errors_for_unknown_names(make_limiter: MakeLimiter) -> None:
+    """Unknown tiers and limits, and bad costs or identities, raise typed errors whose
+    messages say what exists."""
+    limiter = make_limiter(POLICY)
+    with pytest.raises(UnknownTierError, match="'gold' is not in the policy's tiers"):
+        await limiter.hit("log", "u", tier="gold")
+    with pytest.raises(UnknownLimitError, match="no limit named 'nope'"):
+        await limiter.hit("nope", "u")
+    with pytest.raises(UnknownLimitError, match="has no app part"):
+        await limiter.hit("edge-only", "u")
+    with pytest.raises(InvalidArgumentError, match="cost"):
+        await limiter.hit("log", "u", cost=0)
+    with pytest.raises(InvalidArgumentError, match="empty"):
+        await limiter.hit("log", "")
+    with pytest.raises(InvalidArgumentError, match="must be a str"):
+        await limiter.hit("log", 42)
+
+
+async def test_reset_forgets_every_rate(make_limiter: MakeLimiter) -> None:
+    """reset clears all of a limit's keys for one identity, and only for that identity."""
+    limiter = make_limiter(POLICY)
+    who, other = user(), user()
+    for _ in range(5):
+        await limiter.hit("log", who, tier="pro")
+        await limiter.hit("log", other, tier="pro")
+    assert not (await limiter.hit("log", who, tier="pro")).allowed
+    assert await limiter.reset("log", who)
+    fresh = await limiter.hit("log", who, tier="pro")
+    assert [r.remaining for r in fresh.results] == [4, 7]
+    assert not (await limiter.hit("log", other, tier="pro")).allowed
+
+
+HOSTILE = [
+    "a}b",
+    "{x}",
+    "}{",
+    "user:1:{2}",
+    "line\nbreak\r\n",
+    "nul\x00byte",
+    "%7D",
+    "u=alice",
+    "emoji-🙂",
+    "lone-surrogate-\udc80",
+    "x" * 10_000,
+    "y" * 10_000,
+]
+
+
+async def test_hostile_identities_get_bounded_separate_keys(
+    make_limiter: MakeLimiter, redis_admin: Any
+) -> None:
+    """Braces, colons, newlines, NULs, escapes and 10 kB strings: every identity has its
+    own quota (no collisions), every key stays short and has exactly one hash tag (so the
+    multi-rate call never fails with CROSSSLOT on Cluster)."""
+    limiter = make_limiter(POLICY)
+    for identity in HOSTILE:
+        first = await limiter.hit("log", identity, tier="pro")
+        assert first.allowed and not first.degraded, identity
+        assert [r.remaining for r in first.results] == [4, 7], f"{identity!r} collided"
+    keys = all_keys(redis_admin, "t:log:*")
+    assert len(keys) == 2 * len(HOSTILE)
+    for key in keys:
+        assert len(key) < 160
+        assert key.count(b"{") == 1 and key.count(b"}") == 1
+
+
+async def test_script_flush_is_survived(make_limiter: MakeLimiter, redis_admin: Any) -> None:
+    """After SCRIPT FLUSH the next call reloads the script (NOSCRIPT, then EVAL) and the
+    count carries on."""
+    limiter = make_limiter(POLICY)
+    who = user()
+    assert (await limiter.hit("log", who)).remaining == 2
+    redis_admin.script_flush()
+    assert redis_admin.script_exists(_script.SHA) == [False]
+    after = await limiter.hit("log", who)
+    assert after.remaining == 1 and not after.degraded
+
+
+@pytest.mark.parametrize(
+    ("name", "ttl_ms"),
+    [("log", 60_000), ("win", 120_000), ("bucket", 20_000)],
+)
+async def test_every_key_expires_no_earlier_than_its_state_matters(
+    make_limiter: MakeLimiter, redis_admin: Any, name: str, ttl_ms: int
+) -> None:
+    """Keys carry a PEXPIRE rounded up, never shorter than the state they hold needs:
+    a log entry the whole window, a window count until the next window ends, a GCRA value
+    until its theoretical arrival time (one emission interval, 20 s at 3/1m)."""
+    limiter = make_limiter(POLICY)
+    who = user()
+    await limiter.hit(name, who)
+    [key] = [k for k in all_keys(redis_admin, f"t:{name}:*") if who.encode() in k]
+    ttl = redis_admin.pttl(key)
+    assert ttl_ms / 2 - 1000 < ttl <= ttl_ms
+
+
+async def test_decisions_use_the_server_clock(
+    make_limiter: MakeLimiter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The app's clock plays no part: with time.time() ten minutes off, the count carries
+    on exactly where it was (the script reads TIME on the server)."""
+    import time
+
+    limiter = make_limiter(POLICY)
+    who = user()
+    assert (await limiter.hit("log", who)).remaining == 2
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 600)
+    monkeypatch.setattr(time, "time_ns", lambda: int((real() + 600) * 1e9))
+    assert (await limiter.hit("log", who)).remaining == 1
+    monkeypatch.setattr(time, "time", lambda: real() - 600)
+    assert (await limiter.hit("log", who)).remaining == 0
