@@ -1,0 +1,134 @@
+"""``rate_limited``: a policy limit on a plain function (a task, a CLI command, an RPC handler).
+
+::
+
+    @rate_limited(limiter, "search", identity=lambda user, query: user.id,
+                  tier=lambda user, query: user.plan)
+    def search(user: User, query: str) -> list[Hit]: ...
+
+Each call hits the named limit for the identity (and tier) computed from the call's own
+arguments; a denied call raises :class:`RateLimited` without running the function. With a
+sync ``Limiter`` the function must be sync, with an ``AsyncLimiter`` async: a blocking
+Redis call inside a coroutine would stall its event loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar, overload
+
+from ._async import AsyncLimiter
+from ._decision import Decision
+from ._errors import ApplimitError
+from ._sync import Limiter
+from ._web import delay_seconds
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+Tier = str | Callable[..., str | None] | None
+Cost = int | Callable[..., int]
+
+
+class RateLimited(ApplimitError):
+    """A call refused by a :func:`rate_limited` function; nothing was run or consumed.
+
+    ``decision`` is the limiter's answer; ``retry_after`` is whole seconds, rounded up, as
+    a ``Retry-After`` header would say it.
+    """
+
+    def __init__(self, name: str, decision: Decision) -> None:
+        """Describe the refusal of limit ``name``."""
+        self.name = name
+        self.decision = decision
+        self.retry_after = max(1, delay_seconds(decision.retry_after))
+        why = "Redis cannot be reached and it fails closed" if decision.degraded else "exceeded"
+        super().__init__(
+            f"rate limit {name!r} refuses this call ({why}); retry in {self.retry_after} s."
+        )
+
+
+@overload
+def rate_limited(
+    limiter: AsyncLimiter,
+    name: str,
+    *,
+    identity: Callable[..., str],
+    tier: Tier = None,
+    cost: Cost = 1,
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Coroutine[Any, Any, R]]]: ...
+
+
+@overload
+def rate_limited(
+    limiter: Limiter,
+    name: str,
+    *,
+    identity: Callable[..., str],
+    tier: Tier = None,
+    cost: Cost = 1,
+) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+
+def rate_limited(
+    limiter: AsyncLimiter | Limiter,
+    name: str,
+    *,
+    identity: Callable[..., str],
+    tier: Tier = None,
+    cost: Cost = 1,
+) -> Callable[[Callable[P, Any]], Callable[P, Any]]:
+    """Decorate a function so that each call hits limit ``name`` first.
+
+    ``identity``, and ``tier`` or ``cost`` when they are callables, receive the call's
+    arguments and return the user (or IP, for a ``per: ip`` limit), the tier name and the
+    cost. A fixed ``tier`` string or ``cost`` may be given instead; ``tier=None`` is the
+    lowest tier. Raises :class:`RateLimited` when the limit denies the call.
+    """
+    if name not in limiter.limits:
+        known = ", ".join(repr(n) for n in limiter.limits) or "none"
+        raise ValueError(f"the policy has no app limit named {name!r}; its app limits are: {known}")
+
+    def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str | None, int]:
+        who = identity(*args, **kwargs)
+        level = tier(*args, **kwargs) if callable(tier) else tier
+        units = cost(*args, **kwargs) if callable(cost) else cost
+        return who, level, units
+
+    def decorate(func: Callable[P, Any]) -> Callable[P, Any]:
+        is_async = inspect.iscoroutinefunction(func)
+        if isinstance(limiter, AsyncLimiter):
+            if not is_async:
+                raise TypeError(
+                    f"{func.__qualname__} is not async, but the limiter is an AsyncLimiter; "
+                    "use a Limiter for plain functions"
+                )
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+                who, level, units = arguments(args, kwargs)
+                decision = await limiter.hit(name, who, tier=level, cost=units)
+                if not decision.allowed:
+                    raise RateLimited(name, decision)
+                return await func(*args, **kwargs)
+
+            return async_wrapper
+        if is_async:
+            raise TypeError(
+                f"{func.__qualname__} is async, but the limiter is a blocking Limiter, which "
+                "would stall the event loop; use an AsyncLimiter"
+            )
+
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+            who, level, units = arguments(args, kwargs)
+            decision = limiter.hit(name, who, tier=level, cost=units)
+            if not decision.allowed:
+                raise RateLimited(name, decision)
+            return func(*args, **kwargs)
+
+        return wrapper
+
+    return decorate

@@ -1,0 +1,671 @@
+"""The framework-free part of the web integration: request facts in, a response plan out.
+
+The ASGI and WSGI middleware, the FastAPI dependency and the decorator are thin shells over
+this module. It does no I/O and imports no web framework:
+
+- :class:`RequestInfo` is what the middleware knows about a request (method, normalised path,
+  host, headers, the direct peer), built from an ASGI scope or a WSGI environ;
+- ``identify(request) -> Caller | None`` is the app's own authentication: who is calling, and
+  their tier; ``None`` means anonymous;
+- :class:`TrustedProxies` turns the direct peer and the forwarding headers into the client IP;
+- :class:`Gate` turns a :class:`~applimit.Decision` into the response headers, and into the
+  refusal (status, headers, RFC 9457 problem body) when the request is denied.
+
+Headers follow draft-ietf-httpapi-ratelimit-headers (revision 10): ``RateLimit-Policy`` is a
+structured-field List of ``"name";q=<quota>;w=<window seconds>`` items, ``RateLimit`` a List of
+``"name";r=<remaining>;t=<seconds until more quota>`` items. docs/web.md describes every choice
+(which items appear when, rounding, shadow limits, a Redis outage).
+"""
+
+from __future__ import annotations
+
+import inspect
+import ipaddress
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http.cookies import CookieError, SimpleCookie
+from typing import Any, Literal
+
+from policy import normalize_host, normalize_path
+
+from ._decision import Decision, LimitResult
+
+logger = logging.getLogger("applimit")
+
+QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+TEMPORARY_REDUCED_CAPACITY = (
+    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+)
+PROBLEM_JSON = "application/problem+json"
+# A trusted-proxies entry that trusts a peer without an address (a Unix domain socket).
+UNIX_SOCKET = "unix"
+# The client IP used when none can be determined (no peer address at all): such requests
+# share one anonymous bucket rather than escaping the limit.
+UNKNOWN_IP = "unknown"
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+# --- who is calling ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """An authenticated caller, as the app's own auth sees it.
+
+    ``user`` is the stable id that ``per: user`` limits count by; ``tier`` names one of the
+    policy's tiers (``None``: the lowest tier).
+    """
+
+    user: str
+    tier: str | None = None
+
+    def __post_init__(self) -> None:
+        # Checked here, in the app's identify(), where a bug is easy to find: an empty id
+        # would make every such caller share one quota.
+        if not isinstance(self.user, str) or not self.user:
+            raise ValueError(
+                f"Caller.user must be a non-empty str (the user's stable id), not {self.user!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """What the rate limiter knows about one HTTP request, independent of the framework.
+
+    ``path`` is normalised exactly like the edge does (``policy.normalize_path``), so a
+    policy matcher means the same here as at Cloudflare. ``headers`` holds lower-case names in
+    arrival order. ``native`` is the ASGI scope or the WSGI environ, for ``identify``
+    functions that need more (a Starlette ``Request(info.native)``, a Flask session...).
+    """
+
+    method: str
+    path: str
+    raw_path: str
+    host: str
+    headers: tuple[tuple[str, str], ...]
+    peer: str | None
+    query_string: str = ""
+    kind: Literal["asgi", "wsgi", "other"] = "other"
+    native: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_asgi(cls, scope: Mapping[str, Any]) -> RequestInfo:
+        """Build from an ASGI ``http`` scope; uses ``raw_path`` (the undecoded target)."""
+        headers = tuple(
+            (bytes(name).decode("latin-1").lower(), bytes(value).decode("latin-1"))
+            for name, value in scope.get("headers", ())
+        )
+        raw = scope.get("raw_path")
+        if raw:
+            raw_path = bytes(raw).decode("latin-1")
+        else:
+            # Servers may omit raw_path; the decoded path re-encodes to the same matcher input
+            # except for escaped slashes, which matchers never contain.
+            raw_path = (
+                str(scope.get("path", "/")).encode("utf-8", "surrogateescape").decode("latin-1")
+            )
+        client = scope.get("client")
+        peer = str(client[0]) if client else None
+        host = _first(headers, "host") or _server_host(scope.get("server"))
+        return cls(
+            method=str(scope.get("method", "GET")).upper(),
+            path=normalize_path(raw_path.encode("latin-1")),
+            raw_path=raw_path,
+            host=normalize_host(host),
+            headers=headers,
+            peer=peer,
+            query_string=bytes(scope.get("query_string", b"")).decode("latin-1"),
+            kind="asgi",
+            native=scope,
+        )
+
+    @classmethod
+    def from_wsgi(cls, environ: Mapping[str, Any]) -> RequestInfo:
+        """Build from a WSGI environ; prefers the server's undecoded request URI."""
+        headers: list[tuple[str, str]] = []
+        for key, value in environ.items():
+            if key.startswith("HTTP_"):
+                headers.append((key[5:].replace("_", "-").lower(), str(value)))
+            elif key in ("CONTENT_TYPE", "CONTENT_LENGTH") and value:
+                headers.append((key.replace("_", "-").lower(), str(value)))
+        # gunicorn sets RAW_URI, uWSGI and waitress REQUEST_URI: the target as sent, before
+        # percent-decoding. Without them, SCRIPT_NAME + PATH_INFO (WSGI's latin-1 "bytes as
+        # str") is re-encoded by normalize_path.
+        raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
+        if raw:
+            raw_path = str(raw).split("?", 1)[0]
+        else:
+            raw_path = str(environ.get("SCRIPT_NAME", "")) + str(environ.get("PATH_INFO", ""))
+        host = _first(tuple(headers), "host") or str(environ.get("SERVER_NAME", ""))
+        return cls(
+            method=str(environ.get("REQUEST_METHOD", "GET")).upper(),
+            path=normalize_path(raw_path.encode("latin-1", "replace")),
+            raw_path=raw_path,
+            host=normalize_host(host),
+            headers=tuple(headers),
+            peer=str(environ["REMOTE_ADDR"]) if environ.get("REMOTE_ADDR") else None,
+            query_string=str(environ.get("QUERY_STRING", "")),
+            kind="wsgi",
+            native=environ,
+        )
+
+    def header(self, name: str) -> str | None:
+        """The first value of a header (case-insensitive), or None."""
+        return _first(self.headers, name.lower())
+
+    def header_values(self, name: str) -> list[str]:
+        """Every value of a header (case-insensitive), in arrival order."""
+        wanted = name.lower()
+        return [value for key, value in self.headers if key == wanted]
+
+    def cookie(self, name: str) -> str | None:
+        """The value of one cookie, or None (a malformed Cookie header counts as none)."""
+        for value in self.header_values("cookie"):
+            jar: SimpleCookie = SimpleCookie()
+            try:
+                jar.load(value)
+            except CookieError:
+                continue
+            if name in jar:
+                return jar[name].value
+        return None
+
+    def bearer_token(self) -> str | None:
+        """The token of an ``Authorization: Bearer <token>`` header, or None."""
+        value = self.header("authorization")
+        if not value:
+            return None
+        scheme, _, token = value.strip().partition(" ")
+        token = token.strip()
+        return token if scheme.lower() == "bearer" and token else None
+
+
+def _first(headers: tuple[tuple[str, str], ...], name: str) -> str | None:
+    for key, value in headers:
+        if key == name:
+            return value
+    return None
+
+
+def _server_host(server: object) -> str:
+    if isinstance(server, (tuple, list)) and server:
+        return str(server[0])
+    return ""
+
+
+Identify = Callable[[RequestInfo], "Caller | Awaitable[Caller | None] | None"]
+"""The app's ``identify(request)``: a Caller, or None for anonymous (may be async in ASGI)."""
+
+
+def _checked(result: object) -> Caller | None:
+    if result is None or isinstance(result, Caller):
+        return result
+    raise TypeError(
+        f"identify() returned {type(result).__name__}; return applimit.Caller(user, tier) "
+        "for a known caller or None for an anonymous one"
+    )
+
+
+async def identify_async(identify: Identify | None, request: RequestInfo) -> Caller | None:
+    """Run ``identify`` (a plain or a coroutine function) for an async shell."""
+    if identify is None:
+        return None
+    result = identify(request)
+    if inspect.isawaitable(result):
+        result = await result
+    return _checked(result)
+
+
+def identify_sync(identify: Identify | None, request: RequestInfo) -> Caller | None:
+    """Run ``identify`` for a sync shell; a coroutine function cannot be awaited there."""
+    if identify is None:
+        return None
+    result = identify(request)
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()  # never awaited: close it, or Python warns about it
+        raise TypeError(
+            "identify() is async, but a WSGI app cannot await it; pass a plain function"
+        )
+    return _checked(result)
+
+
+def anonymous_identity(ip: str) -> str:
+    """The identity ``hit`` counts an anonymous caller of a ``per: user`` limit by.
+
+    ``check_request`` counts anonymous callers by IP itself; ``hit`` takes one identity, so
+    the IP is marked as such and cannot be mistaken for a user id that looks like an IP.
+    """
+    return f"anonymous-ip:{ip}"
+
+
+# --- the client IP -----------------------------------------------------------------------
+
+
+def parse_ip(text: str) -> Address | None:
+    """Parse one address as written in a header or a peer field, or None.
+
+    Accepts ``1.2.3.4``, ``1.2.3.4:5678``, ``::1``, ``[::1]:443`` and quoted values; an
+    IPv4-mapped IPv6 address (``::ffff:1.2.3.4``) becomes the IPv4 address, so one client is
+    one key whichever socket family the server used.
+    """
+    value = text.strip().strip('"')
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0:
+            return None
+        value = value[1:end]
+    elif value.count(":") == 1:
+        value = value.split(":", 1)[0]
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+class TrustedProxies:
+    """Which peers may tell us the client IP, and how to read it from them.
+
+    ``trusted`` lists addresses or CIDR networks (``10.0.0.0/8``, ``::1``) of your own proxies
+    and load balancers, plus ``"unix"`` to trust a peer on a Unix domain socket. The client IP
+    is the direct peer unless that peer is trusted; then ``X-Forwarded-For`` is read right to
+    left, skipping trusted hops, and the first untrusted address is the client. Addresses a
+    client put in the header itself lie to the left of that point and are never reached.
+
+    ``behind_cloudflare=True`` reads ``CF-Connecting-IP`` instead, but only from a trusted peer:
+    list Cloudflare's ranges (https://www.cloudflare.com/ips/) or the load balancer that only
+    Cloudflare can reach. Anyone else can send that header too.
+    """
+
+    def __init__(self, trusted: Iterable[str] = (), *, behind_cloudflare: bool = False) -> None:
+        """Parse the trusted entries; ValueError names an entry that is not an address."""
+        networks: list[Network] = []
+        unix = False
+        for entry in trusted:
+            text = entry.strip()
+            if text.lower() == UNIX_SOCKET:
+                unix = True
+                continue
+            try:
+                network = ipaddress.ip_network(text, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"trusted proxy {entry!r} is not an IP address or CIDR network; write it "
+                    "like 10.0.0.0/8, 192.0.2.7 or ::1 (or 'unix' for a Unix socket peer)"
+                ) from None
+            networks.append(network)
+        self._networks = tuple(networks)
+        self._unix = unix
+        self.behind_cloudflare = behind_cloudflare
+
+    @property
+    def networks(self) -> tuple[Network, ...]:
+        """The trusted networks, parsed."""
+        return self._networks
+
+    def trusts(self, address: Address | None) -> bool:
+        """True when ``address`` is one of ours (None: a Unix socket peer)."""
+        if address is None:
+            return self._unix
+        return any(address.version == net.version and address in net for net in self._networks)
+
+    def client_ip(self, request: RequestInfo) -> str:
+        """The client's IP as a canonical string (``UNKNOWN_IP`` when there is no peer)."""
+        peer = parse_ip(request.peer) if request.peer else None
+        if request.peer and peer is None:
+            # A peer that is not an IP (some test clients say "testclient"): it is still the
+            # connection we talk to, and nothing vouches for headers behind it.
+            return request.peer
+        if not self.trusts(peer):
+            return str(peer) if peer is not None else UNKNOWN_IP
+        if self.behind_cloudflare:
+            cf = request.header("cf-connecting-ip")
+            cf_ip = parse_ip(cf) if cf else None
+            if cf_ip is not None:
+                return str(cf_ip)
+        hops: list[str] = []
+        for value in request.header_values("x-forwarded-for"):
+            hops.extend(part for part in value.split(","))
+        nearest = peer
+        for hop in reversed(hops):
+            address = parse_ip(hop)
+            if address is None:
+                # A trusted proxy never writes garbage; stop at the nearest hop we can vouch
+                # for rather than let an unparsable value become a fresh key per request.
+                break
+            if not self.trusts(address):
+                return str(address)
+            nearest = address
+        return str(nearest) if nearest is not None else UNKNOWN_IP
+
+
+# --- structured fields -------------------------------------------------------------------
+
+
+def sf_string(text: str) -> str:
+    """Serialize ``text`` as an RFC 8941 sf-string.
+
+    sf-strings hold printable ASCII only, so other characters (a limit name may be any
+    printable Unicode) are percent-encoded as UTF-8; ``"`` and ``\\`` are escaped.
+    """
+    out = ['"']
+    for char in text:
+        code = ord(char)
+        if char in ('"', "\\"):
+            out.append("\\" + char)
+        elif 0x20 <= code <= 0x7E:
+            out.append(char)
+        else:
+            out.extend(f"%{byte:02X}" for byte in char.encode("utf-8", "surrogateescape"))
+    out.append('"')
+    return "".join(out)
+
+
+def delay_seconds(seconds: float | None) -> int:
+    """Seconds as a non-negative integer, rounded up, so a client never comes back early."""
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        return 0
+    # A float such as 2.0000000001 from ms arithmetic rounds up to 3: early is wrong, late is
+    # merely conservative.
+    return math.ceil(seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyItem:
+    """One item of RateLimit-Policy / RateLimit: one rate of one limit, as sent."""
+
+    key: str
+    limit: str
+    quota: int
+    window: float
+    remaining: int
+    reset: int
+    allowed: bool
+
+    @property
+    def window_seconds(self) -> int | None:
+        """``w``: whole seconds, or None for a sub-second or fractional window (not sent)."""
+        whole = round(self.window)
+        return whole if whole >= 1 and abs(self.window - whole) < 1e-9 else None
+
+    def policy_member(self) -> str:
+        """This item as a RateLimit-Policy list member."""
+        text = f"{sf_string(self.key)};q={self.quota}"
+        window = self.window_seconds
+        return text if window is None else f"{text};w={window}"
+
+    def limit_member(self) -> str:
+        """This item as a RateLimit list member."""
+        return f"{sf_string(self.key)};r={self.remaining};t={self.reset}"
+
+
+# --- the response plan -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A response the middleware sends instead of calling the app."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to do with a request: headers to add to the app's response, or a refusal."""
+
+    headers: tuple[tuple[str, str], ...] = ()
+    refusal: Refusal | None = None
+
+    @property
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        """``headers`` encoded for an ASGI ``http.response.start`` message."""
+        return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers]
+
+
+PASS = Plan()
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """The arguments of one ``check_request`` call, resolved from a request and its caller."""
+
+    identity: str | None
+    tier: str
+    ip: str
+
+
+class Gate:
+    """Everything the middleware decides that is not I/O.
+
+    ``legacy_headers`` adds ``X-RateLimit-Limit``/``-Remaining``/``-Reset`` (delta seconds)
+    for the most restrictive item. ``tiers`` is the policy's tier list (least generous first),
+    used to place anonymous callers and callers with no tier in the lowest one.
+    """
+
+    def __init__(
+        self,
+        *,
+        tiers: Sequence[str],
+        proxies: TrustedProxies | None = None,
+        legacy_headers: bool = False,
+        problem_type: str = QUOTA_EXCEEDED,
+    ) -> None:
+        """Configure the gate; ``tiers`` must not be empty."""
+        if not tiers:
+            raise ValueError("the policy lists no tiers; the gate needs at least one")
+        self.tiers = tuple(tiers)
+        self.proxies = proxies or TrustedProxies()
+        self.legacy_headers = legacy_headers
+        self.problem_type = problem_type
+        self._warned_tiers: set[str] = set()
+
+    @property
+    def lowest_tier(self) -> str:
+        """The least generous tier: anonymous callers are counted in it."""
+        return self.tiers[0]
+
+    def subject(self, request: RequestInfo, caller: Caller | None) -> Subject:
+        """Who to count: the user and tier from ``identify``, or the client IP when anonymous.
+
+        A tier the policy does not list is counted as the lowest tier (and logged once):
+        an auth system that invents a tier must not lift the caller out of every limit.
+        """
+        ip = self.proxies.client_ip(request)
+        if caller is None:
+            return Subject(identity=None, tier=self.lowest_tier, ip=ip)
+        tier = caller.tier or self.lowest_tier
+        if tier not in self.tiers:
+            if tier not in self._warned_tiers:
+                self._warned_tiers.add(tier)
+                logger.warning(
+                    "identify() returned tier %r, which the policy does not list (%s); "
+                    "counting the caller in the lowest tier %r",
+                    tier,
+                    ", ".join(self.tiers),
+                    self.lowest_tier,
+                )
+            tier = self.lowest_tier
+        return Subject(identity=caller.user, tier=tier, ip=ip)
+
+    # -- headers ----------------------------------------------------------------------------
+
+    @staticmethod
+    def items(results: Sequence[LimitResult]) -> list[PolicyItem]:
+        """One header item per enforced rate; shadow limits are not advertised.
+
+        A limit with one rate is named after the limit (``"api"``); a tier with several rates
+        gets one item per rate, named ``limit/period`` (``"api/1m"``, ``"api/1h"``).
+        """
+        enforced = [r for r in results if not r.shadow]
+        counts: dict[str, int] = {}
+        for result in enforced:
+            counts[result.name] = counts.get(result.name, 0) + 1
+        items: list[PolicyItem] = []
+        for result in enforced:
+            key = result.name
+            if counts[result.name] > 1:
+                key = f"{result.name}/{_period_text(result.window)}"
+            # Allowed: r units may be used within t (the full quota is back by then).
+            # Denied: t is when this request would fit, which Retry-After never undercuts.
+            reset = delay_seconds(result.reset_after) if result.allowed else _denied_delay(result)
+            items.append(
+                PolicyItem(
+                    key=key,
+                    limit=result.name,
+                    quota=result.quota,
+                    window=result.window,
+                    # A GCRA burst above the quota can leave more than q; never advertise
+                    # more than the policy's quota (the draft lets servers lower r).
+                    remaining=min(max(0, result.remaining), result.quota),
+                    reset=reset,
+                    allowed=result.allowed,
+                )
+            )
+        return items
+
+    def plan(self, decision: Decision, tier: str) -> Plan:
+        """The response plan for a decision of ``check_request`` (or ``hit``)."""
+        items = self.items(decision.results)
+        if decision.degraded:
+            return self._degraded(decision, items)
+        if not items:
+            # Nothing enforced applies (no matching limit, or only shadow limits): shadow
+            # limits never deny, so a denial here cannot come from them.
+            return PASS
+        policy = ("RateLimit-Policy", ", ".join(i.policy_member() for i in items))
+        denied = [i for i in items if not i.allowed]
+        if decision.allowed or not denied:
+            headers = [policy, ("RateLimit", ", ".join(i.limit_member() for i in items))]
+            headers += self._legacy(_binding(items))
+            return Plan(headers=tuple(headers))
+        # Only the violated policies go into RateLimit on a refusal, so that Retry-After (the
+        # largest of their waits) is never earlier than any reset parameter in the response.
+        # At least 1: a refusal never says "retry now".
+        retry = max(*(i.reset for i in denied), delay_seconds(decision.retry_after), 1)
+        worst = max(denied, key=lambda i: i.reset)
+        headers = [
+            policy,
+            ("RateLimit", ", ".join(i.limit_member() for i in denied)),
+            ("Retry-After", str(retry)),
+            *self._legacy(worst),
+        ]
+        body = problem_body(
+            type_=self.problem_type,
+            title="Too Many Requests",
+            status=429,
+            detail=(
+                f"Rate limit {worst.limit!r} allows {worst.quota} requests per "
+                f"{_period_text(worst.window)} for the {tier} tier; retry in {retry} seconds."
+            ),
+            extra={
+                "limit": worst.limit,
+                "violated-policies": [i.key for i in denied],
+                "retry-after": retry,
+            },
+        )
+        headers.append(("Content-Type", PROBLEM_JSON))
+        headers.append(("Content-Length", str(len(body))))
+        return Plan(refusal=Refusal(status=429, headers=tuple(headers), body=body))
+
+    def _legacy(self, item: PolicyItem | None) -> list[tuple[str, str]]:
+        if not self.legacy_headers or item is None:
+            return []
+        return [
+            ("X-RateLimit-Limit", str(item.quota)),
+            ("X-RateLimit-Remaining", str(item.remaining)),
+            ("X-RateLimit-Reset", str(item.reset)),
+        ]
+
+    @staticmethod
+    def failed() -> Plan:
+        """The plan when the limiter raised: log it, and let the request through.
+
+        The limiter turns every Redis failure into a degraded decision, so this is a bug or
+        a misuse (a closed limiter); the app keeps serving while the log says what broke.
+        """
+        logger.exception("the rate limiter raised; the request is let through unlimited")
+        return PASS
+
+    def _degraded(self, decision: Decision, items: list[PolicyItem]) -> Plan:
+        """Redis could not answer: the failure policy already decided allow or deny.
+
+        The remaining counts are unknown, so ``RateLimit`` is left out rather than invented;
+        the static ``RateLimit-Policy`` still describes the quotas. A fail-closed refusal is a
+        503 (the service, not the client, is at fault) with the draft's
+        temporary-reduced-capacity problem type.
+        """
+        headers: list[tuple[str, str]] = []
+        if items:
+            headers.append(("RateLimit-Policy", ", ".join(i.policy_member() for i in items)))
+        if decision.allowed:
+            return Plan(headers=tuple(headers))
+        retry = max(1, delay_seconds(decision.retry_after))
+        closed = [i.key for i in items if not i.allowed]
+        body = problem_body(
+            type_=TEMPORARY_REDUCED_CAPACITY,
+            title="Service Unavailable",
+            status=503,
+            detail=(
+                "The rate limiter cannot reach its store and this endpoint fails closed; "
+                f"retry in {retry} seconds."
+            ),
+            extra={"violated-policies": closed, "retry-after": retry},
+        )
+        headers += [
+            ("Retry-After", str(retry)),
+            ("Content-Type", PROBLEM_JSON),
+            ("Content-Length", str(len(body))),
+        ]
+        return Plan(refusal=Refusal(status=503, headers=tuple(headers), body=body))
+
+
+def _denied_delay(result: LimitResult) -> int:
+    """``t`` of a violated policy: seconds until enough quota is back for this request.
+
+    When the request can never fit (a cost above the quota) there is no such time; one
+    window is what the client is told, so that it does not retry in a tight loop.
+    """
+    wait = result.retry_after
+    if wait is None or not math.isfinite(wait):
+        wait = result.window
+    return max(1, delay_seconds(wait))
+
+
+def _binding(items: Sequence[PolicyItem]) -> PolicyItem | None:
+    """The most restrictive item: fewest remaining, then the longest wait."""
+    if not items:
+        return None
+    return min(items, key=lambda i: (i.remaining, -i.reset))
+
+
+def _period_text(window: float) -> str:
+    """A window in the policy's own duration syntax (``1m``, ``10s``, ``500ms``)."""
+    ms = round(window * 1000)
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms >= size and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def problem_body(
+    *, type_: str, title: str, status: int, detail: str, extra: Mapping[str, object]
+) -> bytes:
+    """An RFC 9457 problem document as UTF-8 JSON."""
+    document: dict[str, object] = {
+        "type": type_,
+        "title": title,
+        "status": status,
+        "detail": detail,
+    }
+    document.update(extra)
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")

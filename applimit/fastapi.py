@@ -1,0 +1,183 @@
+"""FastAPI integration: a dependency for per-route limits (this module imports FastAPI).
+
+::
+
+    from applimit.fastapi import RateLimit, add_problem_handler
+
+    reports = RateLimit(limiter, "search", identify=identify, cost=5)
+    add_problem_handler(app)                       # 429s as application/problem+json
+
+    @app.get("/reports/{name}", dependencies=[Depends(reports)])
+    async def report(name: str) -> dict[str, str]: ...
+
+``RateLimit(limiter, "name")`` hits one named limit of the policy on the routes that depend
+on it, whatever its ``match`` says; ``RateLimit(limiter)`` checks every limit whose matcher
+applies to the request, like the middleware but only on those routes. Do not count one limit
+both here and in the middleware: each would consume.
+
+On an allowed request the rate-limit headers are set on the response FastAPI builds from the
+endpoint's return value (an endpoint that returns its own ``Response`` object keeps only the
+headers it sets itself). A denied request raises :class:`RateLimitExceeded`, an
+``HTTPException``: with :func:`add_problem_handler` it is answered with the RFC 9457 body;
+without it, FastAPI's default handler answers ``{"detail": ...}`` with the same headers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from fastapi import FastAPI, HTTPException, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from ._async import AsyncLimiter
+from ._decision import Decision
+from ._sync import Limiter
+from ._web import (
+    QUOTA_EXCEEDED,
+    Caller,
+    Gate,
+    Identify,
+    Refusal,
+    RequestInfo,
+    Subject,
+    TrustedProxies,
+    anonymous_identity,
+    identify_async,
+)
+
+__all__ = [
+    "Caller",
+    "RateLimit",
+    "RateLimitExceeded",
+    "RequestInfo",
+    "TrustedProxies",
+    "add_problem_handler",
+    "problem_response",
+]
+
+_BODY_HEADERS = {"content-type", "content-length"}
+
+
+class RateLimitExceeded(HTTPException):
+    """A request refused by a :class:`RateLimit` dependency (429, or 503 failing closed).
+
+    ``decision`` is the limiter's answer and ``refusal`` the response applimit would send:
+    status, headers and the problem+json body (:func:`problem_response` builds it).
+    """
+
+    def __init__(self, decision: Decision, refusal: Refusal) -> None:
+        """Carry the decision and the refusal; headers exclude the body's own headers."""
+        headers = {k: v for k, v in refusal.headers if k.lower() not in _BODY_HEADERS}
+        super().__init__(status_code=refusal.status, detail="Too Many Requests", headers=headers)
+        self.decision = decision
+        self.refusal = refusal
+
+
+def problem_response(exc: RateLimitExceeded) -> Response:
+    """The refusal as a response: status, rate-limit headers, application/problem+json."""
+    refusal = exc.refusal
+    headers = {k: v for k, v in refusal.headers if k.lower() not in _BODY_HEADERS}
+    return Response(
+        content=refusal.body,
+        status_code=refusal.status,
+        headers=headers,
+        media_type="application/problem+json",
+    )
+
+
+def add_problem_handler(app: FastAPI) -> None:
+    """Answer :class:`RateLimitExceeded` with the RFC 9457 problem body."""
+
+    async def handle(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RateLimitExceeded)  # registered for this class only
+        return problem_response(exc)
+
+    app.add_exception_handler(RateLimitExceeded, handle)
+
+
+class RateLimit:
+    """A FastAPI dependency that rate-limits the routes depending on it.
+
+    ``limiter`` is an ``AsyncLimiter`` (or a sync ``Limiter``, run in the thread pool).
+    ``name`` picks one limit of the policy; None checks every limit whose matcher applies
+    to the request. ``identify``, ``trusted_proxies``, ``behind_cloudflare`` and
+    ``legacy_headers`` mean what they mean for the middleware. ``cost`` is how many units
+    one request uses. The dependency returns the :class:`~applimit.Decision`.
+    """
+
+    def __init__(
+        self,
+        limiter: AsyncLimiter | Limiter,
+        name: str | None = None,
+        *,
+        identify: Identify | None = None,
+        cost: int = 1,
+        trusted_proxies: Iterable[str] = (),
+        behind_cloudflare: bool = False,
+        legacy_headers: bool = False,
+        problem_type: str = QUOTA_EXCEEDED,
+    ) -> None:
+        """Configure the dependency; an unknown ``name`` fails here, at start-up."""
+        if name is not None and name not in limiter.limits:
+            known = ", ".join(repr(n) for n in limiter.limits) or "none"
+            raise ValueError(
+                f"the policy has no app limit named {name!r}; its app limits are: {known}"
+            )
+        self.limiter = limiter
+        self.name = name
+        self.identify = identify
+        self.cost = cost
+        self.gate = Gate(
+            tiers=limiter.tiers,
+            proxies=TrustedProxies(trusted_proxies, behind_cloudflare=behind_cloudflare),
+            legacy_headers=legacy_headers,
+            problem_type=problem_type,
+        )
+
+    async def __call__(self, request: Request, response: Response) -> Decision:
+        """Decide for this request; set the headers, or raise :class:`RateLimitExceeded`."""
+        info = RequestInfo.from_asgi(request.scope)
+        caller = await identify_async(self.identify, info)
+        subject = self.gate.subject(info, caller)
+        decision = await self._decide(info, subject)
+        plan = self.gate.plan(decision, subject.tier)
+        if plan.refusal is not None:
+            raise RateLimitExceeded(decision, plan.refusal)
+        for key, value in plan.headers:
+            response.headers[key] = value
+        return decision
+
+    async def _decide(self, info: RequestInfo, subject: Subject) -> Decision:
+        limiter, tier, cost = self.limiter, subject.tier, self.cost
+        if self.name is None:
+            method, path, who, ip, host = (
+                info.method,
+                info.path,
+                subject.identity,
+                subject.ip,
+                info.host,
+            )
+            if isinstance(limiter, AsyncLimiter):
+                return await limiter.check_request(
+                    method, path, who, tier=tier, cost=cost, ip=ip, host=host
+                )
+            return await run_in_threadpool(
+                lambda: limiter.check_request(
+                    method, path, who, tier=tier, cost=cost, ip=ip, host=host
+                )
+            )
+        name, identity = self.name, _named_identity(limiter, self.name, subject)
+        if isinstance(limiter, AsyncLimiter):
+            return await limiter.hit(name, identity, tier=tier, cost=cost)
+        return await run_in_threadpool(lambda: limiter.hit(name, identity, tier=tier, cost=cost))
+
+
+def _named_identity(limiter: AsyncLimiter | Limiter, name: str, subject: Subject) -> str:
+    """What ``hit`` counts by for a named limit: the IP for ``per: ip`` limits and for
+    anonymous callers, else the user."""
+    rule = limiter.compiled.by_name[name]
+    if rule.per_ip:
+        return subject.ip
+    if subject.identity is None:
+        return anonymous_identity(subject.ip)
+    return subject.identity
