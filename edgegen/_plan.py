@@ -1,0 +1,705 @@
+"""Planning: the desired Artifacts and a RemoteState in, a Plan out. Pure: no I/O.
+
+Ownership: edgegen creates, changes and deletes only rules whose ``ref`` starts with
+``edgegen:``; every other rule in the entrypoint is sent back exactly as read (with its
+``id``, so Cloudflare keeps it as the same rule) at its place among the other rules. Our
+rules keep their ids too, so an updated rule stays the same rule. The Worker named in the
+policy is ours; routes are ours when they run that Worker, and a route the policy wants
+that runs another Worker is a conflict, never taken over.
+
+Where our rules go: rules that already exist stay where they are (in the policy's order
+among themselves); a new rule goes right after the rule that precedes it in the policy,
+or before the first of our rules, or, in a zone with none of ours yet, after every other
+rule, so that rules made by hand keep their precedence.
+
+A Plan also holds fingerprints of the state it was made from (ruleset version and rules
+hash, Worker hash, routes hash), so a saved plan can refuse to apply to a changed zone.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from . import _ids
+from ._artifacts import Artifacts, Target, WorkerArtifact
+from ._state import (
+    RemoteRoute,
+    RemoteState,
+    Scope,
+    canonical_bindings,
+    canonical_json,
+    content_sha256,
+    sha256_text,
+    worker_fingerprint,
+)
+from .errors import CloudflareAPIError, Rejection, SyncError
+
+PLAN_FORMAT = "edgegen-plan"
+PLAN_VERSION = 1
+OWNED_PREFIX = _ids.RULE_REF_PREFIX
+# Fields Cloudflare adds to a rule it returns; never compared (the id is sent back so a
+# rule keeps its identity, the others are stripped from what is sent).
+RESPONSE_ONLY = ("version", "last_updated", "categories")
+# Values Cloudflare fills in when a rule omits them: omitting and sending them mean the
+# same, so neither side of a comparison may differ only by them (the Terraform provider's
+# perpetual diff on mitigation_timeout 0 vs null is this bug).
+RULE_DEFAULTS: Mapping[str, Any] = {"enabled": True, "description": ""}
+RATELIMIT_DEFAULTS: Mapping[str, Any] = {
+    "requests_to_origin": False,
+    "counting_expression": "",
+    "mitigation_timeout": 0,
+}
+
+
+class _Absent:
+    """The value of a field that is not there (shown as ``(none)``)."""
+
+    _instance: _Absent | None = None
+
+    def __new__(cls) -> _Absent:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "(none)"
+
+
+ABSENT: Final = _Absent()
+
+
+@dataclass(frozen=True, slots=True)
+class FieldChange:
+    """One field that differs: dotted ``path``, ``old`` and ``new`` (ABSENT when missing)."""
+
+    path: str
+    old: Any
+    new: Any
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"path", "old"?, "new"?}``: a side that is absent is left out."""
+        out: dict[str, Any] = {"path": self.path}
+        if self.old is not ABSENT:
+            out["old"] = self.old
+        if self.new is not ABSENT:
+            out["new"] = self.new
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FieldChange:
+        """The inverse of ``to_json``."""
+        return cls(str(data["path"]), data.get("old", ABSENT), data.get("new", ABSENT))
+
+
+@dataclass(frozen=True, slots=True)
+class RuleChange:
+    """A rule to ``create``, ``update``, ``move`` (order only) or ``delete``."""
+
+    action: str
+    ref: str
+    limit: str | None
+    description: str
+    fields: tuple[FieldChange, ...] = ()
+    position: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """As JSON."""
+        return {
+            "action": self.action,
+            "ref": self.ref,
+            "limit": self.limit,
+            "description": self.description,
+            "position": self.position,
+            "fields": [f.to_json() for f in self.fields],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RuleChange:
+        """The inverse of ``to_json``."""
+        return cls(
+            str(data["action"]),
+            str(data["ref"]),
+            data.get("limit"),
+            str(data.get("description", "")),
+            tuple(FieldChange.from_json(f) for f in data.get("fields", ())),
+            data.get("position"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignRule:
+    """A rule edgegen does not manage, kept as it is."""
+
+    position: int
+    ref: str
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerChange:
+    """The Worker to ``create`` or ``update`` (upload), and what differs."""
+
+    action: str
+    name: str
+    fields: tuple[FieldChange, ...]
+    replaces_foreign: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """As JSON."""
+        return {
+            "action": self.action,
+            "name": self.name,
+            "replaces_foreign": self.replaces_foreign,
+            "fields": [f.to_json() for f in self.fields],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WorkerChange:
+        """The inverse of ``to_json``."""
+        return cls(
+            str(data["action"]),
+            str(data["name"]),
+            tuple(FieldChange.from_json(f) for f in data.get("fields", ())),
+            bool(data.get("replaces_foreign")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RouteChange:
+    """A route to ``create`` or ``delete``."""
+
+    action: str
+    pattern: str
+    script: str | None
+    route_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """As JSON."""
+        return {
+            "action": self.action,
+            "pattern": self.pattern,
+            "script": self.script,
+            "route_id": self.route_id,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RouteChange:
+        """The inverse of ``to_json``."""
+        return cls(
+            str(data["action"]), str(data["pattern"]), data.get("script"), data.get("route_id")
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprints:
+    """What the remote state looked like: enough to tell whether it changed since."""
+
+    ruleset_version: str | None
+    ruleset_sha256: str | None
+    worker_sha256: str | None
+    routes_sha256: str
+
+    def differences(self, now: Fingerprints) -> list[str]:
+        """What changed from ``self`` (the plan's) to ``now``, in words."""
+        out = []
+        if (self.ruleset_version, self.ruleset_sha256) != (now.ruleset_version, now.ruleset_sha256):
+            out.append(
+                f"the http_ratelimit rules (version {self.ruleset_version or 'none'} when "
+                f"planned, {now.ruleset_version or 'none'} now)"
+            )
+        if self.worker_sha256 != now.worker_sha256:
+            out.append("the Worker script or its bindings")
+        if self.routes_sha256 != now.routes_sha256:
+            out.append("the Worker routes")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """As JSON."""
+        return {
+            "ruleset_version": self.ruleset_version,
+            "ruleset_sha256": self.ruleset_sha256,
+            "worker_sha256": self.worker_sha256,
+            "routes_sha256": self.routes_sha256,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Fingerprints:
+        """The inverse of ``to_json``."""
+        return cls(
+            data.get("ruleset_version"),
+            data.get("ruleset_sha256"),
+            data.get("worker_sha256"),
+            str(data["routes_sha256"]),
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What apply would change, and everything it needs to do it.
+
+    ``ruleset_body`` is the PUT body (None: the rules stay as they are); ``worker`` the
+    Worker to upload when ``worker_change`` is set; ``route_patterns`` the routes the
+    policy wants (fingerprints cover them and every route of our Worker).
+    """
+
+    scope: Scope
+    fingerprints: Fingerprints
+    rule_changes: tuple[RuleChange, ...]
+    foreign_rules: tuple[ForeignRule, ...]
+    ruleset_body: dict[str, Any] | None
+    ruleset_version: str | None
+    worker_change: WorkerChange | None
+    worker: WorkerArtifact | None
+    route_changes: tuple[RouteChange, ...]
+    route_patterns: tuple[str, ...]
+    limits_by_ref: Mapping[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def has_changes(self) -> bool:
+        """Whether apply would write anything."""
+        return bool(self.ruleset_body is not None or self.worker_change or self.route_changes)
+
+    def count(self, action: str) -> int:
+        """How many rules the plan would ``create``, ``update``, ``move`` or ``delete``."""
+        return sum(1 for c in self.rule_changes if c.action == action)
+
+
+def owned(rule: Mapping[str, Any]) -> bool:
+    """Whether edgegen manages a rule: its ref starts with ``edgegen:``."""
+    ref = rule.get("ref")
+    return isinstance(ref, str) and ref.startswith(OWNED_PREFIX)
+
+
+def comparable(rule: Mapping[str, Any]) -> dict[str, Any]:
+    """A rule without response-only fields and defaults, for comparing."""
+    out = {k: copy.deepcopy(v) for k, v in rule.items() if k not in (*RESPONSE_ONLY, "id")}
+    for key, default in RULE_DEFAULTS.items():
+        if out.get(key, default) == default:
+            out.pop(key, None)
+    limit = out.get("ratelimit")
+    if isinstance(limit, dict):
+        for key, default in RATELIMIT_DEFAULTS.items():
+            if limit.get(key, default) == default:
+                limit.pop(key, None)
+    return out
+
+
+def request_rule(rule: Mapping[str, Any]) -> dict[str, Any]:
+    """A rule as read, ready to send back: response-only fields removed, ``id`` kept."""
+    return {k: copy.deepcopy(v) for k, v in rule.items() if k not in RESPONSE_ONLY}
+
+
+def field_changes(old: Any, new: Any, prefix: str = "") -> list[FieldChange]:
+    """Every leaf that differs between two JSON values, by dotted path (lists are leaves)."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        out: list[FieldChange] = []
+        for key in sorted(set(old) | set(new)):
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if key not in old:
+                # A whole new object is shown leaf by leaf, like a changed one.
+                if isinstance(new[key], Mapping) and new[key]:
+                    out.extend(
+                        FieldChange(c.path, ABSENT, c.new)
+                        for c in field_changes({}, new[key], path)
+                    )
+                else:
+                    out.append(FieldChange(path, ABSENT, new[key]))
+            elif key not in new:
+                if isinstance(old[key], Mapping) and old[key]:
+                    out.extend(
+                        FieldChange(c.path, c.old, ABSENT)
+                        for c in field_changes(old[key], {}, path)
+                    )
+                else:
+                    out.append(FieldChange(path, old[key], ABSENT))
+            else:
+                out.extend(field_changes(old[key], new[key], path))
+        return out
+    if old != new:
+        return [FieldChange(prefix, old, new)]
+    return []
+
+
+def _rules_sha256(rules: Iterable[Mapping[str, Any]]) -> str:
+    return sha256_text(canonical_json(list(rules)))
+
+
+def relevant_routes(
+    routes: Iterable[RemoteRoute], worker_name: str | None, patterns: Iterable[str]
+) -> list[RemoteRoute]:
+    """The routes a plan looks at: those it wants, and every route of our Worker."""
+    wanted = set(patterns)
+    return [r for r in routes if r.pattern in wanted or (worker_name and r.script == worker_name)]
+
+
+def fingerprints(state: RemoteState, patterns: Iterable[str]) -> Fingerprints:
+    """The fingerprints of a state, for a plan that wants these route patterns."""
+    ruleset = state.ruleset
+    worker = state.worker
+    routes = sorted(
+        (r.id, r.pattern, r.script or "")
+        for r in relevant_routes(state.routes, state.scope.worker_name, patterns)
+    )
+    return Fingerprints(
+        ruleset_version=ruleset.version if ruleset else None,
+        ruleset_sha256=_rules_sha256(ruleset.rules) if ruleset else None,
+        worker_sha256=worker.fingerprint if worker else None,
+        routes_sha256=sha256_text(canonical_json(routes)),
+    )
+
+
+def limits_by_ref(artifacts: Artifacts) -> dict[str, str]:
+    """Rule ref -> the policy limit it was generated from."""
+    return {
+        _ids.rule_ref(p.limit): p.limit for p in artifacts.placements if p.target is Target.RULE
+    }
+
+
+@dataclass
+class _Merge:
+    rules: list[dict[str, Any]]
+    changes: list[RuleChange]
+    foreign: list[ForeignRule]
+
+
+def merge_rules(
+    remote: Sequence[Mapping[str, Any]],
+    desired: Sequence[Mapping[str, Any]],
+    names: Mapping[str, str],
+) -> _Merge:
+    """The rule list to PUT, and the rule-level changes it makes (see the module docstring)."""
+    by_ref = {str(d["ref"]): d for d in desired}
+    desired_refs = list(by_ref)
+    remote_owned: dict[str, Mapping[str, Any]] = {}
+    deletes: list[Mapping[str, Any]] = []
+    # Entries: ("foreign", rule) or ("ours", ref); our slots are filled in the policy's order.
+    layout: list[tuple[str, Any]] = []
+    for rule in remote:
+        if not owned(rule):
+            layout.append(("foreign", rule))
+            continue
+        ref = str(rule["ref"])
+        if ref in by_ref and ref not in remote_owned:
+            remote_owned[ref] = rule
+            layout.append(("slot", None))
+        else:
+            deletes.append(rule)
+    existing_order = [ref for ref in desired_refs if ref in remote_owned]
+    remote_order = [str(r["ref"]) for r in remote if owned(r) and str(r["ref"]) in by_ref]
+    remote_order = list(dict.fromkeys(remote_order))
+    fill = iter(existing_order)
+    layout = [("ours", next(fill)) if kind == "slot" else (kind, v) for kind, v in layout]
+    for index, ref in enumerate(desired_refs):
+        if ref in remote_owned:
+            continue
+        placed = {v: i for i, (kind, v) in enumerate(layout) if kind == "ours"}
+        before = [placed[r] for r in desired_refs[:index] if r in placed]
+        if before:
+            at = max(before) + 1
+        elif placed:
+            at = min(placed.values())
+        else:
+            at = len(layout)
+        layout.insert(at, ("ours", ref))
+
+    rules: list[dict[str, Any]] = []
+    changes: list[RuleChange] = []
+    foreign: list[ForeignRule] = []
+    for position, (kind, value) in enumerate(layout):
+        if kind == "foreign":
+            rules.append(request_rule(value))
+            foreign.append(
+                ForeignRule(position, str(value.get("ref", "")), str(value.get("description", "")))
+            )
+            continue
+        ref = value
+        wanted = dict(by_ref[ref])
+        limit = names.get(ref)
+        description = str(wanted.get("description", ""))
+        existing = remote_owned.get(ref)
+        if existing is None:
+            rules.append(wanted)
+            # A new rule is shown exactly as it is sent, defaults and all.
+            fields = tuple(field_changes({}, wanted))
+            changes.append(RuleChange("create", ref, limit, description, fields, position))
+            continue
+        rules.append({"id": existing["id"], **wanted} if "id" in existing else wanted)
+        fields = tuple(field_changes(comparable(existing), comparable(wanted)))
+        if fields:
+            changes.append(RuleChange("update", ref, limit, description, fields, position))
+        elif existing_order.index(ref) != remote_order.index(ref):
+            changes.append(RuleChange("move", ref, limit, description, (), position))
+    for rule in deletes:
+        ref = str(rule["ref"])
+        changes.append(RuleChange("delete", ref, names.get(ref), str(rule.get("description", ""))))
+    return _Merge(rules, changes, foreign)
+
+
+def _worker_change(
+    desired: WorkerArtifact | None, state: RemoteState
+) -> tuple[WorkerChange | None, list[str]]:
+    remote = state.worker
+    notes: list[str] = []
+    if desired is None:
+        if remote is not None:
+            notes.append(
+                f"no limit runs in the Worker {remote.name} any more: its routes are removed "
+                f"and the script is left in place (delete it with `wrangler delete "
+                f"{remote.name}` once nothing else uses it)"
+            )
+        return None, notes
+    source = desired.module_source.encode("utf-8")
+    content = content_sha256(desired.main_module, {desired.main_module: source})
+    bindings = canonical_bindings(desired.bindings)
+    wanted = {
+        "main_module": desired.main_module,
+        "content_sha256": content,
+        "compatibility_date": desired.compatibility_date,
+        "bindings": {b["name"]: b for b in bindings},
+    }
+    if remote is None:
+        return WorkerChange("create", desired.name, tuple(field_changes({}, wanted))), notes
+    fingerprint = worker_fingerprint(
+        desired.main_module, content, desired.compatibility_date, bindings
+    )
+    if fingerprint == remote.fingerprint:
+        return None, notes
+    had = {
+        "main_module": remote.main_module,
+        "content_sha256": remote.content_sha256,
+        "compatibility_date": remote.compatibility_date,
+        "bindings": {str(b.get("name")): b for b in remote.bindings},
+    }
+    foreign = not remote.generated_by_edgegen
+    if foreign:
+        notes.append(
+            f"the Worker script {remote.name} was not generated by edgegen; apply replaces it "
+            "(rename cloudflare.worker.name in the policy to keep it)"
+        )
+    change = WorkerChange("update", desired.name, tuple(field_changes(had, wanted)), foreign)
+    return change, notes
+
+
+def _route_changes(desired: WorkerArtifact | None, state: RemoteState) -> list[RouteChange]:
+    name = state.scope.worker_name
+    patterns = desired.routes if desired is not None else ()
+    by_pattern = {r.pattern: r for r in state.routes}
+    conflicts = []
+    changes: list[RouteChange] = []
+    for pattern in patterns:
+        route = by_pattern.get(pattern)
+        if route is None:
+            changes.append(RouteChange("create", pattern, name))
+        elif route.script != name:
+            runs = f"runs the Worker {route.script!r}" if route.script else "runs no Worker"
+            conflicts.append(f"the route {pattern} already exists and {runs}")
+    if conflicts:
+        raise SyncError(
+            "; ".join(conflicts)
+            + ". edgegen only manages routes of its own Worker: remove or change that route "
+            "in the Cloudflare dashboard, or change cloudflare.worker.routes in the policy"
+        )
+    for route in state.routes:
+        if name and route.script == name and route.pattern not in patterns:
+            changes.append(RouteChange("delete", route.pattern, route.script, route.id))
+    return changes
+
+
+def make_plan(artifacts: Artifacts, state: RemoteState) -> Plan:
+    """Compare what the policy builds with the zone; raises SyncError on a route conflict."""
+    scope = state.scope
+    desired_worker = artifacts.worker
+    if desired_worker is not None and desired_worker.name != scope.worker_name:
+        raise SyncError(
+            f"the state was read for the Worker {scope.worker_name!r} but the policy's Worker "
+            f"is {desired_worker.name!r}; pull the state again with this policy"
+        )
+    names = limits_by_ref(artifacts)
+    ruleset = state.ruleset
+    remote_rules = ruleset.rules if ruleset else ()
+    merged = merge_rules(remote_rules, artifacts.ruleset["rules"], names)
+    unchanged = [comparable(r) for r in merged.rules] == [comparable(r) for r in remote_rules]
+    body = None
+    if not unchanged:
+        description = ruleset.description if ruleset else artifacts.ruleset["description"]
+        # An existing entrypoint may be shared with rules made by hand: keep its
+        # description rather than claim the whole ruleset for edgegen.
+        body = {"description": description, "rules": merged.rules}
+    worker_change, notes = _worker_change(desired_worker, state)
+    routes = _route_changes(desired_worker, state)
+    patterns = desired_worker.routes if desired_worker else ()
+    return Plan(
+        scope=scope,
+        fingerprints=fingerprints(state, patterns),
+        rule_changes=tuple(merged.changes),
+        foreign_rules=tuple(merged.foreign),
+        ruleset_body=body,
+        ruleset_version=ruleset.version if ruleset else None,
+        worker_change=worker_change,
+        worker=desired_worker if worker_change else None,
+        route_changes=tuple(routes),
+        route_patterns=tuple(patterns),
+        limits_by_ref=names,
+        notes=tuple(notes),
+    )
+
+
+def rejections(
+    error: CloudflareAPIError, body: Mapping[str, Any], names: Mapping[str, str]
+) -> list[Rejection]:
+    """Trace each error of a rejected ruleset PUT to the rule, and so the limit, at fault.
+
+    Cloudflare's ``source.pointer`` is ``/rules/N/...``: N is the rule's index in the body
+    sent, whose ``ref`` names the limit.
+    """
+    rules = body.get("rules") or []
+    out = []
+    for detail in error.errors:
+        pointer = detail.pointer or ""
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]]
+        index: int | None = None
+        ref: str | None = None
+        if len(parts) >= 2 and parts[0] == "rules" and parts[1].isdigit():
+            index = int(parts[1])
+            if index < len(rules) and isinstance(rules[index], Mapping):
+                raw_ref = rules[index].get("ref")
+                ref = raw_ref if isinstance(raw_ref, str) else None
+            parts = parts[2:]
+        elif parts[:1] == ["rules"]:
+            parts = parts[1:]
+        out.append(
+            Rejection(
+                index=index,
+                ref=ref,
+                limit=names.get(ref) if ref else None,
+                field=".".join(parts),
+                code=detail.code,
+                message=detail.message,
+            )
+        )
+    return out
+
+
+# --- plan files ----------------------------------------------------------------------
+
+
+def _worker_json(worker: WorkerArtifact) -> dict[str, Any]:
+    return {
+        "name": worker.name,
+        "main_module": worker.main_module,
+        "module_source": worker.module_source,
+        "compatibility_date": worker.compatibility_date,
+        "bindings": list(worker.bindings),
+        "routes": list(worker.routes),
+        "wrangler_toml": worker.wrangler_toml,
+    }
+
+
+def plan_to_json(plan: Plan, *, include_writes: bool = True) -> dict[str, Any]:
+    """The plan as JSON: the plan file (with ``writes``), or ``plan --format json``."""
+    out: dict[str, Any] = {
+        "format": PLAN_FORMAT,
+        "format_version": PLAN_VERSION,
+        "has_changes": plan.has_changes,
+        "scope": {
+            "zone_id": plan.scope.zone_id,
+            "account_id": plan.scope.account_id,
+            "worker_name": plan.scope.worker_name,
+        },
+        "fingerprints": plan.fingerprints.to_json(),
+        "ruleset_version": plan.ruleset_version,
+        "rules": [c.to_json() for c in plan.rule_changes],
+        "foreign_rules": [
+            {"position": f.position, "ref": f.ref, "description": f.description}
+            for f in plan.foreign_rules
+        ],
+        "worker": plan.worker_change.to_json() if plan.worker_change else None,
+        "routes": [c.to_json() for c in plan.route_changes],
+        "route_patterns": list(plan.route_patterns),
+        "limits_by_ref": dict(plan.limits_by_ref),
+        "notes": list(plan.notes),
+    }
+    if include_writes:
+        out["writes"] = {
+            "ruleset": plan.ruleset_body,
+            "worker": _worker_json(plan.worker) if plan.worker else None,
+        }
+    return out
+
+
+def plan_from_json(data: Any, source: str) -> Plan:
+    """Read a plan file's content; SyncError naming the file when it is not one."""
+
+    def bad(why: str) -> SyncError:
+        return SyncError(
+            f"{source} is not a usable edgegen plan file ({why}); make a new one with "
+            f"edgegen plan POLICY --out {source}"
+        )
+
+    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+        raise bad(f"it does not say format: {PLAN_FORMAT}")
+    if data.get("format_version") != PLAN_VERSION:
+        raise bad(f"format_version is {data.get('format_version')!r}, not {PLAN_VERSION}")
+    try:
+        scope = Scope(
+            str(data["scope"]["zone_id"]),
+            data["scope"].get("account_id"),
+            data["scope"].get("worker_name"),
+        )
+        writes = data["writes"]
+        raw_worker = writes.get("worker")
+        worker = None
+        if raw_worker is not None:
+            worker = WorkerArtifact(
+                name=str(raw_worker["name"]),
+                main_module=str(raw_worker["main_module"]),
+                module_source=str(raw_worker["module_source"]),
+                compatibility_date=str(raw_worker["compatibility_date"]),
+                bindings=tuple(raw_worker["bindings"]),
+                routes=tuple(raw_worker["routes"]),
+                wrangler_toml=str(raw_worker.get("wrangler_toml", "")),
+            )
+        body = writes.get("ruleset")
+        if body is not None and not (
+            isinstance(body, dict) and isinstance(body.get("rules"), list)
+        ):
+            raise bad("writes.ruleset is not a ruleset body")
+        worker_change = WorkerChange.from_json(data["worker"]) if data.get("worker") else None
+        if (worker_change is None) != (worker is None):
+            raise bad("the Worker change and the Worker to upload do not match")
+        return Plan(
+            scope=scope,
+            fingerprints=Fingerprints.from_json(data["fingerprints"]),
+            rule_changes=tuple(RuleChange.from_json(c) for c in data["rules"]),
+            foreign_rules=tuple(
+                ForeignRule(int(f["position"]), str(f["ref"]), str(f["description"]))
+                for f in data.get("foreign_rules", ())
+            ),
+            ruleset_body=body,
+            ruleset_version=data.get("ruleset_version"),
+            worker_change=worker_change,
+            worker=worker,
+            route_changes=tuple(RouteChange.from_json(c) for c in data["routes"]),
+            route_patterns=tuple(str(p) for p in data.get("route_patterns", ())),
+            limits_by_ref={str(k): str(v) for k, v in data.get("limits_by_ref", {}).items()},
+            notes=tuple(str(n) for n in data.get("notes", ())),
+        )
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise bad(f"a field is missing or of the wrong type: {exc}") from None
+
+
+def is_plan_file(text: str) -> bool:
+    """Whether a file's text is a plan file (JSON naming the plan format), not a policy."""
+    stripped = text.lstrip()
+    if not stripped.startswith("{"):
+        return False
+    try:
+        data = json.loads(stripped)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("format") == PLAN_FORMAT
