@@ -14,14 +14,14 @@ from typing import TextIO
 
 from policy import PolicyLoadError
 
-from . import _cli_build, _cli_policy
+from . import _cli_build, _cli_policy, _cli_sync
 from .errors import EdgegenError
 
 Handler = Callable[[argparse.Namespace], int]
 
 # Modules that add subcommands; each has ``register(subparsers) -> None`` and sets
 # ``func`` on its parsers. Order here is the order of ``edgegen --help``.
-COMMAND_MODULES = (_cli_policy, _cli_build)
+COMMAND_MODULES = (_cli_policy, _cli_build, _cli_sync)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,163 @@
+"""Applying a Plan: check the zone is as planned, then write in a safe order.
+
+Before the first write the zone is read again (GET only) and its fingerprints compared
+with the plan's; any difference, or any failed read, stops apply with nothing written.
+
+Order: writes that add protection go before writes that take it away, so a limit moving
+between a rule and the Worker is, for a moment, enforced twice rather than not at all.
+The Worker is uploaded before routes point at it; routes the policy no longer wants are
+removed last. When the rules only gain or change (a limit may be moving from the Worker to
+a rule), they are written first; when rules are deleted, the Worker goes first.
+
+A failure part-way raises ApplyError naming what was written, what failed (and whether it
+may have happened anyway) and what was not written; ``edgegen plan`` then shows the truth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from . import _state
+from ._cloudflare import Client, Write
+from ._plan import Plan, fingerprints, rejections
+from ._state import RemoteState
+from .errors import (
+    ApplyError,
+    CloudflareAPIError,
+    EdgegenError,
+    Rejection,
+    StalePlanError,
+    SyncError,
+)
+
+
+def writes(client: Client, plan: Plan) -> list[Write]:
+    """The requests apply sends for a plan, in order."""
+    scope = plan.scope
+    ruleset: list[Write] = []
+    if plan.ruleset_body is not None:
+        ruleset.append(client.put_entrypoint_write(scope.zone_id, plan.ruleset_body))
+    worker: list[Write] = []
+    if plan.worker_change is not None and plan.worker is not None:
+        if scope.account_id is None:
+            raise SyncError(
+                "the plan uploads a Worker but names no account; set cloudflare.account_id "
+                "in the policy (or CLOUDFLARE_ACCOUNT_ID if the policy reads it) and plan again"
+            )
+        artifact = plan.worker
+        metadata = {
+            "main_module": artifact.main_module,
+            "compatibility_date": artifact.compatibility_date,
+            "bindings": list(artifact.bindings),
+        }
+        worker.append(
+            client.put_script_write(
+                scope.account_id,
+                artifact.name,
+                metadata,
+                {artifact.main_module: artifact.module_source},
+            )
+        )
+    creates = [
+        client.create_route_write(scope.zone_id, r.pattern, r.script or "")
+        for r in plan.route_changes
+        if r.action == "create"
+    ]
+    deletes = [
+        client.delete_route_write(scope.zone_id, r.route_id or "", r.pattern)
+        for r in plan.route_changes
+        if r.action == "delete"
+    ]
+    if plan.count("delete"):
+        return [*worker, *creates, *ruleset, *deletes]
+    return [*ruleset, *worker, *creates, *deletes]
+
+
+def verify(client: Client, plan: Plan) -> RemoteState:
+    """Read the zone again; StalePlanError when it is not what the plan was made from."""
+    now = _state.read(client, plan.scope)
+    changed = plan.fingerprints.differences(fingerprints(now, plan.route_patterns))
+    if changed:
+        raise StalePlanError(
+            "the zone changed since this plan was made ("
+            + "; ".join(changed)
+            + "); nothing was written: run edgegen plan again and review the new plan",
+            changed,
+        )
+    return now
+
+
+def validate_remote(client: Client, plan: Plan) -> bool:
+    """Send the ruleset with ``?dry_run=true``; SyncError naming each limit Cloudflare rejects.
+
+    Returns False when there is no ruleset change to validate.
+    """
+    if plan.ruleset_body is None:
+        return False
+    write = client.put_entrypoint_write(plan.scope.zone_id, plan.ruleset_body, dry_run=True)
+    try:
+        client.send(write)
+    except CloudflareAPIError as exc:
+        found = _rejected(exc, plan)
+        if not found:
+            raise
+        raise SyncError(
+            "Cloudflare's dry run rejected the rules; nothing was written:\n"
+            + "\n".join(f"  {r.describe()}" for r in found),
+            found,
+        ) from None
+    return True
+
+
+def _rejected(error: CloudflareAPIError, plan: Plan) -> list[Rejection]:
+    if error.status != 400 or plan.ruleset_body is None:
+        return []
+    return rejections(error, plan.ruleset_body, plan.limits_by_ref)
+
+
+def _list(items: list[str]) -> str:
+    return "; ".join(items) if items else "nothing"
+
+
+def execute(client: Client, plan: Plan, echo: Callable[[str], None]) -> list[str]:
+    """Send the plan's writes in order; returns what was written (``echo`` reports each).
+
+    Raises ApplyError at the first failure.
+    """
+    steps = writes(client, plan)
+    done: list[str] = []
+    for index, write in enumerate(steps):
+        try:
+            client.send(write)
+        except EdgegenError as exc:
+            ambiguous = isinstance(exc, CloudflareAPIError) and exc.ambiguous
+            found: list[Rejection] = []
+            if isinstance(exc, CloudflareAPIError) and write.path == client.entrypoint_path(
+                plan.scope.zone_id
+            ):
+                found = _rejected(exc, plan)
+            remaining = [w.what for w in steps[index + 1 :]]
+            lines = [
+                f"apply stopped: {write.what} failed: {exc}",
+                f"Written: {_list(done)}.",
+                f"Not written: {_list(remaining)}.",
+            ]
+            if found:
+                # Each rejection already says what Cloudflare said, traced to its limit.
+                lines[0] = f"apply stopped: {write.what} failed: Cloudflare rejected the rules:"
+                lines[1:1] = [f"  {r.describe()}" for r in found]
+            if ambiguous:
+                lines.append(f"The failed write ({write.what}) may or may not have been made.")
+            lines.append("Run edgegen plan to see what the zone holds now, then apply again.")
+            raise ApplyError(
+                "\n".join(lines),
+                written=done,
+                failed=write.what,
+                not_written=remaining,
+                cause=exc,
+                ambiguous=ambiguous,
+                rejections=found,
+            ) from None
+        done.append(write.what)
+        echo(f"done: {write.what}")
+    return done

@@ -1,0 +1,324 @@
+"""``edgegen plan``, ``pull`` and ``apply``: the policy and a live zone.
+
+Exit codes follow Terraform: 0 success (plan: no changes), 1 error, 2 with
+``--detailed-exitcode`` when the plan has changes (and for usage errors, as everywhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import policy
+from policy import Policy, Severity
+
+from . import _apply, _plan_format, _state
+from ._artifacts import Artifacts
+from ._cloudflare import Client
+from ._compile import build
+from ._plan import Plan, is_plan_file, make_plan, plan_from_json, plan_to_json
+from ._state import RemoteState, Scope
+from .errors import EdgegenError, SyncError, UsageError
+
+
+def _token_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="read the API token from FILE instead of CLOUDFLARE_API_TOKEN",
+    )
+
+
+def register(sub: Any) -> None:
+    """Add plan, pull and apply to the CLI."""
+    plan = sub.add_parser(
+        "plan",
+        help="show what apply would change in the zone (reads only)",
+        description="Read the zone's rate limiting rules, Worker and routes (GET only) and "
+        "print what apply would change, rule by rule and field by field.",
+    )
+    plan.add_argument("policy", metavar="POLICY", help="the policy file (YAML)")
+    plan.add_argument(
+        "--state",
+        metavar="STATE",
+        help="plan against a state file from edgegen pull instead of the live zone "
+        "(no token needed)",
+    )
+    plan.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    plan.add_argument(
+        "--detailed-exitcode",
+        action="store_true",
+        help="exit 0 with no changes, 2 with changes, 1 on error",
+    )
+    plan.add_argument(
+        "--out", metavar="PLANFILE", help="save the plan, to apply it later with edgegen apply"
+    )
+    _token_option(plan)
+    plan.set_defaults(func=run_plan)
+
+    pull = sub.add_parser(
+        "pull",
+        help="save the zone's live state for offline plans",
+        description="Read the zone's rules, the Worker and its routes (GET only) and save "
+        "them to a state file that edgegen plan --state reads.",
+    )
+    pull.add_argument(
+        "policy",
+        metavar="POLICY",
+        nargs="?",
+        help="the policy file: where the zone id, account id and Worker name come from",
+    )
+    pull.add_argument("--out", metavar="STATE", required=True, help="the state file to write")
+    pull.add_argument("--zone-id", help="the zone (default: the policy's, or CLOUDFLARE_ZONE_ID)")
+    pull.add_argument(
+        "--account-id",
+        help="the Worker's account (default: the policy's, or CLOUDFLARE_ACCOUNT_ID)",
+    )
+    pull.add_argument("--worker", metavar="NAME", help="the Worker (default: the policy's)")
+    _token_option(pull)
+    pull.set_defaults(func=run_pull)
+
+    apply = sub.add_parser(
+        "apply",
+        help="make the zone match the policy (or a saved plan)",
+        description="Plan, show the plan and ask, then write the rules, the Worker and its "
+        "routes. Given a plan file, apply exactly that plan, and refuse if the zone changed "
+        "since it was made.",
+    )
+    apply.add_argument("target", metavar="POLICY|PLANFILE", help="a policy, or a saved plan")
+    apply.add_argument(
+        "--auto-approve", action="store_true", help="apply without asking for confirmation"
+    )
+    apply.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="do everything up to the first write, print each request, write nothing",
+    )
+    apply.add_argument(
+        "--validate-remote",
+        action="store_true",
+        help="send the rules to Cloudflare with ?dry_run=true before writing anything",
+    )
+    _token_option(apply)
+    apply.set_defaults(func=run_apply)
+
+
+# --- shared steps --------------------------------------------------------------------
+
+
+def load_and_build(path: str) -> tuple[Policy, Artifacts]:
+    """Load, lint and compile a policy; lint errors are printed and stop the command."""
+    loaded = policy.load(path)
+    found = policy.lint(loaded)
+    errors = [d for d in found if d.severity is Severity.ERROR]
+    for diagnostic in found:
+        if diagnostic.severity is not Severity.INFO:
+            sys.stderr.write(
+                f"{diagnostic.format()} [{diagnostic.severity.value} {diagnostic.code}]\n"
+            )
+    if errors:
+        raise EdgegenError(
+            f"{path} has {len(errors)} error(s), so there is nothing to plan; fix them "
+            f"(edgegen validate {path} lists them) and run again"
+        )
+    return loaded, build(loaded)
+
+
+def scope_of(loaded: Policy, artifacts: Artifacts, path: str) -> Scope:
+    """The zone, account and Worker a policy manages; UsageError says what to set."""
+    cloudflare = loaded.cloudflare
+    if cloudflare is None:
+        raise UsageError(
+            f"{path} has no cloudflare section, so there is no zone to plan for; add "
+            "cloudflare: { plan: ..., zone_id: ... }"
+        )
+    if cloudflare.zone_id is None:
+        raise UsageError(
+            f"{path} sets no cloudflare.zone_id; set it in the policy, or set "
+            "CLOUDFLARE_ZONE_ID when the policy reads it (zone_id: ${CLOUDFLARE_ZONE_ID})"
+        )
+    worker = cloudflare.worker
+    if artifacts.worker is not None and cloudflare.account_id is None:
+        raise UsageError(
+            f"limits of {path} run in the Worker {artifacts.worker.name}, which needs the "
+            "account: set cloudflare.account_id in the policy, or set CLOUDFLARE_ACCOUNT_ID "
+            "when the policy reads it (account_id: ${CLOUDFLARE_ACCOUNT_ID})"
+        )
+    return Scope(cloudflare.zone_id, cloudflare.account_id, worker.name if worker else None)
+
+
+def make_client(args: argparse.Namespace) -> Client:
+    """The API client, with the token and base URL from the environment."""
+    return Client.from_env(os.environ, token_file=getattr(args, "token_file", None))
+
+
+def _state_for_policy(loaded: Policy, state: RemoteState, path: str, state_path: str) -> None:
+    """A state file must be of the zone and Worker the policy manages."""
+    cloudflare = loaded.cloudflare
+    if cloudflare is not None and cloudflare.zone_id and cloudflare.zone_id != state.scope.zone_id:
+        raise SyncError(
+            f"{state_path} holds zone {state.scope.zone_id}, but {path} is for zone "
+            f"{cloudflare.zone_id}; pull the state of that zone"
+        )
+    wanted = cloudflare.worker.name if cloudflare and cloudflare.worker else None
+    if wanted != state.scope.worker_name:
+        raise SyncError(
+            f"{state_path} was pulled for the Worker {state.scope.worker_name!r}, but {path} "
+            f"names {wanted!r}; pull again with this policy"
+        )
+
+
+def _print_plan(plan: Plan, output: str) -> None:
+    if output == "json":
+        sys.stdout.write(json.dumps(plan_to_json(plan, include_writes=False), indent=2) + "\n")
+    elif output == "markdown":
+        sys.stdout.write(_plan_format.to_markdown(plan))
+    else:
+        sys.stdout.write(_plan_format.to_text(plan))
+
+
+# --- plan ----------------------------------------------------------------------------
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """Plan against the live zone (or a state file) and print or save the plan."""
+    loaded, artifacts = load_and_build(args.policy)
+    if args.state is not None:
+        state = RemoteState.load(args.state)
+        _state_for_policy(loaded, state, args.policy, args.state)
+        if artifacts.worker is not None and state.scope.account_id is None:
+            raise SyncError(
+                f"{args.state} holds no Worker account, but limits of {args.policy} run in the "
+                "Worker; pull the state again with the account id set"
+            )
+    else:
+        scope = scope_of(loaded, artifacts, args.policy)
+        with make_client(args) as client:
+            state = _state.read(client, scope)
+    plan = make_plan(artifacts, state)
+    _print_plan(plan, args.format)
+    if args.out is not None:
+        _state.write_json_atomic(Path(args.out), plan_to_json(plan))
+        sys.stderr.write(f"Saved the plan to {args.out}; apply it with edgegen apply {args.out}\n")
+    if args.detailed_exitcode and plan.has_changes:
+        return 2
+    return 0
+
+
+# --- pull ----------------------------------------------------------------------------
+
+
+def run_pull(args: argparse.Namespace) -> int:
+    """Read the zone (GET only) and save its state."""
+    zone = args.zone_id
+    account = args.account_id
+    worker = args.worker
+    if args.policy is not None:
+        loaded = policy.load(args.policy)
+        cloudflare = loaded.cloudflare
+        if cloudflare is not None:
+            zone = zone or cloudflare.zone_id
+            account = account or cloudflare.account_id
+            worker = worker or (cloudflare.worker.name if cloudflare.worker else None)
+    zone = zone or os.environ.get("CLOUDFLARE_ZONE_ID") or None
+    account = account or os.environ.get("CLOUDFLARE_ACCOUNT_ID") or None
+    if not zone:
+        raise UsageError(
+            "pull needs a zone: give a policy that sets cloudflare.zone_id, pass --zone-id, or "
+            "set CLOUDFLARE_ZONE_ID"
+        )
+    if worker and not account:
+        raise UsageError(
+            f"reading the Worker {worker} needs its account: set cloudflare.account_id in the "
+            "policy, pass --account-id, or set CLOUDFLARE_ACCOUNT_ID"
+        )
+    with make_client(args) as client:
+        state = _state.read(client, Scope(zone, account, worker))
+    state.save(args.out)
+    ruleset = state.ruleset
+    rules = (
+        f"ruleset version {ruleset.version} with {len(ruleset.rules)} rule(s)"
+        if ruleset
+        else "no rate limiting rules"
+    )
+    worker_text = ""
+    if worker:
+        worker_text = f", Worker {worker} {'deployed' if state.worker else 'not deployed'}"
+    sys.stdout.write(
+        f"Saved the state of zone {zone} ({rules}{worker_text}, {len(state.routes)} route(s)) "
+        f"to {args.out}\n"
+    )
+    return 0
+
+
+# --- apply ---------------------------------------------------------------------------
+
+
+def _confirm() -> bool:
+    """Ask on the terminal; only y or yes applies."""
+    if not sys.stdin.isatty():
+        raise UsageError(
+            "apply asks before writing, but there is no terminal to ask on; review the plan "
+            "and pass --auto-approve, or save it with edgegen plan POLICY --out PLANFILE and "
+            "run edgegen apply PLANFILE"
+        )
+    sys.stdout.write("\nApply these changes to the zone? Only 'yes' applies: ")
+    sys.stdout.flush()
+    answer = sys.stdin.readline()
+    return answer.strip().lower() in {"y", "yes"}
+
+
+def _print_writes(client: Client, plan: Plan) -> None:
+    steps = _apply.writes(client, plan)
+    sys.stdout.write(f"\nDry run: apply would send {len(steps)} request(s), in this order:\n")
+    for number, write in enumerate(steps, 1):
+        sys.stdout.write(f"\n{number}. {write.what}\n{write.describe(client.base_url)}\n")
+    sys.stdout.write("\nDry run: nothing was written.\n")
+
+
+def _echo(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def run_apply(args: argparse.Namespace) -> int:
+    """Apply a policy (plan, show, ask) or a saved plan (verify, then write)."""
+    target = Path(args.target)
+    try:
+        text = target.read_text("utf-8")
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    from_file = is_plan_file(text)
+    with make_client(args) as client:
+        if from_file:
+            plan = plan_from_json(json.loads(text), args.target)
+            # A saved plan is applied only to the zone it was made from.
+            _apply.verify(client, plan)
+            sys.stdout.write(_plan_format.to_text(plan))
+        else:
+            loaded, artifacts = load_and_build(args.target)
+            scope = scope_of(loaded, artifacts, args.target)
+            plan = make_plan(artifacts, _state.read(client, scope))
+            sys.stdout.write(_plan_format.to_text(plan))
+        if not plan.has_changes:
+            return 0
+        if args.dry_run:
+            if args.validate_remote and _apply.validate_remote(client, plan):
+                sys.stdout.write("\nCloudflare's dry run accepted the rules.\n")
+            _print_writes(client, plan)
+            return 0
+        if not from_file and not args.auto_approve:
+            if not _confirm():
+                sys.stdout.write("Apply cancelled; nothing was written.\n")
+                return 1
+            # Time passed while the plan was read: the zone must still be as planned.
+            _apply.verify(client, plan)
+        if args.validate_remote and _apply.validate_remote(client, plan):
+            sys.stdout.write("Cloudflare's dry run accepted the rules.\n")
+        done = _apply.execute(client, plan, _echo)
+    sys.stdout.write(f"Apply complete: {len(done)} write(s) made.\n")
+    return 0

@@ -1,0 +1,574 @@
+"""plan, pull and apply end to end: the CLI, the real client and the stateful fake zone."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cloudflare_fake import ACCOUNT_ID, PERMISSIONS, TOKEN, ZONE_ID, FakeCloudflare
+
+from edgegen import _cloudflare, _ids, cli
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "policy.yaml"
+LOGIN = _ids.rule_ref("login")
+WORKER = "api-edge-limits"
+
+
+class Sleeps(list[float]):
+    """Records each wait instead of sleeping."""
+
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> Sleeps:
+    """No test sleeps: the client's waits are recorded here instead."""
+    recorded = Sleeps()
+    monkeypatch.setattr(_cloudflare, "_sleep", recorded)
+    return recorded
+
+
+@pytest.fixture
+def zone(monkeypatch: pytest.MonkeyPatch, sleeps: Sleeps) -> Iterator[FakeCloudflare]:
+    """An empty fake zone on the business plan, and the environment that points at it."""
+    monkeypatch.setenv("CLOUDFLARE_API_TOKEN", TOKEN)
+    monkeypatch.setenv("CLOUDFLARE_ZONE_ID", ZONE_ID)
+    monkeypatch.setenv("CLOUDFLARE_ACCOUNT_ID", ACCOUNT_ID)
+    monkeypatch.delenv("CLOUDFLARE_API_BASE_URL", raising=False)
+    fake = FakeCloudflare()
+    with fake.mock():
+        yield fake
+
+
+Run = tuple[int, str, str]
+
+
+@pytest.fixture
+def run(capsys: pytest.CaptureFixture[str]) -> Any:
+    """Run the CLI; returns (exit code, stdout, stderr)."""
+
+    def invoke(*argv: str | Path) -> Run:
+        code = cli.main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return invoke
+
+
+def variant(tmp_path: Path, name: str = "policy.yaml", **replace: str) -> Path:
+    """The example policy with text replaced (``old=new`` pairs given as a dict)."""
+    text = EXAMPLE.read_text()
+    for old, new in replace.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    """Change a policy file in place."""
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
+HAND_MADE = [
+    {
+        "ref": "scrapers",
+        "description": "Block scrapers (made by hand)",
+        "expression": 'http.request.uri.path eq "/catalog"',
+        "action": "block",
+        "ratelimit": {
+            "characteristics": ["cf.colo.id", "ip.src"],
+            "period": 10,
+            "requests_per_period": 50,
+            "mitigation_timeout": 600,
+            "requests_to_origin": True,
+        },
+    },
+    {
+        "ref": "search-bots",
+        "description": "Slow down search bots (made by hand)",
+        "expression": 'http.request.uri.path eq "/search"',
+        "action": "managed_challenge",
+        "ratelimit": {
+            "characteristics": ["cf.colo.id", "ip.src"],
+            "period": 60,
+            "requests_per_period": 100,
+            "mitigation_timeout": 0,
+        },
+        "enabled": False,
+    },
+]
+
+
+def by_ref(fake: FakeCloudflare) -> dict[str, dict[str, Any]]:
+    """The zone's rules by ref."""
+    return {r["ref"]: r for r in fake.rules}
+
+
+def test_first_apply_on_an_empty_zone(zone: FakeCloudflare, run: Any) -> None:
+    """Rules, Worker and route are created; apply reports each write."""
+    code, out, err = run("apply", EXAMPLE, "--auto-approve")
+    assert code == 0, err
+    assert "+ create login (edgegen:login-" in out
+    assert "done: update the http_ratelimit rules" in out
+    assert "done: upload the Worker api-edge-limits" in out
+    assert "done: add the route api.example.com/* -> api-edge-limits" in out
+    assert "Apply complete: 3 write(s) made." in out
+    assert list(by_ref(zone)) == [LOGIN]
+    assert zone.version == "1"
+    script = zone.scripts[WORKER]
+    assert sorted(b["name"] for b in script.bindings) == ["RL_API_14C2529E", "RL_WEBHOOKS_A58F0473"]
+    assert [(r["pattern"], r["script"]) for r in zone.routes.values()] == [
+        ("api.example.com/*", WORKER)
+    ]
+
+
+def test_applying_twice_changes_nothing(zone: FakeCloudflare, run: Any) -> None:
+    """The second plan shows no changes and the second apply writes nothing."""
+    assert run("apply", EXAMPLE, "--auto-approve")[0] == 0
+    writes = len(zone.writes)
+    code, out, _ = run("plan", EXAMPLE, "--detailed-exitcode")
+    assert code == 0
+    assert "No changes: the zone matches the policy." in out
+    assert run("apply", EXAMPLE, "--auto-approve")[0] == 0
+    assert len(zone.writes) == writes
+    assert zone.version == "1"
+
+
+def test_update_is_planned_field_by_field(zone: FakeCloudflare, run: Any, tmp_path: Path) -> None:
+    """A tighter login limit is one field change; apply keeps the rule's id."""
+    path = variant(tmp_path)
+    assert run("apply", path, "--auto-approve")[0] == 0
+    rule_id = by_ref(zone)[LOGIN]["id"]
+    edit(path, "rate: 20/1m, action: managed_challenge", "rate: 10/1m, action: managed_challenge")
+    code, out, _ = run("plan", path, "--detailed-exitcode")
+    assert code == 2
+    assert "~ update login (edgegen:login-" in out
+    assert "ratelimit.requests_per_period: 20 -> 10" in out
+    assert "Worker api-edge-limits:\n  no changes" in out
+    assert run("apply", path, "--auto-approve")[0] == 0
+    rule = by_ref(zone)[LOGIN]
+    assert rule["id"] == rule_id
+    assert rule["ratelimit"]["requests_per_period"] == 10
+    assert run("plan", path, "--detailed-exitcode")[0] == 0
+
+
+def test_delete_removes_our_rule(zone: FakeCloudflare, run: Any, tmp_path: Path) -> None:
+    """A limit that loses its edge part loses its rule."""
+    path = variant(tmp_path)
+    assert run("apply", path, "--auto-approve")[0] == 0
+    edit(
+        path,
+        "    edge: { rate: 20/1m, action: managed_challenge, unauthenticated_only: false }\n",
+        "",
+    )
+    code, out, _ = run("plan", path, "--detailed-exitcode")
+    assert code == 2
+    assert f"- delete login: 20/1m per client IP, managed_challenge ({LOGIN})" in out
+    assert run("apply", path, "--auto-approve")[0] == 0
+    assert zone.rules == []
+    assert run("plan", path, "--detailed-exitcode")[0] == 0
+
+
+def test_foreign_rules_are_preserved_in_place(
+    zone: FakeCloudflare, run: Any, tmp_path: Path
+) -> None:
+    """Hand-made rules keep their id, every field and their order through apply."""
+    zone.seed_rules(HAND_MADE, description="made in the dashboard")
+    before = [dict(r) for r in zone.rules]
+    path = variant(tmp_path)
+    code, out, _ = run("apply", path, "--auto-approve")
+    assert code == 0
+    assert "2 rules not managed by edgegen kept in place:" in out
+    assert [r["ref"] for r in zone.rules] == ["scrapers", "search-bots", LOGIN]
+    for old, new in zip(before, zone.rules, strict=False):
+        assert {k: v for k, v in old.items() if k != "last_updated"} == {
+            k: v for k, v in new.items() if k != "last_updated"
+        }
+    assert zone.entrypoint is not None
+    assert zone.entrypoint["description"] == "made in the dashboard"
+    edit(path, "rate: 20/1m, action: managed_challenge", "rate: 30/1m, action: managed_challenge")
+    assert run("apply", path, "--auto-approve")[0] == 0
+    assert [r["ref"] for r in zone.rules] == ["scrapers", "search-bots", LOGIN]
+    assert [r["version"] for r in zone.rules] == ["1", "1", "2"]
+
+
+def test_worker_is_uploaded_only_when_it_changes(
+    zone: FakeCloudflare, run: Any, tmp_path: Path
+) -> None:
+    """A rule-only change does not re-upload the Worker; a Worker limit's change does."""
+    path = variant(tmp_path)
+    assert run("apply", path, "--auto-approve")[0] == 0
+
+    def uploads() -> int:
+        return sum(1 for w in zone.writes if "/workers/scripts/" in w.path)
+
+    assert uploads() == 1
+    edit(path, "rate: 20/1m, action: managed_challenge", "rate: 10/1m, action: managed_challenge")
+    assert run("apply", path, "--auto-approve")[0] == 0
+    assert uploads() == 1
+    edit(path, "rate: 100/10s", "rate: 50/10s")
+    _code, out, _ = run("plan", path)
+    assert "bindings.RL_WEBHOOKS_A58F0473.simple.limit: 100 -> 50" in out
+    assert "content_sha256:" in out
+    assert run("apply", path, "--auto-approve")[0] == 0
+    assert uploads() == 2
+
+
+def test_saved_plan_applies_without_asking(zone: FakeCloudflare, run: Any, tmp_path: Path) -> None:
+    """plan --out then apply PLANFILE writes exactly that plan."""
+    planfile = tmp_path / "plan.json"
+    code, _, err = run("plan", EXAMPLE, "--out", planfile)
+    assert code == 0
+    assert f"Saved the plan to {planfile}" in err
+    code, out, err = run("apply", planfile)
+    assert code == 0, err
+    assert "Apply complete: 3 write(s) made." in out
+    assert run("plan", EXAMPLE, "--detailed-exitcode")[0] == 0
+
+
+def test_stale_plan_is_refused(zone: FakeCloudflare, run: Any, tmp_path: Path) -> None:
+    """A rule added in the dashboard after the plan: apply PLANFILE writes nothing."""
+    planfile = tmp_path / "plan.json"
+    assert run("plan", EXAMPLE, "--out", planfile)[0] == 0
+    zone.seed_rules(HAND_MADE[:1])
+    code, _, err = run("apply", planfile)
+    assert code == 1
+    assert "the zone changed since this plan was made" in err
+    assert "version none when planned, 1 now" in err
+    assert zone.writes == []
+
+
+def test_stale_plan_after_the_worker_changed(
+    zone: FakeCloudflare, run: Any, tmp_path: Path
+) -> None:
+    """A Worker deployed by someone else since the plan is a change too."""
+    planfile = tmp_path / "plan.json"
+    assert run("plan", EXAMPLE, "--out", planfile)[0] == 0
+    zone.set_script(WORKER, "export default {}")
+    code, _, err = run("apply", planfile)
+    assert code == 1
+    assert "the Worker script or its bindings" in err
+
+
+def test_dry_run_sends_only_gets(zone: FakeCloudflare, run: Any) -> None:
+    """Everything up to the first write, each request printed, nothing written."""
+    code, out, _ = run("apply", EXAMPLE, "--dry-run")
+    assert code == 0
+    assert {r.method for r in zone.log} == {"GET"}
+    assert zone.entrypoint is None and not zone.scripts and not zone.routes
+    assert "Dry run: apply would send 3 request(s), in this order:" in out
+    assert (
+        f"PUT https://api.cloudflare.com/client/v4/zones/{ZONE_ID}/rulesets/phases/http_ratelimit/entrypoint"
+        in out
+    )
+    assert f'"ref": "{LOGIN}"' in out
+    assert 'part "worker.js" (application/javascript+module,' in out
+    assert "POST https://api.cloudflare.com/client/v4/zones/" in out
+    assert "Dry run: nothing was written." in out
+
+
+def test_dry_run_with_validate_remote(zone: FakeCloudflare, run: Any) -> None:
+    """The only non-GET is Cloudflare's own ?dry_run=true, which saves nothing."""
+    code, out, _ = run("apply", EXAMPLE, "--dry-run", "--validate-remote")
+    assert code == 0
+    assert [(r.method, r.query) for r in zone.writes] == [("PUT", "dry_run=true")]
+    assert zone.entrypoint is None
+    assert "Cloudflare's dry run accepted the rules." in out
+
+
+def test_validate_remote_maps_a_rejection_to_the_limit(zone: FakeCloudflare, run: Any) -> None:
+    """A zone really on Free rejects the 60 s period: the error names limit 'login'."""
+    zone.plan = "free"
+    code, _, err = run("apply", EXAMPLE, "--auto-approve", "--validate-remote")
+    assert code == 1
+    assert "Cloudflare's dry run rejected the rules; nothing was written" in err
+    assert "limit 'login': Cloudflare rejected its rule (field ratelimit.period)" in err
+    assert [(r.method, r.query) for r in zone.writes] == [("PUT", "dry_run=true")]
+
+
+def test_a_400_on_apply_is_mapped_back_and_reported(zone: FakeCloudflare, run: Any) -> None:
+    """The rules are written first here; the 400 stops apply with nothing written."""
+    zone.plan = "free"
+    code, _, err = run("apply", EXAMPLE, "--auto-approve")
+    assert code == 1
+    assert "apply stopped: update the http_ratelimit rules" in err
+    assert "limit 'login': Cloudflare rejected its rule (field ratelimit.period)" in err
+    assert "Written: nothing." in err
+    assert "Not written: upload the Worker api-edge-limits; add the route" in err
+    assert zone.entrypoint is None and not zone.scripts
+
+
+def test_failure_mid_apply_says_what_was_written(zone: FakeCloudflare, run: Any) -> None:
+    """A route that cannot be added: rules and Worker are written, and plan shows the rest."""
+    zone.fail("POST", "/workers/routes", 500)
+    code, _, err = run("apply", EXAMPLE, "--auto-approve")
+    assert code == 1
+    assert "apply stopped: add the route api.example.com/* -> api-edge-limits failed" in err
+    assert "Written: update the http_ratelimit rules of zone" in err
+    assert "upload the Worker api-edge-limits." in err
+    assert "Not written: nothing." in err
+    assert "may or may not have been made" in err
+    assert "Run edgegen plan to see what the zone holds now" in err
+    code, out, _ = run("plan", EXAMPLE, "--detailed-exitcode")
+    assert code == 2
+    assert "+ add api.example.com/* -> api-edge-limits" in out
+    assert "Rate limiting rules (http_ratelimit entrypoint, version 1):\n  no changes" in out
+
+
+def test_ambiguous_write_then_plan_shows_the_truth(zone: FakeCloudflare, run: Any) -> None:
+    """The upload was made but every answer was a 500: reported ambiguous; plan sees it done."""
+    zone.fail("PUT", "/workers/scripts/", 500, times=5, after_write=True)
+    code, _, err = run("apply", EXAMPLE, "--auto-approve")
+    assert code == 1
+    assert (
+        "The failed write (upload the Worker api-edge-limits) may or may not have been made." in err
+    )
+    code, out, _ = run("plan", EXAMPLE)
+    assert "Worker api-edge-limits:\n  no changes" in out
+    assert "+ add api.example.com/*" in out
+
+
+def test_retries_are_invisible_when_they_succeed(
+    zone: FakeCloudflare, run: Any, sleeps: Sleeps
+) -> None:
+    """429 with Retry-After and a 503 in between: apply still completes, waiting as told."""
+    zone.throttle(after=1, times=1, retry_after="4")
+    zone.fail("PUT", "/entrypoint", 503)
+    code, out, err = run("apply", EXAMPLE, "--auto-approve")
+    assert code == 0, err
+    assert 4.0 in sleeps
+    assert len(sleeps) == 2
+    assert "Apply complete" in out
+
+
+def test_no_read_failure_leads_to_a_write(zone: FakeCloudflare, run: Any) -> None:
+    """A read that keeps failing stops apply before any write."""
+    zone.fail("GET", "/workers/routes", 500, times=10)
+    code, _, err = run("apply", EXAMPLE, "--auto-approve")
+    assert code == 1
+    assert "Cloudflare failed to answer GET the Worker routes" in err
+    assert zone.writes == []
+
+
+@pytest.mark.parametrize(
+    ("setup", "code", "message"),
+    [
+        (lambda z, m: setattr(z, "tokens", {}), 1, "did not accept the API token"),
+        (
+            lambda z, m: setattr(z, "tokens", {TOKEN: frozenset({"routes", "scripts"})}),
+            1,
+            "Zone WAF",
+        ),
+        (lambda z, m: m.delenv("CLOUDFLARE_API_TOKEN"), 2, "set CLOUDFLARE_API_TOKEN"),
+        (lambda z, m: m.setenv("CLOUDFLARE_ZONE_ID", ""), 2, "sets no cloudflare.zone_id"),
+        (lambda z, m: m.setenv("CLOUDFLARE_ACCOUNT_ID", ""), 2, "needs the account"),
+        (
+            lambda z, m: z.add_route("api.example.com/*", "someone-else"),
+            1,
+            "runs the Worker 'someone-else'",
+        ),
+        (lambda z, m: z.throttle(after=0, times=9, retry_after="300"), 1, "wait 300 s"),
+        (lambda z, m: m.setenv("CLOUDFLARE_API_BASE_URL", "ftp://proxy"), 2, "not an http(s) URL"),
+    ],
+)
+def test_error_paths(
+    zone: FakeCloudflare,
+    run: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    setup: Any,
+    code: int,
+    message: str,
+) -> None:
+    """Every way plan and apply can be stopped: a clear line, the right exit code, no writes."""
+    setup(zone, monkeypatch)
+    for command in (("plan", EXAMPLE), ("apply", EXAMPLE, "--auto-approve")):
+        got, _out, err = run(*command)
+        assert got == code, (command, err)
+        assert message in err
+        assert "Traceback" not in err
+    assert zone.writes == []
+
+
+def test_pull_then_plan_offline(
+    zone: FakeCloudflare, run: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A pulled state plans exactly like the live zone, with no token and no request."""
+    zone.seed_rules(HAND_MADE)
+    state = tmp_path / "state.json"
+    code, out, _ = run("pull", EXAMPLE, "--out", state)
+    assert code == 0
+    assert (
+        "ruleset version 1 with 2 rule(s), Worker api-edge-limits not deployed, 0 route(s)" in out
+    )
+    live = run("plan", EXAMPLE)[1]
+    monkeypatch.delenv("CLOUDFLARE_API_TOKEN")
+    monkeypatch.setenv("CLOUDFLARE_ZONE_ID", "")
+    monkeypatch.setenv("CLOUDFLARE_ACCOUNT_ID", "")
+    requests = len(zone.log)
+    code, offline, err = run("plan", EXAMPLE, "--state", state, "--detailed-exitcode")
+    assert code == 2, err
+    assert offline == live
+    assert len(zone.log) == requests
+
+
+def test_offline_plan_file_applies_when_the_zone_is_unchanged(
+    zone: FakeCloudflare, run: Any, tmp_path: Path
+) -> None:
+    """A plan made offline from a pulled state applies if the zone is still as pulled."""
+    state = tmp_path / "state.json"
+    planfile = tmp_path / "plan.json"
+    assert run("pull", EXAMPLE, "--out", state)[0] == 0
+    assert run("plan", EXAMPLE, "--state", state, "--out", planfile)[0] == 0
+    code, _, err = run("apply", planfile)
+    assert code == 0, err
+    assert LOGIN in by_ref(zone)
+
+
+def test_pull_without_a_policy(zone: FakeCloudflare, run: Any, tmp_path: Path) -> None:
+    """pull takes the zone from --zone-id (or CLOUDFLARE_ZONE_ID) and the Worker from --worker."""
+    state = tmp_path / "state.json"
+    code, _out, _ = run("pull", "--out", state, "--worker", WORKER)
+    assert code == 0
+    data = json.loads(state.read_text())
+    assert (data["zone_id"], data["account_id"], data["worker_name"]) == (
+        ZONE_ID,
+        ACCOUNT_ID,
+        WORKER,
+    )
+
+
+def test_a_state_of_another_zone_is_refused(zone: FakeCloudflare, run: Any, tmp_path: Path) -> None:
+    """plan --state checks the state is of the policy's zone and Worker."""
+    state = tmp_path / "state.json"
+    assert run("pull", "--out", state, "--zone-id", "a" * 32)[0] == 1
+    assert run("pull", "--out", state)[0] == 0
+    code, _, err = run("plan", EXAMPLE, "--state", state)
+    assert code == 1
+    assert "was pulled for the Worker None" in err
+    state.write_text("{not json")
+    code, _, err = run("plan", EXAMPLE, "--state", state)
+    assert code == 1
+    assert "is not JSON" in err
+
+
+def test_plan_formats(zone: FakeCloudflare, run: Any) -> None:
+    """markdown for PR comments, json for programs."""
+    code, out, _ = run("plan", EXAMPLE, "--format", "markdown")
+    assert code == 0
+    assert out.startswith("### edgegen plan\n")
+    assert f"- **create** `login` (`{LOGIN}`)" in out
+    _code, out, _ = run("plan", EXAMPLE, "--format", "json")
+    data = json.loads(out)
+    assert data["has_changes"] is True
+    assert data["rules"][0]["action"] == "create"
+    assert "writes" not in data
+
+
+class Terminal(io.StringIO):
+    """A stdin that claims to be a terminal; ``on_read`` runs when the answer is read."""
+
+    def __init__(self, answer: str, on_read: Any = None) -> None:
+        super().__init__(answer)
+        self.on_read = on_read
+
+    def isatty(self) -> bool:
+        return True
+
+    def readline(self, size: int | None = -1) -> str:
+        if self.on_read is not None:
+            self.on_read()
+        return super().readline()
+
+
+def test_apply_asks_and_only_yes_applies(
+    zone: FakeCloudflare, run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """'no' cancels with nothing written; 'yes' applies."""
+    monkeypatch.setattr("sys.stdin", Terminal("no\n"))
+    code, out, _ = run("apply", EXAMPLE)
+    assert code == 1
+    assert "Only 'yes' applies" in out
+    assert "Apply cancelled; nothing was written." in out
+    assert zone.writes == []
+    monkeypatch.setattr("sys.stdin", Terminal("yes\n"))
+    assert run("apply", EXAMPLE)[0] == 0
+    assert LOGIN in by_ref(zone)
+
+
+def test_apply_without_a_terminal_refuses(
+    zone: FakeCloudflare, run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In CI, with no terminal and no --auto-approve, apply says what to do instead."""
+    monkeypatch.setattr("sys.stdin", io.StringIO("yes\n"))
+    code, _, err = run("apply", EXAMPLE)
+    assert code == 2
+    assert "pass --auto-approve" in err
+    assert zone.writes == []
+
+
+def test_a_change_while_asking_is_caught(
+    zone: FakeCloudflare, run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone edits the rules while the plan is being read: apply re-reads and refuses."""
+    monkeypatch.setattr("sys.stdin", Terminal("yes\n", on_read=lambda: zone.seed_rules(HAND_MADE)))
+    code, _, err = run("apply", EXAMPLE)
+    assert code == 1
+    assert "the zone changed since this plan was made" in err
+    assert zone.writes == []
+
+
+def test_token_file(
+    zone: FakeCloudflare, run: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--token-file replaces the variable."""
+    monkeypatch.delenv("CLOUDFLARE_API_TOKEN")
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    assert run("plan", EXAMPLE, "--token-file", token)[0] == 0
+
+
+def test_the_token_never_appears(
+    zone: FakeCloudflare, run: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Run every command path, failing ones too, and look for the token everywhere."""
+    secret = "tok-SEKRIT-7f3a9c1e-do-not-print"
+    zone.tokens = {secret: PERMISSIONS}
+    monkeypatch.setenv("CLOUDFLARE_API_TOKEN", secret)
+    state = tmp_path / "state.json"
+    planfile = tmp_path / "plan.json"
+    seen: list[str] = []
+
+    def go(*argv: str | Path) -> None:
+        _code, out, err = run(*argv)
+        seen.extend([out, err])
+
+    go("pull", EXAMPLE, "--out", state)
+    go("plan", EXAMPLE, "--state", state)
+    go("plan", EXAMPLE, "--out", planfile, "--format", "json")
+    go("plan", EXAMPLE, "--format", "markdown")
+    go("apply", EXAMPLE, "--dry-run", "--validate-remote")
+    zone.fail("POST", "/workers/routes", 500)
+    go("apply", EXAMPLE, "--auto-approve")
+    go("apply", planfile)
+    zone.throttle(after=0, times=9, retry_after="300")
+    go("plan", EXAMPLE)
+    zone.budget = None
+    zone.plan = "free"
+    go("apply", EXAMPLE, "--auto-approve", "--validate-remote")
+    monkeypatch.setenv("CLOUDFLARE_API_TOKEN", secret + "x")
+    go("plan", EXAMPLE)
+    monkeypatch.setenv("CLOUDFLARE_API_TOKEN", secret + " x")
+    go("plan", EXAMPLE)
+    files = [p.read_text() for p in tmp_path.rglob("*") if p.is_file()]
+    assert all(secret not in text for text in seen + files)
+    assert any("did not accept the API token" in text for text in seen)
