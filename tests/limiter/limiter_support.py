@@ -203,3 +203,52 @@ class SlidingWindowModel:
             else:
                 lo = mid + 1
         return lo - now
+
+
+# --- concurrency ---------------------------------------------------------------------------
+
+
+def hammer(
+    url: str,
+    text: str,
+    name: str,
+    identity: str,
+    threads: int,
+    per_thread: int,
+    frozen_us: int | None,
+    start: Any,
+) -> tuple[int, int]:
+    """One process of the concurrency test: ``threads`` threads hit one identity.
+
+    Runs in a spawned process. Returns (admitted, degraded). ``start`` is a barrier shared
+    by every process and the test, which releases them all at once; ``frozen_us`` pins a
+    test clock (for GCRA, whose bucket would otherwise refill while the test runs).
+    """
+    import threading
+
+    import policy
+
+    clock = None if frozen_us is None else (lambda: frozen_us / US)
+    limiter = Limiter(policy.loads(text), redis_url=url, test_clock=clock)
+    admitted = [0] * threads
+    degraded = [0] * threads
+    ready = threading.Barrier(threads + 1)
+
+    def run(index: int) -> None:
+        ready.wait()
+        for _ in range(per_thread):
+            decision = limiter.hit(name, identity)
+            admitted[index] += decision.allowed
+            degraded[index] += decision.degraded
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    # Connect before the start signal, so the race is about deciding, not connecting.
+    limiter.peek(name, "warm-up")
+    start.wait()
+    ready.wait()
+    for worker in workers:
+        worker.join()
+    limiter.close()
+    return sum(admitted), sum(degraded)

@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
-from limiter_support import MakeLimiter
+from limiter_support import US, MakeLimiter, TestClock
 from redis.cluster import RedisCluster
 
 from applimit import InvalidArgumentError, UnknownLimitError, UnknownTierError, _script
@@ -340,3 +340,35 @@ async def test_decisions_use_the_server_clock(
     assert (await limiter.hit("log", who)).remaining == 1
     monkeypatch.setattr(time, "time", lambda: real() - 600)
     assert (await limiter.hit("log", who)).remaining == 0
+
+
+BURST_POLICY = """
+version: 1
+app: {key_prefix: t, timeout: 2s}
+limits:
+  - name: log
+    app: {algorithm: sliding_log, tiers: {default: 100/1m}}
+  - name: bucket
+    app: {algorithm: gcra, tiers: {default: 100/1m}}
+"""
+
+
+@pytest.mark.parametrize("name", ["log", "bucket"])
+async def test_a_2x_burst_across_a_window_edge_is_refused(
+    make_limiter: MakeLimiter, name: str
+) -> None:
+    """100 requests in the last 100 ms of a minute, then 100 in the first 100 ms of the
+    next: a fixed window would admit all 200; sliding_log and gcra admit the first 100
+    only, and sliding_log admits again exactly one window after the first burst."""
+    clock = TestClock(start_us=1_000_000 * 60 * US)  # a whole minute: a fixed-window edge
+    limiter = make_limiter(BURST_POLICY, test_clock=clock)
+    who = user()
+    clock.advance(59_900_000)
+    first = [(await limiter.hit(name, who)).allowed for _ in range(100)]
+    clock.advance(200_000)  # 100 ms past the edge
+    second = [(await limiter.hit(name, who)).allowed for _ in range(100)]
+    assert sum(first) == 100
+    assert sum(second) == 0
+    if name == "log":
+        clock.advance(60_000_000 - 200_000)  # exactly one window after the first burst
+        assert (await limiter.hit(name, who)).allowed

@@ -1,0 +1,165 @@
+"""Redis stopped, killed, hung (SIGSTOP), restarted empty: the failure policy holds, no
+exception reaches the caller, each decision keeps to the timeout, one log line per outage,
+and the limiter is back within a second of Redis. Run for Limiter and AsyncLimiter."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from harness import RedisServer
+from limiter_support import Driver
+
+import policy
+from applimit import AsyncLimiter, Limiter
+
+TIMEOUT = 0.05
+# What a decision may take beyond the timeout on a busy two-core machine: scheduling and
+# Python, not waiting on Redis.
+SLACK = 0.2
+RECOVERY = 1.0
+
+POLICY = """
+version: 1
+app: {key_prefix: f, timeout: 50ms, on_redis_error: allow}
+limits:
+  - name: open
+    app: {algorithm: sliding_log, tiers: {default: 1000/1m}}
+  - name: closed
+    app: {algorithm: gcra, on_redis_error: deny, tiers: {default: 1000/1m}}
+  - name: shadow-closed
+    app: {algorithm: sliding_window, on_redis_error: deny, enforce: false,
+          tiers: {default: 1000/1m}}
+"""
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=["sync", "async"])
+async def limiter(
+    request: pytest.FixtureRequest, fresh_redis_server: RedisServer
+) -> AsyncIterator[Driver]:
+    """A limiter of the private server, built from its URL."""
+    loaded = policy.loads(POLICY)
+    made: Limiter | AsyncLimiter
+    if request.param == "sync":
+        made = Limiter(loaded, redis_url=fresh_redis_server.url)
+    else:
+        made = AsyncLimiter(loaded, redis_url=fresh_redis_server.url)
+    driver = Driver(made)
+    yield driver
+    await driver.close()
+
+
+async def _timed(limiter: Driver, name: str) -> tuple[float, bool, bool]:
+    started = time.perf_counter()
+    decision = await limiter.hit(name, "alice")
+    return time.perf_counter() - started, decision.allowed, decision.degraded
+
+
+async def _assert_failure_policy(limiter: Driver, rounds: int = 10) -> list[float]:
+    """Decisions without Redis: bounded in time, degraded, and as the policy says."""
+    took: list[float] = []
+    for _ in range(rounds):
+        for name, allowed in (("open", True), ("closed", False)):
+            elapsed, was_allowed, degraded = await _timed(limiter, name)
+            assert degraded and was_allowed == allowed, name
+            assert elapsed <= TIMEOUT + SLACK, f"{name} took {elapsed:.3f}s"
+            took.append(elapsed)
+        both = await limiter.check_request("GET", "/", "alice")
+        assert both.degraded and not both.allowed
+        assert [r.name for r in both.denied_by] == ["closed"]
+        assert both.retry_after == 1.0
+        shadow = next(r for r in both.results if r.name == "shadow-closed")
+        assert shadow.shadow and not shadow.allowed
+    return took
+
+
+async def _recovery_time(limiter: Driver, back: Callable[[], object]) -> float:
+    """Bring Redis back with ``back`` and poll until a decision is not degraded."""
+    back()
+    started = time.monotonic()
+    while True:
+        decision = await limiter.hit("open", "alice")
+        if not decision.degraded:
+            return time.monotonic() - started
+        assert time.monotonic() - started < RECOVERY, "the limiter did not recover in time"
+        # Polling interval: the condition is re-checked, nothing waits for a race.
+        await asyncio.sleep(0.01)
+
+
+def _outage_lines(caplog: pytest.LogCaptureFixture) -> tuple[int, int]:
+    records = [r for r in caplog.records if r.name == "applimit"]
+    started = sum("cannot be used" in r.getMessage() for r in records)
+    ended = sum("answers again after" in r.getMessage() for r in records)
+    return started, ended
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+async def test_stopped_redis_follows_the_failure_policy_and_recovers(
+    limiter: Driver,
+    fresh_redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+    how: str,
+) -> None:
+    """Stopped (SIGTERM) or killed (SIGKILL): connection refused, every decision follows
+    on_redis_error within the timeout, one warning for the whole outage; restarted empty,
+    the limiter is back within a second and counts from zero."""
+    caplog.set_level(logging.INFO, logger="applimit")
+    assert (await limiter.hit("open", "alice")).remaining == 999
+    getattr(fresh_redis_server, how)()
+    await _assert_failure_policy(limiter)
+    assert _outage_lines(caplog) == (1, 0)
+    took = await _recovery_time(limiter, fresh_redis_server.start)
+    assert took < RECOVERY
+    assert _outage_lines(caplog) == (1, 1)
+    # Persistence is off, so the server came back empty: the count starts over, and the
+    # script is loaded again after NOSCRIPT.
+    assert (await limiter.hit("open", "alice")).remaining == 998
+
+
+async def test_hung_redis_costs_one_timeout_per_decision_at_most(
+    limiter: Driver, fresh_redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGSTOP: connections hang. The first decisions each wait out the timeout and no
+    longer, then the breaker opens and decisions are immediate; after SIGCONT the limiter
+    is back within a second."""
+    caplog.set_level(logging.INFO, logger="applimit")
+    assert not (await limiter.hit("open", "alice")).degraded
+    fresh_redis_server.pause()
+    try:
+        took = await _assert_failure_policy(limiter, rounds=20)
+        # Three failures open the breaker; from then on only a probe every 0.25 s waits.
+        slow = [t for t in took if t >= TIMEOUT * 0.8]
+        assert 1 <= len(slow) <= 8
+        assert _outage_lines(caplog) == (1, 0)
+    finally:
+        took_back = await _recovery_time(limiter, fresh_redis_server.resume)
+    assert took_back < RECOVERY
+    assert _outage_lines(caplog) == (1, 1)
+    # A command that timed out was still in the socket buffer of the frozen server, which
+    # ran it on SIGCONT: such a request was answered by the failure policy and may count
+    # as well. That errs on the safe side, and only the few calls that waited can do it.
+    remaining = (await limiter.hit("open", "alice")).remaining
+    assert 998 - 8 <= remaining <= 998
+
+
+async def test_restart_and_script_flush_mid_run(
+    limiter: Driver, fresh_redis_server: RedisServer
+) -> None:
+    """A restart between two decisions (the pooled connections die, the script cache is
+    empty) and a SCRIPT FLUSH: no exception, and decisions are exact again at once or
+    within the recovery time."""
+    for _ in range(3):
+        await limiter.hit("open", "bob")
+    took = await _recovery_time(limiter, fresh_redis_server.restart)
+    assert took < RECOVERY
+    # The restarted server is empty: bob starts over.
+    assert (await limiter.hit("open", "bob")).remaining == 999
+    with fresh_redis_server.client() as admin:
+        admin.script_flush()
+    after = await limiter.hit("open", "bob")
+    assert not after.degraded and after.remaining == 998
