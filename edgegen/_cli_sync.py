@@ -1,4 +1,4 @@
-"""``edgegen plan``, ``pull`` and ``apply``: the policy and a live zone.
+"""``edgegen plan``, ``pull``, ``apply`` and ``diff``: the policy and a live zone.
 
 Exit codes follow Terraform: 0 success (plan: no changes), 1 error, 2 with
 ``--detailed-exitcode`` when the plan has changes (and for usage errors, as everywhere).
@@ -16,7 +16,7 @@ from typing import Any
 import policy
 from policy import Policy, Severity
 
-from . import _apply, _plan_format, _state
+from . import _apply, _diff, _plan_format, _state
 from ._artifacts import Artifacts
 from ._cloudflare import Client
 from ._compile import build
@@ -34,7 +34,7 @@ def _token_option(parser: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
-    """Add plan, pull and apply to the CLI."""
+    """Add plan, pull, apply and diff to the CLI."""
     plan = sub.add_parser(
         "plan",
         help="show what apply would change in the zone (reads only)",
@@ -105,6 +105,18 @@ def register(sub: Any) -> None:
     )
     _token_option(apply)
     apply.set_defaults(func=run_apply)
+
+    diff = sub.add_parser(
+        "diff",
+        help="explain what changes between two versions of a policy",
+        description="A semantic diff of two policies (limits added or removed, rates "
+        "tightened or loosened, tiers, targets) and of the artifacts they build. OLD and NEW "
+        "are paths or git:REF:PATH.",
+    )
+    diff.add_argument("old", metavar="OLD", help="a policy file or git:REF:PATH")
+    diff.add_argument("new", metavar="NEW", help="a policy file or git:REF:PATH")
+    diff.add_argument("--format", choices=("text", "markdown"), default="text")
+    diff.set_defaults(func=run_diff)
 
 
 # --- shared steps --------------------------------------------------------------------
@@ -321,4 +333,19 @@ def run_apply(args: argparse.Namespace) -> int:
             sys.stdout.write("Cloudflare's dry run accepted the rules.\n")
         done = _apply.execute(client, plan, _echo)
     sys.stdout.write(f"Apply complete: {len(done)} write(s) made.\n")
+    return 0
+
+
+# --- diff ----------------------------------------------------------------------------
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    """Print the semantic and artifact diff of two policy versions."""
+    old = _diff.load_version(args.old)
+    new = _diff.load_version(args.new)
+    result = _diff.diff(old, new)
+    if args.format == "markdown":
+        sys.stdout.write(_diff.to_markdown(result))
+    else:
+        sys.stdout.write(_diff.to_text(result))
     return 0

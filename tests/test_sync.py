@@ -569,6 +569,7 @@ def test_the_token_never_appears(
     go("plan", EXAMPLE)
     monkeypatch.setenv("CLOUDFLARE_API_TOKEN", secret + " x")
     go("plan", EXAMPLE)
+    go("diff", EXAMPLE, EXAMPLE)
     files = [p.read_text() for p in tmp_path.rglob("*") if p.is_file()]
     assert all(secret not in text for text in seen + files)
     assert any("did not accept the API token" in text for text in seen)

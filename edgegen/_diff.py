@@ -1,0 +1,683 @@
+"""``edgegen diff``: what changes between two versions of a policy, for review.
+
+First the meaning (limits added or removed, rates tightened or loosened by how much, tiers,
+algorithms, shadow mode, failure policy, edge targets moving between a rule and the
+Worker), then the change in every generated file as a unified diff. Pure, except
+``load_version``, which reads a file or runs ``git show``.
+
+Values that may hold secrets (``app.redis_url``) are reported as changed, never printed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import html
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import policy
+from policy import AppLimit, EdgeLimit, Limit, Match, Policy, Rate
+
+from ._artifacts import Artifacts, Target
+from ._compile import build
+from ._plan_format import code
+from .errors import CompileError, UsageError
+
+GIT_PREFIX = "git:"
+# GitHub refuses comments over 65,536 characters; leave room for a plan beside the diff.
+MAX_COMMENT_CHARS = 50_000
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """One side of a diff: its label, the policy, and what it builds (or why it cannot)."""
+
+    label: str
+    policy: Policy
+    artifacts: Artifacts | None
+    build_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One semantic change. ``template`` has ``{0}``-style slots for ``args`` (names and
+    values), which text output quotes and Markdown puts in code spans."""
+
+    kind: str
+    limit: str | None
+    template: str
+    args: tuple[str, ...] = ()
+
+    def render(self, markdown: bool) -> str:
+        """The sentence, with its names and values marked up for the output."""
+        quoted = [code(a) if markdown else f"'{a}'" for a in self.args]
+        return self.template.format(*quoted)
+
+
+@dataclass(frozen=True, slots=True)
+class FileDiff:
+    """One generated file: ``added``, ``removed``, ``changed`` or ``unchanged``."""
+
+    path: str
+    status: str
+    lines: tuple[str, ...] = ()
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        """Lines added and removed."""
+        added = sum(1 for ln in self.lines if ln.startswith("+") and not ln.startswith("+++"))
+        removed = sum(1 for ln in self.lines if ln.startswith("-") and not ln.startswith("---"))
+        return added, removed
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyDiff:
+    """The result: semantic changes, then per-file diffs of the artifacts."""
+
+    old: Version
+    new: Version
+    changes: tuple[Change, ...]
+    files: tuple[FileDiff, ...] = field(default=())
+
+
+# --- loading -------------------------------------------------------------------------
+
+
+def _git_show(spec: str) -> str:
+    rest = spec[len(GIT_PREFIX) :]
+    ref, sep, path = rest.partition(":")
+    if not sep or not ref or not path:
+        raise UsageError(
+            f"{spec!r} is not git:REF:PATH; write it like git:main:examples/policy.yaml "
+            "(PATH from the repository's root, or ./PATH from here)"
+        )
+    try:
+        result = subprocess.run(
+            ["git", "show", f"{ref}:{path}"], capture_output=True, check=False, timeout=60
+        )
+    except FileNotFoundError:
+        raise UsageError(f"reading {spec} needs git, which is not installed; give a file") from None
+    if result.returncode != 0:
+        said = result.stderr.decode("utf-8", "replace").strip().splitlines()
+        reason = said[0] if said else f"git exited with {result.returncode}"
+        raise UsageError(
+            f"cannot read {spec}: {reason}; check that the ref {ref!r} exists (git log "
+            f"{ref}) and that {path!r} is in it (git ls-tree -r {ref} --name-only)"
+        )
+    try:
+        return result.stdout.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{spec} is not UTF-8 text; a policy file is UTF-8") from None
+
+
+def load_version(spec: str) -> Version:
+    """Load a policy from a path or ``git:REF:PATH`` and build it (a failed build is kept)."""
+    if spec.startswith(GIT_PREFIX):
+        loaded = policy.loads(_git_show(spec), spec)
+    else:
+        loaded = policy.load(spec)
+    try:
+        return Version(spec, loaded, build(loaded))
+    except CompileError as exc:
+        return Version(spec, loaded, None, str(exc))
+
+
+# --- the semantic diff ---------------------------------------------------------------
+
+
+def _percent(old: Rate, new: Rate) -> str:
+    change = (new.per_second / old.per_second - 1) * 100
+    rounded = round(change)
+    if rounded == 0 and change != 0:
+        return f"{change:+.1f}%"
+    return f"{rounded:+d}%"
+
+
+def _rate_change(
+    kind: str, limit: str, what: str, old: Rate, new: Rate, *, what_args: tuple[str, ...] = ()
+) -> Change | None:
+    """``what`` names the rate; its slots ``{1}``... are filled from ``what_args``."""
+    if old == new:
+        return None
+    first = len(what_args) + 1
+    values = f"{{{first}}} to {{{first + 1}}}"
+    args = (limit, *what_args, str(old), str(new))
+    if new.per_second < old.per_second:
+        verb = "tightened"
+    elif new.per_second > old.per_second:
+        verb = "loosened"
+    else:
+        return Change(
+            kind,
+            limit,
+            f"limit {{0}}: {what} keeps its rate but changes its window, {values}",
+            args,
+        )
+    return Change(
+        kind, limit, f"limit {{0}}: {what} {verb} from {values} ({_percent(old, new)})", args
+    )
+
+
+def _rates_text(rates: Sequence[Rate]) -> str:
+    return " + ".join(str(r) for r in rates)
+
+
+def _tier_changes(limit: str, old: AppLimit, new: AppLimit) -> list[Change]:
+    out: list[Change] = []
+    for tier in [*old.tiers, *(t for t in new.tiers if t not in old.tiers)]:
+        if tier not in new.tiers:
+            out.append(
+                Change(
+                    "tier_removed",
+                    limit,
+                    "limit {0}: tier {1} no longer has an app rate (was {2}): it is unlimited",
+                    (limit, tier, _rates_text(old.tiers[tier])),
+                )
+            )
+        elif tier not in old.tiers:
+            out.append(
+                Change(
+                    "tier_added",
+                    limit,
+                    "limit {0}: tier {1} now has an app rate of {2}",
+                    (limit, tier, _rates_text(new.tiers[tier])),
+                )
+            )
+        else:
+            before = sorted(old.tiers[tier], key=lambda r: r.period.ms)
+            after = sorted(new.tiers[tier], key=lambda r: r.period.ms)
+            if before == after:
+                continue
+            if len(before) == len(after):
+                for a, b in zip(before, after, strict=True):
+                    found = _rate_change(
+                        "app_rate", limit, "app rate for tier {1}", a, b, what_args=(tier,)
+                    )
+                    if found is not None:
+                        out.append(found)
+            else:
+                out.append(
+                    Change(
+                        "app_rate",
+                        limit,
+                        "limit {0}: app rates for tier {1} change from {2} to {3}",
+                        (limit, tier, _rates_text(before), _rates_text(after)),
+                    )
+                )
+    return out
+
+
+def _failure_policy(loaded: Policy, app: AppLimit) -> str:
+    return (app.on_redis_error or loaded.app.on_redis_error).value
+
+
+def _app_changes(
+    old_policy: Policy, new_policy: Policy, limit: str, old: AppLimit, new: AppLimit
+) -> list[Change]:
+    out = _tier_changes(limit, old, new)
+    simple = [
+        ("algorithm", "algorithm", old.algorithm.value, new.algorithm.value),
+        ("app_key", "app counts per", old.per.value, new.per.value),
+        ("mode", "mode", old.mode.value, new.mode.value),
+        ("burst", "burst", str(old.burst or "default"), str(new.burst or "default")),
+    ]
+    for kind, what, a, b in simple:
+        if a != b:
+            out.append(
+                Change(
+                    kind, limit, f"limit {{0}}: {what} changed from {{1}} to {{2}}", (limit, a, b)
+                )
+            )
+    if old.enforce != new.enforce:
+        text = (
+            "limit {0}: now enforced (was shadow mode: it reported but never denied)"
+            if new.enforce
+            else "limit {0}: now in shadow mode (enforce: false): it reports but never denies"
+        )
+        out.append(Change("shadow", limit, text, (limit,)))
+    a = _failure_policy(old_policy, old)
+    b = _failure_policy(new_policy, new)
+    if a != b:
+        out.append(
+            Change(
+                "failure_policy",
+                limit,
+                "limit {0}: when Redis cannot answer, it now fails "
+                + ("open" if b == "allow" else "closed")
+                + " ({1}, was {2})",
+                (limit, b, a),
+            )
+        )
+    return out
+
+
+def _timeout_text(edge: EdgeLimit) -> str:
+    return str(edge.timeout) if edge.timeout is not None else "default"
+
+
+def _edge_changes(limit: str, old: EdgeLimit, new: EdgeLimit) -> list[Change]:
+    out: list[Change] = []
+    found = _rate_change("edge_rate", limit, "edge rate", old.rate, new.rate)
+    if found is not None:
+        out.append(found)
+    pairs = [
+        ("edge_action", "edge action", old.action.value, new.action.value),
+        ("edge_timeout", "edge timeout", _timeout_text(old), _timeout_text(new)),
+        ("edge_target_setting", "edge target setting", old.target.value, new.target.value),
+    ]
+    for kind, what, a, b in pairs:
+        if a != b:
+            out.append(
+                Change(
+                    kind, limit, f"limit {{0}}: {what} changed from {{1}} to {{2}}", (limit, a, b)
+                )
+            )
+    if old.unauthenticated_only != new.unauthenticated_only:
+        text = (
+            "limit {0}: the edge now counts only unauthenticated requests"
+            if new.unauthenticated_only
+            else "limit {0}: the edge now counts every request, signed in or not"
+        )
+        out.append(Change("edge_scope", limit, text, (limit,)))
+    return out
+
+
+def _slots(count: int, first: int = 1) -> str:
+    """``{1}, {2}, ...``: template slots for a list of values."""
+    return ", ".join(f"{{{i}}}" for i in range(first, first + count))
+
+
+def _match_changes(limit: str, old: Match, new: Match) -> list[Change]:
+    out: list[Change] = []
+    fields = [
+        ("paths", old.paths, new.paths),
+        ("path prefixes", old.path_prefix, new.path_prefix),
+        ("methods", old.methods, new.methods),
+        ("hosts", old.hosts, new.hosts),
+    ]
+    for what, a, b in fields:
+        added = [x for x in b if x not in a]
+        removed = [x for x in a if x not in b]
+        if added:
+            out.append(
+                Change(
+                    "match",
+                    limit,
+                    f"limit {{0}}: now also matches {what} {_slots(len(added))}",
+                    (limit, *added),
+                )
+            )
+        if removed:
+            out.append(
+                Change(
+                    "match",
+                    limit,
+                    f"limit {{0}}: no longer matches {what} {_slots(len(removed))}",
+                    (limit, *removed),
+                )
+            )
+    return out
+
+
+def _same_but_name(a: Limit, b: Limit) -> bool:
+    return a.model_copy(update={"name": b.name}) == b
+
+
+def _targets(artifacts: Artifacts | None) -> dict[str, Target]:
+    if artifacts is None:
+        return {}
+    return {p.limit: p.target for p in artifacts.placements}
+
+
+def _where(target: Target) -> str:
+    return "a Cloudflare rule" if target is Target.RULE else "the Worker"
+
+
+def _policy_level(old: Policy, new: Policy) -> list[Change]:
+    out: list[Change] = []
+    old_cf, new_cf = old.cloudflare, new.cloudflare
+    old_plan = old_cf.plan.value if old_cf else "none"
+    new_plan = new_cf.plan.value if new_cf else "none"
+    if old_plan != new_plan:
+        out.append(
+            Change("plan", None, "the zone's plan changed from {0} to {1}", (old_plan, new_plan))
+        )
+    old_worker = old_cf.worker if old_cf else None
+    new_worker = new_cf.worker if new_cf else None
+    if old_worker is None and new_worker is not None:
+        out.append(Change("worker", None, "a Worker is configured: {0}", (new_worker.name,)))
+    elif old_worker is not None and new_worker is None:
+        out.append(
+            Change("worker", None, "the Worker {0} is no longer configured", (old_worker.name,))
+        )
+    elif old_worker is not None and new_worker is not None:
+        if old_worker.name != new_worker.name:
+            out.append(
+                Change(
+                    "worker",
+                    None,
+                    "the Worker is renamed from {0} to {1}",
+                    (old_worker.name, new_worker.name),
+                )
+            )
+        for route in new_worker.routes:
+            if route not in old_worker.routes:
+                out.append(
+                    Change("worker_route", None, "the Worker now also runs on {0}", (route,))
+                )
+        for route in old_worker.routes:
+            if route not in new_worker.routes:
+                out.append(
+                    Change("worker_route", None, "the Worker no longer runs on {0}", (route,))
+                )
+    for tier in new.tiers:
+        if tier not in old.tiers:
+            out.append(Change("tiers", None, "tier {0} is added", (tier,)))
+    for tier in old.tiers:
+        if tier not in new.tiers:
+            out.append(Change("tiers", None, "tier {0} is removed", (tier,)))
+    common_old = [t for t in old.tiers if t in new.tiers]
+    common_new = [t for t in new.tiers if t in old.tiers]
+    if common_old != common_new:
+        out.append(
+            Change(
+                "tiers",
+                None,
+                "tiers are reordered: {0} (least to most generous)",
+                (" < ".join(new.tiers),),
+            )
+        )
+    if old.authenticated_when != new.authenticated_when:
+        when = new.authenticated_when
+        creds = [f"header {h}" for h in when.headers] + [f"cookie {c}" for c in when.cookies]
+        out.append(
+            Change(
+                "authenticated_when",
+                None,
+                "a request now counts as authenticated with {0}",
+                (", ".join(creds) or "no credentials",),
+            )
+        )
+    if old.app.on_redis_error != new.app.on_redis_error:
+        b = new.app.on_redis_error.value
+        out.append(
+            Change(
+                "failure_policy",
+                None,
+                "the app's default when Redis cannot answer is now to fail "
+                + ("open" if b == "allow" else "closed")
+                + " ({0}, was {1})",
+                (b, old.app.on_redis_error.value),
+            )
+        )
+    if old.app.timeout != new.app.timeout:
+        out.append(
+            Change(
+                "app_timeout",
+                None,
+                "the app waits at most {0} for Redis (was {1})",
+                (str(new.app.timeout), str(old.app.timeout)),
+            )
+        )
+    if old.app.key_prefix != new.app.key_prefix:
+        out.append(
+            Change(
+                "key_prefix",
+                None,
+                "Redis keys move from prefix {0} to {1}: counts start again from zero",
+                (old.app.key_prefix, new.app.key_prefix),
+            )
+        )
+    if old.app.redis_url != new.app.redis_url:
+        # The URL may carry a password: say that it changed, not what it is.
+        out.append(
+            Change("redis_url", None, "app.redis_url changed (not shown: it may hold a password)")
+        )
+    return out
+
+
+def semantic_changes(old: Version, new: Version) -> list[Change]:
+    """Every change in meaning from ``old`` to ``new``, policy-wide first, then per limit."""
+    out = _policy_level(old.policy, new.policy)
+    old_limits = {limit.name: limit for limit in old.policy.limits}
+    new_limits = {limit.name: limit for limit in new.policy.limits}
+    removed = [n for n in old_limits if n not in new_limits]
+    added = [n for n in new_limits if n not in old_limits]
+    renamed: dict[str, str] = {}
+    for gone in removed:
+        for came in added:
+            if came not in renamed.values() and _same_but_name(old_limits[gone], new_limits[came]):
+                renamed[gone] = came
+                break
+    for gone, came in renamed.items():
+        out.append(
+            Change(
+                "limit_renamed",
+                came,
+                "limit {0} is renamed to {1}: its rule, Worker binding and Redis keys are new, so "
+                "its counts start again from zero",
+                (gone, came),
+            )
+        )
+    for name in removed:
+        if name not in renamed:
+            out.append(Change("limit_removed", name, "limit {0} is removed", (name,)))
+    for name in added:
+        if name not in renamed.values():
+            out.append(
+                Change(
+                    "limit_added",
+                    name,
+                    "limit {0} is added: {1}",
+                    (name, _describe(new_limits[name])),
+                )
+            )
+    old_targets, new_targets = _targets(old.artifacts), _targets(new.artifacts)
+    for name, limit in new_limits.items():
+        before = old_limits.get(name)
+        if before is None:
+            continue
+        if before.edge is None and limit.edge is not None:
+            out.append(
+                Change(
+                    "edge_added",
+                    name,
+                    "limit {0} now also has an edge limit of {1}",
+                    (name, str(limit.edge.rate)),
+                )
+            )
+        elif before.edge is not None and limit.edge is None:
+            out.append(
+                Change(
+                    "edge_removed",
+                    name,
+                    "limit {0} no longer has an edge limit (was {1})",
+                    (name, str(before.edge.rate)),
+                )
+            )
+        elif before.edge is not None and limit.edge is not None:
+            out.extend(_edge_changes(name, before.edge, limit.edge))
+        if before.app is None and limit.app is not None:
+            out.append(Change("app_added", name, "limit {0} now also has app limits", (name,)))
+        elif before.app is not None and limit.app is None:
+            out.append(Change("app_removed", name, "limit {0} no longer has app limits", (name,)))
+        elif before.app is not None and limit.app is not None:
+            out.extend(_app_changes(old.policy, new.policy, name, before.app, limit.app))
+        out.extend(_match_changes(name, before.match, limit.match))
+        if before.description != limit.description:
+            out.append(Change("description", name, "limit {0}: the description changed", (name,)))
+        was, now = old_targets.get(name), new_targets.get(name)
+        if was is not None and now is not None and was is not now:
+            out.append(
+                Change(
+                    "target_moved",
+                    name,
+                    f"limit {{0}} moves from {_where(was)} to {_where(now)}",
+                    (name,),
+                )
+            )
+    return out
+
+
+def _describe(limit: Limit) -> str:
+    parts = []
+    if limit.edge is not None:
+        parts.append(f"edge {limit.edge.rate} {limit.edge.action.value}")
+    if limit.app is not None:
+        tiers = ", ".join(f"{t} {_rates_text(r)}" for t, r in limit.app.tiers.items())
+        parts.append(f"app {limit.app.algorithm.value} ({tiers})")
+    return "; ".join(parts)
+
+
+def file_diffs(old: Artifacts | None, new: Artifacts | None) -> list[FileDiff]:
+    """A unified diff of every file the two builds write."""
+    a = old.files() if old else {}
+    b = new.files() if new else {}
+    out = []
+    for path in sorted(set(a) | set(b)):
+        before = a.get(path)
+        after = b.get(path)
+        if before == after:
+            out.append(FileDiff(path, "unchanged"))
+            continue
+        status = "added" if before is None else "removed" if after is None else "changed"
+        lines = difflib.unified_diff(
+            (before or "").splitlines(),
+            (after or "").splitlines(),
+            fromfile=f"a/{path}" if before is not None else "/dev/null",
+            tofile=f"b/{path}" if after is not None else "/dev/null",
+            lineterm="",
+        )
+        out.append(FileDiff(path, status, tuple(lines)))
+    return out
+
+
+def diff(old: Version, new: Version) -> PolicyDiff:
+    """The semantic changes and the artifact diff between two versions.
+
+    When either side does not build, there are no artifacts to compare (an empty side
+    would read as "every file removed"), so ``files`` is empty and the outputs say why.
+    """
+    changes = tuple(semantic_changes(old, new))
+    if old.artifacts is None or new.artifacts is None:
+        return PolicyDiff(old, new, changes)
+    return PolicyDiff(old, new, changes, tuple(file_diffs(old.artifacts, new.artifacts)))
+
+
+def _comparable(result: PolicyDiff) -> bool:
+    return result.old.artifacts is not None and result.new.artifacts is not None
+
+
+# --- output --------------------------------------------------------------------------
+
+
+def _changed_files(result: PolicyDiff) -> list[FileDiff]:
+    return [f for f in result.files if f.status != "unchanged"]
+
+
+def _build_notes(result: PolicyDiff) -> list[tuple[str, str]]:
+    notes = []
+    for version in (result.old, result.new):
+        if version.build_error is not None:
+            notes.append((version.label, version.build_error))
+    return notes
+
+
+def to_text(result: PolicyDiff) -> str:
+    """The diff for a terminal."""
+    out = [f"edgegen diff {result.old.label} -> {result.new.label}", ""]
+    count = len(result.changes)
+    if count:
+        out.append(f"Policy changes ({count}):")
+        out.extend(f"  - {c.render(markdown=False)}" for c in result.changes)
+    else:
+        out.append("Policy changes: none")
+    out.append("")
+    for label, error in _build_notes(result):
+        out.append(f"{label} does not build:")
+        out.extend(f"  {line}" for line in error.splitlines())
+        out.append("")
+    changed = _changed_files(result)
+    if not _comparable(result):
+        out.append("Generated artifacts: not compared, since one version does not build")
+    elif not changed:
+        out.append("Generated artifacts: no changes")
+    else:
+        out.append("Generated artifacts:")
+        for item in changed:
+            added, removed = item.counts
+            out.append(f"  {item.path}: {item.status} (+{added} -{removed})")
+        for item in changed:
+            out.append("")
+            out.extend(item.lines)
+    return "\n".join(out) + "\n"
+
+
+def _fence(lines: Iterable[str]) -> str:
+    longest = 2
+    for line in lines:
+        run = 0
+        for char in line:
+            run = run + 1 if char == "`" else 0
+            longest = max(longest, run)
+    return "`" * (longest + 1)
+
+
+def to_markdown(result: PolicyDiff) -> str:
+    """The diff for a pull request comment: changes as a list, files collapsed."""
+    out = [f"### Policy diff: {code(result.old.label)} → {code(result.new.label)}", ""]
+    if result.changes:
+        count = len(result.changes)
+        out.append(f"**{count} change{'s' if count != 1 else ''} in meaning:**")
+        out.append("")
+        out.extend(f"- {c.render(markdown=True)}" for c in result.changes)
+    else:
+        out.append("No change in meaning.")
+    for label, error in _build_notes(result):
+        out.extend(["", f"> **{code(label)} does not build:**"])
+        out.extend(f"> {line}" for line in error.splitlines())
+    out.extend(["", "#### Generated artifacts", ""])
+    changed = _changed_files(result)
+    if not _comparable(result):
+        out.append("Not compared, since one version does not build.")
+        return "\n".join(out) + "\n"
+    if not changed:
+        out.append("No changes.")
+        return "\n".join(out) + "\n"
+    out.extend(["| file | change |", "|---|---|"])
+    for item in changed:
+        added, removed = item.counts
+        out.append(f"| {code(item.path)} | {item.status} (+{added} −{removed}) |")
+    budget = MAX_COMMENT_CHARS - sum(len(line) + 1 for line in out)
+    for item in changed:
+        fence = _fence(item.lines)
+        lines, cut = _fit(item.lines, budget - 200)
+        budget -= sum(len(line) + 1 for line in lines) + 200
+        section = [
+            "",
+            f"<details><summary><code>{html.escape(item.path)}</code></summary>",
+            "",
+            f"{fence}diff",
+            *lines,
+            fence,
+        ]
+        if cut:
+            section.append(
+                f"{cut} more line(s) not shown, to fit a comment; run edgegen diff locally "
+                "for all of it."
+            )
+        out.extend([*section, "", "</details>"])
+    return "\n".join(out) + "\n"
+
+
+def _fit(lines: Sequence[str], budget: int) -> tuple[list[str], int]:
+    """As many lines as fit in ``budget`` characters, and how many were left out."""
+    kept: list[str] = []
+    used = 0
+    for line in lines:
+        used += len(line) + 1
+        if used > budget:
+            break
+        kept.append(line)
+    return kept, len(lines) - len(kept)
