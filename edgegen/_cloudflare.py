@@ -435,7 +435,6 @@ class Client:
         params: tuple[tuple[str, str], ...] = (),
         json_body: Any = None,
         parts: tuple[Part, ...] = (),
-        raw: bool = False,
     ) -> httpx.Response:
         """Send with retries; returns a 2xx response, else raises CloudflareAPIError."""
         idempotent = method in _IDEMPOTENT
@@ -450,18 +449,20 @@ class Client:
                     method,
                     path,
                     params=list(params) or None,
-                    json=json_body if json_body is not None else None,
+                    json=json_body,
                     files=files,
                 )
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
                 # The request never left this machine: safe to retry whatever it is.
                 if last:
-                    raise self._transport_error(method, path, exc, ambiguous=False) from None
+                    raise self._transport_error(
+                        method, path, exc, retry + 1, ambiguous=False
+                    ) from None
             except httpx.TransportError as exc:
                 # Sent, but no answer: a write may or may not have happened.
                 if last or not idempotent:
                     raise self._transport_error(
-                        method, path, exc, ambiguous=method != "GET"
+                        method, path, exc, retry + 1, ambiguous=method != "GET"
                     ) from None
             else:
                 if response.is_success:
@@ -473,7 +474,7 @@ class Client:
                 too_long = retry_after is not None and retry_after > self.retry.max_retry_after
                 if not retryable or last or too_long:
                     body = _json_or_none(response)
-                    if not raw and not _is_envelope(body):
+                    if not _is_envelope(body):
                         raise self._not_envelope(method, path, response)
                     ambiguous = method != "GET" and response.status_code >= 500
                     raise api_error(
@@ -492,12 +493,12 @@ class Client:
             retry += 1
 
     def _transport_error(
-        self, method: str, path: str, exc: Exception, *, ambiguous: bool
+        self, method: str, path: str, exc: Exception, attempts: int, *, ambiguous: bool
     ) -> CloudflareAPIError:
         kind = type(exc).__name__
         message = (
             f"could not get an answer from Cloudflare at {self.base_url} for {method} "
-            f"{_describe_path(path)} after {self.retry.attempts} attempts ({kind}); check the "
+            f"{_describe_path(path)} after {attempts} attempt(s) ({kind}); check the "
             f"network, a proxy set in {BASE_URL_ENV}, and run again"
         )
         if ambiguous:
@@ -581,7 +582,7 @@ class Client:
         """
         path = f"{self.script_path(account_id, name)}/content/v2"
         try:
-            response = self._send("GET", path, raw=True)
+            response = self._send("GET", path)
         except CloudflareAPIError as exc:
             if _means_missing(exc, SCRIPT_NOT_FOUND):
                 return None

@@ -36,6 +36,16 @@ class Sleeps(list[float]):
         self.append(seconds)
 
 
+@pytest.fixture(autouse=True)
+def no_real_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every client here is given a sleep function; the real one must never run."""
+
+    def refuse(seconds: float) -> None:
+        raise AssertionError(f"a test tried to really sleep for {seconds} s")
+
+    monkeypatch.setattr(_cloudflare, "_sleep", refuse)
+
+
 @pytest.fixture
 def fake() -> Iterator[FakeCloudflare]:
     """A fake zone, installed for the test."""
@@ -268,6 +278,7 @@ def test_timeout_on_a_post_is_not_retried() -> None:
         with Client(Token(TOKEN), sleep=Sleeps()) as c, pytest.raises(CloudflareAPIError) as info:
             c.send(c.create_route_write(ZONE_ID, "a.example.com/*", "w"))
     assert info.value.ambiguous is True
+    assert "after 1 attempt(s)" in str(info.value)
     assert len(tries) == 1
 
 

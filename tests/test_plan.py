@@ -346,11 +346,15 @@ def test_routes_are_added_and_removed_for_our_worker_only() -> None:
     ]
 
 
-def test_a_route_of_another_worker_is_a_conflict() -> None:
-    """edgegen never takes over a route that runs another Worker."""
+@pytest.mark.parametrize(
+    ("script", "says"),
+    [("someone-else", "runs the Worker 'someone-else'"), (None, "runs no Worker")],
+)
+def test_a_route_of_another_worker_is_a_conflict(script: str | None, says: str) -> None:
+    """edgegen never takes over a route that runs another Worker, or that disables Workers."""
     artifact = worker_artifact()
-    routes = (RemoteRoute("r1", "a.example.com/*", "someone-else"),)
-    with pytest.raises(SyncError, match="runs the Worker 'someone-else'"):
+    routes = (RemoteRoute("r1", "a.example.com/*", script),)
+    with pytest.raises(SyncError, match=says):
         make_plan(artifacts([], artifact), state([], None, routes))
 
 

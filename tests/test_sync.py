@@ -277,6 +277,18 @@ def test_dry_run_sends_only_gets(zone: FakeCloudflare, run: Any) -> None:
     assert "Dry run: nothing was written." in out
 
 
+def test_dry_run_of_a_saved_plan_sends_only_gets(
+    zone: FakeCloudflare, run: Any, tmp_path: Path
+) -> None:
+    """apply PLANFILE --dry-run checks the fingerprints and prints; it writes nothing."""
+    planfile = tmp_path / "plan.json"
+    assert run("plan", EXAMPLE, "--out", planfile)[0] == 0
+    code, out, _ = run("apply", planfile, "--dry-run")
+    assert code == 0
+    assert {r.method for r in zone.log} == {"GET"}
+    assert "Dry run: nothing was written." in out
+
+
 def test_dry_run_with_validate_remote(zone: FakeCloudflare, run: Any) -> None:
     """The only non-GET is Cloudflare's own ?dry_run=true, which saves nothing."""
     code, out, _ = run("apply", EXAMPLE, "--dry-run", "--validate-remote")
