@@ -71,6 +71,9 @@ class AsyncLimiter(LimiterBase):
                 self.url, timeout=self.timeout, cluster=cluster, max_connections=max_connections
             )
         self._factory = factory
+        # Sentinel clients the limiter made from a redis+sentinel:// URL are its to close;
+        # a Sentinel behind a client you passed is yours.
+        self._owns_sentinels = redis is None and self.url.startswith(_clients.SENTINEL_SCHEME)
         self._client: AsyncClient | None = None
         self._closed = False
 
@@ -129,7 +132,7 @@ class AsyncLimiter(LimiterBase):
         client, self._client = self._client, None
         self._closed = True
         if client is not None:
-            await client.aclose()
+            await _clients.close_async(client, own_sentinels=self._owns_sentinels)
 
     async def __aenter__(self) -> Self:
         """Use as ``async with AsyncLimiter.from_policy(...) as limiter:``."""

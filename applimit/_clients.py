@@ -26,9 +26,11 @@ from urllib.parse import unquote
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.connection
 import redis.asyncio.retry
 import redis.asyncio.sentinel
 import redis.cluster
+import redis.connection
 import redis.sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -56,6 +58,21 @@ def _settings(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     out = {k: kwargs[k] for k in _IDENTITY_KEYS if k in kwargs}
     out.update({k: v for k, v in kwargs.items() if k.startswith("ssl_")})
     return out
+
+
+# Options a URL may carry that would undo the limiter's bound on each decision.
+_TIMING_KEYS = frozenset(
+    {
+        "socket_timeout",
+        "socket_connect_timeout",
+        "retry_on_timeout",
+        "retry_on_error",
+        "health_check_interval",
+        "max_connections",
+        "timeout",
+        "decode_responses",
+    }
+)
 
 
 def _timing(timeout: float) -> dict[str, Any]:
@@ -131,6 +148,12 @@ def _sync_retry() -> Retry:
     return Retry(NoBackoff(), 0)
 
 
+def _url_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A parsed URL's options without those about timing and retries, which are ours
+    (redis-py lets URL query arguments override keyword arguments)."""
+    return {k: v for k, v in options.items() if k not in _TIMING_KEYS}
+
+
 def sync_from_url(
     url: str, *, timeout: float, cluster: bool, max_connections: int
 ) -> Callable[[], SyncClient]:
@@ -155,18 +178,25 @@ def sync_from_url(
             return cast(redis.Redis, master)
 
         return sentinel_master
+    options = _url_options(redis.connection.parse_url(url))  # type: ignore[no-untyped-call]
     if cluster:
+        if options.pop("db", 0):
+            raise ConfigurationError(f"{url!r}: Redis Cluster has only database 0.")
 
         def cluster_client() -> SyncClient:
-            return redis.cluster.RedisCluster.from_url(
-                url, retry=_sync_retry(), max_connections=max_connections, **timing
+            return redis.cluster.RedisCluster(
+                retry=_sync_retry(), max_connections=max_connections, **options, **timing
             )
 
         return cluster_client
 
     def standalone() -> SyncClient:
-        pool = redis.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=timeout, retry=_sync_retry(), **timing
+        pool = redis.BlockingConnectionPool(  # type: ignore[no-untyped-call]
+            max_connections=max_connections,
+            timeout=timeout,
+            retry=_sync_retry(),
+            **options,
+            **timing,
         )
         return redis.Redis.from_pool(pool)
 
@@ -257,7 +287,7 @@ def async_from_url(
     """A factory for the limiter's asyncio client for ``url``."""
     timing = _timing(timeout)
     if url.startswith(SENTINEL_SCHEME):
-        sentinels, service, options = parse_sentinel_url(url)
+        sentinels, service, sentinel_options = parse_sentinel_url(url)
 
         def sentinel_master() -> AsyncClient:
             sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
@@ -268,26 +298,38 @@ def async_from_url(
                 retry=_async_retry(),
                 max_connections=max_connections,
                 **timing,
-                **options,
+                **sentinel_options,
             )
             return cast(redis.asyncio.Redis, master)
 
         return sentinel_master
+    options: dict[str, Any] = _url_options(redis.asyncio.connection.parse_url(url))
     if cluster:
+        if options.pop("db", 0):
+            raise ConfigurationError(f"{url!r}: Redis Cluster has only database 0.")
+        # The asyncio cluster client takes ssl=True rather than a connection class.
+        connection_class = options.pop("connection_class", None)
+        ssl = connection_class is not None and issubclass(
+            connection_class, redis.asyncio.SSLConnection
+        )
 
         def cluster_client() -> AsyncClient:
-            return redis.asyncio.cluster.RedisCluster.from_url(
-                url, retry=_async_retry(), max_connections=max_connections, **timing
+            return redis.asyncio.cluster.RedisCluster(
+                retry=_async_retry(),
+                max_connections=max_connections,
+                ssl=ssl,
+                **options,
+                **timing,
             )
 
         return cluster_client
 
     def standalone() -> AsyncClient:
-        pool = redis.asyncio.BlockingConnectionPool.from_url(
-            url,
+        pool = redis.asyncio.BlockingConnectionPool(
             max_connections=max_connections,
             timeout=timeout,
             retry=_async_retry(),
+            **options,
             **timing,
         )
         return redis.asyncio.Redis.from_pool(pool)
@@ -361,3 +403,24 @@ def async_from_client(
         f"client, not {type(client).__module__}.{type(client).__qualname__}; for sync "
         "clients use Limiter."
     )
+
+
+# --- closing -------------------------------------------------------------------------------
+
+
+def close_sync(client: SyncClient, *, own_sentinels: bool) -> None:
+    """Close a client the limiter built, and the sentinel clients it built for it."""
+    client.close()
+    pool = client.connection_pool if isinstance(client, redis.Redis) else None
+    if own_sentinels and isinstance(pool, redis.sentinel.SentinelConnectionPool):
+        for sentinel in pool.sentinel_manager.sentinels:
+            sentinel.close()
+
+
+async def close_async(client: AsyncClient, *, own_sentinels: bool) -> None:
+    """Close an asyncio client the limiter built, and its sentinel clients if it built them."""
+    await client.aclose()
+    pool = client.connection_pool if isinstance(client, redis.asyncio.Redis) else None
+    if own_sentinels and isinstance(pool, redis.asyncio.sentinel.SentinelConnectionPool):
+        for sentinel in pool.sentinel_manager.sentinels:
+            await sentinel.aclose()

@@ -82,6 +82,9 @@ class Limiter(LimiterBase):
                 self.url, timeout=self.timeout, cluster=cluster, max_connections=max_connections
             )
         self._factory = factory
+        # Sentinel clients the limiter made from a redis+sentinel:// URL are its to close;
+        # a Sentinel behind a client you passed is yours.
+        self._owns_sentinels = redis is None and self.url.startswith(_clients.SENTINEL_SCHEME)
         self._client: SyncClient | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -158,7 +161,7 @@ class Limiter(LimiterBase):
             client, self._client = self._client, None
             self._closed = True
         if client is not None:
-            client.close()
+            _clients.close_sync(client, own_sentinels=self._owns_sentinels)
 
     def __enter__(self) -> Self:
         """Use as ``with Limiter.from_policy(...) as limiter:``; closes on exit."""
