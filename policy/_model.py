@@ -404,6 +404,26 @@ class Policy(_Model):
             seen.add(tier)
         return value
 
+    def locate(self, *path: str | int) -> tuple[str, int, int] | None:
+        """Where a field is in the file: ``(file, line, column)``, or None when unknown.
+
+        ``policy.locate("limits", 1, "edge", "rate")``; a field the file does not spell out
+        gives the position of its nearest written ancestor.
+        """
+        if self._source is None:
+            return None
+        position = self._source.locate(tuple(path))
+        if position is None:
+            return None
+        return (self._source.file, position.line, position.column)
+
+    def limit_index(self, name: str) -> int:
+        """The index of the limit with this name in ``limits``; KeyError when there is none."""
+        for index, limit in enumerate(self.limits):
+            if limit.name == name:
+                return index
+        raise KeyError(name)
+
     def limit(self, name: str) -> Limit:
         """The limit with this name; KeyError when there is none."""
         for limit in self.limits:

@@ -426,3 +426,15 @@ def test_cli_usage_errors_exit_2() -> None:
     result = _cli("validate")
     assert result.returncode == 2
     assert "usage:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_policy_locates_its_fields() -> None:
+    """``Policy.locate`` gives file, line and column of a field, for tools that report."""
+    loaded = policy.load(EXAMPLE, env={})
+    index = loaded.limit_index("api")
+    where = loaded.locate("limits", index, "edge", "rate")
+    assert where is not None
+    file, line, column = where
+    assert file == str(EXAMPLE)
+    assert EXAMPLE.read_text().splitlines()[line - 1][column - 1 :].startswith("600/1m")
+    assert policy.loads("version: 1\n").locate("limits") == ("<policy>", 1, 1)
