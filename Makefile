@@ -32,6 +32,7 @@ demo: $(STAMP)
 	@echo
 	@echo "== edgegen build examples/policy.yaml --out out/edge --explain"
 	@$(BIN)/edgegen build examples/policy.yaml --out out/edge --explain
+	@echo; $(BIN)/python examples/fleet_demo.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,0 +1,92 @@
+"""A Flask app rate-limited by examples/policy.yaml through a shared Redis.
+
+Run it with any WSGI server, for example::
+
+    REDIS_URL=redis://localhost:6379/0 waitress-serve --port 8000 --call flask_app:create_app
+
+(from examples/). ``curl -i -H 'X-API-Key: key-bob' localhost:8000/api/items`` is bob on the
+pro tier; without a key the caller is anonymous and counted by client IP. Environment:
+``REDIS_URL``, ``TRUSTED_PROXIES`` (comma-separated), ``BEHIND_CLOUDFLARE=1``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from flask import Flask, Response, jsonify
+
+from applimit import Limiter
+from applimit.wsgi import Caller, RateLimitMiddleware, RequestInfo
+
+POLICY = Path(__file__).with_name("policy.yaml")
+
+# Stands in for the app's real authentication: API keys and the plan each customer pays for.
+API_KEYS = {
+    "key-alice": Caller("alice", tier="free"),
+    "key-bob": Caller("bob", tier="pro"),
+    "key-carol": Caller("carol", tier="enterprise"),
+}
+
+
+def identify(request: RequestInfo) -> Caller | None:
+    """Who is calling: the owner of the API key, or None (anonymous, counted by IP)."""
+    key = request.bearer_token() or request.header("x-api-key")
+    return API_KEYS.get(key) if key else None
+
+
+def _env_list(name: str) -> list[str]:
+    return [part.strip() for part in os.environ.get(name, "").split(",") if part.strip()]
+
+
+def create_app(
+    *,
+    redis_url: str | None = None,
+    policy: str | os.PathLike[str] = POLICY,
+    trusted_proxies: list[str] | None = None,
+    behind_cloudflare: bool | None = None,
+    legacy_headers: bool = True,
+) -> Flask:
+    """Build the app; settings default to the environment (see the module docstring)."""
+    if trusted_proxies is None:
+        trusted_proxies = _env_list("TRUSTED_PROXIES")
+    if behind_cloudflare is None:
+        behind_cloudflare = os.environ.get("BEHIND_CLOUDFLARE") == "1"
+    app = Flask(__name__)
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        return jsonify(status="ok")
+
+    @app.get("/api/items")
+    def items() -> Response:
+        return jsonify(items=[1, 2, 3])
+
+    @app.get("/api/search")
+    def search() -> Response:
+        return jsonify(hits=[])
+
+    @app.post("/login")
+    def login() -> Response:
+        return jsonify(session="example")
+
+    @app.get("/api/v1/exports/<name>")
+    def export(name: str) -> Response:
+        def rows() -> Iterator[str]:
+            for n in range(3):
+                yield f"{name},{n}\n"
+
+        return Response(rows(), mimetype="text/csv")
+
+    limiter = Limiter.from_policy(policy, redis_url=redis_url or os.environ.get("REDIS_URL"))
+    app.wsgi_app = RateLimitMiddleware(  # type: ignore[method-assign]
+        app.wsgi_app,
+        limiter=limiter,
+        identify=identify,
+        trusted_proxies=trusted_proxies,
+        behind_cloudflare=behind_cloudflare,
+        legacy_headers=legacy_headers,
+    )
+    app.extensions["applimit"] = limiter
+    return app
