@@ -3,6 +3,12 @@
 It never blocks the event loop: every call is awaited on a ``redis.asyncio`` client and
 the whole decision (all its script calls) runs under ``asyncio.timeout(app.timeout)``,
 which bounds it even when a connection has to be made first.
+
+On a standalone or Sentinel-managed server, the script calls of decisions made
+concurrently (in the same turn of the event loop) are sent together in one pipeline:
+each decision is still one EVALSHA and one round trip, but hundreds of concurrent
+requests no longer queue for connections one command at a time, which is what made
+limiters time out (and fail open) under load when Redis itself was fine.
 """
 
 from __future__ import annotations
@@ -13,15 +19,17 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
 
+import redis.asyncio
 from redis.exceptions import NoScriptError
 
 from policy import Policy
 
 from . import _clients, _script
+from ._breaker import CircuitBreaker
 from ._clients import AsyncClient
 from ._core import Prepared, ScriptCall
 from ._decision import Decision
-from ._errors import REDIS_FAILURES, ApplimitError
+from ._errors import REDIS_FAILURES, ApplimitError, is_outage
 from ._shell import LimiterBase, load_policy
 
 
@@ -71,6 +79,7 @@ class AsyncLimiter(LimiterBase):
                 self.url, timeout=self.timeout, cluster=cluster, max_connections=max_connections
             )
         self._factory = factory
+        self._batcher = _Batcher(self.breaker)
         # Sentinel clients the limiter made from a redis+sentinel:// URL are its to close;
         # a Sentinel behind a client you passed is yours.
         self._owns_sentinels = redis is None and self.url.startswith(_clients.SENTINEL_SCHEME)
@@ -165,29 +174,130 @@ class AsyncLimiter(LimiterBase):
             client = self._connection()
             async with asyncio.timeout(self.timeout):
                 if len(prepared.calls) == 1:
-                    replies: list[object] = [await _run(client, prepared.calls[0])]
+                    replies: list[object] = [await self._call(client, prepared.calls[0])]
                 else:
                     # One call per cluster slot, concurrently: still one round trip of time.
                     outcomes = await asyncio.gather(
-                        *(_run(client, call) for call in prepared.calls), return_exceptions=True
+                        *(self._call(client, call) for call in prepared.calls),
+                        return_exceptions=True,
                     )
                     for outcome in outcomes:
                         if isinstance(outcome, BaseException):
                             raise outcome
                     replies = list(outcomes)
         except REDIS_FAILURES as error:
-            return self._failed(prepared, error)
+            # Batched calls reach the breaker through their pipeline, once for all of them:
+            # a caller that timed out waiting behind a busy event loop is not an outage.
+            return self._failed(prepared, error, report=not self._batched(client))
         decision, refunds = self._succeeded(prepared, replies)
         if refunds:
             await self._refund(client, refunds)
         return decision
 
+    @staticmethod
+    def _batched(client: AsyncClient | None) -> bool:
+        # Cluster pipelines fail as a whole when one node does; keep those calls apart.
+        return isinstance(client, redis.asyncio.Redis)
+
+    async def _call(self, client: AsyncClient, call: ScriptCall) -> object:
+        if isinstance(client, redis.asyncio.Redis):
+            return await self._batcher.submit(client, call)
+        return await _run(client, call)
+
     async def _refund(self, client: AsyncClient, refunds: tuple[ScriptCall, ...]) -> None:
         try:
             async with asyncio.timeout(self.timeout):
-                await asyncio.gather(*(_run(client, call) for call in refunds))
+                await asyncio.gather(*(self._call(client, call) for call in refunds))
         except REDIS_FAILURES as error:
             self._refund_failed(error)
+
+
+class _Batcher:
+    """Sends the script calls submitted in one turn of the event loop as one pipeline.
+
+    Each call gets its own future with its own reply or error. A pipeline that fails as a
+    whole (connection lost, a socket timeout) fails each of its calls with that error and
+    is reported to the circuit breaker once. A pipeline is not cut short by a deadline of
+    its own: the socket timeouts (the policy's timeout, per read) detect a hung Redis,
+    while a large batch that is merely slow to parse must not count as an outage. Callers
+    keep their own deadline.
+    """
+
+    def __init__(self, breaker: CircuitBreaker) -> None:
+        self._breaker = breaker
+        self._pending: list[tuple[ScriptCall, asyncio.Future[object]]] = []
+        # Strong references: the event loop keeps only weak ones to running tasks.
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def submit(self, client: redis.asyncio.Redis, call: ScriptCall) -> asyncio.Future[object]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[object] = loop.create_future()
+        if not self._pending:
+            # Flush after the coroutines runnable now have had their turn and submitted.
+            loop.call_soon(self._flush, client)
+        self._pending.append((call, future))
+        return future
+
+    def _flush(self, client: redis.asyncio.Redis) -> None:
+        batch, self._pending = self._pending, []
+        task = asyncio.get_running_loop().create_task(self._send(client, batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(
+        self, client: redis.asyncio.Redis, batch: list[tuple[ScriptCall, asyncio.Future[object]]]
+    ) -> None:
+        live = [(call, future) for call, future in batch if not future.done()]
+        if not live:
+            return
+        try:
+            replies = await _pipeline(client, [call for call, _ in live])
+        except asyncio.CancelledError:
+            for _, future in live:
+                future.cancel()
+            raise
+        except REDIS_FAILURES as error:
+            if is_outage(error):
+                self._breaker.failure(error)
+            for _, future in live:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        self._breaker.success()
+        for (_, future), reply in zip(live, replies, strict=True):
+            if future.done():
+                continue
+            if isinstance(reply, BaseException):
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
+
+
+async def _pipeline(client: redis.asyncio.Redis, calls: list[ScriptCall]) -> list[object]:
+    """EVALSHA every call in one pipeline; the calls that met NOSCRIPT go again with EVAL."""
+    replies = await _send_pipeline(client, calls, _script.SHA)
+    missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    if missing:
+        # EVAL runs the script and caches it again, so later EVALSHAs find it.
+        again = await _send_pipeline(client, [calls[i] for i in missing], None)
+        for index, reply in zip(missing, again, strict=True):
+            replies[index] = reply
+    return replies
+
+
+async def _send_pipeline(
+    client: redis.asyncio.Redis, calls: list[ScriptCall], sha: str | None
+) -> list[object]:
+    pipe = client.pipeline(transaction=False)
+    for call in calls:
+        if sha is None:
+            pipe.execute_command("EVAL", _script.SOURCE, len(call.keys), *call.keys, *call.args)
+        else:
+            pipe.execute_command("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
+    try:
+        return list(await pipe.execute(raise_on_error=False))
+    finally:
+        await pipe.reset()  # type: ignore[no-untyped-call]
 
 
 async def _run(client: AsyncClient, call: ScriptCall) -> object:

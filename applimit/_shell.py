@@ -77,6 +77,7 @@ class LimiterBase:
         )
         self.core = Core(self.compiled, cluster=cluster, test_clock=test_clock)
         self._key_error_logged = float("-inf")
+        self._slow_logged = float("-inf")
 
     def _set_cluster(self, cluster: bool) -> None:
         self.cluster = cluster
@@ -105,11 +106,32 @@ class LimiterBase:
             return prepared.degraded(DEGRADED_RETRY_AFTER)
         return None
 
-    def _failed(self, prepared: Prepared, error: BaseException) -> Decision:
-        """The decision when a call failed: the failure policy, marked degraded."""
-        if self._note_failure(error):
+    def _failed(self, prepared: Prepared, error: BaseException, *, report: bool = True) -> Decision:
+        """The decision when a call failed: the failure policy, marked degraded.
+
+        ``report`` is False when the round trip's own outcome reaches the breaker by
+        another way (the async limiter's pipelines report once for all their calls).
+        """
+        if not report:
+            self.breaker.degraded()
+            self._log_slow(error)
+        elif self._note_failure(error):
             self.breaker.degraded()
         return prepared.degraded(DEGRADED_RETRY_AFTER)
+
+    def _log_slow(self, error: BaseException) -> None:
+        """Log, at most once a minute, decisions that ran out of time while Redis answered."""
+        if self.breaker.in_outage or not isinstance(error, TimeoutError):
+            return
+        now = time.monotonic()
+        if now - self._slow_logged < _KEY_ERROR_LOG_INTERVAL:
+            return
+        self._slow_logged = now
+        logger.warning(
+            "decisions took longer than app.timeout (%.0f ms) while Redis was answering, so "
+            "the failure policy decided them: the process is too busy to keep up.",
+            self.timeout * 1000,
+        )
 
     def _note_failure(self, error: BaseException) -> bool:
         """Feed a failed call to the breaker (or the log); True when it was an outage."""

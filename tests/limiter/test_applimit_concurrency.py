@@ -3,6 +3,7 @@ limit, because every decision is one atomic script on the server."""
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import uuid
 from concurrent.futures import ProcessPoolExecutor
@@ -68,3 +69,26 @@ def test_processes_and_threads_admit_exactly_the_limit(
     degraded = sum(d for _, d in outcomes)
     assert degraded == 0
     assert admitted == 100
+
+
+@pytest.mark.parametrize("name", ["log", "bucket"])
+async def test_hundreds_of_coroutines_share_connections_and_stay_exact(
+    redis_server: RedisServer, name: str
+) -> None:
+    """300 coroutines at once on 16 connections: their calls are pipelined together, none
+    fails for want of a connection, and exactly 100 are admitted."""
+    import policy
+    from applimit import AsyncLimiter
+
+    text = POLICY.replace("timeout: 5s", "timeout: 2s")
+    frozen = (lambda: 1_000_000.0) if name == "bucket" else None
+    limiter = AsyncLimiter(
+        policy.loads(text), redis_url=redis_server.url, max_connections=16, test_clock=frozen
+    )
+    identity = uuid.uuid4().hex
+    try:
+        decisions = await asyncio.gather(*(limiter.hit(name, identity) for _ in range(300)))
+    finally:
+        await limiter.aclose()
+    assert not any(d.degraded for d in decisions)
+    assert sum(d.allowed for d in decisions) == 100
