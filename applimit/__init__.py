@@ -10,8 +10,12 @@ Public surface::
         .reset(name, identity, tier=)
     Decision, LimitResult                        what a call answers
     ApplimitError and its subclasses             see applimit._errors
+    rate_limited(limiter, name, identity=...)    a limit on a plain function (RateLimited)
 
-docs/applimit.md describes the algorithms, keys and failure policy.
+    applimit.asgi / applimit.wsgi                RateLimitMiddleware for web apps
+    applimit.fastapi                             RateLimit, a per-route FastAPI dependency
+
+docs/applimit.md describes the algorithms, keys and failure policy; docs/web.md the web layer.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 from ._async import AsyncLimiter
 from ._breaker import BreakerState
 from ._decision import Decision, LimitResult
+from ._decorator import RateLimited, rate_limited
 from ._errors import (
     ApplimitError,
     ConfigurationError,
@@ -37,6 +42,8 @@ __all__ = [
     "InvalidArgumentError",
     "LimitResult",
     "Limiter",
+    "RateLimited",
     "UnknownLimitError",
     "UnknownTierError",
+    "rate_limited",
 ]

@@ -44,8 +44,10 @@ def test_public_surface_is_pinned() -> None:
         "InvalidArgumentError",
         "LimitResult",
         "Limiter",
+        "RateLimited",
         "UnknownLimitError",
         "UnknownTierError",
+        "rate_limited",
     ]
     for name in applimit.__all__:
         assert getattr(applimit, name).__doc__, f"{name} has no docstring"

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 from harness import RedisServer
 
-from applimit import AsyncLimiter, Limiter
-from applimit._decorator import RateLimited, rate_limited
+from applimit import AsyncLimiter, Limiter, RateLimited, rate_limited
 
 POLICY = """
 version: 1

@@ -131,6 +131,27 @@ def test_anonymous_callers_are_counted_by_ip_in_the_lowest_tier(
     assert "rl:api:{u=alice}:1m:sw" in keys(redis_client, "rl:api:*")
 
 
+def test_host_matchers_see_the_host_header(
+    serve: Serve, write_policy: Callable[[str], Path]
+) -> None:
+    """A limit with hosts: applies to requests for that host only (port and case ignored)."""
+    text = (
+        SMALL_POLICY
+        + """
+  - name: partner
+    match: { hosts: [partner.example.com] }
+    app: { tiers: { free: 50/1m, pro: 50/1m, enterprise: 50/1m } }
+"""
+    )
+    client = serve(policy=write_policy(text))
+    there = rate_limit_headers(
+        get(client, "/api/items", {**ALICE, "Host": "Partner.Example.com:8443"})
+    )
+    assert set(there.policies) == {"api", "partner"}
+    elsewhere = rate_limit_headers(get(client, "/api/items", ALICE))
+    assert set(elsewhere.policies) == {"api"}
+
+
 # --- refusals ----------------------------------------------------------------------------
 
 
