@@ -20,7 +20,8 @@ from types import TracebackType
 from typing import Any, Self
 
 import redis.asyncio
-from redis.exceptions import NoScriptError
+import redis.asyncio.cluster
+from redis.exceptions import NoScriptError, RedisClusterException
 
 from policy import Policy
 
@@ -30,7 +31,7 @@ from ._clients import AsyncClient
 from ._core import Prepared, ScriptCall
 from ._decision import Decision
 from ._errors import REDIS_FAILURES, ApplimitError, is_outage
-from ._shell import LimiterBase, load_policy
+from ._shell import UNLIMITED, LimiterBase, load_policy
 
 
 class AsyncLimiter(LimiterBase):
@@ -130,7 +131,7 @@ class AsyncLimiter(LimiterBase):
             async with asyncio.timeout(self.timeout):
                 await self._connection().delete(*keys)
         except REDIS_FAILURES as error:
-            self._note_failure(error)
+            self._note_failure(error, self.breaker)
             return False
         return True
 
@@ -167,11 +168,18 @@ class AsyncLimiter(LimiterBase):
         return self._client
 
     async def _decide(self, prepared: Prepared) -> Decision:
-        early = self._before(prepared)
-        if early is not None:
-            return early
+        if not prepared.checks:
+            return UNLIMITED
         try:
             client = self._connection()
+        except REDIS_FAILURES as error:
+            return self._failed(prepared, error, self.breaker)
+        breakers = [self._breaker_for(_node(client, call)) for call in prepared.calls]
+        closed = self._admit(breakers)
+        if closed is not None:
+            return self._skipped(prepared, closed)
+        failed: CircuitBreaker = breakers[0]
+        try:
             async with asyncio.timeout(self.timeout):
                 if len(prepared.calls) == 1:
                     replies: list[object] = [await self._call(client, prepared.calls[0])]
@@ -181,15 +189,16 @@ class AsyncLimiter(LimiterBase):
                         *(self._call(client, call) for call in prepared.calls),
                         return_exceptions=True,
                     )
-                    for outcome in outcomes:
+                    for outcome, breaker in zip(outcomes, breakers, strict=True):
                         if isinstance(outcome, BaseException):
+                            failed = breaker
                             raise outcome
                     replies = list(outcomes)
         except REDIS_FAILURES as error:
             # Batched calls reach the breaker through their pipeline, once for all of them:
             # a caller that timed out waiting behind a busy event loop is not an outage.
-            return self._failed(prepared, error, report=not self._batched(client))
-        decision, refunds = self._succeeded(prepared, replies)
+            return self._failed(prepared, error, failed, report=not self._batched(client))
+        decision, refunds = self._succeeded(prepared, replies, breakers)
         if refunds:
             await self._refund(client, refunds)
         return decision
@@ -298,6 +307,18 @@ async def _send_pipeline(
         return list(await pipe.execute(raise_on_error=False))
     finally:
         await pipe.reset()  # type: ignore[no-untyped-call]
+
+
+def _node(client: AsyncClient, call: ScriptCall) -> str | None:
+    """The name of the cluster node serving the call's slot (None: not a cluster)."""
+    if call.slot is None or not isinstance(client, redis.asyncio.cluster.RedisCluster):
+        return None
+    try:
+        return str(client.nodes_manager.get_node_from_slot(call.slot).name)
+    except (RedisClusterException, LookupError, TypeError):
+        # Not connected yet, or the slot map is being rebuilt: count the call against the
+        # cluster as a whole.
+        return None
 
 
 async def _run(client: AsyncClient, call: ScriptCall) -> object:

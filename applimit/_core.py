@@ -182,19 +182,21 @@ class Check:
 
 @dataclass(frozen=True, slots=True)
 class ScriptCall:
-    """One EVALSHA of the limiter's script: its keys and arguments."""
+    """One EVALSHA of the limiter's script: its keys, its arguments, and on Redis Cluster
+    the hash slot of its keys (which tells the shell which node's breaker applies)."""
 
     keys: tuple[str, ...]
     args: tuple[str, ...]
+    slot: int | None = None
 
 
 def _script_call(
-    mode: str, checks: Sequence[Check], now: str, nonce: str, slack: str
+    mode: str, checks: Sequence[Check], *, now: str, nonce: str, slack: str, slot: int | None
 ) -> ScriptCall:
     args: list[str] = [mode, now, nonce, slack, str(len(checks))]
     for check in checks:
         args.extend(check.args())
-    return ScriptCall(keys=tuple(c.key for c in checks), args=tuple(args))
+    return ScriptCall(keys=tuple(c.key for c in checks), args=tuple(args), slot=slot)
 
 
 def _seconds(us: int) -> float:
@@ -244,13 +246,14 @@ class Prepared:
         decision = combine(final)
         refunds: list[ScriptCall] = []
         if not decision.allowed and len(self.groups) > 1:
-            for group, now in zip(self.groups, times, strict=True):
+            for group, call, now in zip(self.groups, self.calls, times, strict=True):
                 spent = [i for i in group if final[i].consumed]
                 if not spent:
                     continue
+                checks = [self.checks[i] for i in spent]
                 refunds.append(
                     _script_call(
-                        "refund", [self.checks[i] for i in spent], str(now), self.nonce, "0"
+                        "refund", checks, now=str(now), nonce=self.nonce, slack="0", slot=call.slot
                     )
                 )
                 for i in spent:
@@ -465,20 +468,25 @@ class Core:
 
     def plan(self, mode: Mode, checks: Sequence[Check]) -> Prepared:
         """Group ``checks`` into script calls: one, or one per hash slot on Redis Cluster."""
+        slots: list[int | None]
         if self.cluster:
-            slots: dict[int, list[int]] = {}
+            by_slot: dict[int, list[int]] = {}
             for index, check in enumerate(checks):
-                slots.setdefault(key_slot(check.key.encode()), []).append(index)
-            groups = tuple(tuple(g) for g in slots.values())
+                by_slot.setdefault(key_slot(check.key.encode()), []).append(index)
+            groups = tuple(tuple(g) for g in by_slot.values())
+            slots = list(by_slot)
         else:
             groups = (tuple(range(len(checks))),) if checks else ()
+            slots = [None] * len(groups)
         now = "" if self._test_clock is None else str(round(self._test_clock() * 1_000_000))
         # The nonce names sliding-log entries: unique per call, so two requests in the same
         # microsecond never merge into one entry.
         nonce = os.urandom(6).hex() if mode == "hit" else ""
         calls = tuple(
-            _script_call(mode, [checks[i] for i in group], now, nonce, self._slack)
-            for group in groups
+            _script_call(
+                mode, [checks[i] for i in group], now=now, nonce=nonce, slack=self._slack, slot=slot
+            )
+            for group, slot in zip(groups, slots, strict=True)
         )
         return Prepared(mode, tuple(checks), groups, calls, nonce, self._slack)
 

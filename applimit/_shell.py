@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -68,16 +69,50 @@ class LimiterBase:
         self.max_connections = max_connections
         self.cluster = cluster
         self.test_clock = test_clock
-        self.breaker = CircuitBreaker(
-            threshold=failure_threshold,
-            cooldown=recovery_time,
-            # A probe that has not reported after a few timeouts was lost (cancelled).
-            probe_timeout=max(4 * self.timeout, recovery_time),
-            describe="Redis (applimit)",
-        )
+        self._failure_threshold = failure_threshold
+        self._recovery_time = recovery_time
+        self.breaker = self._new_breaker("Redis (applimit)")
+        # On Redis Cluster each master has a breaker of its own: one dead node must not
+        # take down decisions whose keys live on the others.
+        self._node_breakers: dict[str, CircuitBreaker] = {}
+        self._breakers_lock = threading.Lock()
         self.core = Core(self.compiled, cluster=cluster, test_clock=test_clock)
         self._key_error_logged = float("-inf")
         self._slow_logged = float("-inf")
+
+    def _new_breaker(self, describe: str) -> CircuitBreaker:
+        return CircuitBreaker(
+            threshold=self._failure_threshold,
+            cooldown=self._recovery_time,
+            # A probe that has not reported after a few timeouts was lost (cancelled).
+            probe_timeout=max(4 * self.timeout, self._recovery_time),
+            describe=describe,
+        )
+
+    def _breaker_for(self, node: str | None) -> CircuitBreaker:
+        """The breaker of a cluster node (by name), or the one breaker without a cluster."""
+        if node is None:
+            return self.breaker
+        breaker = self._node_breakers.get(node)
+        if breaker is None:
+            with self._breakers_lock:
+                breaker = self._node_breakers.get(node)
+                if breaker is None:
+                    breaker = self._new_breaker(f"Redis node {node} (applimit)")
+                    self._node_breakers[node] = breaker
+        return breaker
+
+    @staticmethod
+    def _admit(breakers: Sequence[CircuitBreaker]) -> CircuitBreaker | None:
+        """None when every breaker lets the call through; else the first that does not."""
+        seen: set[int] = set()
+        for breaker in breakers:
+            if id(breaker) in seen:
+                continue
+            seen.add(id(breaker))
+            if not breaker.allow():
+                return breaker
+        return None
 
     def _set_cluster(self, cluster: bool) -> None:
         self.cluster = cluster
@@ -97,31 +132,34 @@ class LimiterBase:
 
     # -- outcomes -------------------------------------------------------------------------
 
-    def _before(self, prepared: Prepared) -> Decision | None:
-        """A decision made without calling Redis, or None to go ahead with the calls."""
-        if not prepared.checks:
-            return _UNLIMITED
-        if not self.breaker.allow():
-            self.breaker.degraded()
-            return prepared.degraded(DEGRADED_RETRY_AFTER)
-        return None
+    def _skipped(self, prepared: Prepared, breaker: CircuitBreaker) -> Decision:
+        """The decision while a breaker is open: the failure policy, at once."""
+        breaker.degraded()
+        return prepared.degraded(DEGRADED_RETRY_AFTER)
 
-    def _failed(self, prepared: Prepared, error: BaseException, *, report: bool = True) -> Decision:
+    def _failed(
+        self,
+        prepared: Prepared,
+        error: BaseException,
+        breaker: CircuitBreaker,
+        *,
+        report: bool = True,
+    ) -> Decision:
         """The decision when a call failed: the failure policy, marked degraded.
 
         ``report`` is False when the round trip's own outcome reaches the breaker by
         another way (the async limiter's pipelines report once for all their calls).
         """
         if not report:
-            self.breaker.degraded()
-            self._log_slow(error)
-        elif self._note_failure(error):
-            self.breaker.degraded()
+            breaker.degraded()
+            self._log_slow(error, breaker)
+        elif self._note_failure(error, breaker):
+            breaker.degraded()
         return prepared.degraded(DEGRADED_RETRY_AFTER)
 
-    def _log_slow(self, error: BaseException) -> None:
+    def _log_slow(self, error: BaseException, breaker: CircuitBreaker) -> None:
         """Log, at most once a minute, decisions that ran out of time while Redis answered."""
-        if self.breaker.in_outage or not isinstance(error, TimeoutError):
+        if breaker.in_outage or not isinstance(error, TimeoutError):
             return
         now = time.monotonic()
         if now - self._slow_logged < _KEY_ERROR_LOG_INTERVAL:
@@ -133,10 +171,10 @@ class LimiterBase:
             self.timeout * 1000,
         )
 
-    def _note_failure(self, error: BaseException) -> bool:
+    def _note_failure(self, error: BaseException, breaker: CircuitBreaker) -> bool:
         """Feed a failed call to the breaker (or the log); True when it was an outage."""
         if is_outage(error):
-            self.breaker.failure(error)
+            breaker.failure(error)
             return True
         self._log_refusal(error)
         return False
@@ -157,19 +195,18 @@ class LimiterBase:
         )
 
     def _succeeded(
-        self, prepared: Prepared, replies: Sequence[object]
+        self, prepared: Prepared, replies: Sequence[object], breakers: Sequence[CircuitBreaker]
     ) -> tuple[Decision, tuple[ScriptCall, ...]]:
         """The decision from the replies, and the refund calls to run after it."""
+        for breaker in breakers:
+            breaker.success()
         try:
-            decision, refunds = prepared.decide(replies)
+            return prepared.decide(replies)
         except ValueError as error:
             # A reply of the wrong shape: Redis answered, so this is not an outage, but
             # the decision can only follow the failure policy.
-            self.breaker.success()
             self._log_refusal(error)
             return prepared.degraded(DEGRADED_RETRY_AFTER), ()
-        self.breaker.success()
-        return decision, refunds
 
     @staticmethod
     def _refund_failed(error: BaseException) -> None:
@@ -181,6 +218,6 @@ class LimiterBase:
         )
 
 
-_UNLIMITED = Decision(
+UNLIMITED = Decision(
     allowed=True, limit=0, remaining=0, reset_after=0.0, retry_after=None, policy=None
 )

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
 
-from redis.exceptions import NoScriptError
+import redis.cluster
+from redis.exceptions import NoScriptError, RedisClusterException
 
 from policy import Policy
 
@@ -18,7 +19,7 @@ from ._clients import SyncClient
 from ._core import Prepared, ScriptCall
 from ._decision import Decision
 from ._errors import REDIS_FAILURES, ApplimitError
-from ._shell import LimiterBase, load_policy
+from ._shell import UNLIMITED, LimiterBase, load_policy
 
 
 class Limiter(LimiterBase):
@@ -149,7 +150,7 @@ class Limiter(LimiterBase):
         try:
             self._connection().delete(*keys)
         except REDIS_FAILURES as error:
-            self._note_failure(error)
+            self._note_failure(error, self.breaker)
             return False
         return True
 
@@ -190,28 +191,45 @@ class Limiter(LimiterBase):
             return self._client
 
     def _decide(self, prepared: Prepared) -> Decision:
-        early = self._before(prepared)
-        if early is not None:
-            return early
+        if not prepared.checks:
+            return UNLIMITED
         deadline = time.monotonic() + self.timeout
         try:
             client = self._connection()
-            replies: list[object] = []
-            for call in prepared.calls:
+        except REDIS_FAILURES as error:
+            return self._failed(prepared, error, self.breaker)
+        breakers = [self._breaker_for(_node(client, call)) for call in prepared.calls]
+        closed = self._admit(breakers)
+        if closed is not None:
+            return self._skipped(prepared, closed)
+        replies: list[object] = []
+        for call, breaker in zip(prepared.calls, breakers, strict=True):
+            try:
                 # On Redis Cluster a request may need one call per slot: each is bounded by
                 # the socket timeout, and together they keep to the decision's deadline.
                 if replies and time.monotonic() > deadline:
                     raise TimeoutError("the decision's deadline passed between cluster calls")
                 replies.append(_run(client, call))
-        except REDIS_FAILURES as error:
-            return self._failed(prepared, error)
-        decision, refunds = self._succeeded(prepared, replies)
+            except REDIS_FAILURES as error:
+                return self._failed(prepared, error, breaker)
+        decision, refunds = self._succeeded(prepared, replies, breakers)
         for call in refunds:
             try:
                 _run(client, call)
             except REDIS_FAILURES as error:
                 self._refund_failed(error)
         return decision
+
+
+def _node(client: SyncClient, call: ScriptCall) -> str | None:
+    """The name of the cluster node serving the call's slot (None: not a cluster)."""
+    if call.slot is None or not isinstance(client, redis.cluster.RedisCluster):
+        return None
+    try:
+        return str(client.nodes_manager.get_node_from_slot(call.slot).name)
+    except (RedisClusterException, LookupError, TypeError):
+        # The slot map is being rebuilt: count the call against the cluster as a whole.
+        return None
 
 
 def _run(client: SyncClient, call: ScriptCall) -> object:

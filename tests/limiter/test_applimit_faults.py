@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
-from harness import RedisServer
+from harness import RedisCluster, RedisServer, running
 from limiter_support import Driver
+from redis.crc import key_slot
 
 import policy
 from applimit import AsyncLimiter, Limiter
@@ -163,3 +164,55 @@ async def test_restart_and_script_flush_mid_run(
         admin.script_flush()
     after = await limiter.hit("open", "bob")
     assert not after.degraded and after.remaining == 998
+
+
+@pytest.fixture(scope="module")
+def private_cluster() -> Iterator[RedisCluster]:
+    """A cluster of this module's own, since these tests freeze one of its masters."""
+    with running(RedisCluster()) as cluster:
+        yield cluster
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_one_hung_cluster_master_degrades_only_its_own_keys(
+    private_cluster: RedisCluster, caplog: pytest.LogCaptureFixture, flavour: str
+) -> None:
+    """SIGSTOP on one master: identities whose slot it serves follow the failure policy
+    within the timeout (its breaker opens: one warning), the others are decided exactly
+    as before; after SIGCONT everything is back within a second."""
+    caplog.set_level(logging.INFO, logger="applimit")
+    loaded = policy.loads(POLICY)
+    made: Limiter | AsyncLimiter
+    if flavour == "sync":
+        made = Limiter(loaded, redis_url=private_cluster.url, cluster=True)
+    else:
+        made = AsyncLimiter(loaded, redis_url=private_cluster.url, cluster=True)
+    limiter = Driver(made)
+    users = [f"user-{i}" for i in range(24)]
+    try:
+        for who in users:
+            assert not (await limiter.hit("open", who)).degraded
+        victim = private_cluster.masters()[0]
+        on_victim = {who for who in users if victim.owns_slot(key_slot(f"{{u={who}}}".encode()))}
+        assert on_victim and len(on_victim) < len(users)
+        server = private_cluster.node(victim.port)
+        server.pause()
+        try:
+            for _ in range(3):
+                for who in users:
+                    started = time.perf_counter()
+                    decision = await limiter.hit("open", who)
+                    assert time.perf_counter() - started <= TIMEOUT + SLACK
+                    assert decision.degraded == (who in on_victim), who
+                    assert decision.allowed
+        finally:
+            server.resume()
+        started = time.monotonic()
+        while any([(await limiter.hit("open", who)).degraded for who in sorted(on_victim)]):
+            assert time.monotonic() - started < RECOVERY
+            await asyncio.sleep(0.01)
+        warnings = [r for r in caplog.records if "cannot be used" in r.getMessage()]
+        assert len(warnings) == 1 and str(victim.port) in warnings[0].getMessage()
+    finally:
+        await limiter.close()
