@@ -102,7 +102,7 @@ class RequestInfo:
         )
         raw = scope.get("raw_path")
         if raw:
-            raw_path = bytes(raw).decode("latin-1")
+            raw_path = _origin_form(bytes(raw).decode("latin-1"))
         else:
             # Servers may omit raw_path; the decoded path re-encodes to the same matcher input
             # except for escaped slashes, which matchers never contain.
@@ -138,7 +138,7 @@ class RequestInfo:
         # str") is re-encoded by normalize_path.
         raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
         if raw:
-            raw_path = str(raw).split("?", 1)[0]
+            raw_path = _origin_form(str(raw).split("?", 1)[0])
         else:
             raw_path = str(environ.get("SCRIPT_NAME", "")) + str(environ.get("PATH_INFO", ""))
         host = _first(tuple(headers), "host") or str(environ.get("SERVER_NAME", ""))
@@ -183,6 +183,17 @@ class RequestInfo:
         scheme, _, token = value.strip().partition(" ")
         token = token.strip()
         return token if scheme.lower() == "bearer" and token else None
+
+
+def _origin_form(target: str) -> str:
+    """The path of a request target, also when a client sent the absolute form
+    (``GET http://host/path``), which servers must accept and some pass on as it came."""
+    lowered = target[:8].lower()
+    if lowered.startswith(("http://", "https://")):
+        rest = target.split("//", 1)[1]
+        slash = rest.find("/")
+        return rest[slash:] if slash >= 0 else "/"
+    return target
 
 
 def _first(headers: tuple[tuple[str, str], ...], name: str) -> str | None:
@@ -333,7 +344,7 @@ class TrustedProxies:
                 return str(cf_ip)
         hops: list[str] = []
         for value in request.header_values("x-forwarded-for"):
-            hops.extend(part for part in value.split(","))
+            hops.extend(value.split(","))
         nearest = peer
         for hop in reversed(hops):
             address = parse_ip(hop)

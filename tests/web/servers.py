@@ -91,15 +91,29 @@ def serve_wsgi(app: Any) -> Iterator[str]:
     Waitress drops X-Forwarded-For and friends unless told not to; the middleware decides
     which proxies to believe, so the headers must reach it.
     """
+    sockets: dict[int, Any] = {}
     server = create_server(
-        app, host=HOST, port=0, threads=4, ident="test", clear_untrusted_proxy_headers=False
+        app,
+        map=sockets,
+        host=HOST,
+        port=0,
+        threads=4,
+        ident="test",
+        clear_untrusted_proxy_headers=False,
     )
     port = server.effective_port
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
+
+    def close_all() -> None:
+        # Runs on the server's own loop thread (through its trigger): closing sockets from
+        # another thread while the loop selects on them is a race. An empty map ends the loop.
+        for channel in list(sockets.values()):
+            channel.close()
+
     try:
         yield f"http://{HOST}:{port}"
     finally:
-        server.close()
-        server.task_dispatcher.shutdown()
+        server.trigger.pull_trigger(close_all)
         thread.join(STARTUP_TIMEOUT)
+        server.task_dispatcher.shutdown()

@@ -100,6 +100,14 @@ def test_wsgi_request_without_a_raw_uri_re_encodes_path_info() -> None:
     assert RequestInfo.from_wsgi(environ).path == "/app/caf%C3%A9"
 
 
+def test_absolute_form_targets_are_matched_by_their_path() -> None:
+    """``GET http://host/api/x`` is the path /api/x, whichever server passed it on."""
+    environ = {"REQUEST_URI": "HTTP://api.example.com/api/x?y=1", "REMOTE_ADDR": "::1"}
+    assert RequestInfo.from_wsgi(environ).path == "/api/x"
+    assert RequestInfo.from_wsgi({"REQUEST_URI": "https://api.example.com"}).path == "/"
+    assert RequestInfo.from_asgi(asgi_scope(b"http://h/api/../login")).path == "/login"
+
+
 def test_bearer_tokens_cookies_and_repeated_headers() -> None:
     """The helpers identify() functions use read what clients send, and ignore junk."""
     info = request(
