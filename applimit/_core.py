@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Literal
 
@@ -308,19 +308,8 @@ class Prepared:
 
 
 def _given_back(result: LimitResult, cost: int) -> LimitResult:
-    return LimitResult(
-        name=result.name,
-        tier=result.tier,
-        algorithm=result.algorithm,
-        quota=result.quota,
-        window=result.window,
-        allowed=result.allowed,
-        consumed=False,
-        remaining=min(result.quota, result.remaining + cost),
-        reset_after=result.reset_after,
-        retry_after=result.retry_after,
-        shadow=result.shadow,
-    )
+    """A result whose consumption a refund undid."""
+    return replace(result, consumed=False, remaining=min(result.quota, result.remaining + cost))
 
 
 def _int_list(reply: object, length: int) -> list[int]:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from policy import Policy, load
 
-from ._breaker import CircuitBreaker
+from ._breaker import BreakerState, CircuitBreaker
 from ._core import CompiledPolicy, Core, Prepared, ScriptCall, compile_policy
 from ._decision import Decision
 from ._errors import ConfigurationError, is_outage
@@ -129,6 +129,18 @@ class LimiterBase:
     def limits(self) -> tuple[str, ...]:
         """The names of the policy's app limits, in policy order."""
         return tuple(r.name for r in self.compiled.rules)
+
+    @property
+    def breaker_state(self) -> BreakerState:
+        """The circuit breaker's state, for health checks: ``closed`` when Redis answers.
+
+        On Redis Cluster, the worst over the masters (``open`` if any master's is open).
+        """
+        states = [self.breaker.state, *(b.state for b in list(self._node_breakers.values()))]
+        for state in (BreakerState.OPEN, BreakerState.HALF_OPEN):
+            if state in states:
+                return state
+        return BreakerState.CLOSED
 
     # -- outcomes -------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from limiter_support import Driver
 from redis.crc import key_slot
 
 import policy
-from applimit import AsyncLimiter, Limiter
+from applimit import AsyncLimiter, BreakerState, Limiter
 
 TIMEOUT = 0.05
 # What a decision may take beyond the timeout on a busy two-core machine: scheduling and
@@ -114,8 +114,10 @@ async def test_stopped_redis_follows_the_failure_policy_and_recovers(
     getattr(fresh_redis_server, how)()
     await _assert_failure_policy(limiter)
     assert _outage_lines(caplog) == (1, 0)
+    assert limiter.limiter.breaker_state is BreakerState.OPEN
     took = await _recovery_time(limiter, fresh_redis_server.start)
     assert took < RECOVERY
+    assert limiter.limiter.breaker_state is BreakerState.CLOSED
     assert _outage_lines(caplog) == (1, 1)
     # Persistence is off, so the server came back empty: the count starts over, and the
     # script is loaded again after NOSCRIPT.
