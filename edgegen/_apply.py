@@ -15,7 +15,8 @@ may have happened anyway) and what was not written; ``edgegen plan`` then shows 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from . import _state
 from ._cloudflare import Client, Write
@@ -161,3 +162,22 @@ def execute(client: Client, plan: Plan, echo: Callable[[str], None]) -> list[str
         done.append(write.what)
         echo(f"done: {write.what}")
     return done
+
+
+NOTHING_WRITTEN = "nothing was written"
+
+
+@contextmanager
+def nothing_written() -> Iterator[None]:
+    """Around the steps before the first write: an error raised there says so.
+
+    Its message gains "; nothing was written" (unless it says so already), so every way
+    apply can stop tells whether the zone was changed.
+    """
+    try:
+        yield
+    except EdgegenError as exc:
+        message = str(exc)
+        if NOTHING_WRITTEN not in message.lower():
+            exc.args = (f"{message}; {NOTHING_WRITTEN}",)
+        raise

@@ -301,36 +301,45 @@ def run_apply(args: argparse.Namespace) -> int:
     """Apply a policy (plan, show, ask) or a saved plan (verify, then write)."""
     target = Path(args.target)
     try:
-        text = target.read_text("utf-8")
-    except (OSError, UnicodeDecodeError):
+        data = _state.read_bounded(target)
+    except (OSError, ValueError):
+        # Not readable: the policy loader says why, as for any policy.
+        data = b""
+    if len(data) > _state.MAX_FILE_BYTES:
+        raise _state.too_large(args.target, "plan or policy")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
         text = ""
     from_file = is_plan_file(text)
     with make_client(args) as client:
-        if from_file:
-            plan = plan_from_json(json.loads(text), args.target)
-            # A saved plan is applied only to the zone it was made from.
-            _apply.verify(client, plan)
-            sys.stdout.write(_plan_format.to_text(plan))
-        else:
-            loaded, artifacts = load_and_build(args.target)
-            scope = scope_of(loaded, artifacts, args.target)
-            plan = make_plan(artifacts, _state.read(client, scope))
-            sys.stdout.write(_plan_format.to_text(plan))
-        if not plan.has_changes:
-            return 0
-        if args.dry_run:
+        # Every failure up to the first write says that nothing was written.
+        with _apply.nothing_written():
+            if from_file:
+                plan = plan_from_json(_state.parse_json(text, args.target, "plan"), args.target)
+                # A saved plan is applied only to the zone it was made from.
+                _apply.verify(client, plan)
+                sys.stdout.write(_plan_format.to_text(plan))
+            else:
+                loaded, artifacts = load_and_build(args.target)
+                scope = scope_of(loaded, artifacts, args.target)
+                plan = make_plan(artifacts, _state.read(client, scope))
+                sys.stdout.write(_plan_format.to_text(plan))
+            if not plan.has_changes:
+                return 0
+            if args.dry_run:
+                if args.validate_remote and _apply.validate_remote(client, plan):
+                    sys.stdout.write("\nCloudflare's dry run accepted the rules.\n")
+                _print_writes(client, plan)
+                return 0
+            if not from_file and not args.auto_approve:
+                if not _confirm():
+                    sys.stdout.write("Apply cancelled; nothing was written.\n")
+                    return 1
+                # Time passed while the plan was read: the zone must still be as planned.
+                _apply.verify(client, plan)
             if args.validate_remote and _apply.validate_remote(client, plan):
-                sys.stdout.write("\nCloudflare's dry run accepted the rules.\n")
-            _print_writes(client, plan)
-            return 0
-        if not from_file and not args.auto_approve:
-            if not _confirm():
-                sys.stdout.write("Apply cancelled; nothing was written.\n")
-                return 1
-            # Time passed while the plan was read: the zone must still be as planned.
-            _apply.verify(client, plan)
-        if args.validate_remote and _apply.validate_remote(client, plan):
-            sys.stdout.write("Cloudflare's dry run accepted the rules.\n")
+                sys.stdout.write("Cloudflare's dry run accepted the rules.\n")
         done = _apply.execute(client, plan, _echo)
     sys.stdout.write(f"Apply complete: {len(done)} write(s) made.\n")
     return 0

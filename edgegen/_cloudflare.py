@@ -38,6 +38,7 @@ from urllib.parse import quote
 
 import httpx
 
+from . import _json
 from .errors import CloudflareAPIError, ErrorDetail, UsageError
 
 DEFAULT_BASE_URL = "https://api.cloudflare.com/client/v4"
@@ -53,6 +54,10 @@ DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 _IDEMPOTENT = frozenset({"GET", "PUT", "DELETE"})
 _RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 _MODULE_TYPE = "application/javascript+module"
+# A token file is read up to this size (Cloudflare's tokens are 40 characters).
+MAX_TOKEN_FILE_BYTES = 4096
+# The longest Retry-After kept as given (a day); longer ones are read as this.
+MAX_RETRY_AFTER = 86_400
 
 
 class Token:
@@ -99,18 +104,32 @@ class Token:
         if token_file is not None:
             path = Path(token_file)
             try:
-                text = path.read_text("utf-8")
+                # Read no more than a token could be: /dev/zero must not fill the memory.
+                with path.open("rb") as handle:
+                    data = handle.read(MAX_TOKEN_FILE_BYTES + 1)
+                text = data.decode("utf-8")
             except FileNotFoundError:
                 raise UsageError(
                     f"the token file {token_file} does not exist; give the path of a file "
                     "holding only the API token"
                 ) from None
-            except (OSError, UnicodeDecodeError) as exc:
-                reason = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
+            except (OSError, ValueError) as exc:
+                # Never the content: only what kept it from being read.
+                if isinstance(exc, UnicodeDecodeError):
+                    reason = "it is not UTF-8 text"
+                elif isinstance(exc, OSError):
+                    reason = exc.strerror or type(exc).__name__
+                else:
+                    reason = "the path holds a NUL byte"
                 raise UsageError(
                     f"cannot read the token file {token_file} ({reason}); give a readable "
                     "file holding only the API token"
                 ) from None
+            if len(data) > MAX_TOKEN_FILE_BYTES:
+                raise UsageError(
+                    f"the token file {token_file} is longer than {MAX_TOKEN_FILE_BYTES:,} "
+                    "bytes, which no API token is; give a file holding only the token"
+                )
             return cls(text)
         value = env.get(TOKEN_ENV, "")
         if not value.strip():
@@ -158,19 +177,28 @@ class RetryPolicy:
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (seconds or an HTTP date), or None."""
+    """Seconds to wait from a ``Retry-After`` header (seconds or an HTTP date), or None.
+
+    Anything else (``-1``, ``1.5``, ``1e309``, digits of other scripts) is None: the
+    client then backs off as if no header came. A number of seconds too large to be meant
+    is kept as ``MAX_RETRY_AFTER``, which is more than any retry waits for.
+    """
     if value is None:
         return None
     text = value.strip()
-    if text.isdigit():
-        return float(text)
+    if text.isascii() and text.isdigit():
+        digits = text.lstrip("0") or "0"
+        if len(digits) > 6:
+            return float(MAX_RETRY_AFTER)
+        return float(min(int(digits), MAX_RETRY_AFTER))
     try:
         when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+    seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    return min(float(MAX_RETRY_AFTER), max(0.0, seconds))
 
 
 @dataclass(frozen=True, slots=True)
@@ -438,6 +466,9 @@ class Client:
     ) -> httpx.Response:
         """Send with retries; returns a 2xx response, else raises CloudflareAPIError."""
         idempotent = method in _IDEMPOTENT
+        # Whether a failure may leave a change behind: not for reads, nor for Cloudflare's
+        # ?dry_run=true, which only validates.
+        changes = _changes(method, params)
         files = (
             [(p.name, (p.filename, p.content, p.content_type)) for p in parts] if parts else None
         )
@@ -462,8 +493,14 @@ class Client:
                 # Sent, but no answer: a write may or may not have happened.
                 if last or not idempotent:
                     raise self._transport_error(
-                        method, path, exc, retry + 1, ambiguous=method != "GET"
+                        method, path, exc, retry + 1, ambiguous=changes
                     ) from None
+            except httpx.DecodingError as exc:
+                # An answer came, but its body cannot be decoded (a Content-Encoding that
+                # does not match it): not a Cloudflare answer, and not worth repeating.
+                raise self._transport_error(
+                    method, path, exc, retry + 1, ambiguous=changes
+                ) from None
             else:
                 if response.is_success:
                     return response
@@ -475,8 +512,8 @@ class Client:
                 if not retryable or last or too_long:
                     body = _json_or_none(response)
                     if not _is_envelope(body):
-                        raise self._not_envelope(method, path, response)
-                    ambiguous = method != "GET" and response.status_code >= 500
+                        raise self._not_envelope(method, path, response, ambiguous=changes)
+                    ambiguous = changes and response.status_code >= 500
                     raise api_error(
                         method,
                         path,
@@ -507,7 +544,9 @@ class Client:
             message, method=method, path=path, status=None, ambiguous=ambiguous
         )
 
-    def _not_envelope(self, method: str, path: str, response: httpx.Response) -> CloudflareAPIError:
+    def _not_envelope(
+        self, method: str, path: str, response: httpx.Response, *, ambiguous: bool
+    ) -> CloudflareAPIError:
         return CloudflareAPIError(
             f"{method} {_describe_path(path)} got HTTP {response.status_code} with a body that "
             f"is not a Cloudflare API response (from {self.base_url}); if "
@@ -515,7 +554,7 @@ class Client:
             method=method,
             path=path,
             status=response.status_code,
-            ambiguous=method != "GET",
+            ambiguous=ambiguous,
             enveloped=False,
         )
 
@@ -523,7 +562,8 @@ class Client:
         """Unwrap a 2xx envelope: its ``result``, or an error when ``success`` is not true."""
         body = _json_or_none(response)
         if not _is_envelope(body):
-            raise self._not_envelope(method, path, response)
+            params = tuple(response.request.url.params.multi_items())
+            raise self._not_envelope(method, path, response, ambiguous=_changes(method, params))
         assert isinstance(body, dict)
         if body["success"] is not True:
             raise api_error(method, path, response.status_code, _error_details(body), None)
@@ -683,15 +723,21 @@ class Client:
             raise
 
 
+def _changes(method: str, params: Iterable[tuple[str, str]]) -> bool:
+    """Whether a request may change the zone: not a read, nor Cloudflare's ``?dry_run=true``."""
+    return method != "GET" and ("dry_run", "true") not in tuple(params)
+
+
 def _means_missing(exc: CloudflareAPIError, missing_code: int) -> bool:
     """A 404 in Cloudflare's envelope with no code or the code for "does not exist"."""
     return exc.status == 404 and exc.enveloped and (not exc.codes or missing_code in exc.codes)
 
 
 def _json_or_none(response: httpx.Response) -> Any:
+    """The body as JSON, or None when it is not JSON edgegen can use (see ``_json``)."""
     try:
-        return response.json()
-    except (ValueError, UnicodeDecodeError):
+        return _json.loads(response.content)
+    except ValueError:
         return None
 
 
@@ -730,6 +776,8 @@ def parse_route(item: Any, method: str, path: str) -> Route:
     if not isinstance(item, dict) or not isinstance(item.get("pattern"), str):
         raise _bad_result(method, path, "routes with a pattern")
     script = item.get("script")
+    if script is not None and not isinstance(script, str):
+        raise _bad_result(method, path, "routes whose script is a name")
     return Route(str(item.get("id", "")), item["pattern"], script if script else None)
 
 

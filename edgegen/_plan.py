@@ -19,12 +19,12 @@ hash, Worker hash, routes hash), so a saved plan can refuse to apply to a change
 from __future__ import annotations
 
 import copy
-import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from . import _ids
+from . import _ids, _json
 from ._artifacts import Artifacts, Target, WorkerArtifact
 from ._state import (
     RemoteRoute,
@@ -40,6 +40,7 @@ from .errors import CloudflareAPIError, Rejection, SyncError
 
 PLAN_FORMAT = "edgegen-plan"
 PLAN_VERSION = 1
+_PLAN_FORMAT_FIELD = re.compile(r'"format"\s*:\s*"edgegen-plan"')
 OWNED_PREFIX = _ids.RULE_REF_PREFIX
 # Fields Cloudflare adds to a rule it returns; never compared (the id is sent back so a
 # rule keeps its identity, the others are stripped from what is sent).
@@ -699,7 +700,8 @@ def is_plan_file(text: str) -> bool:
     if not stripped.startswith("{"):
         return False
     try:
-        data = json.loads(stripped)
+        data = _json.loads(stripped)
     except ValueError:
-        return False
+        # Cut short or damaged, but meant as a plan: reading it says what is wrong.
+        return _PLAN_FORMAT_FIELD.search(stripped) is not None
     return isinstance(data, dict) and data.get("format") == PLAN_FORMAT
