@@ -194,10 +194,19 @@ class Limiter(LimiterBase):
         if not prepared.checks:
             return UNLIMITED
         deadline = time.monotonic() + self.timeout
-        try:
-            client = self._connection()
-        except REDIS_FAILURES as error:
-            return self._failed(prepared, error, self.breaker)
+        if self._client is None:
+            # A cluster client connects when it is made: while that keeps failing, the
+            # breaker decides when to try again, like for any other call.
+            if not self.breaker.allow():
+                return self._skipped(prepared, self.breaker)
+            try:
+                client = self._connection()
+            except REDIS_FAILURES as error:
+                return self._failed(prepared, error, self.breaker)
+            if isinstance(client, redis.cluster.RedisCluster):
+                self.breaker.success()
+        else:
+            client = self._client
         breakers = [self._breaker_for(_node(client, call)) for call in prepared.calls]
         closed = self._admit(breakers)
         if closed is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -222,5 +223,33 @@ async def test_one_hung_cluster_master_degrades_only_its_own_keys(
             await asyncio.sleep(0.01)
         warnings = [r for r in caplog.records if "cannot be used" in r.getMessage()]
         assert len(warnings) == 1 and str(victim.port) in warnings[0].getMessage()
+    finally:
+        await limiter.close()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize("cluster", [False, True])
+async def test_redis_down_from_the_start(flavour: str, cluster: bool) -> None:
+    """Nothing listens at the URL when the limiter starts: building it does not fail, and
+    decisions follow the failure policy quickly (a cluster client, which connects when it
+    is made, is retried only when the breaker allows)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"redis://127.0.0.1:{port}/0"
+    loaded = policy.loads(POLICY)
+    made: Limiter | AsyncLimiter
+    if flavour == "sync":
+        made = Limiter(loaded, redis_url=url, cluster=cluster)
+    else:
+        made = AsyncLimiter(loaded, redis_url=url, cluster=cluster)
+    limiter = Driver(made)
+    try:
+        for _ in range(10):
+            elapsed, allowed, degraded = await _timed(limiter, "open")
+            assert degraded and allowed and elapsed <= TIMEOUT + SLACK
+            _, allowed, degraded = await _timed(limiter, "closed")
+            assert degraded and not allowed
+        assert made.breaker_state is BreakerState.OPEN
     finally:
         await limiter.close()
