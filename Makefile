@@ -48,5 +48,10 @@ unit: $(STAMP) $(NODE_STAMP)
 ## test: install into .venv (and workers/node_modules), then ruff, mypy --strict, pytest
 test: lint typecheck unit
 
+## bench: every benchmark, about two minutes; results in bench/results/, report in
+## docs/benchmarks.md (make bench BENCH_ARGS="--only sync,async" for a selection)
+bench: $(STAMP)
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) workers/node_modules .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,68 @@
+"""Smoke test of the benchmark runner, so ``make bench`` does not rot between runs.
+
+It runs one benchmark in quick mode into a temporary directory and checks that the
+results, the report and the chart are well formed. It never looks at the numbers'
+size: timings on a shared machine are not something a test can assert.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STATUSES = {"PASS", "MISS", "N/A"}
+
+
+def test_quick_run_writes_results_report_and_chart(tmp_path: Path) -> None:
+    """``python -m bench.run --quick --only sync`` exits 0 and writes a JSON result with
+    every variant's rates, targets with a status, a Markdown report listing them, and
+    an SVG chart beside it."""
+    docs = tmp_path / "docs" / "benchmarks.md"
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.run",
+            "--quick",
+            "--only",
+            "sync",
+            "--results",
+            str(tmp_path / "results"),
+            "--docs",
+            str(docs),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+
+    result = json.loads((tmp_path / "results" / "sync.json").read_text(encoding="utf-8"))
+    assert result["name"] == "sync"
+    assert result["quick"] is True
+    assert {"ping", "hit_sliding_log", "hit_gcra", "limits_sliding_log"} <= set(result["rates"])
+    rounds = {len(series) for series in result["rates"].values()}
+    assert len(rounds) == 1 and rounds.pop() >= 1
+    for series in [*result["rates"].values(), *result["ratios"].values()]:
+        assert all(math.isfinite(x) and x > 0 for x in series)
+    assert result["targets"]
+    for target in result["targets"]:
+        assert target["status"] in STATUSES
+        assert target["goal"].startswith((">=", "<="))
+    machine = json.loads((tmp_path / "results" / "machine.json").read_text(encoding="utf-8"))
+    assert machine["cores"] >= 1
+
+    report = docs.read_text(encoding="utf-8")
+    assert "## Targets" in report
+    assert "make bench" in report
+    for target in result["targets"]:
+        assert target["text"] in report
+    chart = docs.parent / "benchmarks.svg"
+    assert "<svg" in chart.read_text(encoding="utf-8")
+    assert "(benchmarks.svg)" in report
