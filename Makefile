@@ -22,7 +22,8 @@ $(NODE_STAMP): workers/package.json workers/package-lock.json
 deps: $(STAMP)
 node-deps: $(NODE_STAMP)
 
-## demo: validate the example policy and show what it defines
+## demo: validate, show, build, plan (offline) and diff the example policy, then run the
+## fleet demonstration (four app instances behind a round-robin front, one shared Redis)
 demo: $(STAMP)
 	@echo "== edgegen validate examples/policy.yaml"
 	@$(BIN)/edgegen validate examples/policy.yaml
@@ -32,6 +33,12 @@ demo: $(STAMP)
 	@echo
 	@echo "== edgegen build examples/policy.yaml --out out/edge --explain"
 	@$(BIN)/edgegen build examples/policy.yaml --out out/edge --explain
+	@echo
+	@echo "== edgegen plan examples/policy.yaml --state examples/zone-state.json  (offline, against a pulled zone)"
+	@$(BIN)/edgegen plan examples/policy.yaml --state examples/zone-state.json
+	@echo
+	@echo "== edgegen diff examples/policy-previous.yaml examples/policy.yaml  (what a PR comment shows)"
+	@$(BIN)/edgegen diff examples/policy-previous.yaml examples/policy.yaml | sed -n '1,/^Generated artifacts/p;/^Generated artifacts/,/^$$/p' | uniq
 	@echo; $(BIN)/python examples/fleet_demo.py
 
 lint: $(STAMP)
