@@ -8,6 +8,7 @@ how they are written in the policy file and in JSON.
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -61,8 +62,34 @@ def _duration_hint(text: str) -> str:
     return "10s"
 
 
+class _Text(ABC):
+    """Pydantic hooks for a value written as text: ``parse`` validates, ``str`` serialises."""
+
+    __slots__ = ()
+    JSON_SCHEMA: ClassVar[dict[str, Any]]
+
+    @classmethod
+    @abstractmethod
+    def parse(cls, value: object) -> Any:
+        """Turn text (or an instance) into an instance; ValueError says how to write it."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: type[Any], handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_plain_validator_function(
+            cls.parse, serialization=core_schema.to_string_ser_schema()
+        )
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return dict(cls.JSON_SCHEMA)
+
+
 @dataclass(frozen=True, slots=True, order=True)
-class Duration:
+class Duration(_Text):
     """A length of time, held in whole milliseconds (``50ms``, ``10s``, ``1m``, ``1h``, ``1d``)."""
 
     ms: int
@@ -108,28 +135,16 @@ class Duration:
     def __str__(self) -> str:
         return _format_ms(self.ms)
 
-    @classmethod
-    def __get_pydantic_core_schema__(
-        cls, source: type[Any], handler: GetCoreSchemaHandler
-    ) -> core_schema.CoreSchema:
-        return core_schema.no_info_plain_validator_function(
-            cls.parse, serialization=core_schema.to_string_ser_schema()
-        )
-
-    @classmethod
-    def __get_pydantic_json_schema__(
-        cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
-    ) -> JsonSchemaValue:
-        return {
-            "type": "string",
-            "pattern": r"^\d*(ms|s|m|h|d)$",
-            "description": "A duration: a whole number and a unit (ms, s, m, h, d), e.g. 10s",
-            "examples": ["50ms", "10s", "1m", "1h"],
-        }
+    JSON_SCHEMA: ClassVar[dict[str, Any]] = {
+        "type": "string",
+        "pattern": r"^\d*(ms|s|m|h|d)$",
+        "description": "A duration: a whole number and a unit (ms, s, m, h, d), e.g. 10s",
+        "examples": ["50ms", "10s", "1m", "1h"],
+    }
 
 
 @dataclass(frozen=True, slots=True)
-class Rate:
+class Rate(_Text):
     """``limit`` requests per ``period``: written ``100/1m``, ``5/10s``, ``20000/1h``."""
 
     limit: int
@@ -165,24 +180,12 @@ class Rate:
     def __str__(self) -> str:
         return f"{self.limit}/{self.period}"
 
-    @classmethod
-    def __get_pydantic_core_schema__(
-        cls, source: type[Any], handler: GetCoreSchemaHandler
-    ) -> core_schema.CoreSchema:
-        return core_schema.no_info_plain_validator_function(
-            cls.parse, serialization=core_schema.to_string_ser_schema()
-        )
-
-    @classmethod
-    def __get_pydantic_json_schema__(
-        cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
-    ) -> JsonSchemaValue:
-        return {
-            "type": "string",
-            "pattern": r"^\d+/\d*(ms|s|m|h|d)$",
-            "description": "Requests per period, e.g. 100/1m or 5/10s",
-            "examples": ["100/1m", "5/10s", "20000/1h"],
-        }
+    JSON_SCHEMA: ClassVar[dict[str, Any]] = {
+        "type": "string",
+        "pattern": r"^\d+/\d*(ms|s|m|h|d)$",
+        "description": "Requests per period, e.g. 100/1m or 5/10s",
+        "examples": ["100/1m", "5/10s", "20000/1h"],
+    }
 
 
 class Algorithm(StrEnum):
