@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +185,18 @@ def _state_for_policy(loaded: Policy, state: RemoteState, path: str, state_path:
         )
 
 
+def _save(path: str, what: str, write: Callable[[], None]) -> None:
+    """Run ``write``; a path that cannot be written is a usage error naming it."""
+    try:
+        write()
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UsageError(
+            f"cannot write the {what} file {path}: {reason}; choose a path you can write to "
+            "with --out"
+        ) from None
+
+
 def _print_plan(plan: Plan, output: str) -> None:
     if output == "json":
         sys.stdout.write(json.dumps(plan_to_json(plan, include_writes=False), indent=2) + "\n")
@@ -214,7 +227,9 @@ def run_plan(args: argparse.Namespace) -> int:
     plan = make_plan(artifacts, state)
     _print_plan(plan, args.format)
     if args.out is not None:
-        _state.write_json_atomic(Path(args.out), plan_to_json(plan))
+        _save(
+            args.out, "plan", lambda: _state.write_json_atomic(Path(args.out), plan_to_json(plan))
+        )
         sys.stderr.write(f"Saved the plan to {args.out}; apply it with edgegen apply {args.out}\n")
     if args.detailed_exitcode and plan.has_changes:
         return 2
@@ -250,7 +265,7 @@ def run_pull(args: argparse.Namespace) -> int:
         )
     with make_client(args) as client:
         state = _state.read(client, Scope(zone, account, worker))
-    state.save(args.out)
+    _save(args.out, "state", lambda: state.save(args.out))
     ruleset = state.ruleset
     rules = (
         f"ruleset version {ruleset.version} with {len(ruleset.rules)} rule(s)"

@@ -308,7 +308,8 @@ def _error_details(body: Any) -> tuple[ErrorDetail, ...]:
     if not isinstance(body, dict):
         return ()
     out: list[ErrorDetail] = []
-    for item in body.get("errors") or ():
+    errors = body.get("errors")
+    for item in errors if isinstance(errors, list) else ():
         if not isinstance(item, dict):
             continue
         code = item.get("code")
@@ -316,7 +317,7 @@ def _error_details(body: Any) -> tuple[ErrorDetail, ...]:
         pointer = source.get("pointer") if isinstance(source, dict) else None
         out.append(
             ErrorDetail(
-                code=code if isinstance(code, int) else None,
+                code=code if isinstance(code, int) and not isinstance(code, bool) else None,
                 message=str(item.get("message", "")),
                 pointer=pointer if isinstance(pointer, str) else None,
             )

@@ -40,6 +40,7 @@ from .errors import CloudflareAPIError, Rejection, SyncError
 
 PLAN_FORMAT = "edgegen-plan"
 PLAN_VERSION = 1
+RULE_ACTIONS = ("create", "update", "move", "delete")
 _PLAN_FORMAT_FIELD = re.compile(r'"format"\s*:\s*"edgegen-plan"')
 OWNED_PREFIX = _ids.RULE_REF_PREFIX
 # Fields Cloudflare adds to a rule it returns; never compared (the id is sent back so a
@@ -93,7 +94,9 @@ class FieldChange:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> FieldChange:
         """The inverse of ``to_json``."""
-        return cls(str(data["path"]), data.get("old", ABSENT), data.get("new", ABSENT))
+        data = _json.obj(data, "a field change")
+        path = _json.text(data.get("path"), "a field change's path")
+        return cls(path, data.get("old", ABSENT), data.get("new", ABSENT))
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,13 +124,17 @@ class RuleChange:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RuleChange:
         """The inverse of ``to_json``."""
+        data = _json.obj(data, "a rule change")
         return cls(
-            str(data["action"]),
-            str(data["ref"]),
-            data.get("limit"),
-            str(data.get("description", "")),
-            tuple(FieldChange.from_json(f) for f in data.get("fields", ())),
-            data.get("position"),
+            _json.choice(data.get("action"), RULE_ACTIONS, "a rule change's action"),
+            _json.text(data.get("ref"), "a rule change's ref"),
+            _json.optional_text(data.get("limit"), "a rule change's limit"),
+            _json.text(data.get("description", ""), "a rule change's description"),
+            tuple(
+                FieldChange.from_json(f)
+                for f in _json.objects(data.get("fields", []), "a rule change's fields")
+            ),
+            _json.optional_int(data.get("position"), "a rule change's position"),
         )
 
 
@@ -161,11 +168,15 @@ class WorkerChange:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> WorkerChange:
         """The inverse of ``to_json``."""
+        data = _json.obj(data, "the Worker change")
         return cls(
-            str(data["action"]),
-            str(data["name"]),
-            tuple(FieldChange.from_json(f) for f in data.get("fields", ())),
-            bool(data.get("replaces_foreign")),
+            _json.choice(data.get("action"), ("create", "update"), "the Worker change's action"),
+            _json.text(data.get("name"), "the Worker change's name"),
+            tuple(
+                FieldChange.from_json(f)
+                for f in _json.objects(data.get("fields", []), "the Worker change's fields")
+            ),
+            _json.flag(data.get("replaces_foreign"), "the Worker change's replaces_foreign"),
         )
 
 
@@ -190,8 +201,12 @@ class RouteChange:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RouteChange:
         """The inverse of ``to_json``."""
+        data = _json.obj(data, "a route change")
         return cls(
-            str(data["action"]), str(data["pattern"]), data.get("script"), data.get("route_id")
+            _json.choice(data.get("action"), ("create", "delete"), "a route change's action"),
+            _json.text(data.get("pattern"), "a route change's pattern"),
+            _json.optional_text(data.get("script"), "a route change's script"),
+            _json.optional_text(data.get("route_id"), "a route change's route_id"),
         )
 
 
@@ -228,13 +243,14 @@ class Fingerprints:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Fingerprints:
+    def from_json(cls, data: Any) -> Fingerprints:
         """The inverse of ``to_json``."""
+        data = _json.obj(data, "fingerprints")
         return cls(
-            data.get("ruleset_version"),
-            data.get("ruleset_sha256"),
-            data.get("worker_sha256"),
-            str(data["routes_sha256"]),
+            _json.optional_text(data.get("ruleset_version"), "fingerprints.ruleset_version"),
+            _json.optional_text(data.get("ruleset_sha256"), "fingerprints.ruleset_sha256"),
+            _json.optional_text(data.get("worker_sha256"), "fingerprints.worker_sha256"),
+            _json.text(data.get("routes_sha256"), "fingerprints.routes_sha256"),
         )
 
 
@@ -647,48 +663,74 @@ def plan_from_json(data: Any, source: str) -> Plan:
     if data.get("format_version") != PLAN_VERSION:
         raise bad(f"format_version is {data.get('format_version')!r}, not {PLAN_VERSION}")
     try:
+        raw_scope = _json.obj(data.get("scope"), "scope")
         scope = Scope(
-            str(data["scope"]["zone_id"]),
-            data["scope"].get("account_id"),
-            data["scope"].get("worker_name"),
+            _json.text(raw_scope.get("zone_id"), "scope.zone_id"),
+            _json.optional_text(raw_scope.get("account_id"), "scope.account_id"),
+            _json.optional_text(raw_scope.get("worker_name"), "scope.worker_name"),
         )
-        writes = data["writes"]
+        writes = _json.obj(data.get("writes"), "writes")
         raw_worker = writes.get("worker")
         worker = None
         if raw_worker is not None:
+            raw_worker = _json.obj(raw_worker, "writes.worker")
             worker = WorkerArtifact(
-                name=str(raw_worker["name"]),
-                main_module=str(raw_worker["main_module"]),
-                module_source=str(raw_worker["module_source"]),
-                compatibility_date=str(raw_worker["compatibility_date"]),
-                bindings=tuple(raw_worker["bindings"]),
-                routes=tuple(raw_worker["routes"]),
-                wrangler_toml=str(raw_worker.get("wrangler_toml", "")),
+                name=_json.text(raw_worker.get("name"), "writes.worker.name"),
+                main_module=_json.text(raw_worker.get("main_module"), "writes.worker.main_module"),
+                module_source=_json.text(
+                    raw_worker.get("module_source"), "writes.worker.module_source"
+                ),
+                compatibility_date=_json.text(
+                    raw_worker.get("compatibility_date"), "writes.worker.compatibility_date"
+                ),
+                bindings=_json.objects(raw_worker.get("bindings"), "writes.worker.bindings"),
+                routes=_json.texts(raw_worker.get("routes"), "writes.worker.routes"),
+                wrangler_toml=_json.text(
+                    raw_worker.get("wrangler_toml", ""), "writes.worker.wrangler_toml"
+                ),
             )
+            if worker.name != scope.worker_name:
+                raise bad(
+                    f"it uploads the Worker {worker.name!r} but was made for {scope.worker_name!r}"
+                )
         body = writes.get("ruleset")
-        if body is not None and not (
-            isinstance(body, dict) and isinstance(body.get("rules"), list)
-        ):
-            raise bad("writes.ruleset is not a ruleset body")
-        worker_change = WorkerChange.from_json(data["worker"]) if data.get("worker") else None
+        if body is not None:
+            body = _json.obj(body, "writes.ruleset")
+            _json.objects(body.get("rules"), "writes.ruleset.rules")
+        raw_change = data.get("worker")
+        worker_change = WorkerChange.from_json(raw_change) if raw_change is not None else None
         if (worker_change is None) != (worker is None):
             raise bad("the Worker change and the Worker to upload do not match")
+        foreign = []
+        for item in _json.objects(data.get("foreign_rules", []), "foreign_rules"):
+            position = _json.optional_int(item.get("position"), "a foreign rule's position")
+            if position is None:
+                raise TypeError("a foreign rule has no position")
+            foreign.append(
+                ForeignRule(
+                    position,
+                    _json.text(item.get("ref"), "a foreign rule's ref"),
+                    _json.text(item.get("description"), "a foreign rule's description"),
+                )
+            )
+        limits = _json.obj(data.get("limits_by_ref", {}), "limits_by_ref")
         return Plan(
             scope=scope,
-            fingerprints=Fingerprints.from_json(data["fingerprints"]),
-            rule_changes=tuple(RuleChange.from_json(c) for c in data["rules"]),
-            foreign_rules=tuple(
-                ForeignRule(int(f["position"]), str(f["ref"]), str(f["description"]))
-                for f in data.get("foreign_rules", ())
+            fingerprints=Fingerprints.from_json(data.get("fingerprints")),
+            rule_changes=tuple(
+                RuleChange.from_json(c) for c in _json.objects(data.get("rules"), "rules")
             ),
+            foreign_rules=tuple(foreign),
             ruleset_body=body,
-            ruleset_version=data.get("ruleset_version"),
+            ruleset_version=_json.optional_text(data.get("ruleset_version"), "ruleset_version"),
             worker_change=worker_change,
             worker=worker,
-            route_changes=tuple(RouteChange.from_json(c) for c in data["routes"]),
-            route_patterns=tuple(str(p) for p in data.get("route_patterns", ())),
-            limits_by_ref={str(k): str(v) for k, v in data.get("limits_by_ref", {}).items()},
-            notes=tuple(str(n) for n in data.get("notes", ())),
+            route_changes=tuple(
+                RouteChange.from_json(c) for c in _json.objects(data.get("routes"), "routes")
+            ),
+            route_patterns=_json.texts(data.get("route_patterns", []), "route_patterns"),
+            limits_by_ref={k: _json.text(v, f"limits_by_ref[{k!r}]") for k, v in limits.items()},
+            notes=_json.texts(data.get("notes", []), "notes"),
         )
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise bad(f"a field is missing or of the wrong type: {exc}") from None

@@ -182,36 +182,50 @@ class RemoteState:
         if data.get("format_version") != STATE_VERSION:
             raise bad(f"format_version is {data.get('format_version')!r}, not {STATE_VERSION}")
         try:
-            zone_id = data["zone_id"]
+            zone_id = data.get("zone_id")
             if not isinstance(zone_id, str):
                 raise bad("zone_id is missing")
-            scope = Scope(zone_id, data.get("account_id"), data.get("worker_name"))
+            scope = Scope(
+                zone_id,
+                _json.optional_text(data.get("account_id"), "account_id"),
+                _json.optional_text(data.get("worker_name"), "worker_name"),
+            )
             raw_ruleset = data.get("ruleset")
             ruleset = None
             if raw_ruleset is not None:
-                rules = raw_ruleset["rules"]
+                raw_ruleset = _json.obj(raw_ruleset, "ruleset")
+                rules = raw_ruleset.get("rules")
                 if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
                     raise bad("ruleset.rules is not a list of rules")
                 ruleset = RemoteRuleset(
-                    str(raw_ruleset["id"]),
-                    str(raw_ruleset["version"]),
-                    str(raw_ruleset.get("description", "")),
+                    _json.text(raw_ruleset.get("id"), "ruleset.id"),
+                    _json.text(raw_ruleset.get("version"), "ruleset.version"),
+                    _json.text(raw_ruleset.get("description", ""), "ruleset.description"),
                     tuple(rules),
                 )
             raw_worker = data.get("worker")
             worker = None
             if raw_worker is not None:
+                raw_worker = _json.obj(raw_worker, "worker")
                 worker = RemoteWorker(
-                    str(raw_worker["name"]),
-                    str(raw_worker["main_module"]),
-                    str(raw_worker["content_sha256"]),
-                    raw_worker.get("compatibility_date"),
-                    tuple(raw_worker.get("bindings") or ()),
-                    bool(raw_worker.get("generated_by_edgegen")),
+                    _json.text(raw_worker.get("name"), "worker.name"),
+                    _json.text(raw_worker.get("main_module"), "worker.main_module"),
+                    _json.text(raw_worker.get("content_sha256"), "worker.content_sha256"),
+                    _json.optional_text(
+                        raw_worker.get("compatibility_date"), "worker.compatibility_date"
+                    ),
+                    _json.objects(raw_worker.get("bindings", []), "worker.bindings"),
+                    _json.flag(
+                        raw_worker.get("generated_by_edgegen"), "worker.generated_by_edgegen"
+                    ),
                 )
             routes = tuple(
-                RemoteRoute(str(r["id"]), str(r["pattern"]), r.get("script"))
-                for r in data.get("routes") or ()
+                RemoteRoute(
+                    _json.text(r.get("id"), "a route's id"),
+                    _json.text(r.get("pattern"), "a route's pattern"),
+                    _json.optional_text(r.get("script"), "a route's script"),
+                )
+                for r in _json.objects(data.get("routes", []), "routes")
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise bad(f"a field is missing or of the wrong type: {exc}") from None

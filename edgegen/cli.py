@@ -8,6 +8,7 @@ a user mistake never ends in a traceback.
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from collections.abc import Callable, Sequence
 from typing import TextIO
@@ -55,8 +56,21 @@ def print_load_error(error: PolicyLoadError, stream: TextIO) -> None:
     stream.write(f"{count} error{'s' if count != 1 else ''}: the policy was not loaded\n")
 
 
+def _printable_streams() -> None:
+    """Let stdout show any text, as stderr already does.
+
+    Paths that are not UTF-8 arrive as lone surrogates (``\udcff`` for the byte 0xff); a
+    terminal whose stdout is strict UTF-8 would fail to print them in a message. With
+    ``backslashreplace`` they are shown escaped instead.
+    """
+    stream = sys.stdout
+    if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+        stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run edgegen; returns the exit code (0 ok, 1 error, 2 usage or 'changes' for plan)."""
+    _printable_streams()
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.func

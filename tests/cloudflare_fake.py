@@ -99,6 +99,11 @@ PERMISSIONS = frozenset({"waf", "scripts", "routes"})
 NOW = "2026-01-01T00:00:00.000000Z"
 
 
+def one_of(value: Any, options: set[Any]) -> bool:
+    """``value in options``, false for values that cannot be in a set (lists, objects)."""
+    return isinstance(value, (str, int, float, type(None))) and value in options
+
+
 def envelope(result: Any = None, errors: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The v4 envelope."""
     return {"success": not errors, "errors": errors or [], "messages": [], "result": result}
@@ -466,10 +471,12 @@ class FakeCloudflare:
                 why = "is a response-only field" if key in RESPONSE_ONLY else "is not a rule field"
                 errors.append(error(20003, f"{key!r} {why}", f"{at}/{key}"))
             rule_id = rule.get("id")
-            if rule_id is not None and rule_id not in existing:
+            if rule_id is not None and (not isinstance(rule_id, str) or rule_id not in existing):
                 errors.append(error(20004, f"could not find rule {rule_id}", f"{at}/id"))
             ref = rule.get("ref")
-            if ref is not None:
+            if ref is not None and not isinstance(ref, str):
+                errors.append(error(20005, "ref must be a string", f"{at}/ref"))
+            elif ref is not None:
                 if ref in refs:
                     errors.append(
                         error(20005, f"ref {ref!r} is also used by rule {refs[ref]}", f"{at}/ref")
@@ -487,7 +494,7 @@ class FakeCloudflare:
                     )
                 )
             action = rule.get("action")
-            if action not in ACTIONS:
+            if not one_of(action, ACTIONS):
                 errors.append(error(20008, f"unknown action {action!r}", f"{at}/action"))
             elif action == "log" and not enterprise:
                 errors.append(
@@ -528,7 +535,7 @@ class FakeCloudflare:
                     f"{at}/action_parameters/response/status_code",
                 )
             )
-        if response.get("content_type") not in CONTENT_TYPES:
+        if not one_of(response.get("content_type"), CONTENT_TYPES):
             errors.append(
                 error(
                     20014,
@@ -554,7 +561,7 @@ class FakeCloudflare:
                 error(20016, "characteristics must include cf.colo.id", f"{at}/characteristics")
             )
         period = limit.get("period")
-        if period not in PLAN_PERIODS[self.plan]:
+        if not one_of(period, PLAN_PERIODS[self.plan]):
             allowed = ", ".join(str(p) for p in sorted(PLAN_PERIODS[self.plan]))
             errors.append(
                 error(
@@ -569,7 +576,7 @@ class FakeCloudflare:
                 error(20018, "requests_per_period must be at least 1", f"{at}/requests_per_period")
             )
         timeout = limit.get("mitigation_timeout", 0)
-        if timeout != 0 and timeout not in PLAN_TIMEOUTS[self.plan]:
+        if timeout != 0 and not one_of(timeout, PLAN_TIMEOUTS[self.plan]):
             errors.append(
                 error(
                     20019,
@@ -577,7 +584,7 @@ class FakeCloudflare:
                     f"{at}/mitigation_timeout",
                 )
             )
-        if rule.get("action") in CHALLENGES and timeout != 0 and not enterprise:
+        if one_of(rule.get("action"), CHALLENGES) and timeout != 0 and not enterprise:
             errors.append(
                 error(
                     20020,
