@@ -134,13 +134,33 @@ class LimiterBase:
     def breaker_state(self) -> BreakerState:
         """The circuit breaker's state, for health checks: ``closed`` when Redis answers.
 
-        On Redis Cluster, the worst over the masters (``open`` if any master's is open).
+        On Redis Cluster, the worst over the masters that serve slots now (``open`` if any
+        of theirs is open): after a failover the dead master's breaker stays open, but no
+        call goes to it any more, so it must not fail health checks forever.
         """
-        states = [self.breaker.state, *(b.state for b in list(self._node_breakers.values()))]
+        serving = self._serving_nodes()
+        states = [self.breaker.state] if serving is None else []
+        states += [
+            breaker.state
+            for node, breaker in list(self._node_breakers.items())
+            if serving is None or node in serving
+        ]
         for state in (BreakerState.OPEN, BreakerState.HALF_OPEN):
             if state in states:
                 return state
         return BreakerState.CLOSED
+
+    def _serving_nodes(self) -> set[str] | None:
+        """The masters in the cluster client's slot map (None: no cluster client yet).
+
+        Once the client exists every call is routed to one of these, so the limiter's own
+        breaker (used only while the slot map cannot name a node) no longer says anything
+        about health on its own.
+        """
+        manager = getattr(getattr(self, "_client", None), "nodes_manager", None)
+        if manager is None:
+            return None
+        return {str(node.name) for node in manager.get_nodes_by_server_type("primary")}
 
     # -- outcomes -------------------------------------------------------------------------
 
