@@ -60,5 +60,11 @@ test: lint typecheck unit
 bench: $(STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
+## soak: mixed traffic through applimit for SOAK_SECONDS (default 120) against reference
+## models, with Redis memory, key expiry and connection counts checked
+SOAK_SECONDS ?= 120
+soak: $(STAMP)
+	$(BIN)/python -m bench.soak --seconds $(SOAK_SECONDS)
+
 clean:
 	rm -rf $(VENV) workers/node_modules .mypy_cache .ruff_cache .pytest_cache .hypothesis
