@@ -127,6 +127,7 @@ class AsyncLimiter(LimiterBase):
     async def reset(self, name: str, identity: str, *, tier: str | None = None) -> bool:
         """Forget what limit ``name`` counted for ``identity``; False if Redis was unreachable."""
         keys = self.core.reset_keys(name, identity, tier)
+        self._forget(name, identity, tier)
         try:
             async with asyncio.timeout(self.timeout):
                 await self._connection().delete(*keys)
@@ -170,6 +171,12 @@ class AsyncLimiter(LimiterBase):
     async def _decide(self, prepared: Prepared) -> Decision:
         if not prepared.checks:
             return UNLIMITED
+        # A closed limiter raises, as it would without the cache.
+        if self.denials is not None and not self._closed:
+            local = self.denials.answer(prepared)
+            if local is not None:
+                return local
+        sent = self._clock()
         try:
             client = self._connection()
         except REDIS_FAILURES as error:
@@ -198,7 +205,7 @@ class AsyncLimiter(LimiterBase):
             # Batched calls reach the breaker through their pipeline, once for all of them:
             # a caller that timed out waiting behind a busy event loop is not an outage.
             return self._failed(prepared, error, failed, report=not self._batched(client))
-        decision, refunds = self._succeeded(prepared, replies, breakers)
+        decision, refunds = self._succeeded(prepared, replies, breakers, sent)
         if refunds:
             await self._refund(client, refunds)
         return decision

@@ -214,6 +214,11 @@ class Prepared:
     nonce: str
     slack: str
 
+    @property
+    def cost(self) -> int:
+        """The cost of the request (every check of one plan has the same)."""
+        return self.checks[0].cost if self.checks else 0
+
     def decide(self, replies: Sequence[object]) -> tuple[Decision, tuple[ScriptCall, ...]]:
         """The decision for the replies of ``calls`` (in order), and any refund calls.
 

@@ -18,6 +18,7 @@ from policy import Policy, load
 from ._breaker import BreakerState, CircuitBreaker
 from ._core import CompiledPolicy, Core, Prepared, ScriptCall, compile_policy
 from ._decision import Decision
+from ._denials import DenialCache
 from ._errors import ConfigurationError, is_outage
 
 logger = logging.getLogger("applimit")
@@ -77,6 +78,7 @@ class LimiterBase:
         self._node_breakers: dict[str, CircuitBreaker] = {}
         self._breakers_lock = threading.Lock()
         self.core = Core(self.compiled, cluster=cluster, test_clock=test_clock)
+        self.denials = self._denial_cache()
         self._key_error_logged = float("-inf")
         self._slow_logged = float("-inf")
 
@@ -117,6 +119,30 @@ class LimiterBase:
     def _set_cluster(self, cluster: bool) -> None:
         self.cluster = cluster
         self.core = Core(self.compiled, cluster=cluster, test_clock=self.test_clock)
+        self.denials = self._denial_cache()
+
+    def _denial_cache(self) -> DenialCache | None:
+        """The "denied until" cache, or None where it could not be exact.
+
+        On Redis Cluster a policy with both per-IP and per-user limits has requests whose
+        checks span hash slots; their refunds give capacity back, which a cached denial
+        would not see.
+        """
+        kinds = {rule.per_ip for rule in self.compiled.rules}
+        if self.cluster and len(kinds) > 1:
+            return None
+        if self.test_clock is not None:
+            return DenialCache(self.test_clock, exact_clock=True)
+        return DenialCache(time.monotonic, exact_clock=False)
+
+    def _clock(self) -> float:
+        """The time a request is sent, by the denial cache's clock."""
+        return self.test_clock() if self.test_clock is not None else time.monotonic()
+
+    def _forget(self, name: str, identity: str, tier: str | None) -> None:
+        """Drop cached denials of a limit for an identity (a local reset)."""
+        if self.denials is not None:
+            self.denials.forget(self.core.reset_keys(name, identity, tier), self.compiled.tiers)
 
     # -- the public read-only surface -----------------------------------------------------
 
@@ -227,18 +253,25 @@ class LimiterBase:
         )
 
     def _succeeded(
-        self, prepared: Prepared, replies: Sequence[object], breakers: Sequence[CircuitBreaker]
+        self,
+        prepared: Prepared,
+        replies: Sequence[object],
+        breakers: Sequence[CircuitBreaker],
+        sent: float,
     ) -> tuple[Decision, tuple[ScriptCall, ...]]:
-        """The decision from the replies, and the refund calls to run after it."""
+        """The decision from the replies (sent at ``sent``), and the refund calls to run."""
         for breaker in breakers:
             breaker.success()
         try:
-            return prepared.decide(replies)
+            decision, refunds = prepared.decide(replies)
         except ValueError as error:
             # A reply of the wrong shape: Redis answered, so this is not an outage, but
             # the decision can only follow the failure policy.
             self._log_refusal(error)
             return prepared.degraded(DEGRADED_RETRY_AFTER), ()
+        if self.denials is not None and not decision.allowed:
+            self.denials.record(prepared, decision, sent)
+        return decision, refunds
 
     @staticmethod
     def _refund_failed(error: BaseException) -> None:

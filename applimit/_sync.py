@@ -147,6 +147,7 @@ class Limiter(LimiterBase):
         reset has no failure policy to fall back on.
         """
         keys = self.core.reset_keys(name, identity, tier)
+        self._forget(name, identity, tier)
         try:
             self._connection().delete(*keys)
         except REDIS_FAILURES as error:
@@ -193,6 +194,12 @@ class Limiter(LimiterBase):
     def _decide(self, prepared: Prepared) -> Decision:
         if not prepared.checks:
             return UNLIMITED
+        # A closed limiter raises, as it would without the cache.
+        if self.denials is not None and not self._closed:
+            local = self.denials.answer(prepared)
+            if local is not None:
+                return local
+        sent = self._clock()
         deadline = time.monotonic() + self.timeout
         if self._client is None:
             # A cluster client connects when it is made: while that keeps failing, the
@@ -221,7 +228,7 @@ class Limiter(LimiterBase):
                 replies.append(_run(client, call))
             except REDIS_FAILURES as error:
                 return self._failed(prepared, error, breaker)
-        decision, refunds = self._succeeded(prepared, replies, breakers)
+        decision, refunds = self._succeeded(prepared, replies, breakers, sent)
         for call in refunds:
             try:
                 _run(client, call)
