@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 
@@ -96,41 +96,57 @@ class Token:
         raise TypeError("an API token cannot be pickled or copied out of the process")
 
     @classmethod
+    def _from_file(cls, token_file: str) -> Token:
+        """The token in a file. Errors name the file and never hold its content: each is
+        raised outside the ``except`` that caught the cause, so no ``__context__`` keeps
+        the bytes read."""
+        reason = None
+        try:
+            # Read no more than a token could be: /dev/zero must not fill the memory.
+            with Path(token_file).open("rb") as handle:
+                data = handle.read(MAX_TOKEN_FILE_BYTES + 1)
+        except FileNotFoundError:
+            reason = "missing"
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+        except ValueError:
+            reason = "the path holds a NUL byte"
+        if reason == "missing":
+            raise UsageError(
+                f"the token file {token_file} does not exist; give the path of a file "
+                "holding only the API token"
+            )
+        text = None
+        if reason is None:
+            if len(data) > MAX_TOKEN_FILE_BYTES:
+                raise UsageError(
+                    f"the token file {token_file} is longer than {MAX_TOKEN_FILE_BYTES:,} "
+                    "bytes, which no API token is; give a file holding only the token"
+                )
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                reason = "it is not UTF-8 text"
+        if text is None:
+            raise UsageError(
+                f"cannot read the token file {token_file} ({reason}); give a readable "
+                "file holding only the API token"
+            )
+        problem = None
+        try:
+            return cls(text)
+        except UsageError as exc:
+            problem = str(exc)
+        raise UsageError(f"the token file {token_file} holds no usable token: {problem}")
+
+    @classmethod
     def from_env(cls, env: Mapping[str, str], token_file: str | None = None) -> Token:
         """The token from ``--token-file`` if given, else from ``CLOUDFLARE_API_TOKEN``.
 
         Raises UsageError (naming the variable or file, never the token) when there is none.
         """
         if token_file is not None:
-            path = Path(token_file)
-            try:
-                # Read no more than a token could be: /dev/zero must not fill the memory.
-                with path.open("rb") as handle:
-                    data = handle.read(MAX_TOKEN_FILE_BYTES + 1)
-                text = data.decode("utf-8")
-            except FileNotFoundError:
-                raise UsageError(
-                    f"the token file {token_file} does not exist; give the path of a file "
-                    "holding only the API token"
-                ) from None
-            except (OSError, ValueError) as exc:
-                # Never the content: only what kept it from being read.
-                if isinstance(exc, UnicodeDecodeError):
-                    reason = "it is not UTF-8 text"
-                elif isinstance(exc, OSError):
-                    reason = exc.strerror or type(exc).__name__
-                else:
-                    reason = "the path holds a NUL byte"
-                raise UsageError(
-                    f"cannot read the token file {token_file} ({reason}); give a readable "
-                    "file holding only the API token"
-                ) from None
-            if len(data) > MAX_TOKEN_FILE_BYTES:
-                raise UsageError(
-                    f"the token file {token_file} is longer than {MAX_TOKEN_FILE_BYTES:,} "
-                    "bytes, which no API token is; give a file holding only the token"
-                )
-            return cls(text)
+            return cls._from_file(token_file)
         value = env.get(TOKEN_ENV, "")
         if not value.strip():
             raise UsageError(
@@ -140,13 +156,36 @@ class Token:
         return cls(value)
 
 
+def shown_url(url: str) -> str:
+    """A URL fit to print: a user name and password in it (a proxy's) become ``***``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(a URL that cannot be parsed)"
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+
+
 def base_url_from_env(env: Mapping[str, str]) -> str:
     """``CLOUDFLARE_API_BASE_URL`` (e.g. a proxy) or the public API; must be http(s)."""
     url = env.get(BASE_URL_ENV, "").strip() or DEFAULT_BASE_URL
-    if not url.startswith(("https://", "http://")):
+    try:
+        httpx.URL(url)
+        valid = url.startswith(("https://", "http://"))
+    except (httpx.InvalidURL, ValueError, TypeError):
+        valid = False
+    if not valid:
         raise UsageError(
-            f"{BASE_URL_ENV} is {url!r}, which is not an http(s) URL; set it like "
+            f"{BASE_URL_ENV} is {shown_url(url)!r}, which is not an http(s) URL; set it like "
             f"{DEFAULT_BASE_URL} or unset it"
+        )
+    if "@" in urlsplit(url).netloc:
+        # The Authorization header carries the API token, so a user and password here would
+        # never be sent; they would only show up in logs.
+        raise UsageError(
+            f"{BASE_URL_ENV} is {shown_url(url)!r}: it holds a user name or password, which "
+            "edgegen does not send (the API token is its credential); remove them from the URL"
         )
     return url.rstrip("/")
 
@@ -416,6 +455,9 @@ class Client:
         jitter: Callable[[float, float], float] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        # The base URL as messages show it: a proxy's password is never printed.
+        self.shown_base_url = shown_url(self.base_url)
+        self._token = token
         self.retry = retry or RetryPolicy()
         self._sleep = sleep
         self._jitter = jitter or random.uniform
@@ -446,7 +488,7 @@ class Client:
         self._http.close()
 
     def __repr__(self) -> str:
-        return f"Client(base_url={self.base_url!r})"
+        return f"Client(base_url={self.shown_base_url!r})"
 
     # --- the one place requests are sent -----------------------------------------------
 
@@ -476,6 +518,9 @@ class Client:
         retry = 0
         while True:
             last = retry + 1 >= self.retry.attempts
+            # A transport failure is raised after its ``except`` block, so the error has
+            # no __context__: httpx's exception holds the request, and so the token.
+            failure: CloudflareAPIError | None = None
             try:
                 response = self._http.request(
                     method,
@@ -487,21 +532,15 @@ class Client:
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
                 # The request never left this machine: safe to retry whatever it is.
                 if last:
-                    raise self._transport_error(
-                        method, path, exc, retry + 1, ambiguous=False
-                    ) from None
+                    failure = self._transport_error(method, path, exc, retry + 1, ambiguous=False)
             except httpx.TransportError as exc:
                 # Sent, but no answer: a write may or may not have happened.
                 if last or not idempotent:
-                    raise self._transport_error(
-                        method, path, exc, retry + 1, ambiguous=changes
-                    ) from None
+                    failure = self._transport_error(method, path, exc, retry + 1, ambiguous=changes)
             except httpx.DecodingError as exc:
                 # An answer came, but its body cannot be decoded (a Content-Encoding that
                 # does not match it): not a Cloudflare answer, and not worth repeating.
-                raise self._transport_error(
-                    method, path, exc, retry + 1, ambiguous=changes
-                ) from None
+                failure = self._transport_error(method, path, exc, retry + 1, ambiguous=changes)
             else:
                 if response.is_success:
                     return response
@@ -519,7 +558,7 @@ class Client:
                         method,
                         path,
                         response.status_code,
-                        _error_details(body),
+                        self._details(body),
                         retry_after,
                         ambiguous=ambiguous,
                     )
@@ -527,15 +566,30 @@ class Client:
                     self._wait(retry_after)
                     retry += 1
                     continue
+            if failure is not None:
+                raise failure
             self._wait(self.retry.backoff(retry, self._jitter))
             retry += 1
+
+    def _details(self, body: Any) -> tuple[ErrorDetail, ...]:
+        """The envelope's errors, with the token removed from anything the server said
+        (a proxy might echo the Authorization header into a message)."""
+        secret = self._token.reveal()
+        return tuple(
+            ErrorDetail(
+                e.code,
+                e.message.replace(secret, "***"),
+                e.pointer.replace(secret, "***") if e.pointer else e.pointer,
+            )
+            for e in _error_details(body)
+        )
 
     def _transport_error(
         self, method: str, path: str, exc: Exception, attempts: int, *, ambiguous: bool
     ) -> CloudflareAPIError:
         kind = type(exc).__name__
         message = (
-            f"could not get an answer from Cloudflare at {self.base_url} for {method} "
+            f"could not get an answer from Cloudflare at {self.shown_base_url} for {method} "
             f"{_describe_path(path)} after {attempts} attempt(s) ({kind}); check the "
             f"network, a proxy set in {BASE_URL_ENV}, and run again"
         )
@@ -550,7 +604,7 @@ class Client:
     ) -> CloudflareAPIError:
         return CloudflareAPIError(
             f"{method} {_describe_path(path)} got HTTP {response.status_code} with a body that "
-            f"is not a Cloudflare API response (from {self.base_url}); if "
+            f"is not a Cloudflare API response (from {self.shown_base_url}); if "
             f"{BASE_URL_ENV} points at a proxy, check that it forwards to the Cloudflare API",
             method=method,
             path=path,
@@ -567,7 +621,7 @@ class Client:
             raise self._not_envelope(method, path, response, ambiguous=_changes(method, params))
         assert isinstance(body, dict)
         if body["success"] is not True:
-            raise api_error(method, path, response.status_code, _error_details(body), None)
+            raise api_error(method, path, response.status_code, self._details(body), None)
         return body.get("result")
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
