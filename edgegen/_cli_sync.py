@@ -303,7 +303,7 @@ def _print_writes(client: Client, plan: Plan) -> None:
     steps = _apply.writes(client, plan)
     sys.stdout.write(f"\nDry run: apply would send {len(steps)} request(s), in this order:\n")
     for number, write in enumerate(steps, 1):
-        sys.stdout.write(f"\n{number}. {write.what}\n{write.describe(client.base_url)}\n")
+        sys.stdout.write(f"\n{number}. {write.what}\n{write.describe(client.shown_base_url)}\n")
     sys.stdout.write("\nDry run: nothing was written.\n")
 
 
