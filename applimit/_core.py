@@ -166,18 +166,48 @@ class Check:
     rate: RateSpec
     key: str
     cost: int
+    block: _Block
 
     def args(self) -> tuple[str, ...]:
         """This check's six script arguments (see decide.lua)."""
-        burst = self.rule.burst if self.rule.burst is not None else self.rate.quota
-        return (
-            self.rule.algorithm,
-            str(self.rate.quota),
-            str(self.rate.period_us),
-            str(self.cost),
-            str(burst) if self.rule.algorithm == Algorithm.GCRA else "0",
-            "1" if self.rule.shadow else "0",
+        block = self.block
+        cost = "1" if self.cost == 1 else str(self.cost)
+        return (*block.head, cost, *block.tail)
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """What one rate of one limit and tier sends with every call, encoded once.
+
+    ``key_tail`` ends the state key after the hash tag; ``head`` and ``tail`` are the
+    script arguments before and after the cost.
+    """
+
+    rate: RateSpec
+    key_head: str
+    key_tail: str
+    head: tuple[str, str, str]
+    tail: tuple[str, str]
+
+
+def _blocks(prefix: str, rule: AppRule, tier: str) -> tuple[_Block, ...]:
+    """The encoded blocks of ``rule`` for ``tier``: one per rate (none if it has none)."""
+    out = []
+    for rate in rule.tiers.get(tier, ()):
+        burst = rule.burst if rule.burst is not None else rate.quota
+        out.append(
+            _Block(
+                rate=rate,
+                key_head=f"{prefix}:{rule.key_name}:{{",
+                key_tail=f"}}:{rate.period_text}:{rule.key_suffix}",
+                head=(rule.algorithm, str(rate.quota), str(rate.period_us)),
+                tail=(
+                    str(burst) if rule.algorithm == Algorithm.GCRA else "0",
+                    "1" if rule.shadow else "0",
+                ),
+            )
         )
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,6 +374,8 @@ class Core:
         self.cluster = cluster
         self._test_clock = test_clock
         self._slack = str(TEST_CLOCK_TTL_SLACK_MS) if test_clock is not None else "0"
+        # Each (limit, tier)'s keys and arguments, encoded on first use (policy-bounded).
+        self._blocks: dict[tuple[str, str], tuple[_Block, ...]] = {}
 
     # -- argument checks ----------------------------------------------------------------
 
@@ -411,16 +443,20 @@ class Core:
 
     def checks(self, rule: AppRule, tier: str, tag: str, cost: int) -> list[Check]:
         """The checks of ``rule`` for ``tier``: one per rate (none if the tier has none)."""
-        prefix = self.policy.key_prefix
+        blocks = self._blocks.get((rule.name, tier))
+        if blocks is None:
+            blocks = _blocks(self.policy.key_prefix, rule, tier)
+            self._blocks[(rule.name, tier)] = blocks
         return [
             Check(
                 rule=rule,
                 tier=tier,
-                rate=rate,
-                key=_keys.state_key(prefix, rule.key_name, tag, rate.period_text, rule.key_suffix),
+                rate=block.rate,
+                key=block.key_head + tag + block.key_tail,
                 cost=cost,
+                block=block,
             )
-            for rate in rule.tiers.get(tier, ())
+            for block in blocks
         ]
 
     def for_limit(

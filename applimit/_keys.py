@@ -4,15 +4,18 @@ A key is ``<prefix>:<limit>:{<tag>}:<period>:<algorithm>``, for example
 ``rl:api:{u=user-123}:1m:sw``. The braces are Redis Cluster's hash tag: every key of one
 identity hashes to the same slot, so one script can read and write all of them.
 
-The tag is ``<kind>=<escaped identity>`` or, for identities too long to keep, ``<kind>#``
-followed by the SHA-256 of the identity (URL-safe base64). The kind is ``u`` (user) or
+The tag is ``<kind>=<escaped identity>`` or, for identities longer than 32 characters
+once escaped (a UUID is 36), ``<kind>#`` followed by the first 128 bits of the identity's
+SHA-256 (22 characters of URL-safe base64): short keys are what keeps a GCRA or
+sliding-window state within 128 bytes of Redis memory, and 128 bits of SHA-256 keep
+collisions out of reach (about 2^64 identities before one is likely). The kind is ``u`` (user) or
 ``i`` (client IP). Escaping percent-encodes every byte outside a small safe set, which
 includes ``{``, ``}``, ``:``, ``%``, ``=``, ``#``, spaces, controls and all non-ASCII, so:
 
 - no identity can end the tag early or open another one (the tag never contains braces);
 - two different identities never share a tag: escaping is injective, hashed and escaped
   tags differ in their separator, and which form is used depends only on the identity;
-- every key is short whatever the identity's length (at most about 120 characters of tag).
+- every key is short whatever the identity's length (at most 34 characters of tag).
 
 Limit names get the same escaping (they are at most 64 characters by the policy's rules).
 """
@@ -26,7 +29,9 @@ import ipaddress
 # Bytes kept as they are. Everything else, '%' first among them, is written %XX.
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~@+!*,;")
 # Identities longer than this many bytes once escaped are stored as their digest.
-MAX_ESCAPED = 96
+MAX_ESCAPED = 32
+# Bytes of the SHA-256 kept for a digest tag.
+_DIGEST_BYTES = 16
 
 USER = "u"
 IP = "i"
@@ -50,7 +55,9 @@ def identity_tag(kind: str, identity: str) -> str:
         escaped = escape(raw)
         if len(escaped) <= MAX_ESCAPED:
             return f"{kind}={escaped}"
-    digest = base64.urlsafe_b64encode(hashlib.sha256(raw).digest()).rstrip(b"=").decode()
+    digest = (
+        base64.urlsafe_b64encode(hashlib.sha256(raw).digest()[:_DIGEST_BYTES]).rstrip(b"=").decode()
+    )
     return f"{kind}#{digest}"
 
 
