@@ -276,8 +276,10 @@ def run_pull(args: argparse.Namespace) -> int:
     if worker:
         worker_text = f", Worker {worker} {'deployed' if state.worker else 'not deployed'}"
     sys.stdout.write(
-        f"Saved the state of zone {zone} ({rules}{worker_text}, {len(state.routes)} route(s)) "
-        f"to {args.out}\n"
+        _plan_format.terminal_text(
+            f"Saved the state of zone {zone} ({rules}{worker_text}, {len(state.routes)} "
+            f"route(s)) to {args.out}\n"
+        )
     )
     return 0
 
@@ -303,12 +305,13 @@ def _print_writes(client: Client, plan: Plan) -> None:
     steps = _apply.writes(client, plan)
     sys.stdout.write(f"\nDry run: apply would send {len(steps)} request(s), in this order:\n")
     for number, write in enumerate(steps, 1):
-        sys.stdout.write(f"\n{number}. {write.what}\n{write.describe(client.shown_base_url)}\n")
+        text = f"\n{number}. {write.what}\n{write.describe(client.shown_base_url)}\n"
+        sys.stdout.write(_plan_format.terminal_text(text))
     sys.stdout.write("\nDry run: nothing was written.\n")
 
 
 def _echo(line: str) -> None:
-    sys.stdout.write(line + "\n")
+    sys.stdout.write(_plan_format.terminal_text(line) + "\n")
     sys.stdout.flush()
 
 

@@ -21,7 +21,7 @@ from policy import AppLimit, EdgeLimit, Limit, Match, Policy, Rate
 
 from ._artifacts import Artifacts, Target
 from ._compile import build
-from ._plan_format import code
+from ._plan_format import code, markdown_text, terminal_text
 from .errors import CompileError, UsageError
 
 GIT_PREFIX = "git:"
@@ -611,7 +611,7 @@ def to_text(result: PolicyDiff) -> str:
         for item in changed:
             out.append("")
             out.extend(item.lines)
-    return "\n".join(out) + "\n"
+    return terminal_text("\n".join(out) + "\n")
 
 
 def _fence(lines: Iterable[str]) -> str:
@@ -636,7 +636,8 @@ def to_markdown(result: PolicyDiff) -> str:
         out.append("No change in meaning.")
     for label, error in _build_notes(result):
         out.extend(["", f"> **{code(label)} does not build:**"])
-        out.extend(f"> {line}" for line in error.splitlines())
+        # The error names limits and paths from the policy: plain text, never markup.
+        out.extend(f"> {markdown_text(line)}" for line in error.splitlines())
     out.extend(["", "#### Generated artifacts", ""])
     changed = _changed_files(result)
     if not _comparable(result):
@@ -648,7 +649,8 @@ def to_markdown(result: PolicyDiff) -> str:
     out.extend(["| file | change |", "|---|---|"])
     for item in changed:
         added, removed = item.counts
-        out.append(f"| {code(item.path)} | {item.status} (+{added} −{removed}) |")
+        cell = code(item.path).replace("|", "\\|")
+        out.append(f"| {cell} | {item.status} (+{added} −{removed}) |")
     budget = MAX_COMMENT_CHARS - sum(len(line) + 1 for line in out)
     for item in changed:
         fence = _fence(item.lines)

@@ -16,6 +16,7 @@ from typing import TextIO
 from policy import PolicyLoadError
 
 from . import _cli_build, _cli_policy, _cli_sync
+from ._plan_format import terminal_text
 from .errors import EdgegenError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -80,7 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_load_error(exc, sys.stderr)
         return exc.exit_code
     except EdgegenError as exc:
-        sys.stderr.write(f"edgegen: error: {exc}\n")
+        # Messages quote what Cloudflare and the zone said: never as terminal controls.
+        sys.stderr.write(f"edgegen: error: {terminal_text(str(exc))}\n")
         return exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("edgegen: interrupted\n")
