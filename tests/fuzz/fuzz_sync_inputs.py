@@ -1,0 +1,98 @@
+"""A coverage-guided fuzz target (atheris) for what edgegen reads besides the policy.
+
+Each input is split into a selector byte and data, and goes to one reader: a state file,
+a plan file (and the check whether a file is a plan), an answer from the Cloudflare API
+(status, headers and body, through the real client), or a Retry-After header. A reader
+may return a value or raise the error it documents (SyncError, CloudflareAPIError);
+anything else is a crash that atheris reports with the input.
+
+The hypothesis tests in tests/test_fuzz_files.py run in the suite; this target is for
+longer runs, with atheris installed (``pip install atheris``)::
+
+    .venv/bin/python tests/fuzz/fuzz_sync_inputs.py -runs=200000 -max_len=4096
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import atheris
+import httpx
+
+with atheris.instrument_imports():
+    from edgegen import _cloudflare, _json, _plan, _state
+    from edgegen.errors import CloudflareAPIError, SyncError
+
+_HEADERS = (b"Retry-After", b"Content-Type", b"CF-Entrypoint", b"Content-Encoding")
+_CALLS = (
+    lambda c: c.get_entrypoint("z"),
+    lambda c: c.get_script_settings("a", "w"),
+    lambda c: c.get_script_content("a", "w"),
+    lambda c: c.list_routes("z"),
+    lambda c: c.send(c.create_route_write("z", "a.example.com/*", "w")),
+)
+
+
+def _state_file(data: bytes) -> None:
+    with contextlib.suppress(SyncError):
+        _state.RemoteState.from_json(
+            _state.parse_json(data.decode("utf-8", "replace"), "s", "state"), "s"
+        )
+
+
+def _plan_file(data: bytes) -> None:
+    text = data.decode("utf-8", "replace")
+    _plan.is_plan_file(text)
+    with contextlib.suppress(SyncError):
+        _plan.plan_from_json(_state.parse_json(text, "p", "plan"), "p")
+
+
+def _answer(data: bytes) -> None:
+    provider = atheris.FuzzedDataProvider(data)
+    status = provider.ConsumeIntInRange(100, 999)
+    headers = [
+        (name, provider.ConsumeBytes(provider.ConsumeIntInRange(0, 40)))
+        for name in _HEADERS
+        if provider.ConsumeBool()
+    ]
+    call = _CALLS[provider.ConsumeIntInRange(0, len(_CALLS) - 1)]
+    body = provider.ConsumeBytes(provider.remaining_bytes())
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, headers=headers, content=body, request=request)
+
+    client = _cloudflare.Client(
+        _cloudflare.Token("fuzz-token"),
+        transport=httpx.MockTransport(answer),
+        sleep=lambda seconds: None,
+        retry=_cloudflare.RetryPolicy(attempts=2),
+    )
+    with client:
+        with contextlib.suppress(CloudflareAPIError):
+            call(client)
+
+
+def _retry_after(data: bytes) -> None:
+    seconds = _cloudflare.parse_retry_after(data.decode("latin-1"))
+    assert seconds is None or 0 <= seconds <= _cloudflare.MAX_RETRY_AFTER
+
+
+def _json_text(data: bytes) -> None:
+    with contextlib.suppress(ValueError):
+        _json.loads(data)
+
+
+_READERS = (_state_file, _plan_file, _answer, _retry_after, _json_text)
+
+
+def test_one_input(data: bytes) -> None:
+    """Feed one input to the reader its first byte selects."""
+    if not data:
+        return
+    _READERS[data[0] % len(_READERS)](data[1:])
+
+
+if __name__ == "__main__":
+    atheris.Setup(sys.argv, test_one_input)
+    atheris.Fuzz()
