@@ -580,3 +580,17 @@ def test_what_the_zone_says_reaches_the_terminal_escaped(
     err = capsys.readouterr().err
     assert "bad \\x1b[31mred\\x1b[0m \\u202etxt" in err
     check_terminal(err.replace("\n", ""))
+
+
+def test_the_escaping_helpers() -> None:
+    """markdown_text leaves no markup; code spans hold backticks and no line break;
+    terminal_text shows controls and bidi overrides as escapes and keeps line breaks."""
+    from edgegen._plan_format import code, markdown_text, terminal_text
+
+    escaped = markdown_text("</details> *a* [b](c) `d` | e\n\n# f")
+    assert escaped == r"\<\/details\> \*a\* \[b\]\(c\) \`d\` \| e  \# f"
+    check_markdown(f"- {escaped}")
+    assert code("a``b") == "```a``b```"
+    assert code("`x`") == "`` `x` ``"
+    assert code("a\n\nb\r\nc") == "`a  b c`"
+    assert terminal_text("a\x1b[2Jb\rc\u202ed\n\te") == "a\\x1b[2Jb\\x0dc\\u202ed\n\te"
