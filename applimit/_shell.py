@@ -165,11 +165,13 @@ class LimiterBase:
         call goes to it any more, so it must not fail health checks forever.
         """
         serving = self._serving_nodes()
-        states = [self.breaker.state] if serving is None else []
+        # No slot map yet (never connected, or every node unknown): only the limiter's own
+        # breaker knows whether Redis answers.
+        states = [self.breaker.state] if not serving else []
         states += [
             breaker.state
             for node, breaker in list(self._node_breakers.items())
-            if serving is None or node in serving
+            if not serving or node in serving
         ]
         for state in (BreakerState.OPEN, BreakerState.HALF_OPEN):
             if state in states:
