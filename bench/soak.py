@@ -20,7 +20,8 @@ Checked at the end (exit status 1 on any violation, with a summary either way):
 - no exceptions; degraded decisions (Redis too slow on a busy machine) below 0.5 %;
 - Redis memory and keys stay bounded while traffic runs, and every key expires after it
   stops (``DBSIZE`` back to 0 within a few windows);
-- ``connected_clients`` stays flat once every process is connected (no connection leak).
+- ``connected_clients`` never exceeds what the callers can hold at once, and on a long run
+  does not keep growing (no connection leak).
 """
 
 from __future__ import annotations
@@ -279,8 +280,13 @@ def soak(seconds: float) -> int:
         if keys_second > 1.5 * keys_first + 100:
             problems.append(f"keys grew from {keys_first} to {keys_second}")
         conns = [s[3] for s in warm]
-        if max(conns) > max(s[3] for s in first) + 2:
-            problems.append(f"connected_clients grew: {conns}")
+        # Pools open connections lazily as load peaks, so a short run may still see a few
+        # more late; a leak shows as more than the callers could ever hold at once.
+        ceiling = SYNC_PROCESSES * THREADS + ASYNC_TASKS + 2  # + this admin client, slack
+        if max(conns) > ceiling:
+            problems.append(f"connected_clients above {ceiling}: {conns}")
+        elif len(warm) >= 40 and max(s[3] for s in second) > max(s[3] for s in first) + 2:
+            problems.append(f"connected_clients kept growing: {conns}")
     else:
         problems.append("the run was too short to sample a steady state")
 
