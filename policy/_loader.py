@@ -194,6 +194,18 @@ def parse(text: str, file: str, env: Mapping[str, str] | None = None) -> tuple[A
         raise PolicyLoadError(
             [Diagnostic(message=f"the file is not valid YAML: {exc}", code="P002", file=file)]
         ) from None
+    except RecursionError:
+        # PyYAML's composer recurses once per nesting level; thousands of "[" exhaust it.
+        raise PolicyLoadError(
+            [
+                Diagnostic(
+                    message=f"the file is nested far deeper than {MAX_DEPTH} levels; a policy "
+                    "is a few levels deep",
+                    code="P004",
+                    file=file,
+                )
+            ]
+        ) from None
     if not nodes or nodes[0] is None:
         raise PolicyLoadError(
             [
@@ -340,21 +352,26 @@ def loads(text: str, file: str = "<policy>", env: Mapping[str, str] | None = Non
 def load(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Policy:
     """Load and validate a policy file; PolicyLoadError lists every problem with its line."""
     name = str(path)
+    if "\x00" in name:
+        raise PolicyLoadError(
+            [Diagnostic(message="the path contains a NUL byte", code="P001", file=repr(name))]
+        )
     file = Path(path)
     try:
-        size = file.stat().st_size
-        if size > MAX_FILE_BYTES:
+        # Read at most one byte past the limit: stat() says 0 for pipes and /dev/zero.
+        with file.open("rb") as stream:
+            raw = stream.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:
             raise PolicyLoadError(
                 [
                     Diagnostic(
-                        message=f"the file is {size:,} bytes; a policy is at most "
-                        f"{MAX_FILE_BYTES:,}",
+                        message=f"the file is larger than {MAX_FILE_BYTES:,} bytes, the most a "
+                        "policy may be",
                         code="P001",
                         file=name,
                     )
                 ]
             )
-        raw = file.read_bytes()
     except PolicyLoadError:
         raise
     except IsADirectoryError:

@@ -425,7 +425,7 @@ def test_exact_message_format(tmp_path: Path) -> None:
         ("missing", None, "no such file"),
         ("binary.yaml", b"version: 1\n\xff\xfe\n", "not UTF-8"),
         ("nul.yaml", b"version: 1\n\x00\n", "NUL byte"),
-        ("huge.yaml", b"#" * 1_000_001, "a policy is at most"),
+        ("huge.yaml", b"#" * 1_000_001, "the most a policy may be"),
     ],
 )
 def test_unreadable_files(tmp_path: Path, name: str, content: bytes | None, fragment: str) -> None:
@@ -436,6 +436,21 @@ def test_unreadable_files(tmp_path: Path, name: str, content: bytes | None, frag
     with pytest.raises(policy.PolicyLoadError) as info:
         policy.load(file)
     assert fragment in info.value.diagnostics[0].message
+
+
+def test_deep_nesting_and_endless_files(tmp_path: Path) -> None:
+    """Thousands of nested brackets, /dev/zero and a NUL in the path are clear errors."""
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("version: 1\nx: " + "[" * 20_000 + "]" * 20_000 + "\n")
+    with pytest.raises(policy.PolicyLoadError) as info:
+        policy.load(deep)
+    assert "nested far deeper" in info.value.diagnostics[0].message
+    with pytest.raises(policy.PolicyLoadError) as info:
+        policy.load("/dev/zero")
+    assert "the most a policy may be" in info.value.diagnostics[0].message
+    with pytest.raises(policy.PolicyLoadError) as info:
+        policy.load(str(tmp_path / "a\x00b.yaml"))
+    assert "NUL byte" in info.value.diagnostics[0].message
 
 
 def test_alias_bomb_is_refused(tmp_path: Path) -> None:
