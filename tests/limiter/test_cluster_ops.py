@@ -36,9 +36,12 @@ from applimit import AsyncLimiter, BreakerState, Decision, Limiter
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 QUOTA = 10
+# 200 ms rather than the usual 50 ms: these tests are about topology changes, and on a
+# loaded two-core machine an ordinary call now and then takes longer than 50 ms, which would
+# read as a degraded decision that the topology change did not cause.
 POLICY = f"""
 version: 1
-app: {{key_prefix: ops, timeout: 50ms, on_redis_error: allow}}
+app: {{key_prefix: ops, timeout: 200ms, on_redis_error: allow}}
 limits:
   - name: open
     app: {{algorithm: sliding_log, tiers: {{default: [{QUOTA}/1h, 1000/1d]}}}}
