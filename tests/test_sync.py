@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from cloudflare_fake import ACCOUNT_ID, PERMISSIONS, TOKEN, ZONE_ID, FakeCloudflare
+from sync_support import HAND_MADE, Sleeps
 
 from edgegen import _cloudflare, _ids, cli
 
@@ -17,13 +18,6 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "policy.yaml"
 LOGIN = _ids.rule_ref("login")
 WORKER = "api-edge-limits"
-
-
-class Sleeps(list[float]):
-    """Records each wait instead of sleeping."""
-
-    def __call__(self, seconds: float) -> None:
-        self.append(seconds)
 
 
 @pytest.fixture
@@ -77,36 +71,6 @@ def edit(path: Path, old: str, new: str) -> None:
     text = path.read_text()
     assert old in text
     path.write_text(text.replace(old, new))
-
-
-HAND_MADE = [
-    {
-        "ref": "scrapers",
-        "description": "Block scrapers (made by hand)",
-        "expression": 'http.request.uri.path eq "/catalog"',
-        "action": "block",
-        "ratelimit": {
-            "characteristics": ["cf.colo.id", "ip.src"],
-            "period": 10,
-            "requests_per_period": 50,
-            "mitigation_timeout": 600,
-            "requests_to_origin": True,
-        },
-    },
-    {
-        "ref": "search-bots",
-        "description": "Slow down search bots (made by hand)",
-        "expression": 'http.request.uri.path eq "/search"',
-        "action": "managed_challenge",
-        "ratelimit": {
-            "characteristics": ["cf.colo.id", "ip.src"],
-            "period": 60,
-            "requests_per_period": 100,
-            "mitigation_timeout": 0,
-        },
-        "enabled": False,
-    },
-]
 
 
 def by_ref(fake: FakeCloudflare) -> dict[str, dict[str, Any]]:
