@@ -25,6 +25,7 @@ from typing import Literal
 from redis.crc import key_slot
 
 from policy import Algorithm, AppKey, Matcher, OnRedisError, Policy, normalize_path
+from policy import Mode as LimitMode
 
 from . import _keys
 from ._decision import Decision, LimitResult, combine
@@ -47,6 +48,9 @@ _NONE = -1
 _NEVER = -2
 _REPLY_HEAD = 2
 _REPLY_FIELDS = 5
+# Approximate mode's defaults: sync after this many requests, or this many seconds.
+DEFAULT_SYNC_EVERY = 10
+DEFAULT_SYNC_INTERVAL = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +81,9 @@ class AppRule:
     fail_open: bool
     matcher: Matcher
     tiers: Mapping[str, tuple[RateSpec, ...]]
+    approximate: bool = False
+    sync_every: int = 1
+    sync_interval: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +151,13 @@ def compile_policy(policy: Policy) -> CompiledPolicy:
                 fail_open=on_error is OnRedisError.ALLOW,
                 matcher=limit.match.matcher(),
                 tiers=MappingProxyType(tiers),
+                approximate=app.mode is LimitMode.APPROXIMATE,
+                sync_every=app.sync_every or DEFAULT_SYNC_EVERY,
+                sync_interval=(
+                    app.sync_interval.ms / 1000
+                    if app.sync_interval is not None
+                    else DEFAULT_SYNC_INTERVAL
+                ),
             )
         )
     return CompiledPolicy(

@@ -65,7 +65,7 @@ class DenialCache:
 
     def answer(self, prepared: Prepared) -> Decision | None:
         """The decision Redis would give, if the cache knows it; else None."""
-        if not self._entries or prepared.cost != 1:
+        if not self._entries or any(c.cost != 1 for c in prepared.checks):
             return None
         now = self.clock()
         entries = self._entries
@@ -83,7 +83,7 @@ class DenialCache:
 
     def record(self, prepared: Prepared, decision: Decision, sent: float) -> None:
         """Remember a cost-1 denial made from Redis' replies (sent at ``sent``)."""
-        if decision.allowed or decision.degraded or prepared.cost != 1:
+        if decision.allowed or decision.degraded or any(c.cost != 1 for c in prepared.checks):
             return
         until = -math.inf
         for result in decision.results:

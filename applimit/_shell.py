@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from policy import Policy, load
 
+from ._approx import ApproxCache, Flush, Sync
 from ._breaker import BreakerState, CircuitBreaker
 from ._core import CompiledPolicy, Core, Prepared, ScriptCall, compile_policy
 from ._decision import Decision
@@ -79,6 +80,7 @@ class LimiterBase:
         self._breakers_lock = threading.Lock()
         self.core = Core(self.compiled, cluster=cluster, test_clock=test_clock)
         self.denials = self._denial_cache()
+        self.approx = self._approx_cache()
         self._key_error_logged = float("-inf")
         self._slow_logged = float("-inf")
 
@@ -120,6 +122,23 @@ class LimiterBase:
         self.cluster = cluster
         self.core = Core(self.compiled, cluster=cluster, test_clock=self.test_clock)
         self.denials = self._denial_cache()
+        self.approx = self._approx_cache()
+
+    def _approx_cache(self) -> ApproxCache | None:
+        """The local counts of approximate limits, or None when the policy has none."""
+        if not any(rule.approximate for rule in self.compiled.rules):
+            return None
+        return ApproxCache(self.core, self._clock)
+
+    def _approx_begin(self, prepared: Prepared) -> Decision | Sync | None:
+        """Approximate mode's first step: a local decision, a sync to run, or None (exact)."""
+        if self.approx is None or not self.approx.applies(prepared):
+            return None
+        return self.approx.begin(prepared)
+
+    def _approx_settle(self, sync: Sync, decision: Decision) -> Flush | None:
+        assert self.approx is not None
+        return self.approx.settle(sync, decision)
 
     def _denial_cache(self) -> DenialCache | None:
         """The "denied until" cache, or None where it could not be exact.
@@ -141,8 +160,11 @@ class LimiterBase:
 
     def _forget(self, name: str, identity: str, tier: str | None) -> None:
         """Drop cached denials of a limit for an identity (a local reset)."""
+        keys = self.core.reset_keys(name, identity, tier)
         if self.denials is not None:
-            self.denials.forget(self.core.reset_keys(name, identity, tier), self.compiled.tiers)
+            self.denials.forget(keys, self.compiled.tiers)
+        if self.approx is not None:
+            self.approx.forget(keys, self.compiled.tiers)
 
     # -- the public read-only surface -----------------------------------------------------
 

@@ -194,6 +194,26 @@ class Limiter(LimiterBase):
     def _decide(self, prepared: Prepared) -> Decision:
         if not prepared.checks:
             return UNLIMITED
+        step = self._approx_begin(prepared) if not self._closed else None
+        if step is None:
+            return self._exact(prepared)
+        if isinstance(step, Decision):
+            return step
+        # Approximate mode: the batch, then (when it is denied) the pending requests that
+        # still fit, then the request alone, so a denial is Redis' own (see _approx.py).
+        assert self.approx is not None
+        decision = self._exact(step.batch)
+        flush = self._approx_settle(step, decision)
+        if flush is None:
+            return decision
+        flushed = self._exact(flush.prepared) if flush.prepared is not None else None
+        if not self.approx.flushed(flush, flushed):
+            return decision
+        final = self._exact(prepared)
+        self.approx.learn(prepared, final)
+        return final
+
+    def _exact(self, prepared: Prepared) -> Decision:
         # A closed limiter raises, as it would without the cache.
         if self.denials is not None and not self._closed:
             local = self.denials.answer(prepared)

@@ -1,0 +1,206 @@
+"""Approximate mode: requests counted locally and sent to Redis in batches.
+
+For a limit with ``mode: approximate`` each limiter instance keeps, per state key and tier,
+the last result Redis gave (its ``remaining``) and a *pending* count: requests this
+instance admitted that Redis has not counted yet. A ``hit`` whose every check is
+approximate is admitted locally when, for every check, the last known remaining minus the
+pending count still fits the cost, the pending count stays below ``sync_every``, and less
+than ``sync_interval`` has passed since that key last synced. Otherwise the instance
+*syncs*: it sends the script one call with cost = pending + the request's cost per check
+(one atomic batch), and the reply refreshes what it knows.
+
+When the batch is denied (the limit is exhausted, or nearly), the pending requests were
+already admitted and must still be counted: the instance sends what fits of them (the
+reply's ``remaining``) as a second call, keeps any rest as pending (a debt paid by the
+next sync, which is denied until it fits), and when nothing is left pending asks Redis
+about the request alone, so a denial is Redis' own answer. A request that also matches an
+exact limit, a ``peek`` and a ``reset`` go to Redis as in exact mode.
+
+Bound (docs/applimit.md): pending never exceeds ``sync_every - 1`` requests (cost units)
+per key and instance, so at any moment K instances hold at most K x (sync_every - 1)
+admitted requests Redis has not counted; every one of them is counted later. Per window
+of the limit the requests admitted beyond what Redis allows are therefore at most
+K x (sync_every - 1).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from ._core import Check, Core, Prepared
+from ._decision import Decision, LimitResult, combine
+
+# Entries beyond this many are dropped (oldest sync first would need ordering; the cache
+# starts over, which only costs Redis calls and forgets at most sync_every - 1 per key).
+MAX_ENTRIES = 100_000
+
+
+@dataclass(slots=True)
+class _Entry:
+    """What this instance knows of one (state key, tier)."""
+
+    result: LimitResult | None = None
+    synced: float = float("-inf")
+    pending: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Sync:
+    """A sync to run: ``batch`` carries the pending counts ``taken`` plus the request."""
+
+    prepared: Prepared
+    batch: Prepared
+    taken: tuple[int, ...]
+    sent: float
+
+
+@dataclass(frozen=True, slots=True)
+class Flush:
+    """After a denied batch: the pending requests that still fit, and what stays pending."""
+
+    sync: Sync
+    prepared: Prepared | None
+    left: tuple[int, ...] = field(default=())
+
+
+class ApproxCache:
+    """Local pending counts and last known results, shared by both shells."""
+
+    def __init__(self, core: Core, clock: Callable[[], float]) -> None:
+        """``core`` builds the batch plans; ``clock`` gives seconds (the test clock in tests)."""
+        self.core = core
+        self.clock = clock
+        self._entries: dict[tuple[str, str], _Entry] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def applies(prepared: Prepared) -> bool:
+        """True for a ``hit`` whose every check is of an approximate limit."""
+        return (
+            prepared.mode == "hit"
+            and bool(prepared.checks)
+            and all(c.rule.approximate for c in prepared.checks)
+        )
+
+    def begin(self, prepared: Prepared) -> Decision | Sync:
+        """A local decision, or the sync to run (pending counts are taken out meanwhile)."""
+        now = self.clock()
+        cost = prepared.cost
+        with self._lock:
+            entries = [self._entry(c) for c in prepared.checks]
+            if all(
+                self._fits(c, e, cost, now) for c, e in zip(prepared.checks, entries, strict=True)
+            ):
+                results = []
+                for entry in entries:
+                    entry.pending += cost
+                    results.append(self._local(entry, now))
+                return combine(results)
+            taken = tuple(e.pending for e in entries)
+            for entry in entries:
+                # Counted by the batch from now on: the local view stays as low as it was.
+                if entry.result is not None:
+                    entry.result = replace(
+                        entry.result, remaining=max(0, entry.result.remaining - entry.pending)
+                    )
+                entry.pending = 0
+        if not any(taken):
+            return Sync(prepared, prepared, taken, now)
+        checks = [replace(c, cost=c.cost + p) for c, p in zip(prepared.checks, taken, strict=True)]
+        return Sync(prepared, self.core.plan("hit", checks), taken, now)
+
+    def settle(self, sync: Sync, decision: Decision) -> Flush | None:
+        """Take in the batch's decision; a Flush when pending requests are left to count."""
+        if decision.degraded:
+            self._restore(sync.prepared.checks, sync.taken)
+            return None
+        self._learn(sync.prepared.checks, decision, sync.sent)
+        if decision.allowed or not any(sync.taken):
+            return None
+        fits = []
+        left = []
+        for p, result in zip(sync.taken, decision.results, strict=True):
+            n = p if result.shadow else min(p, result.remaining)
+            fits.append(n)
+            left.append(p - n)
+        checks = [
+            replace(c, cost=n) for c, n in zip(sync.prepared.checks, fits, strict=True) if n > 0
+        ]
+        flush = self.core.plan("hit", checks) if checks else None
+        return Flush(sync, flush, tuple(left))
+
+    def flushed(self, flush: Flush, decision: Decision | None) -> bool:
+        """Take in the flush's outcome; True when nothing is left pending (ask Redis)."""
+        checks = flush.sync.prepared.checks
+        left = list(flush.left)
+        if flush.prepared is not None and decision is not None and not decision.allowed:
+            # Nothing was counted (it failed, or others took the room meanwhile): all of
+            # it stays pending.
+            left = list(flush.sync.taken)
+        self._restore(checks, tuple(left))
+        return not any(left)
+
+    def learn(self, prepared: Prepared, decision: Decision) -> None:
+        """Take in an exact decision about ``prepared`` (the request alone)."""
+        if not decision.degraded:
+            self._learn(prepared.checks, decision, self.clock())
+
+    def forget(self, keys: list[str], tiers: tuple[str, ...]) -> None:
+        """Drop the entries of ``keys`` (after a local ``reset()``)."""
+        with self._lock:
+            for key in keys:
+                for tier in tiers:
+                    self._entries.pop((key, tier), None)
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _entry(self, check: Check) -> _Entry:
+        key = (check.key, check.tier)
+        entry = self._entries.get(key)
+        if entry is None:
+            if len(self._entries) >= MAX_ENTRIES:
+                self._entries = {k: e for k, e in self._entries.items() if e.pending}
+                if len(self._entries) >= MAX_ENTRIES:
+                    self._entries = {}
+            entry = self._entries[key] = _Entry()
+        return entry
+
+    @staticmethod
+    def _fits(check: Check, entry: _Entry, cost: int, now: float) -> bool:
+        rule = check.rule
+        # (A nanosecond of slack: seconds as floats can round an exact interval down.)
+        if entry.result is None or now - entry.synced >= rule.sync_interval - 1e-9:
+            return False
+        if entry.pending + cost >= rule.sync_every:
+            return False
+        if entry.result.shadow:
+            return True
+        return entry.result.remaining - entry.pending >= cost
+
+    @staticmethod
+    def _local(entry: _Entry, now: float) -> LimitResult:
+        result = entry.result
+        assert result is not None
+        return replace(
+            result,
+            allowed=True,
+            consumed=True,
+            remaining=max(0, result.remaining - entry.pending),
+            reset_after=max(0.0, result.reset_after - (now - entry.synced)),
+            retry_after=None,
+        )
+
+    def _learn(self, checks: tuple[Check, ...], decision: Decision, sent: float) -> None:
+        with self._lock:
+            for check, result in zip(checks, decision.results, strict=True):
+                entry = self._entry(check)
+                entry.result = result
+                entry.synced = sent
+
+    def _restore(self, checks: tuple[Check, ...], counts: tuple[int, ...]) -> None:
+        with self._lock:
+            for check, n in zip(checks, counts, strict=True):
+                if n:
+                    self._entry(check).pending += n
