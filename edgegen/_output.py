@@ -10,10 +10,10 @@ removed; nothing else in the directory is touched.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 from ._artifacts import Artifacts
+from ._files import write_atomic
 
 # Every path a build can write; only these are ever removed as stale.
 GENERATED_PATHS = (
@@ -25,22 +25,11 @@ GENERATED_PATHS = (
 
 
 def _write_file(path: Path, content: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = content.encode("utf-8")
     if path.is_file() and path.read_bytes() == data:
         # Unchanged: leave the file (and its mtime) alone, so tools watching it stay quiet.
         return
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        Path(temp).chmod(0o644)
-        Path(temp).replace(path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, data)
 
 
 def write(artifacts: Artifacts, out_dir: str | os.PathLike[str]) -> list[Path]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 from . import _json
 from ._cloudflare import Client
+from ._files import write_atomic
 from .errors import SyncError
 
 STATE_FORMAT = "edgegen-state"
@@ -243,19 +243,7 @@ class RemoteState:
 
 def write_json_atomic(path: Path, value: Any) -> None:
     """Write JSON to a temporary file beside ``path`` and rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        Path(temp).chmod(0o644)
-        Path(temp).replace(path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
 
 
 def read_bounded(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
