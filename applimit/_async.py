@@ -30,8 +30,9 @@ from ._breaker import CircuitBreaker
 from ._clients import AsyncClient
 from ._core import Prepared, ScriptCall
 from ._decision import Decision
-from ._errors import REDIS_FAILURES, ApplimitError, is_outage
+from ._errors import REDIS_FAILURES, ApplimitError
 from ._shell import UNLIMITED, LimiterBase, load_policy
+from ._wire import AsyncWire
 
 
 class AsyncLimiter(LimiterBase):
@@ -80,7 +81,9 @@ class AsyncLimiter(LimiterBase):
                 self.url, timeout=self.timeout, cluster=cluster, max_connections=max_connections
             )
         self._factory = factory
-        self._batcher = _Batcher(self.breaker)
+        # On a standalone or Sentinel-managed server, calls go through the wire (batched
+        # per event-loop turn, see _wire.py); Redis Cluster keeps redis-py's client.
+        self._wire: AsyncWire | None = None
         # Sentinel clients the limiter made from a redis+sentinel:// URL are its to close;
         # a Sentinel behind a client you passed is yours.
         self._owns_sentinels = redis is None and self.url.startswith(_clients.SENTINEL_SCHEME)
@@ -130,7 +133,11 @@ class AsyncLimiter(LimiterBase):
         self._forget(name, identity, tier)
         try:
             async with asyncio.timeout(self.timeout):
-                await self._connection().delete(*keys)
+                client = self._connection()
+                if self._wire is not None:
+                    await self._wire.command("DEL", *keys)
+                else:
+                    await client.delete(*keys)
         except REDIS_FAILURES as error:
             self._note_failure(error, self.breaker)
             return False
@@ -141,6 +148,7 @@ class AsyncLimiter(LimiterBase):
     async def aclose(self) -> None:
         """Close the limiter's own connections (a client you passed stays open)."""
         client, self._client = self._client, None
+        self._wire = None
         self._closed = True
         if client is not None:
             await _clients.close_async(client, own_sentinels=self._owns_sentinels)
@@ -165,7 +173,10 @@ class AsyncLimiter(LimiterBase):
             if self._closed:
                 raise ApplimitError("this limiter is closed; build a new one to keep deciding.")
             # Creating the client does no I/O; it connects on its first command.
-            self._client = self._factory()
+            client = self._factory()
+            if isinstance(client, redis.asyncio.Redis):
+                self._wire = AsyncWire(client, self.breaker)
+            self._client = client
         return self._client
 
     async def _decide(self, prepared: Prepared) -> Decision:
@@ -224,20 +235,15 @@ class AsyncLimiter(LimiterBase):
         except REDIS_FAILURES as error:
             # Batched calls reach the breaker through their pipeline, once for all of them:
             # a caller that timed out waiting behind a busy event loop is not an outage.
-            return self._failed(prepared, error, failed, report=not self._batched(client))
+            return self._failed(prepared, error, failed, report=self._wire is None)
         decision, refunds = self._succeeded(prepared, replies, breakers, sent)
         if refunds:
             await self._refund(client, refunds)
         return decision
 
-    @staticmethod
-    def _batched(client: AsyncClient | None) -> bool:
-        # Cluster pipelines fail as a whole when one node does; keep those calls apart.
-        return isinstance(client, redis.asyncio.Redis)
-
     async def _call(self, client: AsyncClient, call: ScriptCall) -> object:
-        if isinstance(client, redis.asyncio.Redis):
-            return await self._batcher.submit(client, call)
+        if self._wire is not None:
+            return await self._wire.submit(call)
         return await _run(client, call)
 
     async def _refund(self, client: AsyncClient, refunds: tuple[ScriptCall, ...]) -> None:
@@ -246,94 +252,6 @@ class AsyncLimiter(LimiterBase):
                 await asyncio.gather(*(self._call(client, call) for call in refunds))
         except REDIS_FAILURES as error:
             self._refund_failed(error)
-
-
-class _Batcher:
-    """Sends the script calls submitted in one turn of the event loop as one pipeline.
-
-    Each call gets its own future with its own reply or error. A pipeline that fails as a
-    whole (connection lost, a socket timeout) fails each of its calls with that error and
-    is reported to the circuit breaker once. A pipeline is not cut short by a deadline of
-    its own: the socket timeouts (the policy's timeout, per read) detect a hung Redis,
-    while a large batch that is merely slow to parse must not count as an outage. Callers
-    keep their own deadline.
-    """
-
-    def __init__(self, breaker: CircuitBreaker) -> None:
-        self._breaker = breaker
-        self._pending: list[tuple[ScriptCall, asyncio.Future[object]]] = []
-        # Strong references: the event loop keeps only weak ones to running tasks.
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def submit(self, client: redis.asyncio.Redis, call: ScriptCall) -> asyncio.Future[object]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[object] = loop.create_future()
-        if not self._pending:
-            # Flush after the coroutines runnable now have had their turn and submitted.
-            loop.call_soon(self._flush, client)
-        self._pending.append((call, future))
-        return future
-
-    def _flush(self, client: redis.asyncio.Redis) -> None:
-        batch, self._pending = self._pending, []
-        task = asyncio.get_running_loop().create_task(self._send(client, batch))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _send(
-        self, client: redis.asyncio.Redis, batch: list[tuple[ScriptCall, asyncio.Future[object]]]
-    ) -> None:
-        live = [(call, future) for call, future in batch if not future.done()]
-        if not live:
-            return
-        try:
-            replies = await _pipeline(client, [call for call, _ in live])
-        except asyncio.CancelledError:
-            for _, future in live:
-                future.cancel()
-            raise
-        except REDIS_FAILURES as error:
-            if is_outage(error):
-                self._breaker.failure(error)
-            for _, future in live:
-                if not future.done():
-                    future.set_exception(error)
-            return
-        self._breaker.success()
-        for (_, future), reply in zip(live, replies, strict=True):
-            if future.done():
-                continue
-            if isinstance(reply, BaseException):
-                future.set_exception(reply)
-            else:
-                future.set_result(reply)
-
-
-async def _pipeline(client: redis.asyncio.Redis, calls: list[ScriptCall]) -> list[object]:
-    """EVALSHA every call in one pipeline; the calls that met NOSCRIPT go again with EVAL."""
-    replies = await _send_pipeline(client, calls, _script.SHA)
-    missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-    if missing:
-        # EVAL runs the script and caches it again, so later EVALSHAs find it.
-        again = await _send_pipeline(client, [calls[i] for i in missing], None)
-        for index, reply in zip(missing, again, strict=True):
-            replies[index] = reply
-    return replies
-
-
-async def _send_pipeline(
-    client: redis.asyncio.Redis, calls: list[ScriptCall], sha: str | None
-) -> list[object]:
-    pipe = client.pipeline(transaction=False)
-    for call in calls:
-        if sha is None:
-            pipe.execute_command("EVAL", _script.SOURCE, len(call.keys), *call.keys, *call.args)
-        else:
-            pipe.execute_command("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
-    try:
-        return list(await pipe.execute(raise_on_error=False))
-    finally:
-        await pipe.reset()  # type: ignore[no-untyped-call]
 
 
 def _node(client: AsyncClient, call: ScriptCall) -> str | None:

@@ -20,6 +20,7 @@ from ._core import Prepared, ScriptCall
 from ._decision import Decision
 from ._errors import REDIS_FAILURES, ApplimitError
 from ._shell import UNLIMITED, LimiterBase, load_policy
+from ._wire import SyncWire
 
 
 class Limiter(LimiterBase):
@@ -87,6 +88,9 @@ class Limiter(LimiterBase):
         # a Sentinel behind a client you passed is yours.
         self._owns_sentinels = redis is None and self.url.startswith(_clients.SENTINEL_SCHEME)
         self._client: SyncClient | None = None
+        # On a standalone or Sentinel-managed server the script calls bypass redis-py's
+        # generic command path (see _wire.py); Redis Cluster keeps its client.
+        self._wire: SyncWire | None = None
         self._lock = threading.Lock()
         self._closed = False
 
@@ -149,7 +153,11 @@ class Limiter(LimiterBase):
         keys = self.core.reset_keys(name, identity, tier)
         self._forget(name, identity, tier)
         try:
-            self._connection().delete(*keys)
+            client = self._connection()
+            if self._wire is not None:
+                self._wire.command("DEL", *keys)
+            else:
+                client.delete(*keys)
         except REDIS_FAILURES as error:
             self._note_failure(error, self.breaker)
             return False
@@ -161,7 +169,10 @@ class Limiter(LimiterBase):
         """Close the limiter's own connections (a client you passed stays open)."""
         with self._lock:
             client, self._client = self._client, None
+            wire, self._wire = self._wire, None
             self._closed = True
+        if wire is not None:
+            wire.close()
         if client is not None:
             _clients.close_sync(client, own_sentinels=self._owns_sentinels)
 
@@ -188,7 +199,10 @@ class Limiter(LimiterBase):
             if self._closed:
                 raise ApplimitError("this limiter is closed; build a new one to keep deciding.")
             if self._client is None:
-                self._client = self._factory()
+                client = self._factory()
+                if isinstance(client, redis.Redis):
+                    self._wire = SyncWire(client)
+                self._client = client
             return self._client
 
     def _decide(self, prepared: Prepared) -> Decision:
@@ -238,6 +252,7 @@ class Limiter(LimiterBase):
         closed = self._admit(breakers)
         if closed is not None:
             return self._skipped(prepared, closed)
+        wire = self._wire
         replies: list[object] = []
         for call, breaker in zip(prepared.calls, breakers, strict=True):
             try:
@@ -245,13 +260,13 @@ class Limiter(LimiterBase):
                 # the socket timeout, and together they keep to the decision's deadline.
                 if replies and time.monotonic() > deadline:
                     raise TimeoutError("the decision's deadline passed between cluster calls")
-                replies.append(_run(client, call))
+                replies.append(wire.run(call) if wire is not None else _run(client, call))
             except REDIS_FAILURES as error:
                 return self._failed(prepared, error, breaker)
         decision, refunds = self._succeeded(prepared, replies, breakers, sent)
         for call in refunds:
             try:
-                _run(client, call)
+                wire.run(call) if wire is not None else _run(client, call)
             except REDIS_FAILURES as error:
                 self._refund_failed(error)
         return decision
