@@ -81,6 +81,13 @@ class CircuitBreaker:
 
     def allow(self) -> bool:
         """True when this caller may call Redis now; False means decide without it."""
+        if self._state is BreakerState.CLOSED:
+            # Every decision asks; while Redis answers, no lock. A read that races a
+            # failure lets one more call through, as if it had come a moment earlier.
+            return True
+        return self._allow_locked()
+
+    def _allow_locked(self) -> bool:
         with self._lock:
             if self._state is BreakerState.CLOSED:
                 return True
@@ -99,6 +106,13 @@ class CircuitBreaker:
 
     def success(self) -> None:
         """Record an answer from Redis: closes the breaker and ends any outage."""
+        if (
+            self._state is BreakerState.CLOSED
+            and not self._failures
+            and self._outage_started is None
+        ):
+            # Nothing to reset (the common case): no lock.
+            return
         with self._lock:
             self._failures = 0
             self._state = BreakerState.CLOSED

@@ -16,7 +16,7 @@ refund calls that give the consumption back (see docs/applimit.md).
 from __future__ import annotations
 
 import math
-import os
+import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -171,7 +171,9 @@ def compile_policy(policy: Policy) -> CompiledPolicy:
     )
 
 
-@dataclass(frozen=True, slots=True)
+# Built for every decision: plain slotted dataclasses, not frozen ones, whose __init__ pays
+# an object.__setattr__ per field. Nothing changes them after construction.
+@dataclass(slots=True)
 class Check:
     """One rate of one limit for one identity: one key in one script call."""
 
@@ -185,8 +187,9 @@ class Check:
     def args(self) -> tuple[str, ...]:
         """This check's six script arguments (see decide.lua)."""
         block = self.block
-        cost = "1" if self.cost == 1 else str(self.cost)
-        return (*block.head, cost, *block.tail)
+        if self.cost == 1:
+            return block.args_cost_1
+        return (*block.head, str(self.cost), *block.tail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +205,11 @@ class _Block:
     key_tail: str
     head: tuple[str, str, str]
     tail: tuple[str, str]
+    args_cost_1: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # The arguments of a request of cost 1, nearly every request's, made once.
+        object.__setattr__(self, "args_cost_1", (*self.head, "1", *self.tail))
 
 
 def _blocks(prefix: str, rule: AppRule, tier: str) -> tuple[_Block, ...]:
@@ -224,7 +232,7 @@ def _blocks(prefix: str, rule: AppRule, tier: str) -> tuple[_Block, ...]:
     return tuple(out)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ScriptCall:
     """One EVALSHA of the limiter's script: its keys, its arguments, and on Redis Cluster
     the hash slot of its keys (which tells the shell which node's breaker applies)."""
@@ -247,7 +255,7 @@ def _seconds(us: int) -> float:
     return max(0, us) / 1_000_000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Prepared:
     """The plan for one decision: script calls to run, then :meth:`decide` on the replies."""
 
@@ -272,22 +280,28 @@ class Prepared:
         """
         if len(replies) != len(self.calls):
             raise ValueError(f"expected {len(self.calls)} replies, got {len(replies)}")
+        if len(replies) == 1:
+            # One call (every decision but a cluster's that spans identities): its checks
+            # in order, no refunds.
+            values = _int_list(replies[0], _REPLY_HEAD + _REPLY_FIELDS * len(self.checks))
+            make = self._result
+            return combine(
+                [
+                    make(check, values[at : at + _REPLY_FIELDS])
+                    for check, at in zip(
+                        self.checks, range(_REPLY_HEAD, len(values), _REPLY_FIELDS), strict=True
+                    )
+                ]
+            ), ()
         results: list[LimitResult | None] = [None] * len(self.checks)
         times: list[int] = []
         for group, reply in zip(self.groups, replies, strict=True):
             values = _int_list(reply, _REPLY_HEAD + _REPLY_FIELDS * len(group))
             times.append(values[0])
             for j, index in enumerate(group):
-                allowed, consumed, remaining, reset, retry = values[
-                    _REPLY_HEAD + _REPLY_FIELDS * j : _REPLY_HEAD + _REPLY_FIELDS * (j + 1)
-                ]
                 results[index] = self._result(
                     self.checks[index],
-                    allowed=allowed == 1,
-                    consumed=consumed == 1,
-                    remaining=remaining,
-                    reset=reset,
-                    retry=retry,
+                    values[_REPLY_HEAD + _REPLY_FIELDS * j : _REPLY_HEAD + _REPLY_FIELDS * (j + 1)],
                 )
         final = [r for r in results if r is not None]
         if len(final) != len(self.checks):
@@ -331,9 +345,9 @@ class Prepared:
         return combine(results, degraded=True)
 
     @staticmethod
-    def _result(
-        check: Check, *, allowed: bool, consumed: bool, remaining: int, reset: int, retry: int
-    ) -> LimitResult:
+    def _result(check: Check, values: Sequence[int]) -> LimitResult:
+        """One check's result from its five reply values (see decide.lua)."""
+        allowed, consumed, remaining, reset, retry = values
         retry_after: float | None
         if allowed or retry == _NONE:
             retry_after = None
@@ -347,8 +361,8 @@ class Prepared:
             algorithm=check.rule.algorithm,
             quota=check.rate.quota,
             window=check.rate.window,
-            allowed=allowed,
-            consumed=consumed,
+            allowed=allowed == 1,
+            consumed=consumed == 1,
             remaining=max(0, remaining),
             reset_after=_seconds(reset),
             retry_after=retry_after,
@@ -365,12 +379,10 @@ def _int_list(reply: object, length: int) -> list[int]:
     """The script's reply as integers; ValueError when it is not the expected shape."""
     if not isinstance(reply, list | tuple) or len(reply) != length:
         raise ValueError(f"the limiter script replied {reply!r}; expected {length} integers")
-    out: list[int] = []
-    for value in reply:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"the limiter script replied {reply!r}; expected integers")
-        out.append(value)
-    return out
+    # `type(v) is int` also refuses bools, which are ints to isinstance.
+    if not all(type(value) is int for value in reply):
+        raise ValueError(f"the limiter script replied {reply!r}; expected integers")
+    return list(reply)
 
 
 class Core:
@@ -504,10 +516,16 @@ class Core:
         cost = self.cost(cost)
         normalized = normalize_path(path)
         checks: list[Check] = []
+        # The tag of each kind of identity (user, ip), made once however many limits use it.
+        tags: dict[bool, str] = {}
         for rule in self.policy.rules:
             if resolved not in rule.tiers or not rule.matcher.matches(method, normalized, host):
                 continue
-            checks.extend(self.checks(rule, resolved, self._tag(rule, identity, ip), cost))
+            by_ip = rule.per_ip or identity is None
+            tag = tags.get(by_ip)
+            if tag is None:
+                tag = tags[by_ip] = self._tag(rule, identity, ip)
+            checks.extend(self.checks(rule, resolved, tag, cost))
         return self.plan(mode, checks)
 
     def plan(self, mode: Mode, checks: Sequence[Check]) -> Prepared:
@@ -525,7 +543,9 @@ class Core:
         now = "" if self._test_clock is None else str(round(self._test_clock() * 1_000_000))
         # The nonce names sliding-log entries: unique per call, so two requests in the same
         # microsecond never merge into one entry.
-        nonce = os.urandom(6).hex() if mode == "hit" else ""
+        # 48 random bits: random is reseeded in a forked child, so processes never share a
+        # sequence, and it spares a system call per decision (os.urandom).
+        nonce = f"{random.getrandbits(48):012x}" if mode == "hit" else ""
         calls = tuple(
             _script_call(
                 mode, [checks[i] for i in group], now=now, nonce=nonce, slack=self._slack, slot=slot

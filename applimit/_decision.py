@@ -106,6 +106,23 @@ def _binding(results: Sequence[LimitResult], allowed: bool) -> LimitResult | Non
 
 def combine(results: Sequence[LimitResult], *, degraded: bool = False) -> Decision:
     """The decision for a set of results: denied when any enforced result denies."""
+    if len(results) == 1:
+        # One rate (most decisions): it is the binding result, whatever it says.
+        only = results[0]
+        allowed = only.allowed or only.shadow
+        retry = None
+        if not allowed:
+            retry = only.retry_after if only.retry_after is not None else math.inf
+        return Decision(
+            allowed,
+            only.quota,
+            only.remaining,
+            only.reset_after,
+            retry,
+            only.name,
+            (only,),
+            degraded,
+        )
     allowed = all(r.allowed for r in results if not r.shadow)
     chosen = _binding(results, allowed)
     if chosen is None:

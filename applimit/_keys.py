@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import ipaddress
+import re
 
 # Bytes kept as they are. Everything else, '%' first among them, is written %XX.
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~@+!*,;")
@@ -37,8 +38,15 @@ USER = "u"
 IP = "i"
 
 
+# Matches exactly the byte strings made only of safe bytes: most identities are, and need no
+# escaping at all (one C call instead of a Python loop per byte on every decision).
+_ALL_SAFE = re.compile(b"[" + re.escape(bytes(sorted(_SAFE))) + b"]*")
+
+
 def escape(raw: bytes) -> str:
     """Percent-encode ``raw`` outside the safe set (an injective, brace-free encoding)."""
+    if _ALL_SAFE.fullmatch(raw):
+        return raw.decode("ascii")
     return "".join(chr(b) if b in _SAFE else f"%{b:02X}" for b in raw)
 
 

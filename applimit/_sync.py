@@ -248,11 +248,17 @@ class Limiter(LimiterBase):
                 self.breaker.success()
         else:
             client = self._client
-        breakers = [self._breaker_for(_node(client, call)) for call in prepared.calls]
-        closed = self._admit(breakers)
-        if closed is not None:
-            return self._skipped(prepared, closed)
         wire = self._wire
+        if wire is not None:
+            # Not a cluster: one call, under the one breaker.
+            breakers = [self.breaker]
+            if not self.breaker.allow():
+                return self._skipped(prepared, self.breaker)
+        else:
+            breakers = [self._breaker_for(_node(client, call)) for call in prepared.calls]
+            closed = self._admit(breakers)
+            if closed is not None:
+                return self._skipped(prepared, closed)
         replies: list[object] = []
         for call, breaker in zip(prepared.calls, breakers, strict=True):
             try:

@@ -12,6 +12,7 @@ This module is pure and has no dependency on pydantic, so the app's hot path can
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # Characters WHATWG's URL parser leaves unescaped in a path; everything else is
@@ -46,8 +47,14 @@ def _utf8(raw: str) -> bytes:
         return cleaned.encode("utf-8", "surrogateescape")
 
 
+# Paths made only of bytes of the path set (nearly all) skip the per-byte loop.
+_ALL_PATH_SAFE = re.compile(b"[" + re.escape(bytes(sorted(_PATH_SAFE))) + b"]*")
+
+
 def _percent_encode(data: bytes) -> str:
     """Percent-encode the bytes outside the URL path set and treat ``\\`` as ``/``."""
+    if _ALL_PATH_SAFE.fullmatch(data):
+        return data.decode("ascii").replace("\\", "/")
     encoded = "".join(chr(b) if b in _PATH_SAFE else f"%{b:02X}" for b in data)
     return encoded.replace("\\", "/")
 

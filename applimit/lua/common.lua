@@ -5,7 +5,8 @@
 --   NONE, NEVER         the retry values "admitted, no wait" and "can never be admitted";
 --   fmt(n)              an integer as exact decimal text;
 --   idiv(a, b)          floor(a / b) for integers, exact below 2^53;
---   cdiv(a, b)          ceil(a / b) for integers, exact below 2^53.
+--   cdiv(a, b)          ceil(a / b) for integers, exact below 2^53;
+--   expiry_cell(t, g)   which cell of a grid of `g` µs the time `t` expires in.
 -- Every time is an integer number of microseconds; every count an integer.
 
 local ALG = {}
@@ -32,4 +33,18 @@ end
 
 local function cdiv(a, b)
   return -idiv(-a, b)
+end
+
+-- Expiries are rounded up to the end of a grid cell (one period wide): a key must outlive
+-- its state's deadline t, and it does until the end of t's cell. As long as successive
+-- deadlines stay in one cell the TTL already set is right, so the write that would move it
+-- (PEXPIRE, or SET with PX, the costliest part of a decision in Redis) is skipped. A key
+-- outlives its state by less than one period.
+local function expiry_cell(t, g)
+  return idiv(t, g) + 1
+end
+
+-- The PEXPIRE (ms from now) that ends the key with cell `cell` of a grid of `g` µs.
+local function cell_ttl_ms(cell, g, now, slack_ms)
+  return cdiv(cell * g - now, 1000) + slack_ms
 end

@@ -7,7 +7,8 @@
 --   burst is how many requests may arrive at once (the bucket's size).
 -- Functions (registered as ALG.gcra):
 --   check(key, now, c)               -> st, reads only
---   apply(key, st, now, c, nonce, slack_ms)  stores the new TAT with PX rounded up
+--   apply(key, st, now, c, nonce, slack_ms)  stores the new TAT; the TTL ends the TAT's
+--                                    expiry cell (common.lua), set only when that changes
 --   refund(key, now, c, nonce)       moves the TAT back by what an earlier apply added
 -- Returns (in st): allowed (0/1), remaining (requests admitted now, one by one), reset
 --   (µs until the bucket is full again), retry (µs until `cost` fits; NONE when allowed,
@@ -16,24 +17,27 @@
 -- In units of µs x limit the emission interval is `period` and the bucket holds
 -- burst x period, so every comparison below is between exact integers.
 
+-- How far ahead of `now` the TAT is (in µs x limit, at least 0), and the stored TAT's
+-- whole µs (nil without a key), which tells which expiry cell the key's TTL is in.
 local function gcra_load(key, now, c)
   local value = redis.call('GET', key)
   if not value then
-    return 0
+    return 0, nil
   end
   local tat, frac = string.match(value, '^(%-?%d+) (%d+)$')
-  local ahead = (tonumber(tat) - now) * c.limit + tonumber(frac)
+  tat = tonumber(tat)
+  local ahead = (tat - now) * c.limit + tonumber(frac)
   if ahead < 0 then
-    return 0
+    return 0, tat
   end
-  return ahead
+  return ahead, tat
 end
 
 local function gcra_check(key, now, c)
-  local ahead = gcra_load(key, now, c)
+  local ahead, tat = gcra_load(key, now, c)
   local capacity = c.burst * c.period
   local after = ahead + c.cost * c.period
-  local st = {ahead = ahead, after = after, allowed = 0, retry = NONE}
+  local st = {ahead = ahead, after = after, tat = tat, allowed = 0, retry = NONE}
   if after <= capacity then
     st.allowed = 1
   elseif c.cost > c.burst then
@@ -49,8 +53,16 @@ end
 local function gcra_apply(key, st, now, c, nonce, slack_ms)
   local whole = idiv(st.after, c.limit)
   local frac = st.after - whole * c.limit
-  redis.call('SET', key, fmt(now + whole) .. ' ' .. fmt(frac), 'PX',
-    cdiv(st.after, c.limit * 1000) + slack_ms)
+  local tat = now + whole
+  local value = fmt(tat) .. ' ' .. fmt(frac)
+  -- The key must live until the TAT (rounded up to a whole µs): until the end of its
+  -- expiry cell. If the stored TAT's cell is the same, the TTL set then still holds.
+  local cell = expiry_cell(tat + 1, c.period)
+  if st.tat ~= nil and expiry_cell(st.tat + 1, c.period) == cell then
+    redis.call('SET', key, value, 'KEEPTTL')
+  else
+    redis.call('SET', key, value, 'PX', cell_ttl_ms(cell, c.period, now, slack_ms))
+  end
   st.remaining = idiv(c.burst * c.period - st.after, c.period)
   st.reset = cdiv(st.after, c.limit)
 end

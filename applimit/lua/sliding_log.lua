@@ -6,15 +6,17 @@
 --   c = {limit, period (µs), cost, burst (unused), shadow}.
 -- Functions (registered as ALG.sliding_log):
 --   check(key, now, c)               -> st, reads only
---   apply(key, st, now, c, nonce, slack_ms)  adds the entries, trims, sets PEXPIRE
+--   apply(key, st, now, c, nonce, slack_ms)  adds the entries, trims; PEXPIRE when the
+--                                    newest entry's expiry cell (common.lua) changes
 --   refund(key, now, c, nonce)       removes the entries an earlier apply added
 -- Returns (in st): allowed (0/1), remaining, reset (µs until every entry has left the
 --   window), retry (µs until `cost` fits: when the oldest entry that matters leaves; NONE
 --   when allowed, NEVER when cost > limit).
 --
 -- Fixed against the usual sorted-set script: entries are added only when admitted;
--- members are unique per call and never built from formatted floats; PEXPIRE is rounded
--- up and refreshed on every write; a cost above what is left is rejected without writing.
+-- members are unique per call and never built from formatted floats; the TTL is rounded
+-- up and always outlives the newest entry; a cost above what is left is rejected without
+-- writing.
 
 local ZADD_CHUNK = 500
 
@@ -45,7 +47,10 @@ local function log_check(key, now, c)
   st.remaining = c.limit - count
   st.reset = 0
   if count > 0 then
-    st.reset = log_newest(key) + c.period - now
+    -- The newest entry is in the window, so it is the newest in the set: the key's TTL
+    -- was last set for it.
+    st.newest = log_newest(key)
+    st.reset = st.newest + c.period - now
   end
   return st
 end
@@ -67,9 +72,15 @@ local function log_apply(key, st, now, c, nonce, slack_ms)
   st.count = st.count + c.cost
   st.remaining = c.limit - st.count
   -- An entry scored after `now` exists only if the clock went back; it outlives `now`.
-  local newest = math.max(log_newest(key), now)
+  local newest = math.max(st.newest or now, now)
   st.reset = newest + c.period - now
-  redis.call('PEXPIRE', key, cdiv(st.reset, 1000) + slack_ms)
+  -- The key must live until its newest entry leaves the window: until the end of that
+  -- time's expiry cell, which is where the TTL already ends if the previous newest entry
+  -- left the window in the same cell.
+  local cell = expiry_cell(newest + c.period, c.period)
+  if st.newest == nil or expiry_cell(st.newest + c.period, c.period) ~= cell then
+    redis.call('PEXPIRE', key, cell_ttl_ms(cell, c.period, now, slack_ms))
+  end
 end
 
 local function log_refund(key, now, c, nonce)

@@ -6,7 +6,8 @@
 --   shadow}.
 -- Functions (registered as ALG.sliding_window):
 --   check(key, now, c)               -> st, reads only
---   apply(key, st, now, c, nonce, slack_ms)  adds cost to the current window, sets PEXPIRE
+--   apply(key, st, now, c, nonce, slack_ms)  adds cost to the current window; PEXPIRE on
+--                                    the first write of each window
 --   refund(key, now, c, nonce)       subtracts what an earlier apply added
 -- Returns (in st): allowed (0/1), remaining, reset (µs until the estimate is back to 0),
 --   retry (µs until `cost` fits if nothing else arrives; NONE when allowed, NEVER when
@@ -37,7 +38,10 @@ local function sw_check(key, now, c)
   local elapsed = math.max(0, now - window * period)
   local used = prev * (period - elapsed) + cur * period
   local full = c.limit * period
-  local st = {window = window, cur = cur, prev = prev, elapsed = elapsed, allowed = 0, retry = NONE}
+  local st = {
+    window = window, stored = stored, cur = cur, prev = prev, elapsed = elapsed,
+    allowed = 0, retry = NONE,
+  }
   if used + c.cost * period <= full then
     st.allowed = 1
   elseif c.cost > c.limit then
@@ -67,8 +71,11 @@ local function sw_apply(key, st, now, c, nonce, slack_ms)
   local period = c.period
   st.cur = st.cur + c.cost
   redis.call('HSET', key, 'w', fmt(st.window), 'c', fmt(st.cur), 'p', fmt(st.prev))
-  -- The count is needed until the end of the next window, where it stops weighing.
-  redis.call('PEXPIRE', key, cdiv((st.window + 2) * period - now, 1000) + slack_ms)
+  -- The count is needed until the end of the next window, where it stops weighing. That
+  -- depends on the window alone, so the TTL is set once per window, by its first write.
+  if st.stored ~= st.window then
+    redis.call('PEXPIRE', key, cell_ttl_ms(st.window + 2, period, now, slack_ms))
+  end
   local used = st.prev * (period - st.elapsed) + st.cur * period
   st.remaining = math.max(0, idiv(c.limit * period - used, period))
   st.reset = 2 * period - st.elapsed

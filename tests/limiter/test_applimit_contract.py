@@ -306,22 +306,82 @@ async def test_script_flush_is_survived(make_limiter: MakeLimiter, redis_admin: 
     assert after.remaining == 1 and not after.degraded
 
 
-@pytest.mark.parametrize(
-    ("name", "ttl_ms"),
-    [("log", 60_000), ("win", 120_000), ("bucket", 20_000)],
-)
-async def test_every_key_expires_no_earlier_than_its_state_matters(
-    make_limiter: MakeLimiter, redis_admin: Any, name: str, ttl_ms: int
+def _state_deadline_ms(admin: Any, name: str, key: bytes) -> int:
+    """When the key's state stops mattering (server ms), read from the state itself:
+    a log's newest entry leaves the window, a window count stops weighing at the end of
+    the next window, a GCRA value at its theoretical arrival time."""
+    period_ms = 60_000
+    if name == "log":
+        [(_, score)] = admin.zrange(key, -1, -1, withscores=True)
+        return math.ceil(score / 1000) + period_ms
+    if name == "win":
+        window = int(admin.hget(key, "w"))
+        return (window + 2) * period_ms
+    tat_us = int(admin.get(key).split()[0])
+    return math.ceil(tat_us / 1000)
+
+
+@pytest.mark.parametrize("name", ALGORITHM_LIMITS)
+async def test_every_key_expires_after_its_state_and_within_a_period_of_it(
+    make_limiter: MakeLimiter, redis_admin: Any, name: str
 ) -> None:
-    """Keys carry a PEXPIRE rounded up, never shorter than the state they hold needs:
-    a log entry the whole window, a window count until the next window ends, a GCRA value
-    until its theoretical arrival time (one emission interval, 20 s at 3/1m)."""
+    """After every hit, the key outlives the state it holds (the TTL set by an earlier hit
+    is kept only while it still does), by less than one period (expiries are rounded up to
+    a grid one period wide, so that most hits need not move them)."""
     limiter = make_limiter(POLICY)
     who = user()
-    await limiter.hit(name, who)
-    [key] = [k for k in all_keys(redis_admin, f"t:{name}:*") if who.encode() in k]
-    ttl = redis_admin.pttl(key)
-    assert ttl_ms / 2 - 1000 < ttl <= ttl_ms
+    for _ in range(3):
+        assert (await limiter.hit(name, who)).allowed
+        [key] = [k for k in all_keys(redis_admin, f"t:{name}:*") if who.encode() in k]
+        seconds, micros = redis_admin.time()
+        expires_ms = seconds * 1000 + micros // 1000 + redis_admin.pttl(key)
+        deadline_ms = _state_deadline_ms(redis_admin, name, key)
+        # 5 ms for the reads between TIME and PTTL.
+        assert deadline_ms - 5 <= expires_ms <= deadline_ms + 60_000 + 5
+
+
+TTL_POLICY = """
+version: 1
+tiers: [free]
+app: {key_prefix: t, timeout: 2s}
+limits:
+  - {name: log, match: {path_prefix: /l/}, app: {algorithm: sliding_log, tiers: {free: 100/1m}}}
+  - {name: win, match: {path_prefix: /w/}, app: {algorithm: sliding_window, tiers: {free: 100/1m}}}
+  - {name: bucket, match: {path_prefix: /b/}, app: {algorithm: gcra, tiers: {free: 100/1m}}}
+"""
+
+
+@pytest.mark.parametrize("name", ALGORITHM_LIMITS)
+async def test_the_ttl_is_kept_within_an_expiry_cell_and_renewed_past_it(
+    make_limiter: MakeLimiter, redis_admin: Any, name: str
+) -> None:
+    """Under a test clock (whose TTLs carry a fixed slack and count from the test time),
+    a hit whose state's deadline stays in the cell of the grid that the key's TTL ends
+    leaves that TTL as it was; a hit that moves the deadline into a later cell sets the
+    TTL to the end of that cell. Steps of 1 s stay in a cell, steps of 45 s leave it."""
+    period_ms, slack_ms = 60_000, 600_000
+    clock = TestClock(1_000_020 * US + 10 * US)  # 10 s into a cell
+    limiter = make_limiter(TTL_POLICY, test_clock=clock)
+    who = user()
+    previous: tuple[int, int] | None = None  # (cell, ttl)
+    for step_s in (0, 1, 45, 1, 1, 45, 1):
+        clock.advance(step_s * US)
+        assert (await limiter.hit(name, who)).allowed
+        [key] = [k for k in all_keys(redis_admin, f"t:{name}:*") if who.encode() in k]
+        ttl = redis_admin.pttl(key) - slack_ms
+        now_ms = clock.us // 1000
+        deadline_ms = _state_deadline_ms(redis_admin, name, key)
+        cell = deadline_ms // period_ms + 1
+        if name == "win":
+            # A window's count is kept to the end of the next window: its cell is fixed.
+            cell = deadline_ms // period_ms
+        if previous is not None and previous[0] == cell:
+            assert previous[1] - 50 <= ttl <= previous[1], "the TTL should have been kept"
+        else:
+            expected = cell * period_ms - now_ms
+            assert expected - 50 <= ttl <= expected, "the TTL should end the new cell"
+        assert ttl >= deadline_ms - now_ms - 50
+        previous = (cell, ttl)
 
 
 async def test_decisions_use_the_server_clock(
