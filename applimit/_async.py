@@ -175,7 +175,7 @@ class AsyncLimiter(LimiterBase):
             # Creating the client does no I/O; it connects on its first command.
             client = self._factory()
             if isinstance(client, redis.asyncio.Redis):
-                self._wire = AsyncWire(client, self.breaker)
+                self._wire = AsyncWire(client, self.breaker, timeout=self.timeout)
             self._client = client
         return self._client
 
@@ -212,6 +212,20 @@ class AsyncLimiter(LimiterBase):
             client = self._connection()
         except REDIS_FAILURES as error:
             return self._failed(prepared, error, self.breaker)
+        wire = self._wire
+        if wire is not None:
+            # Not a cluster: one call, batched with the others of this event-loop turn
+            # under one deadline for the batch (the wire's), not a timer per decision.
+            if not self.breaker.allow():
+                return self._skipped(prepared, self.breaker)
+            try:
+                reply = await wire.submit(prepared.calls[0])
+            except REDIS_FAILURES as error:
+                # The batch reported its own failure to the breaker, once for all of its
+                # calls; a caller that ran out of time behind a busy loop is not an outage.
+                return self._failed(prepared, error, self.breaker, report=False)
+            decision, _ = self._succeeded(prepared, [reply], (self.breaker,), sent)
+            return decision
         breakers = [self._breaker_for(_node(client, call)) for call in prepared.calls]
         closed = self._admit(breakers)
         if closed is not None:
@@ -220,11 +234,11 @@ class AsyncLimiter(LimiterBase):
         try:
             async with asyncio.timeout(self.timeout):
                 if len(prepared.calls) == 1:
-                    replies: list[object] = [await self._call(client, prepared.calls[0])]
+                    replies: list[object] = [await _run(client, prepared.calls[0])]
                 else:
                     # One call per cluster slot, concurrently: still one round trip of time.
                     outcomes = await asyncio.gather(
-                        *(self._call(client, call) for call in prepared.calls),
+                        *(_run(client, call) for call in prepared.calls),
                         return_exceptions=True,
                     )
                     for outcome, breaker in zip(outcomes, breakers, strict=True):
@@ -233,23 +247,16 @@ class AsyncLimiter(LimiterBase):
                             raise outcome
                     replies = list(outcomes)
         except REDIS_FAILURES as error:
-            # Batched calls reach the breaker through their pipeline, once for all of them:
-            # a caller that timed out waiting behind a busy event loop is not an outage.
-            return self._failed(prepared, error, failed, report=self._wire is None)
+            return self._failed(prepared, error, failed)
         decision, refunds = self._succeeded(prepared, replies, breakers, sent)
         if refunds:
             await self._refund(client, refunds)
         return decision
 
-    async def _call(self, client: AsyncClient, call: ScriptCall) -> object:
-        if self._wire is not None:
-            return await self._wire.submit(call)
-        return await _run(client, call)
-
     async def _refund(self, client: AsyncClient, refunds: tuple[ScriptCall, ...]) -> None:
         try:
             async with asyncio.timeout(self.timeout):
-                await asyncio.gather(*(self._call(client, call) for call in refunds))
+                await asyncio.gather(*(_run(client, call) for call in refunds))
         except REDIS_FAILURES as error:
             self._refund_failed(error)
 

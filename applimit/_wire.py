@@ -42,6 +42,12 @@ from ._breaker import CircuitBreaker
 from ._core import ScriptCall
 from ._errors import REDIS_FAILURES, is_outage
 
+# Answer this many callers of a batch, then let them run before answering the rest: the
+# first ones send their next calls (a new batch) while this one is still being answered,
+# so Redis works on one batch while the event loop works through another. Without it all
+# of a batch's callers wake at once, and Redis and the loop take turns idling. 32 is in
+# the middle of the range that measured best (16 to 64 calls) in bench/bench_async.py.
+_YIELD_EVERY = 32
 _EVALSHA = b"EVALSHA"
 _EVAL = b"EVAL"
 
@@ -126,28 +132,33 @@ class AsyncWire:
 
     One connection per batch, taken from the limiter's own pool: all the batch's commands
     in one write, then the replies read in order, each resolving its caller's future.
-    A batch that fails as a whole (connection lost, socket timeout) fails each of its
-    calls with that error and is reported to the circuit breaker once; an error reply
-    (NOSCRIPT aside, which is retried with EVAL) fails only its own call. A batch is not
-    cut short by any caller's deadline: the socket timeout (the policy's timeout, per
-    batch) detects a hung Redis, while callers keep their own deadlines.
+
+    Two clocks bound a batch. The callers' deadline (``timeout`` after the batch's first
+    call was submitted) is one timer for the whole batch: when it fires, the futures not
+    yet answered fail with TimeoutError, which is not reported to the circuit breaker (the
+    event loop may simply be busy). The socket timeout (the same length, on the reads of
+    the batch) detects a Redis that stopped answering: the batch then fails as a whole,
+    each call with that error, and the breaker hears of it once. An error reply (NOSCRIPT
+    aside, which is retried with EVAL) fails only its own call.
     """
 
-    def __init__(self, client: redis.asyncio.Redis, breaker: CircuitBreaker) -> None:
+    def __init__(self, client: redis.asyncio.Redis, breaker: CircuitBreaker, *, timeout: float):
         self._pool = client.connection_pool
         self._breaker = breaker
+        self._timeout = timeout
         self._pending: list[tuple[ScriptCall, asyncio.Future[object]]] = []
+        self._deadline = 0.0
         # Strong references: the event loop keeps only weak ones to running tasks.
         self._tasks: set[asyncio.Task[None]] = set()
-        self._timeout: float | None = self._pool.connection_kwargs.get("socket_timeout")
 
     def submit(self, call: ScriptCall) -> asyncio.Future[object]:
-        """A future for the call's reply (or its error)."""
+        """A future for the call's reply (or its error, TimeoutError past the deadline)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[object] = loop.create_future()
         if not self._pending:
             # Flush after the coroutines runnable now have had their turn and submitted.
             loop.call_soon(self._flush)
+            self._deadline = loop.time() + self._timeout
         self._pending.append((call, future))
         return future
 
@@ -162,9 +173,12 @@ class AsyncWire:
 
     def _flush(self) -> None:
         batch, self._pending = self._pending, []
-        task = asyncio.get_running_loop().create_task(self._send(batch))
+        loop = asyncio.get_running_loop()
+        timer = loop.call_at(self._deadline, _expire, batch, self._timeout)
+        task = loop.create_task(self._send(batch))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: timer.cancel())
 
     async def _send(self, batch: list[tuple[ScriptCall, asyncio.Future[object]]]) -> None:
         live = [(call, future) for call, future in batch if not future.done()]
@@ -184,13 +198,15 @@ class AsyncWire:
                     future.set_exception(error)
             return
         self._breaker.success()
-        for (_, future), reply in zip(live, replies, strict=True):
+        for index, ((_, future), reply) in enumerate(zip(live, replies, strict=True), 1):
             if future.done():
                 continue
             if isinstance(reply, BaseException):
                 future.set_exception(reply)
             else:
                 future.set_result(reply)
+            if index % _YIELD_EVERY == 0 and index < len(live):
+                await asyncio.sleep(0)
 
     async def _round_trip(self, calls: list[ScriptCall]) -> list[object]:
         connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
@@ -213,8 +229,8 @@ class AsyncWire:
     async def _exchange(self, connection: Any, packed: bytes, count: int) -> list[object]:
         """Write ``count`` packed commands at once and read their replies, in order.
 
-        One deadline covers all the reads: a per-reply timeout would cost a timer for
-        every reply of a large batch.
+        One socket timeout covers all the reads: a timer per reply would cost as much as
+        the rest of the read.
         """
         await connection.send_packed_command(packed, check_health=False)
         replies: list[object] = []
@@ -240,3 +256,12 @@ class AsyncWire:
             await connection.disconnect(nowait=True)
             raise
         return replies
+
+
+def _expire(batch: list[tuple[ScriptCall, asyncio.Future[object]]], timeout: float) -> None:
+    """The callers' deadline: fail the calls of the batch that have no answer yet."""
+    for _, future in batch:
+        if not future.done():
+            future.set_exception(
+                TimeoutError(f"no answer from Redis within the decision's {timeout} s")
+            )
