@@ -197,7 +197,8 @@ class _Block:
     """What one rate of one limit and tier sends with every call, encoded once.
 
     ``key_tail`` ends the state key after the hash tag; ``head`` and ``tail`` are the
-    script arguments before and after the cost.
+    script arguments before and after the cost; ``result_head`` the fixed fields of the
+    block's LimitResult (limit, tier, algorithm, quota, window, shadow).
     """
 
     rate: RateSpec
@@ -205,6 +206,7 @@ class _Block:
     key_tail: str
     head: tuple[str, str, str]
     tail: tuple[str, str]
+    result_head: tuple[str, str, str, int, float, bool]
     args_cost_1: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -227,6 +229,8 @@ def _blocks(prefix: str, rule: AppRule, tier: str) -> tuple[_Block, ...]:
                     str(burst) if rule.algorithm == Algorithm.GCRA else "0",
                     "1" if rule.shadow else "0",
                 ),
+                # The first fields of every LimitResult of this block, in their order.
+                result_head=(rule.name, tier, rule.algorithm, rate.quota, rate.window, rule.shadow),
             )
         )
     return tuple(out)
@@ -355,18 +359,20 @@ class Prepared:
             retry_after = math.inf
         else:
             retry_after = _seconds(retry)
+        name, tier, algorithm, quota, window, shadow = check.block.result_head
+        # Positional: the fields of LimitResult, in order (keywords cost more, per call).
         return LimitResult(
-            name=check.rule.name,
-            tier=check.tier,
-            algorithm=check.rule.algorithm,
-            quota=check.rate.quota,
-            window=check.rate.window,
-            allowed=allowed == 1,
-            consumed=consumed == 1,
-            remaining=max(0, remaining),
-            reset_after=_seconds(reset),
-            retry_after=retry_after,
-            shadow=check.rule.shadow,
+            name,
+            tier,
+            algorithm,
+            quota,
+            window,
+            allowed == 1,
+            consumed == 1,
+            max(0, remaining),
+            _seconds(reset),
+            retry_after,
+            shadow,
         )
 
 
@@ -379,9 +385,12 @@ def _int_list(reply: object, length: int) -> list[int]:
     """The script's reply as integers; ValueError when it is not the expected shape."""
     if not isinstance(reply, list | tuple) or len(reply) != length:
         raise ValueError(f"the limiter script replied {reply!r}; expected {length} integers")
-    # `type(v) is int` also refuses bools, which are ints to isinstance.
-    if not all(type(value) is int for value in reply):
-        raise ValueError(f"the limiter script replied {reply!r}; expected integers")
+    try:
+        # One C loop: sum() refuses the bytes, None and lists a reply might hold instead
+        # (RESP2 has no floats or booleans to let through).
+        sum(reply)
+    except TypeError:
+        raise ValueError(f"the limiter script replied {reply!r}; expected integers") from None
     return list(reply)
 
 
@@ -530,22 +539,25 @@ class Core:
 
     def plan(self, mode: Mode, checks: Sequence[Check]) -> Prepared:
         """Group ``checks`` into script calls: one, or one per hash slot on Redis Cluster."""
-        slots: list[int | None]
-        if self.cluster:
-            by_slot: dict[int, list[int]] = {}
-            for index, check in enumerate(checks):
-                by_slot.setdefault(key_slot(check.key.encode()), []).append(index)
-            groups = tuple(tuple(g) for g in by_slot.values())
-            slots = list(by_slot)
-        else:
-            groups = (tuple(range(len(checks))),) if checks else ()
-            slots = [None] * len(groups)
         now = "" if self._test_clock is None else str(round(self._test_clock() * 1_000_000))
         # The nonce names sliding-log entries: unique per call, so two requests in the same
-        # microsecond never merge into one entry.
-        # 48 random bits: random is reseeded in a forked child, so processes never share a
-        # sequence, and it spares a system call per decision (os.urandom).
+        # microsecond never merge into one entry. 48 random bits: random is reseeded in a
+        # forked child, so processes never share a sequence, and it spares a system call
+        # per decision (os.urandom).
         nonce = f"{random.getrandbits(48):012x}" if mode == "hit" else ""
+        if not self.cluster:
+            # One server: every check in one call.
+            if not checks:
+                return Prepared(mode, (), (), (), nonce, self._slack)
+            call = _script_call(mode, checks, now=now, nonce=nonce, slack=self._slack, slot=None)
+            return Prepared(
+                mode, tuple(checks), (tuple(range(len(checks))),), (call,), nonce, self._slack
+            )
+        by_slot: dict[int, list[int]] = {}
+        for index, check in enumerate(checks):
+            by_slot.setdefault(key_slot(check.key.encode()), []).append(index)
+        groups = tuple(tuple(g) for g in by_slot.values())
+        slots = list(by_slot)
         calls = tuple(
             _script_call(
                 mode, [checks[i] for i in group], now=now, nonce=nonce, slack=self._slack, slot=slot

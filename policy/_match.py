@@ -59,6 +59,12 @@ def _percent_encode(data: bytes) -> str:
     return encoded.replace("\\", "/")
 
 
+# A path that normalisation leaves as it is: absolute, only bytes of the path set (no
+# percent-escapes, no backslash, so nothing to decode or turn), no query or fragment. With
+# no "/." in it, it has no dot segments either. Most request paths are such paths.
+_PLAIN_PATH = re.compile(r"/[A-Za-z0-9\-._~!$&'()*+,;=:@/\[\]|]*")
+
+
 def normalize_path(raw: str | bytes) -> str:
     """Return the path part of a request target the way the Worker's ``new URL()`` sees it.
 
@@ -68,6 +74,18 @@ def normalize_path(raw: str | bytes) -> str:
     outside the URL path set. Double slashes are kept and existing percent-escapes are left
     as written. Never raises: undecodable bytes are percent-encoded.
     """
+    if (
+        isinstance(raw, str)
+        and len(raw) <= MAX_PATH_LENGTH * 3
+        and "/." not in raw
+        and _PLAIN_PATH.fullmatch(raw)
+    ):
+        return raw
+    return _normalize(raw)
+
+
+def _normalize(raw: str | bytes) -> str:
+    """:func:`normalize_path` for any input, without the shortcut for plain paths."""
     data = _utf8(raw) if isinstance(raw, str) else bytes(raw)
     data = data[: MAX_PATH_LENGTH * 3]
     data = data.translate(None, _TAB_OR_NEWLINE).strip(_C0_OR_SPACE)
@@ -169,9 +187,10 @@ class Matcher:
 
     def matches_path(self, path: str) -> bool:
         """Decide the path part alone; ``path`` must already be normalised."""
-        if self.matches_all_paths:
+        if not self.paths and not self.path_prefixes:
             return True
-        return path in self.paths or any(path.startswith(p) for p in self.path_prefixes)
+        # str.startswith takes a tuple: one C call for every prefix.
+        return path in self.paths or path.startswith(self.path_prefixes)
 
     def matches_raw(self, method: str, raw_target: str | bytes, host: str | None = None) -> bool:
         """Like ``matches`` but normalises a raw request target (path and query) first."""

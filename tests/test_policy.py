@@ -438,3 +438,18 @@ def test_policy_locates_its_fields() -> None:
     assert file == str(EXAMPLE)
     assert EXAMPLE.read_text().splitlines()[line - 1][column - 1 :].startswith("600/1m")
     assert policy.loads("version: 1\n").locate("limits") == ("<policy>", 1, 1)
+
+
+@given(
+    st.text(alphabet=st.sampled_from("/.%2eE\\?#ab-_~:@!$&'()*+,;=[]| \t\x00é")),
+    st.booleans(),
+)
+def test_the_plain_path_shortcut_normalises_like_the_full_algorithm(
+    text: str, absolute: bool
+) -> None:
+    """normalize_path returns plain paths (most request paths) unchanged without running
+    the algorithm; for every input it must agree with the full algorithm."""
+    from policy._match import _normalize
+
+    raw = "/" + text if absolute else text
+    assert policy.normalize_path(raw) == _normalize(raw)
