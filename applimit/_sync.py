@@ -201,7 +201,9 @@ class Limiter(LimiterBase):
             if self._client is None:
                 client = self._factory()
                 if isinstance(client, redis.Redis):
-                    self._wire = SyncWire(client)
+                    self._wire = SyncWire(
+                        client, max_connections=self.max_connections, timeout=self.timeout
+                    )
                 self._client = client
             return self._client
 

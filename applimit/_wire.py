@@ -29,6 +29,7 @@ import asyncio
 import math
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,17 +73,27 @@ def pack_many(calls: Sequence[ScriptCall]) -> bytes:
 
 
 class SyncWire:
-    """Runs script calls on connections borrowed from a ``redis.Redis`` client's pool.
+    """Runs script calls on connections the limiter keeps between decisions.
 
-    Thread-safe: ``list.pop`` and ``list.append`` are atomic, so each thread works on a
-    connection no other thread holds. After a fork the child drops the free list without
-    closing it (the sockets are the parent's), as redis-py's pools do.
+    Thread-safe. A decision pops an idle connection (``list.pop`` is atomic, no lock),
+    uses it alone, and pushes it back. Only when none is idle does it take the lock: it
+    opens a new connection (through the client's pool, which connects it) while fewer
+    than ``max_connections`` exist, or else waits up to ``timeout`` for one to come back,
+    as a blocking pool would. After a fork the child forgets the parent's connections
+    without closing them (the sockets are the parent's), as redis-py's pools do.
     """
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, *, max_connections: int, timeout: float) -> None:
         self._pool = client.connection_pool
+        self._max = max_connections
+        self._timeout = timeout
+        self._start()
+
+    def _start(self) -> None:
         self._idle: list[Any] = []
-        self._lock = threading.Lock()
+        self._all: list[Any] = []
+        self._waiting = 0
+        self._cond = threading.Condition(threading.Lock())
         self._pid = os.getpid()
 
     def run(self, call: ScriptCall) -> object:
@@ -100,12 +111,12 @@ class SyncWire:
     def send(self, packed: bytes) -> object:
         """Send one packed command and read its reply; error replies are raised."""
         if self._pid != os.getpid():
-            # A forked child: the idle sockets are the parent's; leave them to it.
-            self._idle, self._pid = [], os.getpid()
+            # A forked child: the connections are the parent's; leave them to it.
+            self._start()
         try:
             connection = self._idle.pop()
         except IndexError:
-            connection = self._pool.get_connection()
+            connection = self._acquire()
         try:
             # A list: redis-py writes each item, and a bare bytes would be iterated.
             connection.send_packed_command([packed], check_health=False)
@@ -114,14 +125,54 @@ class SyncWire:
             # A connection that failed was disconnected by redis-py; it reconnects on its
             # next use. One that read an error reply is clean and reusable.
             self._idle.append(connection)
+            if self._waiting:
+                with self._cond:
+                    self._cond.notify()
+
+    def _acquire(self) -> Any:
+        """An idle connection, a new one, or one that comes back within the timeout."""
+        deadline = time.monotonic() + self._timeout
+        with self._cond:
+            # Counted before looking: a connection pushed back after this line is seen
+            # below, one pushed back before it is seen by the notify in send().
+            self._waiting += 1
+            try:
+                while True:
+                    if self._idle:
+                        return self._idle.pop()
+                    if len(self._all) < self._max:
+                        self._all.append(None)  # a place, held while connecting
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise redis.exceptions.ConnectionError(
+                            f"no connection available: all {self._max} of the limiter's "
+                            f"connections stayed busy for {self._timeout} s"
+                        )
+                    self._cond.wait(left)
+            finally:
+                self._waiting -= 1
+        try:
+            # The pool builds and connects it (settings, AUTH, TLS, Sentinel) and keeps
+            # track of it, so closing the client closes it too.
+            connection = self._pool.get_connection()
+        except BaseException:
+            with self._cond:
+                self._all.remove(None)
+                self._cond.notify()
+            raise
+        with self._cond:
+            self._all[self._all.index(None)] = connection
+        return connection
 
     def close(self) -> None:
-        """Disconnect the idle connections and give them back to the pool."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for connection in idle:
-            connection.disconnect()
-            self._pool.release(connection)
+        """Give every connection back to the pool, disconnected."""
+        with self._cond:
+            connections, self._all, self._idle = self._all, [], []
+        for connection in connections:
+            if connection is not None:
+                connection.disconnect()
+                self._pool.release(connection)
 
 
 # --- async ---------------------------------------------------------------------------------

@@ -1,0 +1,192 @@
+"""The limiter's own wire (applimit/_wire.py) on a standalone server: connections it holds
+between decisions, batches of concurrent async calls, and what happens to both when
+connections die, a process forks, one call of a batch fails, or callers outnumber the
+pool. The contract, fault and deployment suites run over the same wire; these tests are
+about its own mechanics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+from harness import RedisServer
+
+import policy
+from applimit import AsyncLimiter, BreakerState, Limiter
+
+POLICY = """
+version: 1
+app: {key_prefix: w, timeout: 2s, on_redis_error: allow}
+limits:
+  - name: log
+    app: {algorithm: sliding_log, tiers: {default: 1000/1m}}
+  - name: bucket
+    app: {algorithm: gcra, tiers: {default: 5/1m}}
+"""
+
+
+def _limiter(server: RedisServer, **options: Any) -> Limiter:
+    return Limiter(policy.loads(POLICY), redis_url=server.url, **options)
+
+
+def _async_limiter(server: RedisServer, **options: Any) -> AsyncLimiter:
+    return AsyncLimiter(policy.loads(POLICY), redis_url=server.url, **options)
+
+
+def _clients(admin: redis.Redis) -> int:
+    """Connections to the server other than the admin's own."""
+    return len(admin.client_list()) - 1
+
+
+def test_connections_killed_between_decisions_reconnect(
+    fresh_redis_server: RedisServer,
+) -> None:
+    """CLIENT KILL of every connection the limiter holds idle: the next decision on each
+    dead connection may fail (answered by the failure policy, marked degraded); after
+    that every decision is exact again, and the count carried on in Redis."""
+    admin = fresh_redis_server.client()
+    with _limiter(fresh_redis_server) as limiter:
+        assert limiter.hit("log", "alice").remaining == 999
+        admin.client_kill_filter(_type="normal", skipme=True)
+        first = limiter.hit("log", "alice")
+        later = [limiter.hit("log", "alice") for _ in range(3)]
+        assert not any(d.degraded for d in later)
+        counted = 1 + (0 if first.degraded else 1) + 3
+        assert later[-1].remaining == 1000 - counted
+        assert limiter.breaker_state is BreakerState.CLOSED
+    admin.close()
+
+
+def test_threads_beyond_max_connections_share_the_pool_bound(
+    fresh_redis_server: RedisServer,
+) -> None:
+    """Sixteen threads on a limiter of four connections: each decision holds a connection
+    only while it runs, so all of them are made, exactly, on at most four connections."""
+    admin = fresh_redis_server.client()
+    limiter = _limiter(fresh_redis_server, max_connections=4)
+    barrier = threading.Barrier(16)
+    results: list[bool] = []
+
+    def work() -> None:
+        barrier.wait()
+        for _ in range(25):
+            decision = limiter.hit("log", "shared")
+            results.append(decision.allowed and not decision.degraded)
+
+    threads = [threading.Thread(target=work) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [True] * 400
+    assert limiter.peek("log", "shared").remaining == 600
+    assert _clients(admin) <= 4
+    # reset runs on the same connections, so it finds one although all are idle with
+    # the limiter rather than in the pool.
+    assert limiter.reset("log", "shared")
+    assert limiter.peek("log", "shared").remaining == 1000
+    limiter.close()
+    assert _clients(admin) == 0
+    admin.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_does_not_use_the_parents_connections(
+    fresh_redis_server: RedisServer,
+) -> None:
+    """After fork the child leaves the parent's idle connections alone (two processes on
+    one socket would read each other's replies) and opens its own; the parent's keep
+    working, and both count against the same limit."""
+    admin = fresh_redis_server.client()
+    with _limiter(fresh_redis_server) as limiter:
+        assert limiter.hit("log", "forked").remaining == 999
+        opened = admin.info("stats")["total_connections_received"]
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 1
+            try:
+                decisions = [limiter.hit("log", "forked") for _ in range(10)]
+                if all(d.allowed and not d.degraded for d in decisions):
+                    os.write(write, str(decisions[-1].remaining).encode())
+                    code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        os.close(write)
+        child_saw = int(os.read(read, 64))
+        os.close(read)
+        assert child_saw == 989
+        # The child connected on its own (the admin's INFO call is not a new connection).
+        assert admin.info("stats")["total_connections_received"] == opened + 1
+        parent = limiter.hit("log", "forked")
+        assert not parent.degraded and parent.remaining == 988
+        # ...and the parent kept its connection.
+        assert admin.info("stats")["total_connections_received"] == opened + 1
+    admin.close()
+
+
+async def test_one_failing_call_in_a_batch_fails_alone(redis_server: RedisServer) -> None:
+    """A batch of concurrent calls where one key holds a value of the wrong type (written
+    by something else): that decision follows the failure policy, the others in the same
+    pipeline are exact, and the breaker stays closed (Redis is fine)."""
+    admin = redis_server.client()
+    admin.set("w:log:{u=broken}:1m:log", "not a sorted set")
+    async with _async_limiter(redis_server) as limiter:
+        who = [f"user-{i}" for i in range(20)]
+        decisions = await asyncio.gather(
+            limiter.hit("log", "broken"), *(limiter.hit("log", w) for w in who)
+        )
+        assert decisions[0].degraded and decisions[0].allowed
+        assert all(d.allowed and not d.degraded and d.remaining == 999 for d in decisions[1:])
+        assert limiter.breaker_state is BreakerState.CLOSED
+    admin.delete("w:log:{u=broken}:1m:log")
+    admin.close()
+
+
+async def test_concurrent_decisions_on_one_identity_stay_exact(
+    redis_server: RedisServer,
+) -> None:
+    """Hundreds of concurrent hits on one identity, batched: each call is still its own
+    atomic script, so exactly the quota is admitted and each remaining count is unique."""
+    async with _async_limiter(redis_server) as limiter:
+        decisions = await asyncio.gather(*(limiter.hit("bucket", "crowd") for _ in range(300)))
+    admitted = [d for d in decisions if d.allowed]
+    assert len(admitted) == 5
+    assert sorted(d.remaining for d in admitted) == [0, 1, 2, 3, 4]
+    assert all(not d.degraded for d in decisions)
+    assert all(d.retry_after is not None and d.retry_after > 0 for d in decisions if not d.allowed)
+
+
+async def test_callers_past_their_deadline_behind_a_busy_loop_are_not_an_outage(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The event loop is blocked (a slow handler) after five callers submitted and before
+    their batch is sent: at their deadline they get the failure policy, marked degraded,
+    with one log line saying the process was too busy, and the breaker is not told:
+    Redis answered, and the late replies are dropped. Redis did run those calls, so they
+    count."""
+    caplog.set_level(logging.WARNING, logger="applimit")
+    text = POLICY.replace("timeout: 2s", "timeout: 50ms")
+    limiter = AsyncLimiter(policy.loads(text), redis_url=redis_server.url)
+    try:
+        assert not (await limiter.hit("log", "busy")).degraded
+        loop = asyncio.get_running_loop()
+        tasks = [asyncio.ensure_future(limiter.hit("log", "busy")) for _ in range(5)]
+        # Runs after the callers have submitted, before their batch is flushed.
+        loop.call_soon(time.sleep, 0.15)
+        late = await asyncio.gather(*tasks)
+        assert all(d.degraded and d.allowed for d in late)
+        assert limiter.breaker_state is BreakerState.CLOSED
+        assert any("took longer than app.timeout" in r.getMessage() for r in caplog.records)
+        after = await limiter.hit("log", "busy")
+        assert not after.degraded and after.remaining == 1000 - 7
+    finally:
+        await limiter.aclose()
