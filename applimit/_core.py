@@ -255,10 +255,6 @@ def _script_call(
     return ScriptCall(keys=tuple(c.key for c in checks), args=tuple(args), slot=slot)
 
 
-def _seconds(us: int) -> float:
-    return max(0, us) / 1_000_000
-
-
 @dataclass(slots=True)
 class Prepared:
     """The plan for one decision: script calls to run, then :meth:`decide` on the replies."""
@@ -358,7 +354,7 @@ class Prepared:
         elif retry == _NEVER:
             retry_after = math.inf
         else:
-            retry_after = _seconds(retry)
+            retry_after = retry / 1_000_000 if retry > 0 else 0.0
         name, tier, algorithm, quota, window, shadow = check.block.result_head
         # Positional: the fields of LimitResult, in order (keywords cost more, per call).
         return LimitResult(
@@ -369,8 +365,8 @@ class Prepared:
             window,
             allowed == 1,
             consumed == 1,
-            max(0, remaining),
-            _seconds(reset),
+            remaining if remaining > 0 else 0,
+            reset / 1_000_000 if reset > 0 else 0.0,
             retry_after,
             shadow,
         )
@@ -482,15 +478,9 @@ class Core:
         if blocks is None:
             blocks = _blocks(self.policy.key_prefix, rule, tier)
             self._blocks[(rule.name, tier)] = blocks
+        # Positional, in field order (rule, tier, rate, key, cost, block): cheaper per call.
         return [
-            Check(
-                rule=rule,
-                tier=tier,
-                rate=block.rate,
-                key=block.key_head + tag + block.key_tail,
-                cost=cost,
-                block=block,
-            )
+            Check(rule, tier, block.rate, block.key_head + tag + block.key_tail, cost, block)
             for block in blocks
         ]
 

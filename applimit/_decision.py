@@ -100,8 +100,13 @@ def _binding(results: Sequence[LimitResult], allowed: bool) -> LimitResult | Non
         if denied:
             # max() keeps the first of equal waits: policy order breaks ties.
             return max(denied, key=_wait)
-    pool = enforced or list(results)
-    return min(pool, key=lambda r: (r.remaining, -r.reset_after))
+    pool = enforced or results
+    return min(pool, key=_tightness)
+
+
+def _tightness(result: LimitResult) -> tuple[int, float]:
+    """Fewest remaining first, then the longest reset."""
+    return (result.remaining, -result.reset_after)
 
 
 def combine(results: Sequence[LimitResult], *, degraded: bool = False) -> Decision:
@@ -123,7 +128,11 @@ def combine(results: Sequence[LimitResult], *, degraded: bool = False) -> Decisi
             (only,),
             degraded,
         )
-    allowed = all(r.allowed for r in results if not r.shadow)
+    allowed = True
+    for result in results:
+        if not result.allowed and not result.shadow:
+            allowed = False
+            break
     chosen = _binding(results, allowed)
     if chosen is None:
         return Decision(True, 0, 0, 0.0, None, None, (), degraded)
@@ -131,12 +140,12 @@ def combine(results: Sequence[LimitResult], *, degraded: bool = False) -> Decisi
     if not allowed:
         retry = chosen.retry_after if chosen.retry_after is not None else math.inf
     return Decision(
-        allowed=allowed,
-        limit=chosen.quota,
-        remaining=chosen.remaining,
-        reset_after=chosen.reset_after,
-        retry_after=retry,
-        policy=chosen.name,
-        results=tuple(results),
-        degraded=degraded,
+        allowed,
+        chosen.quota,
+        chosen.remaining,
+        chosen.reset_after,
+        retry,
+        chosen.name,
+        tuple(results),
+        degraded,
     )

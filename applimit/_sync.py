@@ -235,6 +235,12 @@ class Limiter(LimiterBase):
             local = self.denials.answer(prepared)
             if local is not None:
                 return local
+        wire = self._wire
+        if wire is not None:
+            # A standalone or Sentinel-managed server: one call, under the one breaker.
+            if not self.breaker.allow():
+                return self._skipped(prepared, self.breaker)
+            return self._on_wire(wire, prepared, self._clock())
         sent = self._clock()
         deadline = time.monotonic() + self.timeout
         if self._client is None:
@@ -252,15 +258,13 @@ class Limiter(LimiterBase):
             client = self._client
         wire = self._wire
         if wire is not None:
-            # Not a cluster: one call, under the one breaker.
-            breakers = [self.breaker]
-            if not self.breaker.allow():
-                return self._skipped(prepared, self.breaker)
-        else:
-            breakers = [self._breaker_for(_node(client, call)) for call in prepared.calls]
-            closed = self._admit(breakers)
-            if closed is not None:
-                return self._skipped(prepared, closed)
+            # The first decision made the client, and with it the wire (the breaker was
+            # asked above).
+            return self._on_wire(wire, prepared, sent)
+        breakers = [self._breaker_for(_node(client, call)) for call in prepared.calls]
+        closed = self._admit(breakers)
+        if closed is not None:
+            return self._skipped(prepared, closed)
         replies: list[object] = []
         for call, breaker in zip(prepared.calls, breakers, strict=True):
             try:
@@ -268,16 +272,24 @@ class Limiter(LimiterBase):
                 # the socket timeout, and together they keep to the decision's deadline.
                 if replies and time.monotonic() > deadline:
                     raise TimeoutError("the decision's deadline passed between cluster calls")
-                replies.append(wire.run(call) if wire is not None else _run(client, call))
+                replies.append(_run(client, call))
             except REDIS_FAILURES as error:
                 return self._failed(prepared, error, breaker)
         decision, refunds = self._succeeded(prepared, replies, breakers, sent)
         for call in refunds:
             try:
-                wire.run(call) if wire is not None else _run(client, call)
+                _run(client, call)
             except REDIS_FAILURES as error:
                 self._refund_failed(error)
         return decision
+
+    def _on_wire(self, wire: SyncWire, prepared: Prepared, sent: float) -> Decision:
+        """The one call of a decision on a standalone or Sentinel-managed server."""
+        try:
+            reply = wire.run(prepared.calls[0])
+        except REDIS_FAILURES as error:
+            return self._failed(prepared, error, self.breaker)
+        return self._succeeded(prepared, [reply], (self.breaker,), sent)[0]
 
 
 def _node(client: SyncClient, call: ScriptCall) -> str | None:
