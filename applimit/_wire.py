@@ -1,31 +1,35 @@
 """The limiter's script calls on the wire: packed once, sent on connections it holds.
 
-A decision is one EVALSHA, so on a standalone (or Sentinel-managed) server the limiter's
-cost above the round trip is whatever the client does around it. redis-py's generic
-command path takes a connection from the pool and gives it back (a lock, a ``poll`` to
-check the socket is clean, metrics bookkeeping), encodes every argument in Python and
-runs the reply through its callbacks: about as much time as the round trip itself on a
-small machine. The script call needs none of that, so the shells use these instead:
+A decision is one script call, so on a standalone (or Sentinel-managed) server the
+limiter's cost above the round trip is whatever the client does around it. redis-py's
+generic command path takes a connection from the pool and gives it back (a lock, a
+``poll`` to check the socket is clean, metrics bookkeeping), encodes every argument in
+Python and runs the reply through its callbacks: about as much time as the round trip
+itself on a small machine. The script call needs none of that, so the shells use these:
 
 - the command is packed by hiredis in one C call (:func:`pack`);
-- connections are borrowed from the limiter's own pool and kept on a free list while
-  idle, so a decision pops one, sends, reads, and pushes it back (the pool's bound on
-  connections still holds: a borrowed connection is in use as far as the pool knows);
-- the reply is read by the connection's own parser (hiredis), with its socket timeout.
+- connections are the limiter's own, kept between decisions: a decision pops an idle
+  one, sends, reads, and pushes it back; at most ``max_connections`` exist, and a caller
+  that finds none idle waits for one within the timeout (:class:`SyncWire`);
+- the reply is read by the connection's own parser (hiredis), with its socket timeout;
+- the call is an FCALL of the limiter's Redis Functions library (see ``_script.py``),
+  loaded on "Function not found"; where Redis refuses Functions (before 7, or an ACL
+  without FCALL or FUNCTION LOAD) it is EVALSHA, and EVAL once after NOSCRIPT.
 
 The connections stay redis-py's: connecting, AUTH, SELECT, TLS, unix sockets, Sentinel
 master discovery and the socket timeouts are theirs. A connection that fails mid-call is
 disconnected by redis-py and reconnects on its next use, as in the pool. Redis Cluster
-keeps redis-py's cluster client, which follows MOVED and ASK redirections.
+keeps redis-py's cluster client, which follows MOVED and ASK redirections, with EVALSHA.
 
 :class:`AsyncWire` also batches: the calls submitted in one turn of the event loop are
 written to one connection in one write, and their replies are read in order, one future
-each (auto-pipelining). Each call is still one EVALSHA, atomic on its own.
+each (auto-pipelining). Each call is still one script call, atomic on its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 import threading
@@ -49,8 +53,16 @@ from ._errors import REDIS_FAILURES, is_outage
 # of a batch's callers wake at once, and Redis and the loop take turns idling. 32 is in
 # the middle of the range that measured best (16 to 64 calls) in bench/bench_async.py.
 _YIELD_EVERY = 32
+_FCALL = b"FCALL"
 _EVALSHA = b"EVALSHA"
 _EVAL = b"EVAL"
+_HEADS = {
+    _FCALL: (_FCALL, _script.FUNCTION),
+    _EVALSHA: (_EVALSHA, _script.SHA),
+    _EVAL: (_EVAL, _script.SOURCE),
+}
+
+logger = logging.getLogger("applimit")
 
 
 def _pack(args: tuple[str | bytes | int, ...]) -> bytes:
@@ -58,15 +70,60 @@ def _pack(args: tuple[str | bytes | int, ...]) -> bytes:
     return bytes(hiredis.pack_command(args))  # type: ignore[arg-type]
 
 
-def pack(call: ScriptCall, *, source: bool = False) -> bytes:
-    """``call`` as one RESP command: EVALSHA by the script's SHA, or EVAL with its text."""
-    head = (_EVAL, _script.SOURCE) if source else (_EVALSHA, _script.SHA)
-    return _pack((*head, len(call.keys), *call.keys, *call.args))
+def pack(call: ScriptCall, how: bytes = _EVALSHA) -> bytes:
+    """``call`` as one RESP command: FCALL of the library's function, EVALSHA by the
+    script's SHA, or EVAL with the script's text."""
+    return _pack((*_HEADS[how], len(call.keys), *call.keys, *call.args))
 
 
-def pack_many(calls: Sequence[ScriptCall]) -> bytes:
-    """Several EVALSHA calls as one buffer, for one write."""
-    return b"".join([pack(call) for call in calls])
+def pack_many(calls: Sequence[ScriptCall], how: bytes = _EVALSHA) -> bytes:
+    """Several calls as one buffer, for one write."""
+    return b"".join([pack(call, how) for call in calls])
+
+
+_LOAD = _pack((b"FUNCTION", b"LOAD", _script.LIBRARY))
+
+
+def _function_missing(reply: object) -> bool:
+    """The server has no such function: load the library and call again."""
+    return isinstance(reply, redis.exceptions.ResponseError) and str(reply).startswith(
+        "Function not found"
+    )
+
+
+def _refused(reply: object) -> bool:
+    """FCALL or FUNCTION LOAD is not for us here: Redis before 7, or an ACL without them."""
+    if isinstance(reply, redis.exceptions.NoPermissionError):
+        return True
+    return isinstance(reply, redis.exceptions.ResponseError) and str(reply).startswith(
+        ("unknown command", "unknown subcommand")
+    )
+
+
+def _loaded(reply: object) -> bool | None:
+    """FUNCTION LOAD's reply: True loaded (or another caller did), False refused, None
+    any other error (raised by the caller)."""
+    if not isinstance(reply, BaseException):
+        return True
+    if isinstance(reply, redis.exceptions.ResponseError) and "already exists" in str(reply):
+        return True
+    return False if _refused(reply) else None
+
+
+class _Dialect:
+    """Whether this server takes FCALL: yes until it refuses, then EVALSHA for good."""
+
+    def __init__(self) -> None:
+        self.functions = True
+
+    def refuse(self, reply: object) -> None:
+        if self.functions:
+            self.functions = False
+            logger.info(
+                "Redis refused Redis Functions (%s); the limiter runs its script with "
+                "EVALSHA instead, which costs about 2 µs more per decision in Redis.",
+                reply,
+            )
 
 
 # --- sync ----------------------------------------------------------------------------------
@@ -90,6 +147,7 @@ class SyncWire:
         self._start()
 
     def _start(self) -> None:
+        self._dialect = _Dialect()
         self._idle: list[Any] = []
         self._all: list[Any] = []
         self._waiting = 0
@@ -97,12 +155,38 @@ class SyncWire:
         self._pid = os.getpid()
 
     def run(self, call: ScriptCall) -> object:
-        """EVALSHA the call; on NOSCRIPT (a restarted or flushed server) EVAL it once."""
+        """FCALL the call, loading the library when the server lacks it; where Redis
+        Functions are refused, EVALSHA, and on NOSCRIPT EVAL once."""
+        dialect = self._dialect
+        if dialect.functions:
+            try:
+                return self.send(pack(call, _FCALL))
+            except redis.exceptions.ResponseError as error:
+                if _function_missing(error):
+                    if self._load():
+                        return self.send(pack(call, _FCALL))
+                elif _refused(error):
+                    dialect.refuse(error)
+                else:
+                    raise
         try:
-            return self.send(pack(call))
+            return self.send(pack(call, _EVALSHA))
         except NoScriptError:
             # EVAL runs the script and caches it again, so the next EVALSHA finds it.
-            return self.send(pack(call, source=True))
+            return self.send(pack(call, _EVAL))
+
+    def _load(self) -> bool:
+        """FUNCTION LOAD the library; False (and EVALSHA from now on) if refused."""
+        try:
+            self.send(_LOAD)
+        except redis.exceptions.ResponseError as error:
+            loaded = _loaded(error)
+            if loaded is None:
+                raise
+            if not loaded:
+                self._dialect.refuse(error)
+            return loaded
+        return True
 
     def command(self, *args: str | bytes | int) -> object:
         """Any other command (DEL for reset), on the same connections."""
@@ -194,6 +278,7 @@ class AsyncWire:
     """
 
     def __init__(self, client: redis.asyncio.Redis, breaker: CircuitBreaker, *, timeout: float):
+        self._dialect = _Dialect()
         self._pool = client.connection_pool
         self._breaker = breaker
         self._timeout = timeout
@@ -262,20 +347,61 @@ class AsyncWire:
     async def _round_trip(self, calls: list[ScriptCall]) -> list[object]:
         connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
         try:
-            replies = await self._exchange(connection, pack_many(calls), len(calls))
+            how = _FCALL if self._dialect.functions else _EVALSHA
+            replies = await self._exchange(connection, pack_many(calls, how), len(calls))
+            if how == _FCALL:
+                await self._recover_functions(connection, calls, replies)
             missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
             if missing:
                 # EVAL runs the script and caches it again, so later EVALSHAs find it.
-                again = await self._exchange(
-                    connection,
-                    b"".join(pack(calls[i], source=True) for i in missing),
-                    len(missing),
-                )
-                for index, reply in zip(missing, again, strict=True):
-                    replies[index] = reply
+                await self._again(connection, calls, replies, missing, _EVAL)
             return replies
         finally:
             await self._pool.release(connection)
+
+    async def _recover_functions(
+        self, connection: Any, calls: list[ScriptCall], replies: list[object]
+    ) -> None:
+        """Calls the server could not FCALL: load the library and call again, or, where
+        Redis Functions are refused, run them with EVAL (and EVALSHA from now on)."""
+        redo = [i for i, r in enumerate(replies) if _function_missing(r) or _refused(r)]
+        if not redo:
+            return
+        refusal = next((replies[i] for i in redo if _refused(replies[i])), None)
+        if refusal is not None:
+            self._dialect.refuse(refusal)
+            await self._again(connection, calls, replies, redo, _EVAL)
+            return
+        # The library and the calls again, in one write.
+        again = await self._exchange(
+            connection, _LOAD + pack_many([calls[i] for i in redo], _FCALL), 1 + len(redo)
+        )
+        loaded = _loaded(again[0])
+        if loaded:
+            for index, reply in zip(redo, again[1:], strict=True):
+                replies[index] = reply
+            return
+        if loaded is None:
+            for index in redo:
+                replies[index] = again[0]
+            return
+        self._dialect.refuse(again[0])
+        await self._again(connection, calls, replies, redo, _EVAL)
+
+    async def _again(
+        self,
+        connection: Any,
+        calls: list[ScriptCall],
+        replies: list[object],
+        indices: list[int],
+        how: bytes,
+    ) -> None:
+        """Send ``calls[i]`` for each index again, the new replies replacing the old."""
+        again = await self._exchange(
+            connection, pack_many([calls[i] for i in indices], how), len(indices)
+        )
+        for index, reply in zip(indices, again, strict=True):
+            replies[index] = reply
 
     async def _exchange(self, connection: Any, packed: bytes, count: int) -> list[object]:
         """Write ``count`` packed commands at once and read their replies, in order.

@@ -138,6 +138,20 @@ def commandstats(client: redis.Redis) -> dict[str, dict[str, float]]:
     return {name.removeprefix("cmdstat_"): dict(stats) for name, stats in raw.items()}
 
 
+# The commands that run the limiter's script: FCALL of its library, and EVALSHA and EVAL
+# where Redis Functions are refused (or for a reference that uses them).
+SCRIPT_COMMANDS = ("fcall", "evalsha", "eval")
+
+
+def script_stats(client: redis.Redis) -> dict[str, float]:
+    """Calls and µs of the script commands together, from ``INFO commandstats``."""
+    stats = commandstats(client)
+    return {
+        key: float(sum(stats.get(name, {}).get(key, 0) for name in SCRIPT_COMMANDS))
+        for key in ("calls", "usec")
+    }
+
+
 def server_cpu_seconds(client: redis.Redis) -> float:
     """CPU time the server process has used (user + system), from ``INFO cpu``.
 

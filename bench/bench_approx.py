@@ -8,7 +8,7 @@ and sync with Redis now and then. Two measurements, each run once with the limit
   connection, decide for a few busy identities well within the limit. The Redis commands
   the limiters send are counted on the wire (a counting ``redis.Connection`` subclass,
   which the limiter keeps when it copies the client's settings), and cross-checked with
-  the server's EVALSHA count. Result: exact calls per decision / approximate ones.
+  the server's count of script calls. Result: exact calls per decision / approximate ones.
 - *Overshoot*: the same instances hammer one identity far above its limit; the requests
   admitted in approximate mode beyond those admitted in exact mode, per window of the
   limit, are the overshoot. It is checked against ``overshoot_bound()``.
@@ -31,10 +31,10 @@ from ._common import (
     Settings,
     Table,
     Target,
-    commandstats,
     fmt_ratio,
     make_policy,
     redis_server,
+    script_stats,
 )
 
 NAME = "approx"
@@ -111,7 +111,7 @@ def _steady(url: str, port: int, admin: redis.Redis, mode: str, decisions: int) 
             if not limiter.hit("events", ids[(i // INSTANCES) % STEADY_IDENTITIES]).allowed:
                 denied += 1
         commands = CountingConnection.counts["commands"]
-        scripts = commandstats(admin).get("evalsha", {}).get("calls", 0)
+        scripts = script_stats(admin)["calls"]
     finally:
         for limiter in limiters:
             limiter.close()
@@ -119,7 +119,7 @@ def _steady(url: str, port: int, admin: redis.Redis, mode: str, decisions: int) 
         "decisions": decisions,
         "denied": denied,
         "commands": commands,
-        "evalsha_calls": scripts,
+        "script_calls": scripts,
         "commands_per_decision": commands / decisions,
     }
 
@@ -193,13 +193,13 @@ def run(settings: Settings) -> Result:
     result.tables.append(
         Table(
             title="Redis commands per decision at steady load",
-            columns=["mode", "decisions", "commands sent", "EVALSHA in Redis", "per decision"],
+            columns=["mode", "decisions", "commands sent", "script calls in Redis", "per decision"],
             rows=[
                 [
                     mode,
                     f"{row['decisions']:,}",
                     f"{row['commands']:,}",
-                    f"{row['evalsha_calls']:,.0f}",
+                    f"{row['script_calls']:,.0f}",
                     f"{row['commands_per_decision']:.3f}",
                 ]
                 for mode, row in steady.items()
@@ -250,9 +250,9 @@ def run(settings: Settings) -> Result:
             "still decides every request in Redis (approximate mode is not implemented "
             "yet), so the overshoot is that of exact mode."
         )
-    if approx["evalsha_calls"] > approx["commands"]:
+    if approx["script_calls"] > approx["commands"]:
         result.notes.append(
-            "Redis counted more EVALSHA calls than the limiters sent: the wire count missed "
+            "Redis counted more script calls than the limiters sent: the wire count missed "
             "some connections, so the calls ratio is not reliable."
         )
     result.seconds = time.perf_counter() - started

@@ -5,13 +5,14 @@ filled round-robin from empty to its limit with ``Limiter.hit()`` (every hit adm
 so a sliding log grows to the limit as it would under real traffic), then hit a few more
 times (denied). Two numbers per decision:
 
-- *script*: EVALSHA ``usec_per_call`` from ``INFO commandstats``: the time the script
-  runs inside Redis, including the commands it calls;
+- *script*: ``usec_per_call`` of the script's command (FCALL of the limiter's library)
+  from ``INFO commandstats``: the time the script runs inside Redis, including the
+  commands it calls;
 - *server CPU*: the server's user + system CPU time (``INFO cpu``) over the fill,
   divided by the decisions: the script plus reading the request and writing the reply.
 
 The ``limits`` library's counterpart strategies fill the same way (``hit`` +
-``get_window_stats``) for server CPU per decision; an EVALSHA of a script that only
+``get_window_stats``) for server CPU per decision; an FCALL of a function that only
 returns, with a decision's keys and arguments, is the floor of any Lua decision. Each
 measurement is repeated (every algorithm and limit once per repeat, so the machine's
 bursts of noise spread over all of them) and the median shown. These are not ratios:
@@ -52,6 +53,7 @@ from ._common import (
     make_policy,
     median,
     redis_server,
+    script_stats,
     server_cpu_seconds,
 )
 
@@ -73,7 +75,11 @@ COUNTERPARTS: dict[str, tuple[str, type[strategies.RateLimiter]]] = {
 STATE_TARGET = 128.0
 ENTRY_TARGET = 40.0
 LISTPACK_ENTRIES = 128
-EMPTY_SCRIPT = "return 1"
+EMPTY_FUNCTION = "bench_empty"
+EMPTY_LIBRARY = (
+    f"#!lua name={EMPTY_FUNCTION}\n"
+    f"redis.register_function('{EMPTY_FUNCTION}', function(keys, args) return 1 end)\n"
+)
 # A numeric user id, the other common shape: the key name is part of every key's size.
 SHORT_IDENTITY = "48151623"
 
@@ -89,11 +95,11 @@ def _measured(admin: redis.Redis, work: Callable[[], int]) -> dict[str, float]:
     cpu_before = server_cpu_seconds(admin)
     decisions = work()
     cpu_after = server_cpu_seconds(admin)
-    stats = commandstats(admin).get("evalsha", {})
-    calls = stats.get("calls", 0)
+    stats = script_stats(admin)
+    calls = stats["calls"]
     return {
         "decisions": decisions,
-        "script_us": stats.get("usec", 0) / calls if calls else float("nan"),
+        "script_us": stats["usec"] / calls if calls else float("nan"),
         "server_cpu_us": (cpu_after - cpu_before) * 1e6 / decisions,
     }
 
@@ -176,19 +182,20 @@ def _cpu(url: str, admin: redis.Redis, settings: Settings) -> dict[str, Any]:
 
 
 def _empty_script(admin: redis.Redis, url: str, settings: Settings) -> float:
-    """usec per call of an EVALSHA that only returns, sent with a decision's keys and args."""
+    """usec per call of an FCALL of a function that only returns, sent with a decision's
+    keys and args (the limiter calls its library's function the same way)."""
     limiter = _limiter(url, "gcra", 100)
     try:
         call = limiter.core.for_limit("hit", "api", "user-empty", None, 1).calls[0]
     finally:
         limiter.close()
-    sha = admin.script_load(EMPTY_SCRIPT)
+    admin.function_load(EMPTY_LIBRARY, replace=True)
     per_call: list[float] = []
     for _ in range(REPEATS):
         admin.config_resetstat()
         for _ in range(settings.count(2000, minimum=20)):
-            admin.evalsha(sha, len(call.keys), *call.keys, *call.args)
-        stats = commandstats(admin)["evalsha"]
+            admin.fcall(EMPTY_FUNCTION, len(call.keys), *call.keys, *call.args)
+        stats = commandstats(admin)["fcall"]
         per_call.append(float(stats["usec"]) / float(stats["calls"]))
     return median(per_call)
 
@@ -299,7 +306,7 @@ def run(settings: Settings) -> Result:
             ],
             rows=rows,
             note=(
-                f"Floor: an EVALSHA of `{EMPTY_SCRIPT}` with a decision's keys and "
+                "Floor: an FCALL of a function that returns 1, with a decision's keys and "
                 f"arguments takes {fmt_us(empty)} in Redis. Admitted: identities filled "
                 "from empty to the limit; denied: hits beyond it."
             ),

@@ -40,7 +40,6 @@ from ._common import (
     Target,
     Variant,
     close_storage,
-    commandstats,
     fmt_rate,
     fmt_ratio,
     fmt_us,
@@ -51,6 +50,7 @@ from ._common import (
     quartiles,
     ratios,
     redis_server,
+    script_stats,
     sync_loop,
 )
 
@@ -91,21 +91,21 @@ class ScriptTime:
 
     @property
     def per_call(self) -> float:
-        """Microseconds per EVALSHA, NaN before any call."""
+        """Microseconds per script call, NaN before any call."""
         return self.usec / self.calls if self.calls else float("nan")
 
 
 def _watched(run: Runner, admin: redis.Redis, into: ScriptTime) -> Runner:
-    """``run``, with the EVALSHA time it caused in Redis added to ``into``.
+    """``run``, with the script time it caused in Redis added to ``into``.
 
     The two INFO calls fall inside the timed slice: a fraction of a millisecond against
     the slice's tens, a bias (against the limiter) below the noise.
     """
 
     def watched(seconds: float) -> int:
-        before = commandstats(admin).get("evalsha", {})
+        before = script_stats(admin)
         done = run(seconds)
-        after = commandstats(admin).get("evalsha", {})
+        after = script_stats(admin)
         into.calls += after.get("calls", 0) - before.get("calls", 0)
         into.usec += after.get("usec", 0) - before.get("usec", 0)
         return done
@@ -253,7 +253,7 @@ def run(settings: Settings) -> Result:
             rows=breakdown,
             note=(
                 "hit() and PING from the medians above; the script's time from INFO "
-                "commandstats (EVALSHA usec per call) over the same slices. The rest is "
+                "commandstats (FCALL usec per call) over the same slices. The rest is "
                 "the client: applimit's planning and decision, redis-py encoding the "
                 "arguments and parsing the reply, and the bigger request and reply."
             ),

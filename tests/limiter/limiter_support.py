@@ -252,3 +252,22 @@ def hammer(
         worker.join()
     limiter.close()
     return sum(admitted), sum(degraded)
+
+
+# The commands that run the limiter's script: FCALL of its library (Redis 7+), EVALSHA and
+# EVAL where Redis Functions are refused, and EVAL after NOSCRIPT.
+SCRIPT_COMMANDS = ("fcall", "evalsha", "eval")
+
+
+def script_calls(admin: Any) -> int:
+    """How many limiter script calls the backend has run (every master of a cluster)."""
+    from redis.cluster import RedisCluster
+
+    if isinstance(admin, RedisCluster):
+        infos = admin.info("commandstats", target_nodes=RedisCluster.PRIMARIES)
+        stats = list(infos.values())
+    else:
+        stats = [admin.info("commandstats")]
+    return sum(
+        int(s.get(f"cmdstat_{name}", {}).get("calls", 0)) for s in stats for name in SCRIPT_COMMANDS
+    )

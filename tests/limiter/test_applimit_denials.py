@@ -11,8 +11,7 @@ import uuid
 from typing import Any
 
 import pytest
-from limiter_support import US, MakeLimiter, TestClock
-from redis.cluster import RedisCluster
+from limiter_support import US, MakeLimiter, TestClock, script_calls
 
 POLICY = """
 version: 1
@@ -39,20 +38,6 @@ limits:
     app: {algorithm: sliding_log, enforce: false, tiers: {free: 1/1m}}
 cloudflare: {plan: business}
 """
-
-
-def script_calls(admin: Any) -> int:
-    """How many limiter script calls (EVALSHA and EVAL) the backend has run."""
-    if isinstance(admin, RedisCluster):
-        infos = admin.info("commandstats", target_nodes=RedisCluster.PRIMARIES)
-        stats = list(infos.values())
-    else:
-        stats = [admin.info("commandstats")]
-    return sum(
-        int(s.get(f"cmdstat_{name}", {}).get("calls", 0))
-        for s in stats
-        for name in ("evalsha", "eval")
-    )
 
 
 def user() -> str:

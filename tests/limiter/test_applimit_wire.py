@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 import redis
 from harness import RedisServer
+from limiter_support import Driver
 
 import policy
-from applimit import AsyncLimiter, BreakerState, Limiter
+from applimit import AsyncLimiter, BreakerState, Limiter, _script
 
 POLICY = """
 version: 1
@@ -190,3 +191,80 @@ async def test_callers_past_their_deadline_behind_a_busy_loop_are_not_an_outage(
         assert not after.degraded and after.remaining == 1000 - 7
     finally:
         await limiter.aclose()
+
+
+# --- Redis Functions -----------------------------------------------------------------------
+
+
+def _driver(flavour: str, url: str) -> Driver:
+    loaded = policy.loads(POLICY)
+    if flavour == "sync":
+        return Driver(Limiter(loaded, redis_url=url))
+    return Driver(AsyncLimiter(loaded, redis_url=url))
+
+
+def _calls(admin: redis.Redis, command: str) -> int:
+    stats = admin.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_the_library_is_loaded_once_and_called_by_name(
+    fresh_redis_server: RedisServer, flavour: str
+) -> None:
+    """On a server without the library the first decision loads it (FUNCTION LOAD) and
+    every decision is one FCALL; a FUNCTION FLUSH later (or a restart) is met the same
+    way, and the counts carry on."""
+    admin = fresh_redis_server.client()
+    driver = _driver(flavour, fresh_redis_server.url)
+    try:
+        for expected in range(999, 994, -1):
+            assert (await driver.hit("log", "fn")).remaining == expected
+        libraries = [dict(zip(lib[::2], lib[1::2], strict=True)) for lib in admin.function_list()]
+        assert [lib[b"library_name"] for lib in libraries] == [_script.FUNCTION.encode()]
+        assert _calls(admin, "function|load") == 1
+        assert _calls(admin, "evalsha") == _calls(admin, "eval") == 0
+        assert _calls(admin, "fcall") == 5 + 1  # the first call met "Function not found"
+        admin.function_flush()
+        assert (await driver.hit("log", "fn")).remaining == 994
+        assert _calls(admin, "function|load") == 2
+    finally:
+        await driver.close()
+        admin.close()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize(
+    "denied",
+    [["-fcall", "-function"], ["-function"]],
+    ids=["no-fcall", "no-function-load"],
+)
+async def test_where_functions_are_refused_evalsha_takes_over(
+    fresh_redis_server: RedisServer,
+    flavour: str,
+    denied: list[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An ACL that refuses FCALL, or only FUNCTION LOAD (as Redis before 7 knows neither):
+    decisions stay exact, the limiter says once that it uses EVALSHA, and does."""
+    caplog.set_level(logging.INFO, logger="applimit")
+    admin = fresh_redis_server.client()
+    admin.acl_setuser(
+        "scripts",
+        enabled=True,
+        passwords=["+pw"],
+        keys=["w:*"],
+        commands=["+@all", *denied],
+    )
+    url = f"redis://scripts:pw@127.0.0.1:{fresh_redis_server.port}/0"
+    driver = _driver(flavour, url)
+    try:
+        remaining = [(await driver.hit("log", "acl")).remaining for _ in range(4)]
+        assert remaining == [999, 998, 997, 996]
+        said = [r for r in caplog.records if "refused Redis Functions" in r.getMessage()]
+        assert len(said) == 1
+        assert _calls(admin, "evalsha") >= 3
+        assert admin.function_list() == []
+    finally:
+        await driver.close()
+        admin.close()
