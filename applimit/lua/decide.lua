@@ -80,12 +80,14 @@ if mode == 'hit' and pass then
 end
 
 local out = {now, n}
+local at = 2
 for i = 1, n do
   local st = states[i]
-  out[#out + 1] = st.allowed
-  out[#out + 1] = st.consumed
-  out[#out + 1] = st.remaining
-  out[#out + 1] = st.reset
-  out[#out + 1] = st.retry
+  out[at + 1] = st.allowed
+  out[at + 2] = st.consumed
+  out[at + 3] = st.remaining
+  out[at + 4] = st.reset
+  out[at + 5] = st.retry
+  at = at + 5
 end
 return out

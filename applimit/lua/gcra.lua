@@ -37,7 +37,11 @@ local function gcra_check(key, now, c)
   local ahead, tat = gcra_load(key, now, c)
   local capacity = c.burst * c.period
   local after = ahead + c.cost * c.period
-  local st = {ahead = ahead, after = after, tat = tat, allowed = 0, retry = NONE}
+  -- Every field made at once (see sliding_log.lua); tat is false without a key.
+  local st = {
+    ahead = ahead, after = after, tat = tat or false, allowed = 0, retry = NONE,
+    remaining = 0, reset = 0, consumed = 0,
+  }
   if after <= capacity then
     st.allowed = 1
   elseif c.cost > c.burst then
@@ -58,7 +62,7 @@ local function gcra_apply(key, st, now, c, nonce, slack_ms)
   -- The key must live until the TAT (rounded up to a whole µs): until the end of its
   -- expiry cell. If the stored TAT's cell is the same, the TTL set then still holds.
   local cell = expiry_cell(tat + 1, c.period)
-  if st.tat ~= nil and expiry_cell(st.tat + 1, c.period) == cell then
+  if st.tat and expiry_cell(st.tat + 1, c.period) == cell then
     redis.call('SET', key, value, 'KEEPTTL')
   else
     redis.call('SET', key, value, 'PX', cell_ttl_ms(cell, c.period, now, slack_ms))

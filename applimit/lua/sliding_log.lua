@@ -32,7 +32,12 @@ local function log_check(key, now, c)
   local floor_score = now - c.period
   local lower = '(' .. fmt(floor_score)
   local count = redis.call('ZCOUNT', key, lower, '+inf')
-  local st = {count = count, allowed = 0, retry = NONE}
+  -- Every field the check and apply set, made at once: adding fields later would make
+  -- Lua grow the table (a rehash) on every call. newest is false until read.
+  local st = {
+    count = count, allowed = 0, retry = NONE, remaining = 0, reset = 0, consumed = 0,
+    newest = false,
+  }
   if c.cost <= c.limit - count then
     st.allowed = 1
   elseif c.cost > c.limit then
@@ -72,13 +77,16 @@ local function log_apply(key, st, now, c, nonce, slack_ms)
   st.count = st.count + c.cost
   st.remaining = c.limit - st.count
   -- An entry scored after `now` exists only if the clock went back; it outlives `now`.
-  local newest = math.max(st.newest or now, now)
+  local newest = now
+  if st.newest and st.newest > now then
+    newest = st.newest
+  end
   st.reset = newest + c.period - now
   -- The key must live until its newest entry leaves the window: until the end of that
   -- time's expiry cell, which is where the TTL already ends if the previous newest entry
   -- left the window in the same cell.
   local cell = expiry_cell(newest + c.period, c.period)
-  if st.newest == nil or expiry_cell(st.newest + c.period, c.period) ~= cell then
+  if not st.newest or expiry_cell(st.newest + c.period, c.period) ~= cell then
     redis.call('PEXPIRE', key, cell_ttl_ms(cell, c.period, now, slack_ms))
   end
 end

@@ -38,9 +38,10 @@ local function sw_check(key, now, c)
   local elapsed = math.max(0, now - window * period)
   local used = prev * (period - elapsed) + cur * period
   local full = c.limit * period
+  -- Every field made at once (see sliding_log.lua); stored is false without a key.
   local st = {
-    window = window, stored = stored, cur = cur, prev = prev, elapsed = elapsed,
-    allowed = 0, retry = NONE,
+    window = window, stored = stored or false, cur = cur, prev = prev, elapsed = elapsed,
+    allowed = 0, retry = NONE, remaining = 0, reset = 0, consumed = 0,
   }
   if used + c.cost * period <= full then
     st.allowed = 1
