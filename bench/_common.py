@@ -172,6 +172,21 @@ def limiter_client(limiter: Any) -> redis.Redis:
     return client
 
 
+def wire_ping(limiter: Any) -> Callable[[], object]:
+    """A PING sent the way the limiter sends its script calls (its wire, see
+    applimit/_wire.py): packed once, on a connection the limiter holds. The strictest
+    floor: one round trip with none of redis-py's per-command work. Reaches into the
+    limiter on purpose, like :func:`limiter_client`."""
+    limiter_client(limiter)  # connects, which builds the wire
+    wire = limiter._wire
+    packed = b"*1\r\n$4\r\nPING\r\n"
+
+    def ping() -> object:
+        return wire.send(packed)
+
+    return ping
+
+
 def close_storage(storage: Any) -> None:
     """Close the connections of a ``limits`` Redis storage (it has no close of its own)."""
     storage.get_connection().close()
