@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import hiredis
 import redis
 
 from applimit import Limiter
@@ -63,20 +63,24 @@ def overshoot_bound(instances: int, sync_every: int) -> int:
 
 
 class CountingConnection(redis.Connection):
-    """A connection that counts what it sends: commands and writes (round trips)."""
+    """A connection that counts what it sends: commands, and writes (round trips).
+
+    Everything a connection sends goes through ``send_packed_command``, whether from
+    redis-py's command path or the limiter's own wire, one command or a pipeline: the
+    commands are counted by parsing the bytes sent as RESP.
+    """
 
     counts: ClassVar[Counter[str]] = Counter()
 
-    def send_command(self, *args: Any, **kwargs: Any) -> None:
-        """Count one command (then send it as usual)."""
-        CountingConnection.counts["commands"] += 1
-        super().send_command(*args, **kwargs)  # type: ignore[no-untyped-call]
-
-    def pack_commands(self, commands: Sequence[Any]) -> Any:
-        """Count a pipeline's commands (sent in one write)."""
-        CountingConnection.counts["commands"] += len(commands)
-        CountingConnection.counts["pipelines"] += 1
-        return super().pack_commands(commands)  # type: ignore[no-untyped-call]
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        """Count the commands in ``command`` (then send it as usual)."""
+        reader = hiredis.Reader()
+        for chunk in [command] if isinstance(command, bytes | str) else command:
+            reader.feed(chunk.encode() if isinstance(chunk, str) else bytes(chunk))
+        while reader.gets() is not False:
+            CountingConnection.counts["commands"] += 1
+        CountingConnection.counts["writes"] += 1
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
 
 
 def _limiters(url: str, port: int, mode: str, rate: str) -> list[Limiter]:
