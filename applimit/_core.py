@@ -28,7 +28,7 @@ from policy import Algorithm, AppKey, Matcher, OnRedisError, Policy, normalize_p
 from policy import Mode as LimitMode
 
 from . import _keys
-from ._decision import Decision, LimitResult, combine
+from ._decision import Decision, LimitResult, combine, make_result
 from ._errors import ConfigurationError, InvalidArgumentError, UnknownLimitError, UnknownTierError
 
 Mode = Literal["hit", "peek"]
@@ -356,8 +356,7 @@ class Prepared:
         else:
             retry_after = retry / 1_000_000 if retry > 0 else 0.0
         name, tier, algorithm, quota, window, shadow = check.block.result_head
-        # Positional: the fields of LimitResult, in order (keywords cost more, per call).
-        return LimitResult(
+        return make_result(
             name,
             tier,
             algorithm,

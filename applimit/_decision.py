@@ -87,6 +87,89 @@ class Decision:
         return tuple(r for r in self.results if not r.allowed and r.shadow)
 
 
+# Fast constructors for the hot path. A frozen dataclass' __init__ sets each field through
+# object.__setattr__ looked up per field, which costs twice as much as calling the slots'
+# own setters, and a decision builds one LimitResult per rate. These build the very same
+# objects (still frozen to everyone else); tests check that they agree with the classes'
+# own constructors field by field, so a new field cannot be forgotten here.
+_new = object.__new__
+(
+    _r_name,
+    _r_tier,
+    _r_algorithm,
+    _r_quota,
+    _r_window,
+    _r_allowed,
+    _r_consumed,
+    _r_remaining,
+    _r_reset_after,
+    _r_retry_after,
+    _r_shadow,
+) = (getattr(LimitResult, name).__set__ for name in LimitResult.__slots__)
+(
+    _d_allowed,
+    _d_limit,
+    _d_remaining,
+    _d_reset_after,
+    _d_retry_after,
+    _d_policy,
+    _d_results,
+    _d_degraded,
+) = (getattr(Decision, name).__set__ for name in Decision.__slots__)
+
+
+def make_result(  # noqa: PLR0917 (the fields of LimitResult, in order)
+    name: str,
+    tier: str,
+    algorithm: str,
+    quota: int,
+    window: float,
+    allowed: bool,
+    consumed: bool,
+    remaining: int,
+    reset_after: float,
+    retry_after: float | None,
+    shadow: bool,
+) -> LimitResult:
+    """``LimitResult(...)`` with every field given in order, built faster."""
+    result: LimitResult = _new(LimitResult)
+    _r_name(result, name)
+    _r_tier(result, tier)
+    _r_algorithm(result, algorithm)
+    _r_quota(result, quota)
+    _r_window(result, window)
+    _r_allowed(result, allowed)
+    _r_consumed(result, consumed)
+    _r_remaining(result, remaining)
+    _r_reset_after(result, reset_after)
+    _r_retry_after(result, retry_after)
+    _r_shadow(result, shadow)
+    return result
+
+
+def make_decision(  # noqa: PLR0917 (the fields of Decision, in order)
+    allowed: bool,
+    limit: int,
+    remaining: int,
+    reset_after: float,
+    retry_after: float | None,
+    policy: str | None,
+    results: tuple[LimitResult, ...],
+    degraded: bool,
+) -> Decision:
+    """``Decision(...)`` with every field given in order, built faster."""
+    decision: Decision = _new(Decision)
+    _d_allowed(decision, allowed)
+    _d_limit(decision, limit)
+    _d_remaining(decision, remaining)
+    _d_reset_after(decision, reset_after)
+    _d_retry_after(decision, retry_after)
+    _d_policy(decision, policy)
+    _d_results(decision, results)
+    _d_degraded(decision, degraded)
+    return decision
+
+
 def _wait(result: LimitResult) -> float:
     return math.inf if result.retry_after is None else result.retry_after
 
@@ -118,7 +201,7 @@ def combine(results: Sequence[LimitResult], *, degraded: bool = False) -> Decisi
         retry = None
         if not allowed:
             retry = only.retry_after if only.retry_after is not None else math.inf
-        return Decision(
+        return make_decision(
             allowed,
             only.quota,
             only.remaining,
@@ -139,7 +222,7 @@ def combine(results: Sequence[LimitResult], *, degraded: bool = False) -> Decisi
     retry = None
     if not allowed:
         retry = chosen.retry_after if chosen.retry_after is not None else math.inf
-    return Decision(
+    return make_decision(
         allowed,
         chosen.quota,
         chosen.remaining,

@@ -270,3 +270,48 @@ def test_each_algorithm_file_opens_with_its_contract() -> None:
             assert "KEYS" in head and "ARGV" in head and "Return" in head, name
         assert text in _script.SOURCE
     assert len(_script.SHA) == 40
+
+
+_FLOATS = st.floats(allow_nan=False) | st.just(math.inf)
+
+
+@given(
+    st.tuples(
+        st.text(max_size=5),
+        st.text(max_size=5),
+        st.sampled_from(["sliding_log", "sliding_window", "gcra"]),
+        st.integers(min_value=0),
+        _FLOATS,
+        st.booleans(),
+        st.booleans(),
+        st.integers(min_value=0),
+        _FLOATS,
+        st.none() | _FLOATS,
+        st.booleans(),
+    ),
+    st.booleans(),
+    st.integers(min_value=0),
+    st.booleans(),
+)
+def test_the_fast_constructors_build_the_same_frozen_objects(
+    fields: tuple[object, ...], allowed: bool, remaining: int, degraded: bool
+) -> None:
+    """make_result and make_decision (the hot path's constructors, which set the slots
+    directly) build objects equal to the classes' own, field by field, and as frozen."""
+    import dataclasses
+
+    from applimit import Decision
+    from applimit._decision import make_decision, make_result
+
+    fast = make_result(*fields)  # type: ignore[arg-type]
+    slow = LimitResult(*fields)  # type: ignore[arg-type]
+    assert dataclasses.astuple(fast) == dataclasses.astuple(slow) == fields
+    assert fast == slow and repr(fast) == repr(slow)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.remaining = 1  # type: ignore[misc]
+    decision_fields = (allowed, 3, remaining, 1.5, None, "api", (fast,), degraded)
+    made = make_decision(*decision_fields)
+    assert made == Decision(*decision_fields)
+    assert tuple(getattr(made, f.name) for f in dataclasses.fields(Decision)) == decision_fields
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.allowed = not allowed  # type: ignore[misc]
