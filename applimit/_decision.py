@@ -197,20 +197,7 @@ def combine(results: Sequence[LimitResult], *, degraded: bool = False) -> Decisi
     if len(results) == 1:
         # One rate (most decisions): it is the binding result, whatever it says.
         only = results[0]
-        allowed = only.allowed or only.shadow
-        retry = None
-        if not allowed:
-            retry = only.retry_after if only.retry_after is not None else math.inf
-        return make_decision(
-            allowed,
-            only.quota,
-            only.remaining,
-            only.reset_after,
-            retry,
-            only.name,
-            (only,),
-            degraded,
-        )
+        return _described_by(only, only.allowed or only.shadow, (only,), degraded)
     allowed = True
     for result in results:
         if not result.allowed and not result.shadow:
@@ -219,6 +206,13 @@ def combine(results: Sequence[LimitResult], *, degraded: bool = False) -> Decisi
     chosen = _binding(results, allowed)
     if chosen is None:
         return Decision(True, 0, 0, 0.0, None, None, (), degraded)
+    return _described_by(chosen, allowed, tuple(results), degraded)
+
+
+def _described_by(
+    chosen: LimitResult, allowed: bool, results: tuple[LimitResult, ...], degraded: bool
+) -> Decision:
+    """The decision whose scalar fields are those of the binding result ``chosen``."""
     retry = None
     if not allowed:
         retry = chosen.retry_after if chosen.retry_after is not None else math.inf
@@ -229,6 +223,6 @@ def combine(results: Sequence[LimitResult], *, degraded: bool = False) -> Decisi
         chosen.reset_after,
         retry,
         chosen.name,
-        tuple(results),
+        results,
         degraded,
     )
