@@ -29,14 +29,14 @@ local function log_newest(key)
 end
 
 local function log_check(key, now, c)
-  local floor_score = now - c.period
-  local lower = '(' .. fmt(floor_score)
+  local floor_s = fmt(now - c.period)
+  local lower = '(' .. floor_s
   local count = redis.call('ZCOUNT', key, lower, '+inf')
   -- Every field the check and apply set, made at once: adding fields later would make
   -- Lua grow the table (a rehash) on every call. newest is false until read.
   local st = {
     count = count, allowed = 0, retry = NONE, remaining = 0, reset = 0, consumed = 0,
-    newest = false,
+    newest = false, floor_s = floor_s,
   }
   if c.cost <= c.limit - count then
     st.allowed = 1
@@ -61,7 +61,8 @@ local function log_check(key, now, c)
 end
 
 local function log_apply(key, st, now, c, nonce, slack_ms)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - c.period))
+  -- Everything at or before the window's floor (the floor check() counted from).
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', st.floor_s)
   local score = fmt(now)
   local i = 1
   if c.cost == 1 then
