@@ -76,7 +76,8 @@ def run(settings: Settings) -> Result:
         summary=(
             "`check_request()` for a path matching three limits (100/1s, 1000/1m, "
             "10000/1h) versus a path matching one (1000/1m), same algorithm, one thread, "
-            "one connection, against a `PING` loop on that connection."
+            "one connection, against a `PING` loop on the limiter's client (the issue's "
+            "reference) and `PING` sent on the limiter's own wire (the strictest floor)."
         ),
         params={"three": list(THREE), "one": ONE, "identities": IDENTITIES},
     )

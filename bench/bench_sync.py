@@ -152,9 +152,12 @@ def run(settings: Settings) -> Result:
         title=TITLE,
         summary=(
             "`Limiter.hit()` per second for each algorithm, one thread and one connection, "
-            "against a bare `PING` loop on the same connection (the floor: one round trip) "
-            "and against the `limits` library doing `hit` + `get_window_stats` (what a "
-            "header-complete decision needs), all interleaved in the same run."
+            "against a bare `PING` loop on the limiter's client (the floor: one round trip, "
+            "as a Python app makes it; the issue's reference), against `PING` sent the way "
+            "the limiter sends its own calls (the strictest floor, with none of redis-py's "
+            "per-command work), and against the `limits` library doing `hit` + "
+            "`get_window_stats` (what a header-complete decision needs), all interleaved "
+            "in the same run."
         ),
         params={"rate": RATE, "identities": IDENTITIES, "rounds": settings.rounds},
     )
