@@ -16,6 +16,7 @@ refund calls that give the consumption back (see docs/applimit.md).
 from __future__ import annotations
 
 import math
+import os
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -44,6 +45,11 @@ MAX_COST = 1_000_000_000
 # Under a test clock the script's time does not run with the server's, so expiry (which
 # does) is pushed out by this much: state the fake clock still needs is never dropped.
 TEST_CLOCK_TTL_SLACK_MS = 600_000
+# The nonces' generator: private, so an app that seeds the `random` module (or every
+# worker seeding it alike) cannot make two limiters' nonces repeat; seeded from the OS, and
+# again in every forked child, so processes never share a sequence.
+_NONCES = random.Random()
+os.register_at_fork(after_in_child=_NONCES.seed)
 _NONE = -1
 _NEVER = -2
 _REPLY_HEAD = 2
@@ -530,10 +536,9 @@ class Core:
         """Group ``checks`` into script calls: one, or one per hash slot on Redis Cluster."""
         now = "" if self._test_clock is None else str(round(self._test_clock() * 1_000_000))
         # The nonce names sliding-log entries: unique per call, so two requests in the same
-        # microsecond never merge into one entry. 48 random bits: random is reseeded in a
-        # forked child, so processes never share a sequence, and it spares a system call
-        # per decision (os.urandom).
-        nonce = f"{random.getrandbits(48):012x}" if mode == "hit" else ""
+        # microsecond never merge into one entry. 48 bits of the limiter's own generator
+        # (see _NONCES), which spares a system call per decision (os.urandom).
+        nonce = f"{_NONCES.getrandbits(48):012x}" if mode == "hit" else ""
         if not self.cluster:
             # One server: every check in one call.
             if not checks:

@@ -91,13 +91,29 @@ def _function_missing(reply: object) -> bool:
     )
 
 
+# How servers and proxies say that a command is not for this client: Redis before 7
+# ("unknown command"), managed services and proxies ("unsupported", "not allowed",
+# "disabled"...). An error of the script itself never reads like these.
+_REFUSALS = (
+    "unknown command",
+    "unknown subcommand",
+    "unsupported",
+    "not supported",
+    "not allowed",
+    "disabled",
+)
+
+
 def _refused(reply: object) -> bool:
-    """FCALL or FUNCTION LOAD is not for us here: Redis before 7, or an ACL without them."""
+    """FCALL or FUNCTION LOAD is not for us here: Redis before 7, an ACL without them, a
+    proxy or managed service that does not pass them on."""
+    if not isinstance(reply, redis.exceptions.ResponseError):
+        return False
+    text = str(reply).lower()
     if isinstance(reply, redis.exceptions.NoPermissionError):
-        return True
-    return isinstance(reply, redis.exceptions.ResponseError) and str(reply).startswith(
-        ("unknown command", "unknown subcommand")
-    )
+        # The command refused, not a key: keys are the same for EVALSHA.
+        return "command" in text
+    return any(word in text for word in _REFUSALS)
 
 
 def _loaded(reply: object) -> bool | None:
@@ -127,6 +143,17 @@ class _Dialect:
 
 
 # --- sync ----------------------------------------------------------------------------------
+
+
+def _new_fork_lock() -> None:
+    global _FORK_LOCK
+    _FORK_LOCK = threading.Lock()
+
+
+# Serialises a forked child's first calls on a wire; made anew in every child, so that a
+# lock some thread of the parent held at the fork cannot stay locked there.
+_FORK_LOCK = threading.Lock()
+os.register_at_fork(after_in_child=_new_fork_lock)
 
 
 class SyncWire:
@@ -195,16 +222,28 @@ class SyncWire:
     def send(self, packed: bytes) -> object:
         """Send one packed command and read its reply; error replies are raised."""
         if self._pid != os.getpid():
-            # A forked child: the connections are the parent's; leave them to it.
-            self._start()
+            self._after_fork()
         try:
-            connection = self._idle.pop()
+            connection, reused = self._idle.pop(), True
         except IndexError:
-            connection = self._acquire()
+            connection, reused = self._acquire()
         try:
-            # A list: redis-py writes each item, and a bare bytes would be iterated.
-            connection.send_packed_command([packed], check_health=False)
-            return connection.read_response()
+            try:
+                # A list: redis-py writes each item, and a bare bytes would be iterated.
+                connection.send_packed_command([packed], check_health=False)
+                return connection.read_response()
+            except redis.exceptions.ConnectionError:
+                if not reused:
+                    raise
+                # A connection that sat idle may have been closed by the other end (a
+                # restart, the server's `timeout`, a proxy's idle cutoff): the first use
+                # finds out. redis-py has disconnected it, so this connects afresh, as
+                # the pool's check before handing out a connection would have. The
+                # server had closed the socket, so the first send did not run; in the
+                # rare case that it ran and only the reply was lost, the request counts
+                # twice, which errs on the strict side.
+                connection.send_packed_command([packed], check_health=False)
+                return connection.read_response()
         finally:
             # A connection that failed was disconnected by redis-py; it reconnects on its
             # next use. One that read an error reply is clean and reusable.
@@ -213,8 +252,15 @@ class SyncWire:
                 with self._cond:
                     self._cond.notify()
 
-    def _acquire(self) -> Any:
-        """An idle connection, a new one, or one that comes back within the timeout."""
+    def _after_fork(self) -> None:
+        """In a forked child: forget the parent's connections (they are its to use)."""
+        with _FORK_LOCK:
+            if self._pid != os.getpid():
+                self._start()
+
+    def _acquire(self) -> tuple[Any, bool]:
+        """An idle connection, a new one, or one that comes back within the timeout; and
+        whether it was used before (False for a new one)."""
         deadline = time.monotonic() + self._timeout
         with self._cond:
             # Counted before looking: a connection pushed back after this line is seen
@@ -222,8 +268,11 @@ class SyncWire:
             self._waiting += 1
             try:
                 while True:
-                    if self._idle:
-                        return self._idle.pop()
+                    try:
+                        # send() pops without the lock: the list may empty under us.
+                        return self._idle.pop(), True
+                    except IndexError:
+                        pass
                     if len(self._all) < self._max:
                         self._all.append(None)  # a place, held while connecting
                         break
@@ -239,15 +288,23 @@ class SyncWire:
         try:
             # The pool builds and connects it (settings, AUTH, TLS, Sentinel) and keeps
             # track of it, so closing the client closes it too.
-            connection = self._pool.get_connection()
+            connection: Any = self._pool.get_connection()
         except BaseException:
             with self._cond:
-                self._all.remove(None)
+                if None in self._all:  # not if close() came in between
+                    self._all.remove(None)
                 self._cond.notify()
             raise
         with self._cond:
-            self._all[self._all.index(None)] = connection
-        return connection
+            placed = None in self._all
+            if placed:
+                self._all[self._all.index(None)] = connection
+        if not placed:
+            # close() ran while this connected: the connection is nobody's.
+            connection.disconnect()
+            self._pool.release(connection)
+            raise redis.exceptions.ConnectionError("the limiter was closed")
+        return connection, False
 
     def close(self) -> None:
         """Give every connection back to the pool, disconnected."""
@@ -321,18 +378,28 @@ class AsyncWire:
         if not live:
             return
         try:
-            replies = await self._round_trip([call for call, _ in live])
+            await self._answer(live)
         except asyncio.CancelledError:
             for _, future in live:
                 future.cancel()
             raise
-        except REDIS_FAILURES as error:
-            if is_outage(error):
-                self._breaker.failure(error)
+        except BaseException as error:
+            # Whatever ends the batch, no caller is left waiting: the batch's timer is its
+            # callers' only deadline, and it is cancelled when the batch ends.
             for _, future in live:
                 if not future.done():
                     future.set_exception(error)
-            return
+            if not isinstance(error, Exception):
+                raise
+
+    async def _answer(self, live: list[tuple[ScriptCall, asyncio.Future[object]]]) -> None:
+        """Run the batch and give each caller its reply, or the batch's Redis error."""
+        try:
+            replies = await self._round_trip([call for call, _ in live])
+        except REDIS_FAILURES as error:
+            if is_outage(error):
+                self._breaker.failure(error)
+            raise
         self._breaker.success()
         for index, ((_, future), reply) in enumerate(zip(live, replies, strict=True), 1):
             if future.done():
@@ -348,7 +415,15 @@ class AsyncWire:
         connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
         try:
             how = _FCALL if self._dialect.functions else _EVALSHA
-            replies = await self._exchange(connection, pack_many(calls, how), len(calls))
+            packed = pack_many(calls, how)
+            try:
+                replies = await self._exchange(connection, packed, len(calls))
+            except _ClosedUnread:
+                # The pool checks a connection before handing it out, but a close by the
+                # other end (a restart, the server's `timeout`, a proxy's idle cutoff)
+                # that the event loop has not yet read passes the check. Nothing was
+                # answered; the connection is disconnected, and sending connects afresh.
+                replies = await self._exchange(connection, packed, len(calls))
             if how == _FCALL:
                 await self._recover_functions(connection, calls, replies)
             missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
@@ -423,6 +498,11 @@ class AsyncWire:
                     except redis.exceptions.ResponseError as error:
                         # An error reply is the call's own; the connection is clean.
                         replies.append(error)
+        except redis.exceptions.ConnectionError as error:
+            await connection.disconnect(nowait=True)
+            if not replies:
+                raise _ClosedUnread(str(error)) from error
+            raise
         except TimeoutError:
             await connection.disconnect(nowait=True)
             raise redis.exceptions.TimeoutError(
@@ -433,6 +513,10 @@ class AsyncWire:
             await connection.disconnect(nowait=True)
             raise
         return replies
+
+
+class _ClosedUnread(redis.exceptions.ConnectionError):
+    """The connection was closed before any reply of the batch was read."""
 
 
 def _expire(batch: list[tuple[ScriptCall, asyncio.Future[object]]], timeout: float) -> None:

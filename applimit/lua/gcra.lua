@@ -2,7 +2,10 @@
 --
 -- KEYS: one string per check, "<tat> <frac>": the theoretical arrival time TAT is
 --   tat + frac / limit microseconds, kept as an integer and a remainder so that an
---   emission interval of period / limit is exact even when it is not a whole µs.
+--   emission interval of period / limit is exact even when it is not a whole µs. frac is
+--   written with a leading 0 ("0" .. frac) when the key's TTL ends an expiry cell
+--   (common.lua); applimit 0.1 wrote it without, with a TTL ending exactly at the TAT.
+--   Both read as the same number, so either version reads the other's values.
 -- ARGV: none of its own; decide.lua passes c = {limit, period (µs), cost, burst, shadow}.
 --   burst is how many requests may arrive at once (the bucket's size).
 -- Functions (registered as ALG.gcra):
@@ -17,8 +20,14 @@
 -- In units of µs x limit the emission interval is `period` and the bucket holds
 -- burst x period, so every comparison below is between exact integers.
 
+-- Whether a stored frac says that the key's TTL ends an expiry cell (a leading 0).
+local function on_grid(frac)
+  return #frac > 1 and string.byte(frac, 1) == 48
+end
+
 -- How far ahead of `now` the TAT is (in µs x limit, at least 0), and the stored TAT's
--- whole µs (nil without a key), which tells which expiry cell the key's TTL is in.
+-- whole µs when the key's TTL ends that TAT's expiry cell (nil without a key, or when
+-- the TTL was set otherwise).
 local function gcra_load(key, now, c)
   local value = redis.call('GET', key)
   if not value then
@@ -27,6 +36,9 @@ local function gcra_load(key, now, c)
   local tat, frac = string.match(value, '^(%-?%d+) (%d+)$')
   tat = tonumber(tat)
   local ahead = (tat - now) * c.limit + tonumber(frac)
+  if not on_grid(frac) then
+    tat = nil
+  end
   if ahead < 0 then
     return 0, tat
   end
@@ -58,9 +70,10 @@ local function gcra_apply(key, st, now, c, nonce, slack_ms)
   local whole = idiv(st.after, c.limit)
   local frac = st.after - whole * c.limit
   local tat = now + whole
-  local value = fmt(tat) .. ' ' .. fmt(frac)
+  local value = fmt(tat) .. ' 0' .. fmt(frac)
   -- The key must live until the TAT (rounded up to a whole µs): until the end of its
-  -- expiry cell. If the stored TAT's cell is the same, the TTL set then still holds.
+  -- expiry cell. If the stored TAT's cell is the same (and its TTL was set for it), the
+  -- TTL set then still holds.
   local cell = expiry_cell(tat + 1, c.period)
   if st.tat and expiry_cell(st.tat + 1, c.period) == cell then
     redis.call('SET', key, value, 'KEEPTTL')
@@ -84,7 +97,9 @@ local function gcra_refund(key, now, c, nonce)
     return
   end
   local whole = idiv(ahead, c.limit)
-  redis.call('SET', key, fmt(now + whole) .. ' ' .. fmt(ahead - whole * c.limit), 'KEEPTTL')
+  -- The TAT moves back and the TTL stays: what it was set for still covers it.
+  local mark = on_grid(frac) and ' 0' or ' '
+  redis.call('SET', key, fmt(now + whole) .. mark .. fmt(ahead - whole * c.limit), 'KEEPTTL')
 end
 
 ALG.gcra = {check = gcra_check, apply = gcra_apply, refund = gcra_refund}

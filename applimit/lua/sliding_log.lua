@@ -1,6 +1,6 @@
 -- sliding_log.lua: the exact sliding-window log.
 --
--- KEYS: one sorted set per check. Each admitted unit of cost is one member "<nonce>:<i>"
+-- KEYS: one sorted set per check. Each admitted unit of cost is one member "<nonce>.<i>"
 --   scored with its admission time; the window is (now - period, now].
 -- ARGV: none of its own; decide.lua passes each check as the table
 --   c = {limit, period (µs), cost, burst (unused), shadow}.
@@ -20,12 +20,15 @@
 
 local ZADD_CHUNK = 500
 
+-- The newest entry's score, and whether the key's TTL was set for it on the expiry grid
+-- (its member is "<nonce>.<i>"; applimit 0.1 wrote "<nonce>:<i>" and a TTL ending exactly
+-- when the entry leaves the window).
 local function log_newest(key)
   local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   if last[2] then
-    return tonumber(last[2])
+    return tonumber(last[2]), string.find(last[1], '.', 1, true) ~= nil
   end
-  return nil
+  return nil, false
 end
 
 local function log_check(key, now, c)
@@ -36,7 +39,7 @@ local function log_check(key, now, c)
   -- Lua grow the table (a rehash) on every call. newest is false until read.
   local st = {
     count = count, allowed = 0, retry = NONE, remaining = 0, reset = 0, consumed = 0,
-    newest = false, floor_s = floor_s,
+    newest = false, grid = false, floor_s = floor_s,
   }
   if c.cost <= c.limit - count then
     st.allowed = 1
@@ -54,7 +57,7 @@ local function log_check(key, now, c)
   if count > 0 then
     -- The newest entry is in the window, so it is the newest in the set: the key's TTL
     -- was last set for it.
-    st.newest = log_newest(key)
+    st.newest, st.grid = log_newest(key)
     st.reset = st.newest + c.period - now
   end
   return st
@@ -67,7 +70,7 @@ local function log_apply(key, st, now, c, nonce, slack_ms)
   local i = 1
   if c.cost == 1 then
     -- Nearly every request: one entry, without building an argument table.
-    redis.call('ZADD', key, score, nonce .. ':1')
+    redis.call('ZADD', key, score, nonce .. '.1')
     i = 2
   end
   while i <= c.cost do
@@ -75,7 +78,7 @@ local function log_apply(key, st, now, c, nonce, slack_ms)
     local last = math.min(c.cost, i + ZADD_CHUNK - 1)
     for j = i, last do
       args[#args + 1] = score
-      args[#args + 1] = nonce .. ':' .. fmt(j)
+      args[#args + 1] = nonce .. '.' .. fmt(j)
     end
     redis.call('ZADD', key, unpack(args))
     i = last + 1
@@ -90,9 +93,9 @@ local function log_apply(key, st, now, c, nonce, slack_ms)
   st.reset = newest + c.period - now
   -- The key must live until its newest entry leaves the window: until the end of that
   -- time's expiry cell, which is where the TTL already ends if the previous newest entry
-  -- left the window in the same cell.
+  -- (written on the grid) left the window in the same cell.
   local cell = expiry_cell(newest + c.period, c.period)
-  if not st.newest or expiry_cell(st.newest + c.period, c.period) ~= cell then
+  if not st.grid or expiry_cell(st.newest + c.period, c.period) ~= cell then
     redis.call('PEXPIRE', key, cell_ttl_ms(cell, c.period, now, slack_ms))
   end
 end
@@ -103,7 +106,7 @@ local function log_refund(key, now, c, nonce)
     local members = {}
     local last = math.min(c.cost, i + ZADD_CHUNK - 1)
     for j = i, last do
-      members[#members + 1] = nonce .. ':' .. fmt(j)
+      members[#members + 1] = nonce .. '.' .. fmt(j)
     end
     redis.call('ZREM', key, unpack(members))
     i = last + 1

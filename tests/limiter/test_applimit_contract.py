@@ -432,3 +432,34 @@ async def test_a_2x_burst_across_a_window_edge_is_refused(
     if name == "log":
         clock.advance(60_000_000 - 200_000)  # exactly one window after the first burst
         assert (await limiter.hit(name, who)).allowed
+
+
+@pytest.mark.parametrize("name", ["log", "bucket"])
+async def test_keys_written_by_applimit_0_1_get_a_ttl_that_covers_their_state(
+    make_limiter: MakeLimiter, redis_admin: Any, name: str
+) -> None:
+    """applimit 0.1 set TTLs that ended exactly at the state's deadline and marked nothing.
+    A hit of this version on such a key (as in a rolling upgrade) must not keep that
+    shorter TTL: the key outlives the new state, and the count carries on."""
+    limiter = make_limiter(POLICY)
+    who = user()
+    await limiter.hit(name, who)  # finds the key's name (and hash slot)
+    [key] = [k for k in all_keys(redis_admin, f"t:{name}:*") if who.encode() in k]
+    redis_admin.delete(key)
+    seconds, micros = redis_admin.time()
+    now_us = seconds * US + micros
+    if name == "log":
+        # One entry of 0.1 (member "<nonce>:<i>"), TTL ending when it leaves the window.
+        # Scored at the start of the current minute: the new entry's deadline is then in
+        # the same expiry cell, later by however far into the minute we are.
+        scored = now_us - now_us % (60 * US) + 1
+        redis_admin.zadd(key, {"0123456789ab:1": scored})
+        redis_admin.pexpire(key, math.ceil((scored + 60 * US - now_us) / 1000))
+    else:
+        # A TAT one emission interval (20 s at 3/1m) ahead, TTL ending exactly there.
+        redis_admin.set(key, f"{now_us + 20 * US} 0", px=20_000)
+    decision = await limiter.hit(name, who)
+    assert decision.allowed and decision.remaining == 1
+    seconds, micros = redis_admin.time()
+    expires_ms = seconds * 1000 + micros // 1000 + redis_admin.pttl(key)
+    assert expires_ms >= _state_deadline_ms(redis_admin, name, key) - 5

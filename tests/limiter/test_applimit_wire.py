@@ -45,23 +45,25 @@ def _clients(admin: redis.Redis) -> int:
     return len(admin.client_list()) - 1
 
 
-def test_connections_killed_between_decisions_reconnect(
-    fresh_redis_server: RedisServer,
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_connections_closed_while_idle_are_replaced_unnoticed(
+    fresh_redis_server: RedisServer, flavour: str
 ) -> None:
-    """CLIENT KILL of every connection the limiter holds idle: the next decision on each
-    dead connection may fail (answered by the failure policy, marked degraded); after
-    that every decision is exact again, and the count carried on in Redis."""
+    """CLIENT KILL of every connection the limiter holds idle (as a restart, the server's
+    `timeout` or a proxy's idle cutoff would close them): the next decisions are exact,
+    none degraded, and the breaker never hears of it."""
     admin = fresh_redis_server.client()
-    with _limiter(fresh_redis_server) as limiter:
-        assert limiter.hit("log", "alice").remaining == 999
-        admin.client_kill_filter(_type="normal", skipme=True)
-        first = limiter.hit("log", "alice")
-        later = [limiter.hit("log", "alice") for _ in range(3)]
-        assert not any(d.degraded for d in later)
-        counted = 1 + (0 if first.degraded else 1) + 3
-        assert later[-1].remaining == 1000 - counted
-        assert limiter.breaker_state is BreakerState.CLOSED
-    admin.close()
+    driver = _driver(flavour, fresh_redis_server.url)
+    try:
+        assert (await driver.hit("log", "alice")).remaining == 999
+        for expected in (998, 997):
+            assert admin.client_kill_filter(_type="normal", skipme=True) >= 1
+            decision = await driver.hit("log", "alice")
+            assert not decision.degraded and decision.remaining == expected
+        assert driver.limiter.breaker_state is BreakerState.CLOSED
+    finally:
+        await driver.close()
+        admin.close()
 
 
 def test_threads_beyond_max_connections_share_the_pool_bound(
@@ -268,3 +270,36 @@ async def test_where_functions_are_refused_evalsha_takes_over(
     finally:
         await driver.close()
         admin.close()
+
+
+def test_seeding_random_does_not_repeat_nonces(redis_server: RedisServer) -> None:
+    """The nonces that name sliding-log entries come from the limiter's own generator: an
+    app that seeds `random` before every request (or workers that all seed it alike) does
+    not make two requests share an entry, so exactly the quota is admitted."""
+    import random
+
+    text = POLICY.replace("1000/1m", "3/1m")
+    with Limiter(policy.loads(text), redis_url=redis_server.url) as limiter:
+        admitted = 0
+        for _ in range(6):
+            random.seed(1234)
+            admitted += limiter.hit("log", "seeded").allowed
+    assert admitted == 3
+
+
+async def test_an_unexpected_error_in_a_batch_reaches_its_callers(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch that ends with an error nobody planned for (a bug) fails its callers with
+    it at once; none is left waiting for a deadline that went with the batch."""
+    async with _async_limiter(redis_server) as limiter:
+        assert not (await limiter.hit("log", "bug")).degraded
+        wire = limiter._wire
+        assert wire is not None
+
+        async def broken(calls: object) -> list[object]:
+            raise RuntimeError("a bug in the batch")
+
+        monkeypatch.setattr(wire, "_round_trip", broken)
+        with pytest.raises(RuntimeError, match="a bug in the batch"):
+            await asyncio.wait_for(limiter.hit("log", "bug"), timeout=10)
