@@ -15,6 +15,7 @@ refund calls that give the consumption back (see docs/applimit.md).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import random
@@ -293,7 +294,7 @@ class Prepared:
             make = self._result
             return combine(
                 [
-                    make(check, values[at : at + _REPLY_FIELDS])
+                    make(check, values, at)
                     for check, at in zip(
                         self.checks, range(_REPLY_HEAD, len(values), _REPLY_FIELDS), strict=True
                     )
@@ -306,8 +307,7 @@ class Prepared:
             times.append(values[0])
             for j, index in enumerate(group):
                 results[index] = self._result(
-                    self.checks[index],
-                    values[_REPLY_HEAD + _REPLY_FIELDS * j : _REPLY_HEAD + _REPLY_FIELDS * (j + 1)],
+                    self.checks[index], values, _REPLY_HEAD + _REPLY_FIELDS * j
                 )
         final = [r for r in results if r is not None]
         if len(final) != len(self.checks):
@@ -351,9 +351,13 @@ class Prepared:
         return combine(results, degraded=True)
 
     @staticmethod
-    def _result(check: Check, values: Sequence[int]) -> LimitResult:
-        """One check's result from its five reply values (see decide.lua)."""
-        allowed, consumed, remaining, reset, retry = values
+    def _result(check: Check, values: Sequence[int], at: int) -> LimitResult:
+        """One check's result from its five reply values, ``values[at:at + 5]`` (see
+        decide.lua)."""
+        allowed = values[at]
+        remaining = values[at + 2]
+        reset = values[at + 3]
+        retry = values[at + 4]
         retry_after: float | None
         if allowed or retry == _NONE:
             retry_after = None
@@ -369,7 +373,7 @@ class Prepared:
             quota,
             window,
             allowed == 1,
-            consumed == 1,
+            values[at + 1] == 1,
             remaining if remaining > 0 else 0,
             reset / 1_000_000 if reset > 0 else 0.0,
             retry_after,
@@ -380,6 +384,12 @@ class Prepared:
 def _given_back(result: LimitResult, cost: int) -> LimitResult:
     """A result whose consumption a refund undid."""
     return replace(result, consumed=False, remaining=min(result.quota, result.remaining + cost))
+
+
+@functools.cache
+def _one_group(count: int) -> tuple[tuple[int, ...], ...]:
+    """The groups of a plan whose ``count`` checks are all in one call."""
+    return (tuple(range(count)),)
 
 
 def _int_list(reply: object, length: int) -> list[int]:
@@ -529,7 +539,21 @@ class Core:
             tag = tags.get(by_ip)
             if tag is None:
                 tag = tags[by_ip] = self._tag(rule, identity, ip)
-            checks.extend(self.checks(rule, resolved, tag, cost))
+            blocks = self._blocks.get((rule.name, resolved))
+            if blocks is None:
+                checks.extend(self.checks(rule, resolved, tag, cost))
+                continue
+            for block in blocks:
+                checks.append(
+                    Check(
+                        rule,
+                        resolved,
+                        block.rate,
+                        block.key_head + tag + block.key_tail,
+                        cost,
+                        block,
+                    )
+                )
         return self.plan(mode, checks)
 
     def plan(self, mode: Mode, checks: Sequence[Check]) -> Prepared:
@@ -545,7 +569,7 @@ class Core:
                 return Prepared(mode, (), (), (), nonce, self._slack)
             call = _script_call(mode, checks, now=now, nonce=nonce, slack=self._slack, slot=None)
             return Prepared(
-                mode, tuple(checks), (tuple(range(len(checks))),), (call,), nonce, self._slack
+                mode, tuple(checks), _one_group(len(checks)), (call,), nonce, self._slack
             )
         by_slot: dict[int, list[int]] = {}
         for index, check in enumerate(checks):

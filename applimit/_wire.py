@@ -145,15 +145,19 @@ class _Dialect:
 # --- sync ----------------------------------------------------------------------------------
 
 
-def _new_fork_lock() -> None:
-    global _FORK_LOCK
+def _forked() -> None:
+    global _FORK_LOCK, _GENERATION
     _FORK_LOCK = threading.Lock()
+    _GENERATION += 1
 
 
+# Which process this is: 0, plus one for each fork into a child. Cheaper to compare on
+# every call than os.getpid(), a system call.
+_GENERATION = 0
 # Serialises a forked child's first calls on a wire; made anew in every child, so that a
 # lock some thread of the parent held at the fork cannot stay locked there.
 _FORK_LOCK = threading.Lock()
-os.register_at_fork(after_in_child=_new_fork_lock)
+os.register_at_fork(after_in_child=_forked)
 
 
 class SyncWire:
@@ -179,7 +183,7 @@ class SyncWire:
         self._all: list[Any] = []
         self._waiting = 0
         self._cond = threading.Condition(threading.Lock())
-        self._pid = os.getpid()
+        self._generation = _GENERATION
 
     def run(self, call: ScriptCall) -> object:
         """FCALL the call, loading the library when the server lacks it; where Redis
@@ -221,7 +225,7 @@ class SyncWire:
 
     def send(self, packed: bytes) -> object:
         """Send one packed command and read its reply; error replies are raised."""
-        if self._pid != os.getpid():
+        if self._generation != _GENERATION:
             self._after_fork()
         try:
             connection, reused = self._idle.pop(), True
@@ -255,7 +259,7 @@ class SyncWire:
     def _after_fork(self) -> None:
         """In a forked child: forget the parent's connections (they are its to use)."""
         with _FORK_LOCK:
-            if self._pid != os.getpid():
+            if self._generation != _GENERATION:
                 self._start()
 
     def _acquire(self) -> tuple[Any, bool]:
