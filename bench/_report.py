@@ -260,7 +260,7 @@ def _rates_panel(ax: Any, sync: Result) -> None:
     names = list(sync.rates)
     medians = [median(v) if v else 0.0 for v in sync.rates.values()]
     colours = [
-        "#616161" if n == "ping" else ("#1565c0" if n.startswith("hit_") else "#ef6c00")
+        "#616161" if n.startswith("ping") else ("#1565c0" if n.startswith("hit_") else "#ef6c00")
         for n in names
     ]
     ax.bar(range(len(names)), medians, color=colours)
