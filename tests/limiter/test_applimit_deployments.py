@@ -85,9 +85,12 @@ def _free_port() -> int:
 # --- ACL -----------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def acl_server(fresh_redis_server: RedisServer) -> RedisServer:
-    """A server whose default user is off; user 'limiter' may only run the limiter."""
+@pytest.fixture(params=["functions", "scripts"])
+def acl_server(fresh_redis_server: RedisServer, request: pytest.FixtureRequest) -> RedisServer:
+    """A server whose default user is off; user 'limiter' may only run the limiter, with
+    the commands docs/applimit.md lists: FCALL and FUNCTION LOAD, or (the other set it
+    documents) EVALSHA and EVAL."""
+    runs = ["+fcall", "+function|load"] if request.param == "functions" else ["+evalsha", "+eval"]
     with fresh_redis_server.client() as admin:
         admin.acl_setuser(
             "limiter",
@@ -95,8 +98,7 @@ def acl_server(fresh_redis_server: RedisServer) -> RedisServer:
             passwords=["+s3cret"],
             keys=["dep:*"],
             commands=[
-                "+evalsha",
-                "+eval",
+                *runs,
                 "+del",
                 "+time",
                 "+zcount",
