@@ -245,7 +245,7 @@ def _blocks(prefix: str, rule: AppRule, tier: str) -> tuple[_Block, ...]:
 
 @dataclass(slots=True)
 class ScriptCall:
-    """One EVALSHA of the limiter's script: its keys, its arguments, and on Redis Cluster
+    """One call of the limiter's script: its keys, its arguments, and on Redis Cluster
     the hash slot of its keys (which tells the shell which node's breaker applies)."""
 
     keys: tuple[str, ...]
@@ -539,21 +539,7 @@ class Core:
             tag = tags.get(by_ip)
             if tag is None:
                 tag = tags[by_ip] = self._tag(rule, identity, ip)
-            blocks = self._blocks.get((rule.name, resolved))
-            if blocks is None:
-                checks.extend(self.checks(rule, resolved, tag, cost))
-                continue
-            for block in blocks:
-                checks.append(
-                    Check(
-                        rule,
-                        resolved,
-                        block.rate,
-                        block.key_head + tag + block.key_tail,
-                        cost,
-                        block,
-                    )
-                )
+            checks.extend(self.checks(rule, resolved, tag, cost))
         return self.plan(mode, checks)
 
     def plan(self, mode: Mode, checks: Sequence[Check]) -> Prepared:

@@ -70,13 +70,13 @@ def _pack(args: tuple[str | bytes | int, ...]) -> bytes:
     return bytes(hiredis.pack_command(args))  # type: ignore[arg-type]
 
 
-def pack(call: ScriptCall, how: bytes = _EVALSHA) -> bytes:
+def pack(call: ScriptCall, how: bytes) -> bytes:
     """``call`` as one RESP command: FCALL of the library's function, EVALSHA by the
     script's SHA, or EVAL with the script's text."""
     return _pack((*_HEADS[how], len(call.keys), *call.keys, *call.args))
 
 
-def pack_many(calls: Sequence[ScriptCall], how: bytes = _EVALSHA) -> bytes:
+def pack_many(calls: Sequence[ScriptCall], how: bytes) -> bytes:
     """Several calls as one buffer, for one write."""
     return b"".join([pack(call, how) for call in calls])
 

@@ -59,10 +59,12 @@ def _percent_encode(data: bytes) -> str:
     return encoded.replace("\\", "/")
 
 
-# A path that normalisation leaves as it is: absolute, only bytes of the path set (no
-# percent-escapes, no backslash, so nothing to decode or turn), no query or fragment. With
-# no "/." in it, it has no dot segments either. Most request paths are such paths.
-_PLAIN_PATH = re.compile(r"/[A-Za-z0-9\-._~!$&'()*+,;=:@/\[\]|]*")
+# A path that normalisation leaves as it is: absolute, only bytes of the path set but the
+# percent sign and the backslash (so nothing to keep or turn), hence no query or fragment
+# either. With no "/." in it, it has no dot segments. Most request paths are such paths.
+_PLAIN_PATH = re.compile(
+    "/[" + re.escape(bytes(sorted(_PATH_SAFE - set(b"%\\"))).decode("ascii")) + "]*"
+)
 
 
 def normalize_path(raw: str | bytes) -> str:
@@ -187,7 +189,7 @@ class Matcher:
 
     def matches_path(self, path: str) -> bool:
         """Decide the path part alone; ``path`` must already be normalised."""
-        if not self.paths and not self.path_prefixes:
+        if self.matches_all_paths:
             return True
         # str.startswith takes a tuple: one C call for every prefix.
         return path in self.paths or path.startswith(self.path_prefixes)

@@ -168,6 +168,28 @@ async def test_concurrent_decisions_on_one_identity_stay_exact(
     assert all(d.retry_after is not None and d.retry_after > 0 for d in decisions if not d.allowed)
 
 
+async def test_decisions_of_one_event_loop_turn_share_one_write(
+    fresh_redis_server: RedisServer,
+) -> None:
+    """200 decisions requested in the same turn of the event loop go to Redis as one batch
+    on one connection (a pool of 64 would open dozens for one call each), and each caller
+    gets its own answer: 200 distinct remaining counts."""
+    admin = fresh_redis_server.client()
+    limiter = AsyncLimiter(
+        policy.loads(POLICY), redis_url=fresh_redis_server.url, max_connections=64
+    )
+    try:
+        assert (await limiter.hit("log", "batched")).remaining == 999
+        opened = admin.info("stats")["total_connections_received"]
+        decisions = await asyncio.gather(*(limiter.hit("log", "batched") for _ in range(200)))
+        assert admin.info("stats")["total_connections_received"] - opened <= 1
+        assert sorted(d.remaining for d in decisions) == list(range(799, 999))
+        assert not any(d.degraded for d in decisions)
+    finally:
+        await limiter.aclose()
+        admin.close()
+
+
 async def test_callers_past_their_deadline_behind_a_busy_loop_are_not_an_outage(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
