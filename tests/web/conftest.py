@@ -17,7 +17,7 @@ import httpx
 import pytest
 import redis
 from harness import RedisServer
-from servers import load_example, serve_asgi, serve_wsgi
+from servers import EXAMPLES, load_example, serve_asgi, serve_wsgi
 from webcheck import FASTAPI, FLASK, Serve
 
 
@@ -28,16 +28,31 @@ def stack(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def serve(stack: str, redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[Serve]:
+def example_policy(tmp_path: Path) -> Path:
+    """The example policy with a generous app.timeout: these tests are about what the apps
+    answer, and the example's 50 ms would let a pause of this process (a full garbage
+    collection, a busy CI machine) turn an exact decision into a fail-open one."""
+    text = (EXAMPLES / "policy.yaml").read_text(encoding="utf-8")
+    assert "  timeout: 50ms" in text
+    path = tmp_path / "example-policy.yaml"
+    path.write_text(text.replace("  timeout: 50ms", "  timeout: 2s", 1), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def serve(
+    stack: str, redis_server: RedisServer, redis_client: redis.Redis, example_policy: Path
+) -> Iterator[Serve]:
     """Start the stack's example app; options go to its ``create_app``.
 
-    Defaults: the shared (flushed) Redis server and the example policy. Returns a client
-    whose base URL is the server.
+    Defaults: the shared (flushed) Redis server and the example policy (with a 2 s
+    timeout). Returns a client whose base URL is the server.
     """
     with contextlib.ExitStack() as stack_of_things:
 
         def start(**options: Any) -> httpx.Client:
             options.setdefault("redis_url", redis_server.url)
+            options.setdefault("policy", example_policy)
             options.setdefault("trusted_proxies", [])
             options.setdefault("behind_cloudflare", False)
             if stack == FASTAPI:

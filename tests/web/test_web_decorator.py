@@ -15,6 +15,7 @@ from applimit import AsyncLimiter, Limiter, RateLimited, rate_limited
 POLICY = """
 version: 1
 tiers: [free, pro]
+app: { timeout: 2s }  # generous: these tests are about semantics, not latency
 limits:
   - name: export
     app: { algorithm: sliding_log, tiers: { free: 2/1h, pro: 4/1h } }

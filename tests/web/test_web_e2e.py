@@ -31,6 +31,7 @@ from applimit._web import QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY
 SMALL_POLICY = """
 version: 1
 tiers: [free, pro, enterprise]
+app: { timeout: 2s }  # generous: these tests are about semantics, not latency
 limits:
   - name: api
     match: { path_prefix: /api/ }
@@ -302,7 +303,7 @@ def test_redis_down_with_a_fail_closed_policy(
     serve: Serve, write_policy: Callable[[str], Path], fresh_redis_server: RedisServer
 ) -> None:
     """on_redis_error: deny for the whole app refuses every limited request, never raises."""
-    text = SMALL_POLICY.replace("limits:", "app: { on_redis_error: deny }\nlimits:", 1)
+    text = SMALL_POLICY.replace("timeout: 2s", "timeout: 2s, on_redis_error: deny", 1)
     client = serve(policy=write_policy(text), redis_url=fresh_redis_server.url)
     fresh_redis_server.kill()
     problem(get(client, "/api/items", ALICE), 503)

@@ -26,6 +26,7 @@ from applimit.wsgi import RateLimitMiddleware as WSGIRateLimitMiddleware
 POLICY = """
 version: 1
 tiers: [free, pro]
+app: { timeout: 2s }  # generous: these tests are about semantics, not latency
 limits:
   - name: api
     match: { path_prefix: /api/ }
