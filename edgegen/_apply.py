@@ -18,9 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from policy import Policy
+
 from . import _state
 from ._cloudflare import Client, Write
-from ._plan import Plan, fingerprints, rejections
+from ._plan import Plan, fingerprints, locate_rejections, rejections
 from ._state import RemoteState
 from .errors import (
     ApplyError,
@@ -88,8 +90,9 @@ def verify(client: Client, plan: Plan) -> RemoteState:
     return now
 
 
-def validate_remote(client: Client, plan: Plan) -> bool:
-    """Send the ruleset with ``?dry_run=true``; SyncError naming each limit Cloudflare rejects.
+def validate_remote(client: Client, plan: Plan, source: Policy | None = None) -> bool:
+    """Send the ruleset with ``?dry_run=true``; SyncError naming each limit Cloudflare rejects
+    (at its line in ``source``, the policy the plan was made from, when given).
 
     Returns False when there is no ruleset change to validate.
     """
@@ -99,7 +102,7 @@ def validate_remote(client: Client, plan: Plan) -> bool:
     try:
         client.send(write)
     except CloudflareAPIError as exc:
-        found = _rejected(exc, plan)
+        found = _rejected(exc, plan, source)
         if not found:
             raise
         raise SyncError(
@@ -110,20 +113,24 @@ def validate_remote(client: Client, plan: Plan) -> bool:
     return True
 
 
-def _rejected(error: CloudflareAPIError, plan: Plan) -> list[Rejection]:
+def _rejected(error: CloudflareAPIError, plan: Plan, source: Policy | None) -> list[Rejection]:
     if error.status != 400 or plan.ruleset_body is None:
         return []
-    return rejections(error, plan.ruleset_body, plan.limits_by_ref)
+    found = rejections(error, plan.ruleset_body, plan.limits_by_ref)
+    return found if source is None else locate_rejections(found, source)
 
 
 def _list(items: list[str]) -> str:
     return "; ".join(items) if items else "nothing"
 
 
-def execute(client: Client, plan: Plan, echo: Callable[[str], None]) -> list[str]:
+def execute(
+    client: Client, plan: Plan, echo: Callable[[str], None], source: Policy | None = None
+) -> list[str]:
     """Send the plan's writes in order; returns what was written (``echo`` reports each).
 
-    Raises ApplyError at the first failure.
+    Raises ApplyError at the first failure; rules Cloudflare rejects are reported at their
+    line in ``source``, the policy the plan was made from, when given.
     """
     steps = writes(client, plan)
     done: list[str] = []
@@ -136,7 +143,7 @@ def execute(client: Client, plan: Plan, echo: Callable[[str], None]) -> list[str
             if isinstance(exc, CloudflareAPIError) and write.path == client.entrypoint_path(
                 plan.scope.zone_id
             ):
-                found = _rejected(exc, plan)
+                found = _rejected(exc, plan, source)
             remaining = [w.what for w in steps[index + 1 :]]
             lines = [
                 f"apply stopped: {write.what} failed: {exc}",

@@ -330,6 +330,8 @@ def run_apply(args: argparse.Namespace) -> int:
     except UnicodeDecodeError:
         text = ""
     from_file = is_plan_file(text)
+    # The policy a plan is made from here, so that rejected rules are reported at its lines.
+    source: Policy | None = None
     with make_client(args) as client:
         # Every failure up to the first write says that nothing was written.
         with _apply.nothing_written():
@@ -339,14 +341,14 @@ def run_apply(args: argparse.Namespace) -> int:
                 _apply.verify(client, plan)
                 sys.stdout.write(_plan_format.to_text(plan))
             else:
-                loaded, artifacts = load_and_build(args.target)
-                scope = scope_of(loaded, artifacts, args.target)
+                source, artifacts = load_and_build(args.target)
+                scope = scope_of(source, artifacts, args.target)
                 plan = make_plan(artifacts, _state.read(client, scope))
                 sys.stdout.write(_plan_format.to_text(plan))
             if not plan.has_changes:
                 return 0
             if args.dry_run:
-                if args.validate_remote and _apply.validate_remote(client, plan):
+                if args.validate_remote and _apply.validate_remote(client, plan, source):
                     sys.stdout.write("\nCloudflare's dry run accepted the rules.\n")
                 _print_writes(client, plan)
                 return 0
@@ -356,9 +358,9 @@ def run_apply(args: argparse.Namespace) -> int:
                     return 1
                 # Time passed while the plan was read: the zone must still be as planned.
                 _apply.verify(client, plan)
-            if args.validate_remote and _apply.validate_remote(client, plan):
+            if args.validate_remote and _apply.validate_remote(client, plan, source):
                 sys.stdout.write("Cloudflare's dry run accepted the rules.\n")
-        done = _apply.execute(client, plan, _echo)
+        done = _apply.execute(client, plan, _echo, source)
     sys.stdout.write(f"Apply complete: {len(done)} write(s) made.\n")
     return 0
 

@@ -21,8 +21,10 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
+
+from policy import Policy
 
 from . import _ids, _json
 from ._artifacts import Artifacts, Target, WorkerArtifact
@@ -599,6 +601,48 @@ def rejections(
                 message=detail.message,
             )
         )
+    return out
+
+
+# The policy field (under limits[i]) each part of a generated rule is compiled from; the
+# first prefix that matches wins, so a rejected part is reported at its line in the file.
+_RULE_FIELD_SOURCES: Final = (
+    ("ratelimit.period", ("edge", "rate")),
+    ("ratelimit.requests_per_period", ("edge", "rate")),
+    ("ratelimit.mitigation_timeout", ("edge", "timeout")),
+    ("ratelimit.characteristics", ("edge", "per")),
+    ("action", ("edge", "action")),
+    ("expression", ("match",)),
+)
+
+
+def policy_field(rule_field: str) -> tuple[str, ...]:
+    """The field of a limit that a rule's ``rule_field`` (``ratelimit.period``) comes from."""
+    for prefix, source in _RULE_FIELD_SOURCES:
+        if rule_field == prefix or rule_field.startswith(prefix + "."):
+            return source
+    return ("edge",)
+
+
+def locate_rejections(found: Iterable[Rejection], source: Policy) -> list[Rejection]:
+    """``found`` with ``where`` set to the policy line each limit's rejected field is on.
+
+    Rules edgegen does not manage, and limits the policy does not have (a plan made from
+    another version), stay as they are.
+    """
+    out = []
+    for rejection in found:
+        where = None
+        if rejection.limit is not None:
+            try:
+                index = source.limit_index(rejection.limit)
+            except KeyError:
+                index = None
+            if index is not None:
+                position = source.locate("limits", index, *policy_field(rejection.field))
+                if position is not None:
+                    where = f"{position[0]}:{position[1]}:{position[2]}"
+        out.append(replace(rejection, where=where) if where else rejection)
     return out
 
 

@@ -128,6 +128,8 @@ class Rejection:
     ``index`` is the rule's place in the ruleset sent; ``ref`` its ref; ``limit`` the policy
     limit it was generated from (None for a rule edgegen does not manage); ``field`` the
     part of the rule at fault (``ratelimit.period``); ``code`` and ``message`` Cloudflare's.
+    ``where`` is ``file:line:column`` of the policy field that part was compiled from, when
+    the policy file is at hand (not for a saved plan).
     """
 
     index: int | None
@@ -136,15 +138,17 @@ class Rejection:
     field: str
     code: int | None
     message: str
+    where: str | None = None
 
     def describe(self) -> str:
         """One sentence naming the limit (or rule) at fault and the fix."""
         said = f"code {self.code}: {self.message}" if self.code is not None else self.message
         at = f" (field {self.field})" if self.field else ""
         if self.limit is not None:
+            where = f"{self.where}: " if self.where else ""
             return (
-                f"limit {self.limit!r}: Cloudflare rejected its rule{at}: {said}; change the "
-                "limit in the policy (edgegen build --explain shows how it was compiled)"
+                f"{where}limit {self.limit!r}: Cloudflare rejected its rule{at}: {said}; change "
+                "the limit in the policy (edgegen build --explain shows how it was compiled)"
             )
         if self.index is not None:
             ref = f" (ref {self.ref})" if self.ref else ""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import policy
 from edgegen import Artifacts, Placement, Target, WorkerArtifact, _ids
 from edgegen._plan import (
     ABSENT,
@@ -14,6 +16,7 @@ from edgegen._plan import (
     Plan,
     comparable,
     field_changes,
+    locate_rejections,
     make_plan,
     plan_from_json,
     plan_to_json,
@@ -28,7 +31,7 @@ from edgegen._state import (
     Scope,
     content_sha256,
 )
-from edgegen.errors import CloudflareAPIError, ErrorDetail, SyncError
+from edgegen.errors import CloudflareAPIError, ErrorDetail, Rejection, SyncError
 
 ZONE = "0123456789abcdef0123456789abcdef"
 ACCOUNT = "fedcba9876543210fedcba9876543210"
@@ -273,6 +276,66 @@ def test_rejections_name_the_limit() -> None:
     assert "limit 'b'" in found[0].describe()
     assert "does not manage" in found[1].describe()
     assert "quota" in found[2].describe()
+
+
+LOCATED_POLICY = """\
+version: 1
+limits:
+  - name: a
+    match:
+      paths: [/a]
+    edge:
+      rate: 10/1m
+      action: managed_challenge
+  - name: b
+    edge: { rate: 5/10s }
+"""
+
+
+def test_rejections_are_located_at_the_policy_field_they_come_from(tmp_path: Path) -> None:
+    """Each rejected part of a rule points at the value of the limit's field it was
+    compiled from; a field the file leaves to its default points at the nearest one written;
+    a rule edgegen does not manage, or a limit the policy no longer has, gets no location."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(LOCATED_POLICY, encoding="utf-8")
+    loaded = policy.load(path)
+    lines = LOCATED_POLICY.splitlines()
+
+    def at(token: str) -> str:
+        """Where ``token`` (unique in the file) starts, as the loader counts: from 1."""
+        (index,) = [i for i, line in enumerate(lines) if token in line]
+        return f"{path}:{index + 1}:{lines[index].index(token) + 1}"
+
+    def rejected(limit: str | None, field: str) -> Rejection:
+        return Rejection(index=0, ref=None, limit=limit, field=field, code=1, message="no")
+
+    found = locate_rejections(
+        [
+            rejected("a", "ratelimit.period"),
+            rejected("a", "ratelimit.requests_per_period"),
+            rejected("a", "expression"),
+            rejected("a", "action"),
+            rejected("a", "ratelimit.mitigation_timeout"),
+            rejected("b", "ratelimit.characteristics"),
+            rejected("b", "expression"),
+            rejected(None, "action"),
+            rejected("gone", "action"),
+        ],
+        loaded,
+    )
+    assert [r.where for r in found] == [
+        at("10/1m"),
+        at("10/1m"),
+        at("paths: [/a]"),
+        at("managed_challenge"),
+        at("rate: 10/1m"),  # no timeout written: the edge mapping, whose first key this is
+        at("{ rate: 5/10s }"),  # no per written: b's edge mapping
+        at("name: b"),  # no match written: limit b itself
+        None,
+        None,
+    ]
+    assert found[0].describe().startswith(f"{at('10/1m')}: limit 'a': Cloudflare rejected")
+    assert found[7] == rejected(None, "action") and found[8] == rejected("gone", "action")
 
 
 def test_worker_is_uploaded_only_when_content_or_bindings_change() -> None:

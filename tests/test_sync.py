@@ -262,13 +262,26 @@ def test_dry_run_with_validate_remote(zone: FakeCloudflare, run: Any) -> None:
     assert "Cloudflare's dry run accepted the rules." in out
 
 
+def login_rate_position() -> str:
+    """``file:line:column`` of the login limit's edge rate value in the example policy,
+    found by reading the file as text (independently of the loader's positions)."""
+    lines = EXAMPLE.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if "- name: login" in line)
+    index = next(i for i in range(start, len(lines)) if "edge: { rate: " in lines[i])
+    return f"{EXAMPLE}:{index + 1}:{lines[index].index('rate: ') + len('rate: ') + 1}"
+
+
 def test_validate_remote_maps_a_rejection_to_the_limit(zone: FakeCloudflare, run: Any) -> None:
-    """A zone really on Free rejects the 60 s period: the error names limit 'login'."""
+    """A zone really on Free rejects the 60 s period: the error names limit 'login' and
+    the line of the policy its period comes from."""
     zone.plan = "free"
     code, _, err = run("apply", EXAMPLE, "--auto-approve", "--validate-remote")
     assert code == 1
     assert "Cloudflare's dry run rejected the rules; nothing was written" in err
-    assert "limit 'login': Cloudflare rejected its rule (field ratelimit.period)" in err
+    assert (
+        f"{login_rate_position()}: limit 'login': Cloudflare rejected its rule "
+        "(field ratelimit.period)"
+    ) in err
     assert [(r.method, r.query) for r in zone.writes] == [("PUT", "dry_run=true")]
 
 
@@ -278,10 +291,28 @@ def test_a_400_on_apply_is_mapped_back_and_reported(zone: FakeCloudflare, run: A
     code, _, err = run("apply", EXAMPLE, "--auto-approve")
     assert code == 1
     assert "apply stopped: update the http_ratelimit rules" in err
-    assert "limit 'login': Cloudflare rejected its rule (field ratelimit.period)" in err
+    assert (
+        f"{login_rate_position()}: limit 'login': Cloudflare rejected its rule "
+        "(field ratelimit.period)"
+    ) in err
     assert "Written: nothing." in err
     assert "Not written: upload the Worker api-edge-limits; add the route" in err
     assert zone.entrypoint is None and not zone.scripts
+
+
+def test_a_400_on_a_saved_plan_names_the_limit_without_a_line(
+    zone: FakeCloudflare, run: Any, tmp_path: Path
+) -> None:
+    """A saved plan may outlive the file it was made from, so its rejections name the limit
+    and the rule's field but point at no line."""
+    planfile = tmp_path / "plan.json"
+    assert run("plan", EXAMPLE, "--out", planfile)[0] == 0
+    zone.plan = "free"
+    code, _, err = run("apply", planfile)
+    assert code == 1
+    assert "\n  limit 'login': Cloudflare rejected its rule (field ratelimit.period)" in err
+    assert str(EXAMPLE) not in err
+    assert zone.entrypoint is None
 
 
 def test_failure_mid_apply_says_what_was_written(zone: FakeCloudflare, run: Any) -> None:
