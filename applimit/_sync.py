@@ -10,17 +10,16 @@ from types import TracebackType
 from typing import Any, Self
 
 import redis.cluster
-from redis.exceptions import NoScriptError, RedisClusterException
 
 from policy import Policy
 
-from . import _clients, _script
+from . import _clients
 from ._clients import SyncClient
-from ._core import Prepared, ScriptCall
+from ._core import Prepared
 from ._decision import Decision
 from ._errors import REDIS_FAILURES, ApplimitError
 from ._shell import UNLIMITED, LimiterBase, load_policy
-from ._wire import SyncWire
+from ._wire import ClusterWire, SyncWire
 
 
 class Limiter(LimiterBase):
@@ -88,9 +87,10 @@ class Limiter(LimiterBase):
         # a Sentinel behind a client you passed is yours.
         self._owns_sentinels = redis is None and self.url.startswith(_clients.SENTINEL_SCHEME)
         self._client: SyncClient | None = None
-        # On a standalone or Sentinel-managed server the script calls bypass redis-py's
-        # generic command path (see _wire.py); Redis Cluster keeps its client.
+        # The script calls bypass redis-py's generic command path (see _wire.py): one wire
+        # on a standalone or Sentinel-managed server, one per master on Redis Cluster.
         self._wire: SyncWire | None = None
+        self._cluster: ClusterWire | None = None
         self._lock = threading.Lock()
         self._closed = False
 
@@ -157,6 +157,7 @@ class Limiter(LimiterBase):
             if self._wire is not None:
                 self._wire.command("DEL", *keys)
             else:
+                # One hash tag: every key of an identity is in one slot.
                 client.delete(*keys)
         except REDIS_FAILURES as error:
             self._note_failure(error, self.breaker)
@@ -170,9 +171,12 @@ class Limiter(LimiterBase):
         with self._lock:
             client, self._client = self._client, None
             wire, self._wire = self._wire, None
+            cluster, self._cluster = self._cluster, None
             self._closed = True
         if wire is not None:
             wire.close()
+        if cluster is not None:
+            cluster.close()
         if client is not None:
             _clients.close_sync(client, own_sentinels=self._owns_sentinels)
 
@@ -202,6 +206,10 @@ class Limiter(LimiterBase):
                 client = self._factory()
                 if isinstance(client, redis.Redis):
                     self._wire = SyncWire(
+                        client, max_connections=self.max_connections, timeout=self.timeout
+                    )
+                else:
+                    self._cluster = ClusterWire(
                         client, max_connections=self.max_connections, timeout=self.timeout
                     )
                 self._client = client
@@ -254,31 +262,33 @@ class Limiter(LimiterBase):
                 return self._failed(prepared, error, self.breaker)
             if isinstance(client, redis.cluster.RedisCluster):
                 self.breaker.success()
-        else:
-            client = self._client
         wire = self._wire
         if wire is not None:
             # The first decision made the client, and with it the wire (the breaker was
             # asked above).
             return self._on_wire(wire, prepared, sent)
-        breakers = [self._breaker_for(_node(client, call)) for call in prepared.calls]
+        cluster = self._cluster
+        if cluster is None:
+            # Closed by another thread since this decision began.
+            raise ApplimitError("this limiter is closed; build a new one to keep deciding.")
+        breakers = [self._breaker_for(_node(cluster, call.slot)) for call in prepared.calls]
         closed = self._admit(breakers)
         if closed is not None:
             return self._skipped(prepared, closed)
         replies: list[object] = []
         for call, breaker in zip(prepared.calls, breakers, strict=True):
             try:
-                # On Redis Cluster a request may need one call per slot: each is bounded by
-                # the socket timeout, and together they keep to the decision's deadline.
+                # A request may need one call per slot: together they keep to the
+                # decision's deadline.
                 if replies and time.monotonic() > deadline:
                     raise TimeoutError("the decision's deadline passed between cluster calls")
-                replies.append(_run(client, call))
+                replies.append(cluster.run(call, deadline))
             except REDIS_FAILURES as error:
                 return self._failed(prepared, error, breaker)
         decision, refunds = self._succeeded(prepared, replies, breakers, sent)
         for call in refunds:
             try:
-                _run(client, call)
+                cluster.run(call, time.monotonic() + self.timeout)
             except REDIS_FAILURES as error:
                 self._refund_failed(error)
         return decision
@@ -292,26 +302,12 @@ class Limiter(LimiterBase):
         return self._succeeded(prepared, [reply], (self.breaker,), sent)[0]
 
 
-def _node(client: SyncClient, call: ScriptCall) -> str | None:
-    """The name of the cluster node serving the call's slot (None: not a cluster)."""
-    if call.slot is None or not isinstance(client, redis.cluster.RedisCluster):
+def _node(cluster: ClusterWire, slot: int | None) -> str | None:
+    """The name of the cluster node serving ``slot``."""
+    if slot is None:
         return None
     try:
-        return str(client.nodes_manager.get_node_from_slot(call.slot).name)
-    except (RedisClusterException, LookupError, TypeError):
+        return cluster.node_name(slot)
+    except (redis.exceptions.RedisClusterException, LookupError, TypeError):
         # The slot map is being rebuilt: count the call against the cluster as a whole.
         return None
-
-
-def _run(client: SyncClient, call: ScriptCall) -> object:
-    """EVALSHA the script; on NOSCRIPT (restarted or flushed server) EVAL it once."""
-    # redis-py's sync execute_command carries no annotations, hence the ignores.
-    try:
-        return client.execute_command(  # type: ignore[no-untyped-call]
-            "EVALSHA", _script.SHA, len(call.keys), *call.keys, *call.args
-        )
-    except NoScriptError:
-        # EVAL runs the script and caches it again, so the next call's EVALSHA finds it.
-        return client.execute_command(  # type: ignore[no-untyped-call]
-            "EVAL", _script.SOURCE, len(call.keys), *call.keys, *call.args
-        )

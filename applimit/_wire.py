@@ -18,8 +18,10 @@ itself on a small machine. The script call needs none of that, so the shells use
 
 The connections stay redis-py's: connecting, AUTH, SELECT, TLS, unix sockets, Sentinel
 master discovery and the socket timeouts are theirs. A connection that fails mid-call is
-disconnected by redis-py and reconnects on its next use, as in the pool. Redis Cluster
-keeps redis-py's cluster client, which follows MOVED and ASK redirections, with EVALSHA.
+disconnected by redis-py and reconnects on its next use, as in the pool. On Redis Cluster
+the sync limiter runs one such wire per master (:class:`ClusterWire`), on the slot map of
+redis-py's cluster client; the async limiter keeps redis-py's asyncio cluster client, which
+follows MOVED and ASK redirections, with EVALSHA.
 
 :class:`AsyncWire` also batches: the calls submitted in one turn of the event loop are
 written to one connection in one write, and their replies are read in order, one future
@@ -40,6 +42,7 @@ from typing import Any
 import hiredis
 import redis
 import redis.asyncio
+import redis.cluster
 from redis.exceptions import NoScriptError
 
 from . import _script
@@ -82,6 +85,26 @@ def pack_many(calls: Sequence[ScriptCall], how: bytes) -> bytes:
 
 
 _LOAD = _pack((b"FUNCTION", b"LOAD", _script.LIBRARY))
+_ASKING = _pack((b"ASKING",))
+
+
+def _exchange(connection: Any, packed: bytes, replies: int) -> object:
+    """Write ``packed`` and read its ``replies`` replies; return the last one."""
+    # A list: redis-py writes each item, and a bare bytes would be iterated.
+    connection.send_packed_command([packed], check_health=False)
+    if replies == 1:
+        return connection.read_response()
+    # ASKING, then the call: both replies are read, so that the connection stays in step
+    # even when the first is an error.
+    first: redis.exceptions.ResponseError | None = None
+    try:
+        connection.read_response()
+    except redis.exceptions.ResponseError as error:
+        first = error
+    reply = connection.read_response()
+    if first is not None:
+        raise first
+    return reply
 
 
 def _function_missing(reply: object) -> bool:
@@ -185,26 +208,31 @@ class SyncWire:
         self._cond = threading.Condition(threading.Lock())
         self._generation = _GENERATION
 
-    def run(self, call: ScriptCall) -> object:
+    def run(self, call: ScriptCall, *, asking: bool = False) -> object:
         """FCALL the call, loading the library when the server lacks it; where Redis
-        Functions are refused, EVALSHA, and on NOSCRIPT EVAL once."""
+        Functions are refused, EVALSHA, and on NOSCRIPT EVAL once.
+
+        ``asking`` sends ASKING first, on the same connection: a cluster node importing
+        the call's slot answers it only then (an ASK redirection).
+        """
+        head, replies = (_ASKING, 2) if asking else (b"", 1)
         dialect = self._dialect
         if dialect.functions:
             try:
-                return self.send(pack(call, _FCALL))
+                return self.send(head + pack(call, _FCALL), replies)
             except redis.exceptions.ResponseError as error:
                 if _function_missing(error):
                     if self._load():
-                        return self.send(pack(call, _FCALL))
+                        return self.send(head + pack(call, _FCALL), replies)
                 elif _refused(error):
                     dialect.refuse(error)
                 else:
                     raise
         try:
-            return self.send(pack(call, _EVALSHA))
+            return self.send(head + pack(call, _EVALSHA), replies)
         except NoScriptError:
             # EVAL runs the script and caches it again, so the next EVALSHA finds it.
-            return self.send(pack(call, _EVAL))
+            return self.send(head + pack(call, _EVAL), replies)
 
     def _load(self) -> bool:
         """FUNCTION LOAD the library; False (and EVALSHA from now on) if refused."""
@@ -223,8 +251,9 @@ class SyncWire:
         """Any other command (DEL for reset), on the same connections."""
         return self.send(_pack(args))
 
-    def send(self, packed: bytes) -> object:
-        """Send one packed command and read its reply; error replies are raised."""
+    def send(self, packed: bytes, replies: int = 1) -> object:
+        """Send packed commands and read ``replies`` replies (1, or 2 after ASKING); the
+        last is returned; error replies are raised, after every reply has been read."""
         if self._generation != _GENERATION:
             self._after_fork()
         try:
@@ -233,9 +262,7 @@ class SyncWire:
             connection, reused = self._acquire()
         try:
             try:
-                # A list: redis-py writes each item, and a bare bytes would be iterated.
-                connection.send_packed_command([packed], check_health=False)
-                return connection.read_response()
+                return _exchange(connection, packed, replies)
             except redis.exceptions.ConnectionError:
                 if not reused:
                     raise
@@ -246,8 +273,7 @@ class SyncWire:
                 # server had closed the socket, so the first send did not run; in the
                 # rare case that it ran and only the reply was lost, the request counts
                 # twice, which errs on the strict side.
-                connection.send_packed_command([packed], check_health=False)
-                return connection.read_response()
+                return _exchange(connection, packed, replies)
         finally:
             # A connection that failed was disconnected by redis-py; it reconnects on its
             # next use. One that read an error reply is clean and reusable.
@@ -318,6 +344,158 @@ class SyncWire:
             if connection is not None:
                 connection.disconnect()
                 self._pool.release(connection)
+
+
+class ClusterWire:
+    """Runs script calls on Redis Cluster: each on a :class:`SyncWire` of the master that
+    serves its slot.
+
+    redis-py's cluster client keeps the topology (the slot map, one client per node with
+    the settings copied, the startup nodes); its command path is not used, because it
+    sleeps 0.25 s on CLUSTERDOWN and re-reads the slot map inline after a failed call, and
+    a decision must keep to its deadline. Here:
+
+    - MOVED updates the slot map and the call goes to the new owner; ASK sends ASKING and
+      the call to the importing node; both count against the decision's deadline;
+    - TRYAGAIN (the call's keys split between two nodes mid-migration) is retried until
+      the deadline, with short pauses, then raised;
+    - CLUSTERDOWN, a failed connection and a timeout are raised at once, and the slot map
+      is read again in the background, so that the calls after a failover find the new
+      master while the breaker answers for the old one.
+    """
+
+    def __init__(
+        self, client: redis.cluster.RedisCluster, *, max_connections: int, timeout: float
+    ) -> None:
+        self._client = client
+        self._nodes = client.nodes_manager
+        self._max = max_connections
+        self._timeout = timeout
+        # Node name -> (the node's client the wire was made for, the wire).
+        self._wires: dict[str, tuple[redis.Redis, SyncWire]] = {}
+        self._lock = threading.Lock()
+        self._refreshing = False
+        self._closed = False
+
+    def node_name(self, slot: int) -> str:
+        """The name (host:port) of the master serving ``slot``."""
+        return str(self._master(slot).name)
+
+    def run(self, call: ScriptCall, deadline: float) -> object:
+        """The call's reply, from the master of its slot, following redirections until
+        ``deadline`` (a ``time.monotonic()`` value)."""
+        assert call.slot is not None
+        node = self._master(call.slot)
+        asking = False
+        for _ in range(_MAX_REDIRECTIONS):
+            try:
+                return self._wire(node).run(call, asking=asking)
+            except redis.exceptions.MovedError as moved:
+                self._nodes.move_slot(moved)
+                node, asking = self._master(call.slot), False
+            except redis.exceptions.AskError as ask:
+                found = self._nodes.get_node(host=ask.host, port=ask.port)
+                if found is None:
+                    self.refresh()
+                    raise
+                node, asking = found, True
+            except redis.exceptions.TryAgainError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                # The slot's keys are moving one by one; wait a little for this call's.
+                time.sleep(min(_TRYAGAIN_PAUSE, left))
+                node, asking = self._master(call.slot), False
+            except _TOPOLOGY_ERRORS:
+                self.refresh(node.name)
+                raise
+            if time.monotonic() > deadline:
+                raise TimeoutError("the decision's deadline passed following cluster redirections")
+        raise redis.exceptions.ClusterError(
+            f"more than {_MAX_REDIRECTIONS} redirections for one call; the cluster's slots "
+            "are moving faster than they can be followed"
+        )
+
+    def command(self, *args: str | bytes | int) -> object:
+        """Any other command, through redis-py's cluster client (DEL for reset)."""
+        return self._client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+    def _master(self, slot: int) -> Any:
+        try:
+            return self._nodes.get_node_from_slot(slot)
+        except redis.exceptions.SlotNotCoveredError:
+            self.refresh()
+            raise
+
+    def _wire(self, node: Any) -> SyncWire:
+        client = node.redis_connection or self._client.get_redis_connection(node)
+        entry = self._wires.get(node.name)
+        if entry is not None and entry[0] is client:
+            return entry[1]
+        with self._lock:
+            if self._closed:
+                raise redis.exceptions.ConnectionError("the limiter was closed")
+            entry = self._wires.get(node.name)
+            if entry is None or entry[0] is not client:
+                if entry is not None:
+                    entry[1].close()
+                entry = (
+                    client,
+                    SyncWire(client, max_connections=self._max, timeout=self._timeout),
+                )
+                self._wires[node.name] = entry
+        return entry[1]
+
+    def refresh(self, failed: str | None = None) -> None:
+        """Read the slot map again, in the background (one refresh at a time); ``failed``
+        names a node that just failed, asked last."""
+        with self._lock:
+            if self._refreshing or self._closed:
+                return
+            self._refreshing = True
+        threading.Thread(
+            target=self._refresh, args=(failed,), name="applimit-cluster-refresh", daemon=True
+        ).start()
+
+    def _refresh(self, failed: str | None) -> None:
+        try:
+            self._nodes.initialize(last_failed_node_name=failed)
+        except Exception as error:
+            # A cluster still failing over: the next failed call asks again, and the
+            # breaker answers meanwhile.
+            logger.debug("reading the cluster's slot map failed: %s", error)
+        finally:
+            with self._lock:
+                self._refreshing = False
+                # A copy first: another thread's MOVED may add a node meanwhile.
+                known = self._nodes.nodes_cache.copy()
+                gone = [name for name in self._wires if name not in known]
+                wires = [self._wires.pop(name)[1] for name in gone]
+            for wire in wires:
+                wire.close()
+
+    def close(self) -> None:
+        """Give every node's connections back to its pool, disconnected."""
+        with self._lock:
+            self._closed = True
+            wires, self._wires = list(self._wires.values()), {}
+        for _, wire in wires:
+            wire.close()
+
+
+# At most this many MOVED/ASK/TRYAGAIN answers are followed for one call (redis-py: 16).
+_MAX_REDIRECTIONS = 8
+# How long a call waits before it asks again after TRYAGAIN.
+_TRYAGAIN_PAUSE = 0.005
+# Answers after which the slot map may be out of date: read it again.
+_TOPOLOGY_ERRORS = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.ReadOnlyError,
+    TimeoutError,
+    OSError,
+)
 
 
 # --- async ---------------------------------------------------------------------------------

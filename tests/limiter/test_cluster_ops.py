@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from harness import RedisCluster, running, wait_until
@@ -156,10 +157,10 @@ def cluster() -> Iterator[RedisCluster]:
         yield made
 
 
-async def _limiters(cluster: RedisCluster) -> tuple[Limiter, AsyncLimiter]:
+async def _limiters(cluster: RedisCluster, text: str = POLICY) -> tuple[Limiter, AsyncLimiter]:
     """Both limiters, connected: the first call discovers the cluster, which on a busy
-    machine may take longer than the 50 ms timeout, so poll until both answer."""
-    loaded = policy.loads(POLICY)
+    machine may take longer than the timeout, so poll until both answer."""
+    loaded = policy.loads(text)
     sync = Limiter(loaded, redis_url=cluster.url, cluster=True)
     async_ = AsyncLimiter(loaded, redis_url=cluster.url, cluster=True)
     deadline = time.monotonic() + 10.0
@@ -329,3 +330,130 @@ async def test_slot_migration_under_traffic(cluster: RedisCluster) -> None:
     finally:
         sync.close()
         await async_.aclose()
+
+
+# What a decision may take beyond its timeout on a busy two-core machine (as in
+# test_applimit_faults.py): scheduling and Python, not waiting on Redis.
+SLACK = 0.2
+
+
+async def test_clusterdown_is_answered_within_the_timeout(cluster: RedisCluster) -> None:
+    """A master answering CLUSTERDOWN (here: it gave up one of its slots, so its own view of
+    the cluster is incomplete) degrades the decisions of its slots, each within the 50 ms
+    timeout, sync and async: redis-py's cluster command path would wait 0.25 s first.
+    Identities on the other masters are decided exactly meanwhile; once the slot is back,
+    the same limiters decide normally again."""
+    sync, async_ = await _limiters(cluster, POLICY.replace("timeout: 200ms", "timeout: 50ms"))
+    try:
+        victim = await asyncio.to_thread(cluster.master_for_slot, _slot("s-0"))
+        down = [i for _, i in _identities() if victim.owns_slot(_slot(i))][:6]
+        up = [i for _, i in _identities() if not victim.owns_slot(_slot(i))][:6]
+        assert down and up
+        server = cluster.node(victim.port)
+        slot = victim.slots[0][0]
+
+        def state() -> str:
+            return cluster.cluster_info(server).get("cluster_state", "")
+
+        with victim.client() as admin:
+            admin.execute_command("CLUSTER", "DELSLOTS", slot)
+            await asyncio.to_thread(
+                wait_until, lambda: state() == "fail", timeout=10.0, what="cluster_state:fail"
+            )
+
+            durations: list[float] = []
+            for _ in range(3):  # before and after each breaker opens
+                for identity in down:
+                    for limit in LIMITS:
+                        started = time.monotonic()
+                        decision = await asyncio.to_thread(sync.hit, limit, identity)
+                        durations.append(time.monotonic() - started)
+                        assert decision.degraded and decision.allowed == (limit == "open")
+                        started = time.monotonic()
+                        decision = await async_.hit(limit, identity)
+                        durations.append(time.monotonic() - started)
+                        assert decision.degraded and decision.allowed == (limit == "open")
+            assert max(durations) < 0.05 + SLACK, sorted(durations)[-5:]
+            for identity in up:
+                assert not (await asyncio.to_thread(sync.hit, "open", identity)).degraded
+                assert not (await async_.hit("open", identity)).degraded
+
+            admin.execute_command("CLUSTER", "ADDSLOTS", slot)
+            await asyncio.to_thread(
+                wait_until, lambda: state() == "ok", timeout=10.0, what="cluster_state:ok"
+            )
+
+        async def recovered() -> bool:
+            for identity in down:
+                if (await asyncio.to_thread(sync.peek, "open", identity)).degraded:
+                    return False
+                if (await async_.peek("open", identity)).degraded:
+                    return False
+            return True
+
+        deadline = time.monotonic() + GRACE
+        while not await recovered():
+            assert time.monotonic() < deadline, "the limiters did not recover"
+            await asyncio.sleep(0.05)  # the breakers' next probe
+        await _assert_healthy(sync, async_)
+    finally:
+        sync.close()
+        await async_.aclose()
+
+
+async def test_a_key_moved_mid_migration_is_followed_by_ask_then_moved(
+    cluster: RedisCluster,
+) -> None:
+    """One identity's key is migrated to another master, step by step, with no traffic in
+    between: while the slot is MIGRATING the source answers ASK (the call goes to the
+    importing node after ASKING, which may first need the script loaded); once the slot
+    is assigned, the limiters' old slot map earns a MOVED. Every decision is exact (never
+    degraded) and counts on the node that holds the key."""
+    sync, async_ = await _limiters(cluster)
+    try:
+        identity = "s-0"
+        slot = _slot(identity)
+        source = await asyncio.to_thread(cluster.master_for_slot, slot)
+        target = next(m for m in await asyncio.to_thread(cluster.masters) if m != source)
+        key = _log_key(identity)
+        first = await asyncio.to_thread(sync.hit, "open", identity)
+        assert first.allowed and not first.degraded and first.remaining == QUOTA - 1
+
+        with source.client() as src, target.client() as dst:
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source.node_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target.node_id)
+            keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+            assert key.encode() in keys
+            src.execute_command("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *keys)
+            asks = _errorstat(src, "ASK")
+
+            # ASK: the key is on the target now; the source still owns the slot.
+            second = await asyncio.to_thread(sync.hit, "open", identity)
+            third = await async_.hit("open", identity)
+            assert _errorstat(src, "ASK") >= asks + 2
+            assert [d.degraded for d in (second, third)] == [False, False]
+            assert (second.remaining, third.remaining) == (QUOTA - 2, QUOTA - 3)
+
+            for master in await asyncio.to_thread(cluster.masters):
+                with master.client() as node:
+                    node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target.node_id)
+            moved = _errorstat(src, "MOVED")
+
+            # MOVED: the limiters still send the slot's calls to the source.
+            fourth = await asyncio.to_thread(sync.hit, "open", identity)
+            fifth = await async_.hit("open", identity)
+            assert _errorstat(src, "MOVED") >= moved + 2
+            assert [d.degraded for d in (fourth, fifth)] == [False, False]
+            assert (fourth.remaining, fifth.remaining) == (QUOTA - 4, QUOTA - 5)
+            assert int(dst.zcard(key)) == 5
+            assert src.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
+    finally:
+        sync.close()
+        await async_.aclose()
+
+
+def _errorstat(client: Any, code: str) -> int:
+    """How many ``code`` error replies (ASK, MOVED...) a node has sent."""
+    stats = client.info("errorstats")
+    entry = stats.get(f"errorstat_{code}", {})
+    return int(entry.get("count", 0)) if isinstance(entry, dict) else 0
