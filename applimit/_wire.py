@@ -416,10 +416,6 @@ class ClusterWire:
             "are moving faster than they can be followed"
         )
 
-    def command(self, *args: str | bytes | int) -> object:
-        """Any other command, through redis-py's cluster client (DEL for reset)."""
-        return self._client.execute_command(*args)  # type: ignore[no-untyped-call]
-
     def _master(self, slot: int) -> Any:
         try:
             return self._nodes.get_node_from_slot(slot)
@@ -493,8 +489,7 @@ _TOPOLOGY_ERRORS = (
     redis.exceptions.TimeoutError,
     redis.exceptions.ClusterDownError,
     redis.exceptions.ReadOnlyError,
-    TimeoutError,
-    OSError,
+    OSError,  # with the builtin TimeoutError
 )
 
 
