@@ -26,7 +26,7 @@ from typing import Literal
 
 from redis.crc import key_slot
 
-from policy import Algorithm, AppKey, Matcher, OnRedisError, Policy, normalize_path
+from policy import Algorithm, AppKey, Matcher, OnRedisError, Policy, request_paths
 from policy import Mode as LimitMode
 
 from . import _keys
@@ -528,12 +528,13 @@ class Core:
         """The plan for ``check_request``: every limit whose matcher applies."""
         resolved = self.tier(tier)
         cost = self.cost(cost)
-        normalized = normalize_path(path)
+        # The router's path and its canonical form: a limit counts the request in any form.
+        forms = request_paths(path)
         checks: list[Check] = []
         # The tag of each kind of identity (user, ip), made once however many limits use it.
         tags: dict[bool, str] = {}
         for rule in self.policy.rules:
-            if resolved not in rule.tiers or not rule.matcher.matches(method, normalized, host):
+            if resolved not in rule.tiers or not rule.matcher.matches_any(method, forms, host):
                 continue
             by_ip = rule.per_ip or identity is None
             tag = tags.get(by_ip)

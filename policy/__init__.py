@@ -6,7 +6,8 @@ Public surface::
     policy.lint(policy)                      -> list[Diagnostic]
     policy.json_schema()                     -> dict
     Rate, Duration, Algorithm, Action, Plan, ...   the shared vocabulary
-    Matcher, normalize_path                  request matching, the same at edge and app
+    Matcher, request_paths, canonical_path   request matching, the same at edge and app
+    ip_bucket                                the key a client address is counted under
 """
 
 from __future__ import annotations
@@ -16,11 +17,20 @@ from typing import Any
 from ._errors import Diagnostic, PolicyError, PolicyLoadError, Severity
 from ._lint import allowance, lint, sliding_log_bytes
 from ._loader import Position, SourceMap, format_path, load, loads
-from ._match import Matcher, normalize_host, normalize_path
+from ._match import (
+    Matcher,
+    canonical_path,
+    decode_path,
+    encode_policy_path,
+    normalize_host,
+    normalize_path,
+    request_paths,
+)
 from ._model import (
     App,
     AppLimit,
     AuthenticatedWhen,
+    Clients,
     Cloudflare,
     EdgeLimit,
     Limit,
@@ -28,6 +38,7 @@ from ._model import (
     Policy,
     Worker,
 )
+from ._net import DEFAULT_IPV6_PREFIX, ip_bucket
 from ._vocab import (
     Action,
     Algorithm,
@@ -51,12 +62,14 @@ def json_schema() -> dict[str, Any]:
 
 
 __all__ = [
+    "DEFAULT_IPV6_PREFIX",
     "Action",
     "Algorithm",
     "App",
     "AppKey",
     "AppLimit",
     "AuthenticatedWhen",
+    "Clients",
     "Cloudflare",
     "Diagnostic",
     "Duration",
@@ -78,12 +91,17 @@ __all__ = [
     "SourceMap",
     "Worker",
     "allowance",
+    "canonical_path",
+    "decode_path",
+    "encode_policy_path",
     "format_path",
+    "ip_bucket",
     "json_schema",
     "lint",
     "load",
     "loads",
     "normalize_host",
     "normalize_path",
+    "request_paths",
     "sliding_log_bytes",
 ]

@@ -1,11 +1,31 @@
-"""Request matching: one meaning for `match:` at the edge and in the app.
+"""Request matching: one meaning for `match:` at the edge, in the Worker and in the app.
 
 A matcher selects requests by path (exact paths or path prefixes), method and host. Empty
 criteria match everything. Paths and prefixes combine with OR; path, method and host combine
-with AND. Paths are compared after the same normalisation the Cloudflare edge and the Workers
-runtime apply (query and fragment dropped, dot segments resolved, non-ASCII percent-encoded),
-case-sensitively. Hosts are compared case-insensitively without the port; ``*.example.com``
-matches every subdomain of example.com but not example.com itself.
+with AND. A limit that lists GET also matches HEAD: every framework answers HEAD with the GET
+handler, so the handler runs all the same. Hosts are compared case-insensitively without
+the port and trailing dots; ``*.example.com`` matches every subdomain of example.com but not
+example.com itself.
+
+**The path a limit sees is the path the app serves.** A router matches the *decoded* path
+(ASGI ``path``, WSGI ``PATH_INFO``), so ``/l%6Fgin`` and ``/api%2Fitems`` reach the handlers
+of ``/login`` and ``/api/items``; proxies in front of the app (nginx, Cloudflare) may also
+merge ``//`` and resolve ``.``/``..``. :func:`request_paths` therefore gives the forms a
+request path is checked in, and a limit counts the request when any form matches:
+
+1. the path as the router sees it (percent-decoded once, as UTF-8; the query dropped);
+2. its canonical form: ``\\`` read as ``/``, runs of ``/`` merged into one, ``.`` and ``..``
+   segments resolved (RFC 3986 section 5.2.4).
+
+Counting a request under both forms can only over-count an odd spelling that the app
+serves as a 404 anyway; it never lets a served spelling through uncounted. Comparison is
+case-sensitive (routers are). ``%2F`` is decoded to ``/`` like every other escape, because
+ASGI and WSGI hand the router the decoded path, where the two are the same. An exact path
+also matches with one trailing slash more or less (``/login`` and ``/login/``), since
+routers with slash redirects or ``strict_slashes=False`` serve both. docs/edge.md states
+what Cloudflare's rules and the Worker see; the Worker runs a port of this module's
+functions (workers/templates/limiter.js), and tests/test_differential.py holds every layer to
+the same answers.
 
 This module is pure and has no dependency on pydantic, so the app's hot path can use it.
 """
@@ -14,6 +34,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 # Characters WHATWG's URL parser leaves unescaped in a path; everything else is
 # percent-encoded, so a path compares the same here as in the Worker's `new URL()`. The
@@ -126,6 +147,87 @@ def encode_policy_path(path: str) -> str:
     return _percent_encode(_utf8(path))
 
 
+# A path with none of these needs no work: nothing to decode, merge, resolve or turn.
+_PLAIN_ROUTE = re.compile(r"(?:/[^%\\/?#]+)*/?")
+_SLASHES = re.compile(r"/{2,}")
+
+
+def canonical_path(path: str) -> str:
+    """A decoded path in canonical form: ``\\`` as ``/``, ``//`` merged, dot segments resolved.
+
+    The input is already percent-decoded (as a router sees it); the output starts with
+    ``/`` and keeps a trailing slash (``/a/b/..`` gives ``/a/``, as RFC 3986 does).
+    """
+    text = _SLASHES.sub("/", path.replace("\\", "/"))
+    if not text.startswith("/"):
+        text = "/" + text
+    if "/." not in text:
+        return text
+    out: list[str] = []
+    segments = text.split("/")[1:]
+    last = len(segments) - 1
+    for index, segment in enumerate(segments):
+        if segment == ".":
+            if index == last:
+                out.append("")
+            continue
+        if segment == "..":
+            if out:
+                out.pop()
+            if index == last:
+                out.append("")
+            continue
+        out.append(segment)
+    return "/" + "/".join(out)
+
+
+def decode_path(target: str) -> str:
+    """The path of a request target as a router sees it: query dropped, escapes decoded.
+
+    Decodes every ``%XX`` once, as UTF-8 with invalid bytes replaced by U+FFFD (what
+    uvicorn and werkzeug do); ``%2F`` becomes ``/`` like any other escape.
+    """
+    cut = len(target)
+    for sep in ("?", "#"):
+        found = target.find(sep)
+        if 0 <= found < cut:
+            cut = found
+    path = target[:cut]
+    return unquote(path) if "%" in path else path
+
+
+def request_paths(path: str) -> tuple[str, ...]:
+    """Every form of a request path that limits are checked against (one or more).
+
+    ``path`` is what the app has: the decoded path its router matches (ASGI ``path``) or the
+    raw target (``raw_path``, with or without its query). Decoding an already decoded path
+    again can only add a form, never lose the router's own: the router's input is always
+    one of the forms, then its decoded form, then the canonical form of that.
+    """
+    path = path[: MAX_PATH_LENGTH * 3]
+    if path.startswith("/") and "/." not in path and _PLAIN_ROUTE.fullmatch(path):
+        return (path,)
+    decoded = decode_path(path)
+    forms = [path]
+    for form in (decoded, canonical_path(decoded)):
+        if form not in forms:
+            forms.append(form)
+    return tuple(forms)
+
+
+def _exact_key(path: str) -> str:
+    """An exact path without its one trailing slash (``/`` stays ``/``)."""
+    return path[:-1] if len(path) > 1 and path.endswith("/") else path
+
+
+def policy_path(path: str) -> str:
+    """A path or prefix from the policy in the form request paths are compared in (decoded).
+
+    Policy paths are written as the router declares them (``/café``, not ``/caf%C3%A9``).
+    """
+    return path
+
+
 def normalize_host(raw: str | None) -> str:
     """Lower-case a Host header value and strip its port (IPv6 brackets kept)."""
     if not raw:
@@ -164,11 +266,18 @@ class Matcher:
         methods: tuple[str, ...] | list[str] = (),
         hosts: tuple[str, ...] | list[str] = (),
     ) -> Matcher:
-        """Build a matcher: methods upper case, hosts lower case, paths percent-encoded."""
+        """Build a matcher: methods upper case (HEAD added to GET), hosts lower case.
+
+        Exact paths are kept without a trailing slash (``/`` aside) and compared that way,
+        so ``/login`` and ``/login/`` are one path.
+        """
+        upper = {m.upper() for m in methods}
+        if "GET" in upper:
+            upper.add("HEAD")
         return cls(
-            paths=frozenset(encode_policy_path(p) for p in paths),
-            path_prefixes=tuple(dict.fromkeys(encode_policy_path(p) for p in path_prefixes)),
-            methods=frozenset(m.upper() for m in methods),
+            paths=frozenset(_exact_key(policy_path(p)) for p in paths),
+            path_prefixes=tuple(dict.fromkeys(policy_path(p) for p in path_prefixes)),
+            methods=frozenset(upper),
             hosts=tuple(h.lower() for h in hosts),
         )
 
@@ -178,25 +287,31 @@ class Matcher:
         return not self.paths and not self.path_prefixes
 
     def matches(self, method: str, path: str, host: str | None = None) -> bool:
-        """Decide whether a request matches; ``path`` must already be normalised."""
+        """Decide whether a request matches; ``path`` is one form from :func:`request_paths`."""
+        return self.matches_any(method, (path,), host)
+
+    def matches_any(self, method: str, paths: tuple[str, ...], host: str | None = None) -> bool:
+        """Decide whether a request matches in any of its path forms (:func:`request_paths`)."""
         if self.methods and method.upper() not in self.methods:
             return False
         if self.hosts:
             name = normalize_host(host)
             if not any(host_matches(p, name) for p in self.hosts):
                 return False
-        return self.matches_path(path)
+        if self.matches_all_paths:
+            return True
+        return any(self.matches_path(path) for path in paths)
 
     def matches_path(self, path: str) -> bool:
-        """Decide the path part alone; ``path`` must already be normalised."""
+        """Decide the path part alone, for one form of the path."""
         if self.matches_all_paths:
             return True
         # str.startswith takes a tuple: one C call for every prefix.
-        return path in self.paths or path.startswith(self.path_prefixes)
+        return path.startswith(self.path_prefixes) or _exact_key(path) in self.paths
 
-    def matches_raw(self, method: str, raw_target: str | bytes, host: str | None = None) -> bool:
-        """Like ``matches`` but normalises a raw request target (path and query) first."""
-        return self.matches(method, normalize_path(raw_target), host)
+    def matches_raw(self, method: str, raw_target: str, host: str | None = None) -> bool:
+        """Like ``matches`` for a raw request target (path and query), in all its forms."""
+        return self.matches_any(method, request_paths(raw_target), host)
 
     def overlaps(self, other: Matcher) -> bool:
         """True when some request could match both matchers (a conservative check)."""

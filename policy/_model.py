@@ -22,7 +22,8 @@ from pydantic import (
     model_validator,
 )
 
-from ._match import Matcher
+from ._match import Matcher, canonical_path, decode_path
+from ._net import DEFAULT_IPV6_PREFIX, MAX_IPV6_PREFIX, MIN_IPV6_PREFIX
 from ._vocab import (
     HTTP_METHODS,
     Action,
@@ -45,6 +46,7 @@ _HOST_RE = re.compile(
     r"^(\*\.)?(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$"
 )
 _ID_RE = re.compile(r"^[0-9a-f]{32}$")
+_ESCAPE_RE = re.compile(r"%[0-9A-Fa-f]{2}")
 _KEY_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
 MAX_NAME_LENGTH = 64
 MAX_LIMITS = 200
@@ -101,6 +103,17 @@ def _check_path(path: str, what: str) -> str:
         raise ValueError(f"{what} {path!r} contains a control character")
     if "?" in path or "#" in path:
         raise ValueError(f"{what} {path!r} contains '?' or '#'; match on the path only")
+    if _ESCAPE_RE.search(path):
+        raise ValueError(
+            f"{what} {path!r} contains a percent-escape; request paths are compared decoded, "
+            f"so write it as the router declares it ({decode_path(path)!r})"
+        )
+    canonical = canonical_path(path)
+    if canonical != path:
+        raise ValueError(
+            f"{what} {path!r} has a '//', '\\' or a '.'/'..' segment, which no request path "
+            f"keeps once normalised; write {canonical!r}"
+        )
     return path
 
 
@@ -172,7 +185,14 @@ class EdgeLimit(_Model):
     )
     unauthenticated_only: bool = Field(
         default=True,
-        description="Count only requests without the credentials in authenticated_when.",
+        description="Hold requests without the credentials in authenticated_when to rate; "
+        "requests that carry one (checked for presence only, so a fake one counts too) are "
+        "held to the looser credentialed_rate instead of passing unlimited.",
+    )
+    credentialed_rate: Rate | None = Field(
+        default=None,
+        description="For unauthenticated_only limits: the per-IP ceiling for requests that "
+        "carry a credential, e.g. 6000/1m. Default: 10 times rate, over the same period.",
     )
     target: EdgeTarget = Field(
         default=EdgeTarget.AUTO,
@@ -332,6 +352,18 @@ class AuthenticatedWhen(_Model):
         return value
 
 
+class Clients(_Model):
+    """How client addresses are counted, the same in the app and in the Worker."""
+
+    ipv6_prefix: int = Field(
+        default=DEFAULT_IPV6_PREFIX,
+        ge=MIN_IPV6_PREFIX,
+        le=MAX_IPV6_PREFIX,
+        description="IPv6 clients are counted per network of this prefix length (a client "
+        "usually holds a whole /64); 128 counts every address on its own. IPv4: per address.",
+    )
+
+
 class App(_Model):
     """Settings of the in-app limiter shared by every app limit."""
 
@@ -381,6 +413,7 @@ class Policy(_Model):
     tiers: StrList = Field(
         default=("default",), description="Tier names, ordered least to most generous."
     )
+    clients: Clients = Field(default_factory=Clients)
     app: App = Field(default_factory=App)
     limits: tuple[Limit, ...] = Field(default=(), max_length=MAX_LIMITS)
 

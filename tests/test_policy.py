@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -294,7 +295,14 @@ def test_example_policy_is_clean() -> None:
 MATCH_CASES = [
     # (matcher kwargs, method, path, host, expected)
     ({"paths": ["/login"]}, "POST", "/login", None, True),
-    ({"paths": ["/login"]}, "POST", "/login/", None, False),
+    # One trailing slash more or less is the same exact path (slash-redirecting routers).
+    ({"paths": ["/login"]}, "POST", "/login/", None, True),
+    ({"paths": ["/login/"]}, "POST", "/login", None, True),
+    ({"paths": ["/login"]}, "POST", "/login//", None, False),
+    ({"paths": ["/login"]}, "POST", "/Login", None, False),
+    # HEAD runs the GET handler, so a limit on GET counts it.
+    ({"paths": ["/a"], "methods": ["GET"]}, "HEAD", "/a", None, True),
+    ({"paths": ["/a"], "methods": ["POST"]}, "HEAD", "/a", None, False),
     ({"paths": ["/login"], "methods": ["POST"]}, "GET", "/login", None, False),
     ({"paths": ["/login"], "methods": ["POST"]}, "post", "/login", None, True),
     ({"path_prefixes": ["/api/"]}, "GET", "/api/x", None, True),
@@ -315,6 +323,58 @@ def test_matcher_semantics(
 ) -> None:
     """Paths OR prefixes, AND methods, AND hosts (case-insensitive, port ignored)."""
     assert Matcher.create(**kwargs).matches(method, path, host) is expected
+
+
+@pytest.mark.parametrize(
+    ("target", "forms"),
+    [
+        ("/login", ("/login",)),
+        ("/l%6Fgin", ("/l%6Fgin", "/login")),
+        ("/%6cogin", ("/%6cogin", "/login")),
+        ("/%61pi/items", ("/%61pi/items", "/api/items")),
+        ("/api%2Fitems", ("/api%2Fitems", "/api/items")),
+        ("/api%2fitems", ("/api%2fitems", "/api/items")),
+        ("/api/%73earch", ("/api/%73earch", "/api/search")),
+        ("//api/items", ("//api/items", "/api/items")),
+        ("/api/../login", ("/api/../login", "/login")),
+        ("/api/%2e%2e/login", ("/api/%2e%2e/login", "/api/../login", "/login")),
+        ("/api/./items?x=1", ("/api/./items?x=1", "/api/./items", "/api/items")),
+        ("/a\\b", ("/a\\b", "/a/b")),
+        ("/caf%C3%A9", ("/caf%C3%A9", "/caf\u00e9")),
+        ("/%FF", ("/%FF", "/\ufffd")),
+    ],
+)
+def test_request_paths(target: str, forms: tuple[str, ...]) -> None:
+    """The router's path, its decoded form and its canonical form, in that order, deduped."""
+    assert policy.request_paths(target) == forms
+
+
+@pytest.mark.parametrize(
+    ("target", "limit"),
+    [
+        ("/l%6Fgin", "login"),
+        ("/%6cogin", "login"),
+        ("/%61pi/items", "api"),
+        ("/api%2Fitems", "api"),
+        ("/api/%73earch", "search"),
+        ("//api/items", "api"),
+        ("/api/search/", "search"),
+        ("/./login", "login"),
+    ],
+)
+def test_encoded_spellings_match(target: str, limit: str) -> None:
+    """Every spelling that a router serves as a limited route is matched by that limit."""
+    loaded = policy.load(EXAMPLE)
+    method = "POST" if limit == "login" else "GET"
+    assert loaded.limit(limit).match.matcher().matches_raw(method, target)
+
+
+@given(st.text(max_size=80))
+def test_canonical_path_is_idempotent(text: str) -> None:
+    """The canonical form of a canonical path is itself, and it always starts with '/'."""
+    once = policy.canonical_path(text)
+    assert once.startswith("/") and policy.canonical_path(once) == once
+    assert "//" not in once and "\\" not in once
 
 
 @pytest.mark.parametrize(
@@ -362,6 +422,7 @@ def test_json_schema_describes_every_section() -> None:
         "cloudflare",
         "authenticated_when",
         "tiers",
+        "clients",
         "app",
         "limits",
     }
@@ -453,3 +514,48 @@ def test_the_plain_path_shortcut_normalises_like_the_full_algorithm(
 
     raw = "/" + text if absolute else text
     assert policy.normalize_path(raw) == _normalize(raw)
+
+
+@pytest.mark.parametrize(
+    ("ip", "prefix", "bucket"),
+    [
+        ("203.0.113.9", 64, "203.0.113.9"),
+        ("::ffff:203.0.113.9", 64, "203.0.113.9"),
+        ("2001:DB8:0:1::5", 64, "2001:db8:0:1::/64"),
+        ("2001:db8:0:1:ffff:ffff:ffff:ffff", 64, "2001:db8:0:1::/64"),
+        ("2001:db8:0:2::5", 64, "2001:db8:0:2::/64"),
+        ("2001:db8:0:1::5", 128, "2001:db8:0:1::5"),
+        ("2001:db8:0:1::5", 48, "2001:db8::/48"),
+        ("[2001:db8::1]", 64, "2001:db8::/64"),
+        ("fe80::1%eth0", 128, "fe80::1"),
+        ("testclient", 64, "testclient"),
+    ],
+)
+def test_ip_bucket(ip: str, prefix: int, bucket: str) -> None:
+    """IPv4 per address, IPv6 per network of the policy's prefix, one spelling each."""
+    assert policy.ip_bucket(ip, prefix) == bucket
+
+
+def test_ipv6_prefix_setting() -> None:
+    """clients.ipv6_prefix defaults to 64 and refuses prefixes wider than /32."""
+    base = "version: 1\nlimits: []\n"
+    assert policy.loads(base).clients.ipv6_prefix == 64
+    assert policy.loads(base + "clients: {ipv6_prefix: 56}\n").clients.ipv6_prefix == 56
+    with pytest.raises(policy.PolicyLoadError, match=r"clients\.ipv6_prefix"):
+        policy.loads(base + "clients: {ipv6_prefix: 16}\n")
+
+
+@pytest.mark.parametrize(
+    ("path", "hint"),
+    [
+        ("/caf%C3%A9", "'/café'"),
+        ("/api//x", "'/api/x'"),
+        ("/api/./x", "'/api/x'"),
+        ("/a\\\\b", "'/a/b'"),
+    ],
+)
+def test_policy_paths_are_written_canonical(path: str, hint: str) -> None:
+    """A policy path no request could have once normalised is an error naming the fix."""
+    text = f"version: 1\nlimits:\n  - name: x\n    match: {{paths: ['{path}']}}\n"
+    with pytest.raises(policy.PolicyLoadError, match=re.escape(hint)):
+        policy.loads(text)
