@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from http.cookies import CookieError, SimpleCookie
 from typing import Any, Literal
 
-from policy import normalize_host, normalize_path
+from policy import decode_path, normalize_host
 
 from ._decision import Decision, LimitResult
 
@@ -45,6 +45,8 @@ UNIX_SOCKET = "unix"
 # The client IP used when none can be determined (no peer address at all): such requests
 # share one anonymous bucket rather than escaping the limit.
 UNKNOWN_IP = "unknown"
+# Unknown tiers logged once each; past this many, further ones are not logged.
+MAX_WARNED_TIERS = 64
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -77,10 +79,14 @@ class Caller:
 class RequestInfo:
     """What the rate limiter knows about one HTTP request, independent of the framework.
 
-    ``path`` is normalised exactly like the edge does (``policy.normalize_path``), so a
-    policy matcher means the same here as at Cloudflare. ``headers`` holds lower-case names in
-    arrival order. ``native`` is the ASGI scope or the WSGI environ, for ``identify``
-    functions that need more (a Starlette ``Request(info.native)``, a Flask session...).
+    ``path`` is the path the app's router matches: decoded (ASGI ``path``, WSGI
+    ``SCRIPT_NAME`` + ``PATH_INFO`` read as UTF-8), so ``/l%6Fgin`` is ``/login`` here as it
+    is to the router. The limiter checks it in every form of ``policy.request_paths`` (also
+    with ``//`` merged and dot segments resolved), so a spelling the app serves is never a
+    spelling the limits miss. ``raw_path`` is the target as sent, for logs. ``headers``
+    holds lower-case names in arrival order. ``native`` is the ASGI scope or the WSGI
+    environ, for ``identify`` functions that need more (a Starlette ``Request(info.native)``,
+    a Flask session...).
     """
 
     method: str
@@ -95,27 +101,24 @@ class RequestInfo:
 
     @classmethod
     def from_asgi(cls, scope: Mapping[str, Any]) -> RequestInfo:
-        """Build from an ASGI ``http`` scope; uses ``raw_path`` (the undecoded target)."""
+        """Build from an ASGI ``http`` scope; ``path`` is the scope's decoded ``path``."""
         headers = tuple(
             (bytes(name).decode("latin-1").lower(), bytes(value).decode("latin-1"))
             for name, value in scope.get("headers", ())
         )
+        path = scope.get("path")
         raw = scope.get("raw_path")
-        if raw:
-            raw_path = _origin_form(bytes(raw).decode("latin-1"))
-        else:
-            # Servers may omit raw_path; the decoded path re-encodes to the same matcher input
-            # except for escaped slashes, which matchers never contain.
-            raw_path = (
-                str(scope.get("path", "/")).encode("utf-8", "surrogateescape").decode("latin-1")
-            )
+        raw_path = bytes(raw).decode("latin-1") if raw else ""
+        if not isinstance(path, str) or not path:
+            # A server that leaves out the decoded path: decode the raw target as routers do.
+            path = decode_path(_origin_form(raw_path)) if raw_path else "/"
         client = scope.get("client")
         peer = str(client[0]) if client else None
         host = _first(headers, "host") or _server_host(scope.get("server"))
         return cls(
             method=str(scope.get("method", "GET")).upper(),
-            path=normalize_path(raw_path.encode("latin-1")),
-            raw_path=raw_path,
+            path=path,
+            raw_path=raw_path or path,
             host=normalize_host(host),
             headers=headers,
             peer=peer,
@@ -126,25 +129,24 @@ class RequestInfo:
 
     @classmethod
     def from_wsgi(cls, environ: Mapping[str, Any]) -> RequestInfo:
-        """Build from a WSGI environ; prefers the server's undecoded request URI."""
+        """Build from a WSGI environ; ``path`` is ``SCRIPT_NAME + PATH_INFO`` as UTF-8."""
         headers: list[tuple[str, str]] = []
         for key, value in environ.items():
             if key.startswith("HTTP_"):
                 headers.append((key[5:].replace("_", "-").lower(), str(value)))
             elif key in ("CONTENT_TYPE", "CONTENT_LENGTH") and value:
                 headers.append((key.replace("_", "-").lower(), str(value)))
-        # gunicorn sets RAW_URI, uWSGI and waitress REQUEST_URI: the target as sent, before
-        # percent-decoding. Without them, SCRIPT_NAME + PATH_INFO (WSGI's latin-1 "bytes as
-        # str") is re-encoded by normalize_path.
+        # PEP 3333: PATH_INFO holds the decoded bytes as latin-1 characters; routers such as
+        # werkzeug's read those bytes as UTF-8, and so does the limiter.
+        wsgi_path = str(environ.get("SCRIPT_NAME", "")) + str(environ.get("PATH_INFO", ""))
+        path = wsgi_path.encode("latin-1", "replace").decode("utf-8", "replace") or "/"
+        # gunicorn sets RAW_URI, uWSGI and waitress REQUEST_URI: the target as sent.
         raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
-        if raw:
-            raw_path = _origin_form(str(raw).split("?", 1)[0])
-        else:
-            raw_path = str(environ.get("SCRIPT_NAME", "")) + str(environ.get("PATH_INFO", ""))
+        raw_path = _origin_form(str(raw).split("?", 1)[0]) if raw else path
         host = _first(tuple(headers), "host") or str(environ.get("SERVER_NAME", ""))
         return cls(
             method=str(environ.get("REQUEST_METHOD", "GET")).upper(),
-            path=normalize_path(raw_path.encode("latin-1", "replace")),
+            path=path,
             raw_path=raw_path,
             host=normalize_host(host),
             headers=tuple(headers),
@@ -478,6 +480,8 @@ class Gate:
         self.proxies = proxies or TrustedProxies()
         self.legacy_headers = legacy_headers
         self.problem_type = problem_type
+        # Tier names come from identify(), which may pass on what a client sent: remember a
+        # bounded number of them, so a stream of invented tiers cannot grow memory.
         self._warned_tiers: set[str] = set()
 
     @property
@@ -496,12 +500,12 @@ class Gate:
             return Subject(identity=None, tier=self.lowest_tier, ip=ip)
         tier = caller.tier or self.lowest_tier
         if tier not in self.tiers:
-            if tier not in self._warned_tiers:
+            if tier not in self._warned_tiers and len(self._warned_tiers) < MAX_WARNED_TIERS:
                 self._warned_tiers.add(tier)
                 logger.warning(
                     "identify() returned tier %r, which the policy does not list (%s); "
                     "counting the caller in the lowest tier %r",
-                    tier,
+                    tier[:64],
                     ", ".join(self.tiers),
                     self.lowest_tier,
                 )

@@ -8,6 +8,7 @@ cross-checked (see webcheck.py) before the test looks at its values.
 from __future__ import annotations
 
 import math
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -328,3 +329,61 @@ def test_per_route_dependency_counts_its_named_limit(
     body = problem(refused, 429)
     assert body["limit"] == "search"
     assert rate_limit_headers(refused).retry_after is not None
+
+
+# --- spellings of a path -----------------------------------------------------------------
+
+
+def raw_request(base_url: str, method: str, target: str) -> tuple[int, dict[str, str]]:
+    """Send ``method target`` with the target's exact bytes (httpx would re-encode it)."""
+    url = httpx.URL(base_url)
+    assert url.host is not None and url.port is not None
+    with socket.create_connection((url.host, url.port), timeout=10) as sock:
+        sock.sendall(
+            f"{method} {target} HTTP/1.1\r\nHost: {url.host}\r\nContent-Length: 0\r\n"
+            "Connection: close\r\n\r\n".encode("latin-1")
+        )
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    status = int(head[0].split()[1])
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in head[1:])}
+    return status, headers
+
+
+@pytest.mark.parametrize("target", ["/l%6Fgin", "/%6cogin", "/./login", "/login/"])
+def test_encoded_login_spellings_share_the_login_limit(
+    serve: Serve, write_policy: Callable[[str], Path], target: str
+) -> None:
+    """``/l%6Fgin`` reaches the login handler, so it is counted by the login limit: the
+    third attempt in any spelling mix is refused (login allows 2 per minute). Spellings a
+    router answers with 404 or a redirect (``/./login`` in Starlette) count all the same:
+    a proxy in front may have served them as /login."""
+    client = serve(policy=write_policy(SMALL_POLICY))
+    base = str(client.base_url)
+    statuses = [raw_request(base, "POST", t)[0] for t in ("/login", target, target, "/login")]
+    assert statuses[0] == 200, statuses
+    assert statuses[2:] == [429, 429], statuses
+
+
+@pytest.mark.parametrize("target", ["/%61pi/items", "/api%2Fitems", "//api/items"])
+def test_encoded_api_spellings_are_counted(serve: Serve, target: str) -> None:
+    """Spellings that the API routes serve (or that a proxy in front would merge into
+    them) carry the api limit's headers and use up its quota."""
+    client = serve()
+    status, headers = raw_request(str(client.base_url), "GET", target)
+    assert "ratelimit-policy" in headers, (status, headers)
+    assert '"api"' in headers["ratelimit-policy"]
+
+
+def test_head_counts_against_a_get_limit(serve: Serve, write_policy: Callable[[str], Path]) -> None:
+    """HEAD runs the GET handler (Flask, Starlette routes), so a GET-only limit counts it;
+    FastAPI answers 405 but the attempt counts all the same."""
+    text = SMALL_POLICY.replace(
+        "match: { paths: [/api/search] }", "match: { paths: [/api/search], methods: [GET] }"
+    )
+    client = serve(policy=write_policy(text))
+    headers = {"x-api-key": "key-alice"}
+    statuses = [client.head("/api/search", headers=headers).status_code for _ in range(4)]
+    assert 429 not in statuses[:3] and statuses[3] == 429, statuses  # api: 3/1m, free tier

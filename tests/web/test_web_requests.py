@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from urllib.parse import unquote_to_bytes
+
 import pytest
 
+import policy
 from applimit._web import UNKNOWN_IP, Gate, RequestInfo, TrustedProxies, parse_ip
 from applimit.asgi import Caller
 
@@ -19,7 +22,8 @@ def asgi_scope(
     return {
         "type": "http",
         "method": method,
-        "path": path.decode("latin-1"),
+        # What uvicorn puts in "path": the target's path, percent-decoded, read as UTF-8.
+        "path": unquote_to_bytes(path.split(b"?")[0]).decode("utf-8", "replace"),
         "raw_path": path,
         "query_string": b"q=1",
         "headers": headers if headers is not None else [(b"host", b"API.Example.com:8443")],
@@ -43,22 +47,44 @@ def request(peer: str | None, *headers: tuple[str, str]) -> RequestInfo:
 # --- RequestInfo -------------------------------------------------------------------------
 
 
-def test_asgi_request_is_normalised_like_the_edge() -> None:
-    """The raw path is normalised (dot segments, percent-encoding) and the host loses its
-    port and case, so a policy matcher sees what Cloudflare sees."""
-    info = RequestInfo.from_asgi(asgi_scope(b"/api/../api/./caf\xc3\xa9"))
-    assert info.path == "/api/caf%C3%A9"
+def test_asgi_request_path_is_the_routers_path() -> None:
+    """``path`` is the decoded path the router matches; the host loses its port and case."""
+    info = RequestInfo.from_asgi(asgi_scope(b"/api/../api/./caf%C3%A9"))
+    assert info.path == "/api/../api/./caf\u00e9"
+    assert info.raw_path == "/api/../api/./caf%C3%A9"
     assert info.host == "api.example.com"
     assert info.peer == "203.0.113.9"
     assert info.query_string == "q=1"
     assert info.kind == "asgi"
 
 
-def test_asgi_request_prefers_raw_path_over_the_decoded_path() -> None:
-    """An encoded dot segment in raw_path is resolved the way the edge resolves it."""
-    scope = asgi_scope(b"/api/%2e%2e/login")
-    scope["path"] = "/api/../login"
-    assert RequestInfo.from_asgi(scope).path == "/login"
+@pytest.mark.parametrize(
+    ("raw", "limit"),
+    [
+        (b"/l%6Fgin", "/login"),
+        (b"/%6cogin", "/login"),
+        (b"/%61pi/items", "/api/"),
+        (b"/api%2Fitems", "/api/"),
+        (b"/api/%73earch", "/api/search"),
+        (b"//api/items", "/api/"),
+        (b"/api/%2e%2e/login", "/login"),
+    ],
+)
+def test_asgi_encoded_spellings_reach_the_limit(raw: bytes, limit: str) -> None:
+    """Spellings a router serves as a limited route are matched by that route's limit."""
+    info = RequestInfo.from_asgi(asgi_scope(raw))
+    forms = policy.request_paths(info.path)
+    if limit.endswith("/"):
+        assert any(form.startswith(limit) for form in forms), forms
+    else:
+        assert limit in forms, forms
+
+
+def test_asgi_request_without_a_decoded_path_decodes_raw_path() -> None:
+    """A server that leaves out ``path`` gets the raw target decoded as a router would."""
+    scope = asgi_scope(b"/api/%2e%2e/l%6Fgin")
+    del scope["path"]
+    assert RequestInfo.from_asgi(scope).path == "/api/../login"
 
 
 def test_asgi_request_without_raw_path_or_host_header() -> None:
@@ -71,9 +97,9 @@ def test_asgi_request_without_raw_path_or_host_header() -> None:
     assert info.host == "127.0.0.1"
 
 
-def test_wsgi_request_reads_headers_and_the_raw_uri() -> None:
-    """HTTP_* keys become lower-case header names; REQUEST_URI (the undecoded target) wins
-    over PATH_INFO."""
+def test_wsgi_request_reads_headers_and_path_info() -> None:
+    """HTTP_* keys become lower-case header names; PATH_INFO (what the router matches) is
+    the path, REQUEST_URI the raw target."""
     environ = {
         "REQUEST_METHOD": "post",
         "PATH_INFO": "/api/a b",
@@ -86,7 +112,8 @@ def test_wsgi_request_reads_headers_and_the_raw_uri() -> None:
     }
     info = RequestInfo.from_wsgi(environ)
     assert info.method == "POST"
-    assert info.path == "/api/a%20b"
+    assert info.path == "/api/a b"
+    assert info.raw_path == "/api/a%20b"
     assert info.host == "hooks.example.com"
     assert info.header("X-Api-Key") == "k"
     assert info.header("content-type") == "application/json"
@@ -94,18 +121,29 @@ def test_wsgi_request_reads_headers_and_the_raw_uri() -> None:
     assert info.kind == "wsgi"
 
 
-def test_wsgi_request_without_a_raw_uri_re_encodes_path_info() -> None:
-    """PATH_INFO is WSGI's latin-1 view of the bytes; it is percent-encoded again."""
+def test_wsgi_path_info_is_read_as_utf8() -> None:
+    """PATH_INFO is WSGI's latin-1 view of the bytes; the router reads them as UTF-8."""
     environ = {"SCRIPT_NAME": "/app", "PATH_INFO": "/caf\xc3\xa9", "REMOTE_ADDR": "::1"}
-    assert RequestInfo.from_wsgi(environ).path == "/app/caf%C3%A9"
+    assert RequestInfo.from_wsgi(environ).path == "/app/caf\u00e9"
 
 
-def test_absolute_form_targets_are_matched_by_their_path() -> None:
-    """``GET http://host/api/x`` is the path /api/x, whichever server passed it on."""
-    environ = {"REQUEST_URI": "HTTP://api.example.com/api/x?y=1", "REMOTE_ADDR": "::1"}
-    assert RequestInfo.from_wsgi(environ).path == "/api/x"
-    assert RequestInfo.from_wsgi({"REQUEST_URI": "https://api.example.com"}).path == "/"
-    assert RequestInfo.from_asgi(asgi_scope(b"http://h/api/../login")).path == "/login"
+def test_wsgi_decoded_slash_in_path_info_is_the_routers_path() -> None:
+    """waitress decodes ``/api%2Fitems`` to ``/api/items`` in PATH_INFO: that is the path."""
+    environ = {"PATH_INFO": "/api/items", "REQUEST_URI": "/api%2Fitems", "REMOTE_ADDR": "::1"}
+    assert RequestInfo.from_wsgi(environ).path == "/api/items"
+
+
+def test_absolute_form_targets_keep_their_raw_path() -> None:
+    """``GET http://host/api/x``: the router's path is PATH_INFO; raw_path drops the origin."""
+    environ = {
+        "REQUEST_URI": "HTTP://api.example.com/api/x?y=1",
+        "PATH_INFO": "/api/x",
+        "REMOTE_ADDR": "::1",
+    }
+    assert RequestInfo.from_wsgi(environ).raw_path == "/api/x"
+    scope = asgi_scope(b"http://h/api/../login")
+    del scope["path"]
+    assert RequestInfo.from_asgi(scope).path == "/api/../login"
 
 
 def test_bearer_tokens_cookies_and_repeated_headers() -> None:
@@ -235,3 +273,18 @@ def test_subjects_anonymous_known_and_unknown_tiers(caplog: pytest.LogCaptureFix
         assert gate.subject(info, Caller("u1", "platinum")).tier == "free"
         assert gate.subject(info, Caller("u2", "platinum")).tier == "free"
     assert sum("platinum" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_unknown_tiers_are_remembered_up_to_a_bound(caplog: pytest.LogCaptureFixture) -> None:
+    """Tiers invented by a client through identify() are logged once each, but the gate
+    remembers at most MAX_WARNED_TIERS of them: memory stays bounded."""
+    from applimit._web import MAX_WARNED_TIERS
+
+    gate = Gate(tiers=["free", "pro"])
+    info = request("203.0.113.9")
+    with caplog.at_level("WARNING", logger="applimit"):
+        for n in range(MAX_WARNED_TIERS * 4):
+            assert gate.subject(info, Caller("u", tier=f"t{n}")).tier == "free"
+        gate.subject(info, Caller("u", tier="t0"))
+    assert len(gate._warned_tiers) == MAX_WARNED_TIERS
+    assert len(caplog.records) == MAX_WARNED_TIERS
