@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import html
+import re
 import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -84,7 +85,40 @@ class PolicyDiff:
 # --- loading -------------------------------------------------------------------------
 
 
+# git learned --end-of-options for rev-parse in 2.30: older versions would read it as a
+# revision and fail, so the version is checked before it is relied on.
+MIN_GIT = (2, 30)
+# No revision holds control characters (refnames cannot; ``HEAD@{2 days ago}`` has spaces).
+_UNSAFE_REF = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _git(*args: str) -> subprocess.CompletedProcess[bytes]:
+    """Run git with fixed arguments (never a shell); UsageError when git is not installed."""
+    try:
+        return subprocess.run(["git", *args], capture_output=True, check=False, timeout=60)
+    except FileNotFoundError:
+        raise UsageError(
+            "reading git:REF:PATH needs git, which is not installed; give a file"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"git {args[0]} did not finish in 60 s; give a file instead") from None
+
+
+def _git_version() -> tuple[int, ...]:
+    said = _git("version").stdout.decode("ascii", "replace")
+    found = re.search(r"(\d+)\.(\d+)", said)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+
+
+def _first_line(result: subprocess.CompletedProcess[bytes]) -> str:
+    said = result.stderr.decode("utf-8", "replace").strip().splitlines()
+    return terminal_text(said[0]) if said else f"git exited with {result.returncode}"
+
+
 def _git_show(spec: str) -> str:
+    """The text of PATH at REF. REF is data: a ref that looks like an option is refused,
+    and it is resolved to a commit (``rev-parse --verify --end-of-options REF^{commit}``)
+    before the file is read by that commit's id, so git never reads it as an option."""
     rest = spec[len(GIT_PREFIX) :]
     ref, sep, path = rest.partition(":")
     if not sep or not ref or not path:
@@ -92,18 +126,29 @@ def _git_show(spec: str) -> str:
             f"{spec!r} is not git:REF:PATH; write it like git:main:examples/policy.yaml "
             "(PATH from the repository's root, or ./PATH from here)"
         )
-    try:
-        result = subprocess.run(
-            ["git", "show", f"{ref}:{path}"], capture_output=True, check=False, timeout=60
-        )
-    except FileNotFoundError:
-        raise UsageError(f"reading {spec} needs git, which is not installed; give a file") from None
-    if result.returncode != 0:
-        said = result.stderr.decode("utf-8", "replace").strip().splitlines()
-        reason = said[0] if said else f"git exited with {result.returncode}"
+    if ref.startswith("-") or _UNSAFE_REF.search(ref):
         raise UsageError(
-            f"cannot read {spec}: {reason}; check that the ref {ref!r} exists (git log "
-            f"{ref}) and that {path!r} is in it (git ls-tree -r {ref} --name-only)"
+            f"{ref!r} in {spec!r} is not a git revision: it must not start with '-' and may "
+            "not hold control characters; write a branch, tag or commit, like "
+            "git:main:policy.yaml"
+        )
+    if _git_version() < MIN_GIT:
+        raise UsageError(
+            f"reading {spec} needs git {MIN_GIT[0]}.{MIN_GIT[1]} or later (git version shows "
+            "the installed one); upgrade git or give a file"
+        )
+    resolved = _git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}")
+    commit = resolved.stdout.decode("ascii", "replace").strip()
+    if resolved.returncode != 0 or not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit):
+        raise UsageError(
+            f"cannot read {spec}: {ref!r} names no commit; check that the ref {ref!r} exists "
+            f"(git log {ref})"
+        )
+    result = _git("cat-file", "blob", f"{commit}:{path}")
+    if result.returncode != 0:
+        raise UsageError(
+            f"cannot read {spec}: {_first_line(result)}; check that the ref {ref!r} exists "
+            f"(git log {ref}) and that {path!r} is in it (git ls-tree -r {ref} --name-only)"
         )
     try:
         return result.stdout.decode("utf-8")

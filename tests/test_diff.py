@@ -201,3 +201,45 @@ def test_redis_url_is_never_printed(tmp_path: Path) -> None:
     for text in (to_text(result), to_markdown(result)):
         assert "hunter2" not in text
         assert "app.redis_url changed" in text
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "git:--output=pwned.txt:y",
+        "git:--output=pwned.txt:policy.yaml",
+        "git:-opwned.txt:policy.yaml",
+        "git:--textconv:policy.yaml",
+    ],
+)
+def test_a_ref_is_never_read_as_an_option(
+    repo: Path, spec: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A REF that starts with '-' is data, not a git option: it is refused with one clear
+    line (exit 2), and git writes no file."""
+    before = sorted(p.name for p in repo.iterdir())
+    assert cli.main(["diff", spec, "policy.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "is not a git revision" in err
+    assert "must not start with '-'" in err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in repo.iterdir()) == before
+    assert not (repo / "pwned.txt").exists()
+
+
+def test_refs_are_resolved_to_a_commit_first(
+    repo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ref that names no commit (a tree, a ref with a control character) is refused
+    before any file is read; ../PATH and ./PATH are read from the current directory."""
+    assert cli.main(["diff", "git:HEAD^{tree}:policy.yaml", "policy.yaml"]) == 2
+    assert "check that the ref 'HEAD^{tree}' exists" in capsys.readouterr().err
+    assert cli.main(["diff", "git:HE\nAD:policy.yaml", "policy.yaml"]) == 2
+    assert "is not a git revision" in capsys.readouterr().err
+    sub = repo / "sub"
+    sub.mkdir()
+    monkeypatch.chdir(sub)
+    for spec in ("git:HEAD~1:../policy.yaml", "git:HEAD~1:policy.yaml"):
+        assert cli.main(["diff", spec, "../policy.yaml"]) == 0
+        out = capsys.readouterr().out
+        assert "edge rate tightened from '20/1m' to '10/1m' (-50%)" in out
