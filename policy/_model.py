@@ -380,11 +380,110 @@ class App(_Model):
     @field_validator("redis_url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not value.startswith(("redis://", "rediss://", "unix://", "redis+sentinel://")):
+        """Read the URL as redis-py's ``parse_url`` does (redis, rediss, unix) and applimit
+        does (redis+sentinel), without importing redis: a URL that validates connects.
+        Every message shows the URL with its password as ``***``."""
+        from urllib.parse import parse_qs, unquote, urlsplit
+
+        head, at, tail = value.rpartition("@")
+        shown = value
+        if at:
+            # Everything before the last "@" is user information (a password may hold "/").
+            prefix, sep, userinfo = head.rpartition("://") if "://" in head else ("", "", head)
+            user, colon, _ = userinfo.partition(":")
+            shown = f"{prefix}{sep}{user + ':***' if colon else '***'}@{tail}"
+        shown = re.sub(r"(?i)([?&;](?:password|pass|pwd)=)[^&;#]*", r"\1***", shown)
+        example = "write it like redis://host:6379/0"
+
+        def port_problem(text: str) -> str | None:
+            if not (text.isascii() and text.isdigit()):
+                return f"port {text!r} is not a number"
+            if not 1 <= int(text) <= 65535:
+                return f"port {int(text)} is not between 1 and 65535"
+            return None
+
+        def bad(why: str, how: str = example) -> ValueError:
+            return ValueError(f"{shown!r}: {why}; {how}")
+
+        scheme, sep, rest = value.partition("://")
+        if not sep or scheme not in ("redis", "rediss", "unix", "redis+sentinel"):
             raise ValueError(
-                f"{value!r} is not a Redis URL; write it like redis://host:6379/0 "
+                f"{shown!r} is not a Redis URL; write it like redis://host:6379/0 "
                 "(or rediss:// for TLS)"
             )
+        if scheme == "redis+sentinel":
+            how = "write it like redis+sentinel://host:26379,host2:26379/mymaster/0"
+            if "?" in rest or "#" in rest:
+                raise bad("a Sentinel URL takes no query or fragment", how)
+            netloc, _, path = rest.partition("/")
+            for part in netloc.rpartition("@")[2].split(","):
+                host, port = part, ""
+                if part.startswith("["):
+                    host, close, port = part[1:].partition("]")
+                    if not close or (port and not port.startswith(":")):
+                        raise bad(f"the sentinel address {part!r} cannot be read", how)
+                    port = port[1:]
+                elif ":" in part:
+                    host, port = part.rsplit(":", 1)
+                if not host:
+                    raise bad("a sentinel address is empty", how)
+                problem = port_problem(port) if port else None
+                if problem:
+                    raise bad(problem, how)
+            service, _, db = path.partition("/")
+            if not service:
+                raise bad("it names no service", how)
+            if db and not (db.isascii() and db.isdigit()):
+                raise bad(f"database {db!r} is not a number", how)
+            return value
+        try:
+            parts = urlsplit(value)
+        except ValueError:
+            raise bad(
+                "it cannot be read as a URL (check the [ ] around an IPv6 address and the "
+                "characters of the host)"
+            ) from None
+        if at and "@" not in parts.netloc:
+            # The last "@" ends the user information only when nothing before it ends the
+            # host part; otherwise redis-py would read part of the password as the port.
+            raise bad(
+                "its user or password holds '/', '?' or '#'",
+                "percent-encode them (%2F, %3F, %23), and a '@' elsewhere as %40",
+            )
+        if scheme == "unix":
+            if not parts.path:
+                raise bad("it names no socket path", "write it like unix:///run/redis.sock")
+        else:
+            hostport = parts.netloc.rpartition("@")[2]
+            if hostport.startswith("["):
+                port = hostport.partition("]")[2].removeprefix(":")
+            else:
+                port = hostport.rpartition(":")[2] if ":" in hostport else ""
+            problem = port_problem(port) if port else None
+            if problem:
+                raise bad(problem)
+            database = unquote(parts.path).strip("/")
+            if database and not (database.isascii() and database.isdigit()):
+                raise bad(f"database {database!r} is not a number")
+        # The query arguments redis-py converts (and refuses when they do not convert).
+        numbers = {"socket_timeout", "socket_connect_timeout", "timeout"}
+        whole = {
+            "db",
+            "socket_read_size",
+            "max_connections",
+            "health_check_interval",
+            "ssl_min_version",
+            "protocol",
+        }
+        for name, values in parse_qs(parts.query).items():
+            try:
+                if name in whole:
+                    int(values[0])
+                elif name in numbers:
+                    float(values[0])
+            except ValueError:
+                kind = "a whole number" if name in whole else "a number"
+                raise bad(f"query argument {name}={values[0]!r} is not {kind}") from None
         return value
 
     @field_validator("key_prefix")
