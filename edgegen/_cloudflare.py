@@ -6,6 +6,15 @@ retries what is safe to retry, and unwraps Cloudflare's v4 envelope
 ``CloudflareAPIError`` carrying the HTTP status, Cloudflare's error codes, messages and JSON
 pointers, and ``Retry-After``.
 
+Each try has a wall-clock deadline (``REQUEST_DEADLINE``), answer included: httpx's
+timeouts are per socket read, so a server sending one byte a second would otherwise hold a
+request for as long as it likes. The try runs in a worker thread that reads the answer in
+chunks, checking the time and the size (at most ``MAX_RESPONSE_BYTES``); the caller stops
+waiting at the deadline whatever the worker is doing (a trickle of headers, a hung DNS
+lookup). All tries and waits of one client (one command) share ``COMMAND_DEADLINE``.
+Answers are asked for without compression (a zip bomb passes any size cap), and one that
+comes compressed anyway is refused.
+
 Retries follow Cloudflare's own SDK: 429, 408, 409 and 5xx are retried, honouring
 ``Retry-After`` up to 60 s, else exponential backoff (0.5 s doubling, cap 8 s) with full
 jitter. A request that is not idempotent (POST) is only retried when Cloudflare certainly did
@@ -17,24 +26,33 @@ Writes are first built as ``Write`` values (method, path, body) and then sent, s
 
 The token is held by ``Token``, whose ``repr`` and ``str`` never show it; it is added to
 each request by an ``httpx.Auth`` flow, so it is in no client attribute, no log line and no
-exception message.
+exception message. It is only sent over https:// (or http:// to this machine's loopback
+address). Nothing the server says is quoted verbatim: only the envelope's error messages and
+pointers, cut short, with the token removed in any case or encoding it could take
+(percent-encoded, base64, hex, JSON escapes), or the whole message withheld.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import email.parser
 import email.policy
 import email.utils
 import hashlib
+import html
+import ipaddress
 import json
 import random
+import re
+import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, quote_plus, unquote, unquote_plus, urlsplit
 
 import httpx
 
@@ -51,6 +69,17 @@ ENTRYPOINT_NOT_FOUND = 10003
 SCRIPT_NOT_FOUND = 10007
 # Reads are small; a script upload may take a while on a slow link.
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+# The most one try of a request may take, answer included (wall clock, not per read).
+REQUEST_DEADLINE = 60.0
+# The most one client (one command) may spend on the API, tries and waits included; time
+# spent elsewhere (apply waiting for its question to be answered) does not count.
+COMMAND_DEADLINE = 300.0
+# The largest answer read (Cloudflare's are kilobytes; a Worker's content a few MB).
+MAX_RESPONSE_BYTES = 16 * 2**20
+# How long after a try's deadline the caller gives up on the thread running it.
+_GRACE = 0.25
+# The most of one message from the server that an error quotes.
+MAX_QUOTED_CHARS = 300
 _IDEMPOTENT = frozenset({"GET", "PUT", "DELETE"})
 _RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 _MODULE_TYPE = "application/javascript+module"
@@ -157,37 +186,156 @@ class Token:
 
 
 def shown_url(url: str) -> str:
-    """A URL fit to print: a user name and password in it (a proxy's) become ``***``."""
+    """A URL fit to print: a user name and password in it (a proxy's) become ``***``.
+
+    Everything up to the last ``@`` after the scheme is taken as user information, so a
+    password holding ``/`` or ``?`` is masked too; a query is not shown.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    if "@" in rest:
+        rest = "***@" + rest.rpartition("@")[2]
+    rest = re.split(r"[?#]", rest, maxsplit=1)[0] + ("?***" if "?" in rest else "")
+    return f"{scheme}{sep}{rest}"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a URL's host is this machine: 127.0.0.0/8, ::1 or localhost."""
+    name = host.strip("[]").rstrip(".").lower()
+    if name == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+def check_base_url(url: str) -> str:
+    """``url`` without a trailing ``/`` if the API token may be sent to it; else UsageError.
+
+    https:// only, except http:// to a loopback address (a local proxy or test server):
+    anywhere else the token would travel in clear text. No user, password, query or
+    fragment: they would never be sent as meant, only logged.
+    """
     try:
         parts = urlsplit(url)
-    except ValueError:
-        return "(a URL that cannot be parsed)"
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
-
-
-def base_url_from_env(env: Mapping[str, str]) -> str:
-    """``CLOUDFLARE_API_BASE_URL`` (e.g. a proxy) or the public API; must be http(s)."""
-    url = env.get(BASE_URL_ENV, "").strip() or DEFAULT_BASE_URL
-    try:
         httpx.URL(url)
-        valid = url.startswith(("https://", "http://"))
+        host = parts.hostname or ""
     except (httpx.InvalidURL, ValueError, TypeError):
-        valid = False
-    if not valid:
+        parts, host = None, ""
+    if parts is None or parts.scheme not in ("https", "http") or not host:
         raise UsageError(
             f"{BASE_URL_ENV} is {shown_url(url)!r}, which is not an http(s) URL; set it like "
             f"{DEFAULT_BASE_URL} or unset it"
         )
-    if "@" in urlsplit(url).netloc:
+    if "@" in parts.netloc:
         # The Authorization header carries the API token, so a user and password here would
         # never be sent; they would only show up in logs.
         raise UsageError(
             f"{BASE_URL_ENV} is {shown_url(url)!r}: it holds a user name or password, which "
             "edgegen does not send (the API token is its credential); remove them from the URL"
         )
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        raise UsageError(
+            f"{BASE_URL_ENV} is {shown_url(url)!r}: it holds a query or fragment, which "
+            "requests to the API would not keep; remove everything from the '?' or '#'"
+        )
+    if parts.scheme == "http" and not is_loopback(host):
+        raise UsageError(
+            f"{BASE_URL_ENV} is {shown_url(url)!r}: with http:// the API token would travel "
+            "in clear text; use https:// (plain http:// is only for this machine: "
+            "127.0.0.1, ::1 or localhost)"
+        )
     return url.rstrip("/")
+
+
+def base_url_from_env(env: Mapping[str, str]) -> str:
+    """``CLOUDFLARE_API_BASE_URL`` (e.g. a proxy) or the public API (see ``check_base_url``)."""
+    return check_base_url(env.get(BASE_URL_ENV, "").strip() or DEFAULT_BASE_URL)
+
+
+# --- the token in what the server says -------------------------------------------------
+
+_WITHHELD = "(message withheld: it quoted the API token)"
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{12,}")
+_HEX_RUN = re.compile(r"[0-9A-Fa-f]{16,}")
+_JSON_ESCAPE = re.compile(r"\\(u[0-9A-Fa-f]{4}|[\"\\/bfnrt])")
+_JSON_CHARS = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+def _json_unescape(text: str) -> str:
+    def one(match: re.Match[str]) -> str:
+        code = match.group(1)
+        if code.startswith("u"):
+            return chr(int(code[1:], 16))
+        return _JSON_CHARS.get(code, code)
+
+    return _JSON_ESCAPE.sub(one, text)
+
+
+def _decodings(text: str) -> list[str]:
+    """``text`` decoded each way a quoted token could be encoded (one level)."""
+    views = [unquote(text), unquote_plus(text), _json_unescape(text), html.unescape(text)]
+    for run in _BASE64_RUN.findall(text):
+        standard = run.replace("-", "+").replace("_", "/")
+        for start in range(4):
+            piece = standard[start:]
+            piece = piece[: len(piece) - len(piece) % 4]
+            try:
+                views.append(base64.b64decode(piece).decode("latin-1"))
+            except (binascii.Error, ValueError):
+                continue
+    for run in _HEX_RUN.findall(text):
+        for start in range(2):
+            piece = run[start:]
+            piece = piece[: len(piece) - len(piece) % 2]
+            views.append(bytes.fromhex(piece).decode("latin-1"))
+    return views
+
+
+class Redactor:
+    """Removes a secret from text a server sent, in any case or encoding.
+
+    Known forms (as is, percent- and form-encoded, base64, hex, in any case) become
+    ``***``; if any 12-character piece of the secret can still be read in the text or one
+    of its decodings (two levels deep), the whole text is withheld.
+    """
+
+    def __init__(self, secret: str) -> None:
+        raw = secret.encode("utf-8")
+        forms = {
+            secret,
+            quote(secret, safe=""),
+            quote_plus(secret),
+            base64.b64encode(raw).decode().rstrip("="),
+            base64.urlsafe_b64encode(raw).decode().rstrip("="),
+            raw.hex(),
+        }
+        self._pattern = re.compile(
+            "|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True)), re.IGNORECASE
+        )
+        lowered = secret.lower()
+        width = min(12, len(lowered))
+        self._pieces = {lowered[i : i + width] for i in range(len(lowered) - width + 1)}
+
+    def mentions(self, text: str) -> bool:
+        """Whether any piece of the secret can be read in ``text`` or its decodings."""
+        level = [text]
+        for _ in range(3):
+            if any(piece in view.lower() for view in level for piece in self._pieces):
+                return True
+            level = [decoded for view in level for decoded in _decodings(view)]
+        return False
+
+    def __call__(self, text: str, limit: int = MAX_QUOTED_CHARS) -> str:
+        """``text`` without the secret, at most ``limit`` characters long."""
+        cleaned = self._pattern.sub("***", text)
+        if len(cleaned) > limit:
+            cleaned = cleaned[: limit - 3] + "..."
+        return _WITHHELD if self.mentions(cleaned) else cleaned
 
 
 class _BearerAuth(httpx.Auth):
@@ -435,12 +583,87 @@ def _sleep(seconds: float) -> None:
     time.sleep(seconds)
 
 
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An answer read in full: status, headers and body (at most the size cap)."""
+
+    status_code: int
+    headers: httpx.Headers
+    content: bytes
+
+    @property
+    def is_success(self) -> bool:
+        """A 2xx status."""
+        return 200 <= self.status_code < 300
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """Why a try got no usable answer.
+
+    ``kind``: ``unsent`` (the connection never opened: safe to repeat), ``unanswered``
+    (sent, no answer), ``deadline`` (no full answer in time), ``undecodable`` (an answer
+    edgegen cannot read), ``too_large`` (over the size cap). ``name`` is the class of the
+    exception behind it (never the exception, which holds the request and so the token).
+    """
+
+    kind: str
+    name: str = ""
+    status: int | None = None
+    detail: str = ""
+
+
+def _exchange(
+    http: httpx.Client,
+    *,
+    method: str,
+    path: str,
+    params: tuple[tuple[str, str], ...],
+    json_body: Any,
+    files: Any,
+    deadline: float,
+    cap: int,
+) -> Reply | _Failed:
+    """One try: send, then read the answer in chunks until it ends, passes ``cap`` bytes
+    or the ``deadline`` (``time.monotonic``) passes. Runs in its own thread."""
+    try:
+        with http.stream(
+            method, path, params=list(params) or None, json=json_body, files=files
+        ) as response:
+            status = response.status_code
+            encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):
+                return _Failed("undecodable", "", status, "Content-Encoding")
+            declared = response.headers.get("Content-Length", "").strip()
+            if declared.isascii() and declared.isdigit() and int(declared) > cap:
+                return _Failed("too_large", "", status)
+            chunks: list[bytes] = []
+            size = 0
+            # With no Content-Encoding, iter_bytes yields the bytes as they came.
+            for chunk in response.iter_bytes():
+                size += len(chunk)
+                if size > cap:
+                    return _Failed("too_large", "", status)
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    return _Failed("deadline")
+            return Reply(status, response.headers, b"".join(chunks))
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        return _Failed("unsent", type(exc).__name__)
+    except httpx.DecodingError as exc:
+        return _Failed("undecodable", type(exc).__name__)
+    except httpx.TransportError as exc:
+        return _Failed("unanswered", type(exc).__name__)
+
+
 class Client:
     """A synchronous Cloudflare API client for the endpoints edgegen uses.
 
     ``transport`` replaces the network (tests pass ``httpx.MockTransport`` or use respx),
-    ``sleep`` and ``jitter`` replace waiting and randomness. Use it as a context manager, or
-    call ``close``.
+    ``sleep`` and ``jitter`` replace waiting and randomness. ``request_deadline`` and
+    ``command_deadline`` (seconds) and ``max_response_bytes`` default to the module's
+    ``REQUEST_DEADLINE``, ``COMMAND_DEADLINE`` and ``MAX_RESPONSE_BYTES``. Use it as a
+    context manager, or call ``close``.
     """
 
     def __init__(
@@ -453,22 +676,36 @@ class Client:
         retry: RetryPolicy | None = None,
         sleep: Callable[[float], None] | None = None,
         jitter: Callable[[float, float], float] | None = None,
+        request_deadline: float | None = None,
+        command_deadline: float | None = None,
+        max_response_bytes: int | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = check_base_url(base_url)
         # The base URL as messages show it: a proxy's password is never printed.
         self.shown_base_url = shown_url(self.base_url)
         self._token = token
+        self._redact = Redactor(token.reveal())
         self.retry = retry or RetryPolicy()
         self._sleep = sleep
         self._jitter = jitter or random.uniform
-        self._http = httpx.Client(
-            base_url=self.base_url,
-            auth=_BearerAuth(token),
-            transport=transport,
-            timeout=timeout,
-            headers={"User-Agent": USER_AGENT, "Accept": "application/json"},
-            follow_redirects=False,
-        )
+        self.request_deadline = request_deadline or REQUEST_DEADLINE
+        self.command_deadline = command_deadline or COMMAND_DEADLINE
+        self.max_response_bytes = max_response_bytes or MAX_RESPONSE_BYTES
+        # Seconds spent on the API so far: tries and waits between them.
+        self.spent = 0.0
+        self._options: dict[str, Any] = {
+            "base_url": self.base_url,
+            "auth": _BearerAuth(token),
+            "transport": transport,
+            "timeout": timeout,
+            "headers": {
+                "User-Agent": USER_AGENT,
+                "Accept": "application/json",
+                "Accept-Encoding": "identity",
+            },
+            "follow_redirects": False,
+        }
+        self._http = httpx.Client(**self._options)
 
     @classmethod
     def from_env(
@@ -490,13 +727,61 @@ class Client:
     def __repr__(self) -> str:
         return f"Client(base_url={self.shown_base_url!r})"
 
+    def redact(self, text: str) -> str:
+        """Text from the server, fit to quote: without the token, cut short."""
+        return self._redact(text)
+
     # --- the one place requests are sent -----------------------------------------------
+
+    @property
+    def time_left(self) -> float:
+        """Seconds this client may still spend on the API."""
+        return self.command_deadline - self.spent
 
     def _wait(self, seconds: float) -> None:
         if self._sleep is not None:
             self._sleep(seconds)
         else:
             _sleep(seconds)
+        self.spent += seconds
+
+    def _attempt(
+        self, exchange: Callable[[httpx.Client, float], Reply | _Failed], budget: float
+    ) -> Reply | _Failed:
+        """One try, ``exchange(http, deadline)``, in a worker thread, waited for until
+        ``budget`` seconds have passed.
+
+        A try still running then is abandoned: its client is closed (which ends its reads)
+        and this client carries on with a new one.
+        """
+        started = time.monotonic()
+        deadline = started + budget
+        http = self._http
+        outcome: list[Reply | _Failed | BaseException] = []
+        finished = threading.Event()
+
+        def work() -> None:
+            try:
+                outcome.append(exchange(http, deadline))
+            except BaseException as exc:  # handed to the caller, or dropped once it left
+                outcome.append(exc)
+            finally:
+                finished.set()
+
+        thread = threading.Thread(target=work, name="edgegen-request", daemon=True)
+        thread.start()
+        try:
+            done = finished.wait(budget + _GRACE)
+        finally:
+            self.spent += time.monotonic() - started
+        if not done:
+            self._http = httpx.Client(**self._options)
+            http.close()
+            return _Failed("deadline")
+        result = outcome[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     def _send(
         self,
@@ -506,8 +791,8 @@ class Client:
         params: tuple[tuple[str, str], ...] = (),
         json_body: Any = None,
         parts: tuple[Part, ...] = (),
-    ) -> httpx.Response:
-        """Send with retries; returns a 2xx response, else raises CloudflareAPIError."""
+    ) -> Reply:
+        """Send with retries; returns a 2xx answer, else raises CloudflareAPIError."""
         idempotent = method in _IDEMPOTENT
         # Whether a failure may leave a change behind: not for reads, nor for Cloudflare's
         # ?dry_run=true, which only validates.
@@ -515,33 +800,50 @@ class Client:
         files = (
             [(p.name, (p.filename, p.content, p.content_type)) for p in parts] if parts else None
         )
+        cap = self.max_response_bytes
+
+        def exchange(http: httpx.Client, deadline: float) -> Reply | _Failed:
+            return _exchange(
+                http,
+                method=method,
+                path=path,
+                params=params,
+                json_body=json_body,
+                files=files,
+                deadline=deadline,
+                cap=cap,
+            )
+
         retry = 0
+        # Whether a try so far may have been acted on (its answer was lost or a 5xx).
+        maybe_done = False
         while True:
             last = retry + 1 >= self.retry.attempts
-            # A transport failure is raised after its ``except`` block, so the error has
-            # no __context__: httpx's exception holds the request, and so the token.
+            if self.time_left <= 0:
+                raise self._out_of_time(method, path, retry, ambiguous=maybe_done)
+            budget = min(self.request_deadline, self.time_left)
+            outcome = self._attempt(exchange, budget)
             failure: CloudflareAPIError | None = None
-            try:
-                response = self._http.request(
-                    method,
-                    path,
-                    params=list(params) or None,
-                    json=json_body,
-                    files=files,
-                )
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-                # The request never left this machine: safe to retry whatever it is.
-                if last:
-                    failure = self._transport_error(method, path, exc, retry + 1, ambiguous=False)
-            except httpx.TransportError as exc:
-                # Sent, but no answer: a write may or may not have happened.
-                if last or not idempotent:
-                    failure = self._transport_error(method, path, exc, retry + 1, ambiguous=changes)
-            except httpx.DecodingError as exc:
-                # An answer came, but its body cannot be decoded (a Content-Encoding that
-                # does not match it): not a Cloudflare answer, and not worth repeating.
-                failure = self._transport_error(method, path, exc, retry + 1, ambiguous=changes)
+            if isinstance(outcome, _Failed):
+                if outcome.kind == "unsent":
+                    # The request never left this machine: safe to retry whatever it is.
+                    if last:
+                        failure = self._transport_error(method, path, outcome, retry + 1, False)
+                elif outcome.kind in ("unanswered", "deadline"):
+                    # Sent, but no (full) answer: a write may or may not have happened.
+                    maybe_done = maybe_done or changes
+                    if outcome.kind == "deadline" and budget < self.request_deadline:
+                        raise self._out_of_time(method, path, retry + 1, ambiguous=maybe_done)
+                    if last or not idempotent:
+                        failure = self._transport_error(
+                            method, path, outcome, retry + 1, maybe_done
+                        )
+                else:
+                    # An answer that cannot be used (compressed, too large): not worth
+                    # repeating. The server answered, so a write may have been made.
+                    failure = self._transport_error(method, path, outcome, retry + 1, changes)
             else:
+                response = outcome
                 if response.is_success:
                     return response
                 retry_after = parse_retry_after(response.headers.get("Retry-After"))
@@ -562,36 +864,46 @@ class Client:
                         retry_after,
                         ambiguous=ambiguous,
                     )
+                maybe_done = maybe_done or (changes and response.status_code >= 500)
                 if retry_after is not None:
-                    self._wait(retry_after)
+                    self._pause(retry_after, method, path, retry + 1, maybe_done)
                     retry += 1
                     continue
             if failure is not None:
                 raise failure
-            self._wait(self.retry.backoff(retry, self._jitter))
+            self._pause(
+                self.retry.backoff(retry, self._jitter), method, path, retry + 1, maybe_done
+            )
             retry += 1
+
+    def _pause(
+        self, seconds: float, method: str, path: str, attempts: int, maybe_done: bool
+    ) -> None:
+        """Wait before the next try, unless that would pass the command's deadline."""
+        if seconds >= self.time_left:
+            raise self._out_of_time(method, path, attempts, ambiguous=maybe_done)
+        self._wait(seconds)
 
     def _details(self, body: Any) -> tuple[ErrorDetail, ...]:
         """The envelope's errors, with the token removed from anything the server said
-        (a proxy might echo the Authorization header into a message)."""
-        secret = self._token.reveal()
+        (a proxy might echo the Authorization header into a message), cut short."""
         return tuple(
             ErrorDetail(
                 e.code,
-                e.message.replace(secret, "***"),
-                e.pointer.replace(secret, "***") if e.pointer else e.pointer,
+                self._redact(e.message),
+                self._redact(e.pointer) if e.pointer else e.pointer,
             )
             for e in _error_details(body)
         )
 
-    def _transport_error(
-        self, method: str, path: str, exc: Exception, attempts: int, *, ambiguous: bool
+    def _out_of_time(
+        self, method: str, path: str, attempts: int, *, ambiguous: bool
     ) -> CloudflareAPIError:
-        kind = type(exc).__name__
         message = (
-            f"could not get an answer from Cloudflare at {self.shown_base_url} for {method} "
-            f"{_describe_path(path)} after {attempts} attempt(s) ({kind}); check the "
-            f"network, a proxy set in {BASE_URL_ENV}, and run again"
+            f"gave up on {method} {_describe_path(path)} at {self.shown_base_url} after "
+            f"{attempts} attempt(s): the {self.command_deadline:g} s deadline of one command "
+            f"for the Cloudflare API ran out; check the network and a proxy set in "
+            f"{BASE_URL_ENV}, and run again"
         )
         if ambiguous:
             message += "; Cloudflare may or may not have made this change: run edgegen plan to see"
@@ -599,8 +911,49 @@ class Client:
             message, method=method, path=path, status=None, ambiguous=ambiguous
         )
 
+    def _transport_error(
+        self, method: str, path: str, failed: _Failed, attempts: int, ambiguous: bool
+    ) -> CloudflareAPIError:
+        what = f"{method} {_describe_path(path)}"
+        status = failed.status
+        if failed.kind == "too_large":
+            message = (
+                f"{what} got an answer larger than {_size(self.max_response_bytes)} from "
+                f"{self.shown_base_url}, which no Cloudflare API answer is; it was not read. "
+                f"If {BASE_URL_ENV} points at a proxy, check that it forwards to the "
+                "Cloudflare API"
+            )
+        elif failed.kind == "undecodable" and failed.detail == "Content-Encoding":
+            message = (
+                f"{what} got a compressed answer (Content-Encoding) from "
+                f"{self.shown_base_url} though edgegen asks for none; it was not read. If "
+                f"{BASE_URL_ENV} points at a proxy, make it pass answers on unchanged"
+            )
+        elif failed.kind == "deadline":
+            message = (
+                f"no full answer from Cloudflare at {self.shown_base_url} for {what} within "
+                f"the request deadline of {self.request_deadline:g} s, after {attempts} "
+                f"attempt(s); check the network, a proxy set in {BASE_URL_ENV}, and run again"
+            )
+        else:
+            message = (
+                f"could not get an answer from Cloudflare at {self.shown_base_url} for "
+                f"{what} after {attempts} attempt(s) ({failed.name}); check the network, a "
+                f"proxy set in {BASE_URL_ENV}, and run again"
+            )
+        if ambiguous:
+            message += "; Cloudflare may or may not have made this change: run edgegen plan to see"
+        return CloudflareAPIError(
+            message,
+            method=method,
+            path=path,
+            status=status,
+            ambiguous=ambiguous,
+            enveloped=status is None,
+        )
+
     def _not_envelope(
-        self, method: str, path: str, response: httpx.Response, *, ambiguous: bool
+        self, method: str, path: str, response: Reply, *, ambiguous: bool
     ) -> CloudflareAPIError:
         return CloudflareAPIError(
             f"{method} {_describe_path(path)} got HTTP {response.status_code} with a body that "
@@ -613,19 +966,23 @@ class Client:
             enveloped=False,
         )
 
-    def _result(self, method: str, path: str, response: httpx.Response) -> Any:
+    def _result(
+        self, method: str, path: str, response: Reply, params: tuple[tuple[str, str], ...] = ()
+    ) -> Any:
         """Unwrap a 2xx envelope: its ``result``, or an error when ``success`` is not true."""
         body = _json_or_none(response)
         if not _is_envelope(body):
-            params = tuple(response.request.url.params.multi_items())
             raise self._not_envelope(method, path, response, ambiguous=_changes(method, params))
         assert isinstance(body, dict)
         if body["success"] is not True:
             raise api_error(method, path, response.status_code, self._details(body), None)
         return body.get("result")
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        return self._result(method, path, self._send(method, path, **kwargs))
+    def _call(
+        self, method: str, path: str, *, params: tuple[tuple[str, str], ...] = (), **kwargs: Any
+    ) -> Any:
+        reply = self._send(method, path, params=params, **kwargs)
+        return self._result(method, path, reply, params)
 
     def _get_or_none(self, path: str, missing_code: int) -> Any:
         """GET, returning None only when Cloudflare clearly says the thing does not exist.
@@ -690,7 +1047,9 @@ class Client:
                 raise _bad_result("GET", path, "a multipart body with at least one module")
             main = entry or next(iter(modules))
             if main not in modules:
-                raise _bad_result("GET", path, f"a module named {main!r} (CF-Entrypoint)")
+                raise _bad_result(
+                    "GET", path, f"a module named {self.redact(main)!r} (CF-Entrypoint)"
+                )
             return ScriptContent(main, modules)
         return ScriptContent(entry or "worker.js", {entry or "worker.js": response.content})
 
@@ -788,7 +1147,15 @@ def _means_missing(exc: CloudflareAPIError, missing_code: int) -> bool:
     return exc.status == 404 and exc.enveloped and (not exc.codes or missing_code in exc.codes)
 
 
-def _json_or_none(response: httpx.Response) -> Any:
+def _size(count: int) -> str:
+    """A byte count as people say it: ``16 MiB``, ``512 KiB``."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= size:
+            return f"{count / size:g} {unit}"
+    return f"{count} bytes"
+
+
+def _json_or_none(response: Reply) -> Any:
     """The body as JSON, or None when it is not JSON edgegen can use (see ``_json``)."""
     try:
         return _json.loads(response.content)

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import socket
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -11,10 +16,11 @@ import pytest
 import respx
 from cloudflare_fake import ACCOUNT_ID, BASE_URL, TOKEN, ZONE_ID, FakeCloudflare
 
-from edgegen import _cloudflare
+from edgegen import _cloudflare, cli
 from edgegen._cloudflare import Client, RetryPolicy, Token, parse_retry_after
 from edgegen.errors import CloudflareAPIError, UsageError
 
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "policy.yaml"
 RULE: dict[str, Any] = {
     "ref": "edgegen:login-1",
     "description": "login",
@@ -405,15 +411,53 @@ def test_token_from_env_and_file(tmp_path: Any) -> None:
 def test_base_url_from_env() -> None:
     """The base URL comes from CLOUDFLARE_API_BASE_URL and must be http(s)."""
     assert _cloudflare.base_url_from_env({}) == "https://api.cloudflare.com/client/v4"
-    proxy = {"CLOUDFLARE_API_BASE_URL": "http://proxy.local:8080/cf/"}
-    assert _cloudflare.base_url_from_env(proxy) == "http://proxy.local:8080/cf"
+    proxy = {"CLOUDFLARE_API_BASE_URL": "https://proxy.local:8443/cf/"}
+    assert _cloudflare.base_url_from_env(proxy) == "https://proxy.local:8443/cf"
     with pytest.raises(UsageError, match="not an http"):
         _cloudflare.base_url_from_env({"CLOUDFLARE_API_BASE_URL": "ftp://x"})
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8080/client/v4",
+        "http://127.9.8.7/",
+        "http://[::1]:8080/client/v4",
+        "http://localhost:8080",
+        "http://LOCALHOST./cf",
+        "https://proxy.example/cf",
+    ],
+)
+def test_plain_http_only_to_this_machine(url: str) -> None:
+    """The token travels in clear text over http://, so only a loopback address may be
+    reached that way (a local proxy or test server)."""
+    assert _cloudflare.base_url_from_env({"CLOUDFLARE_API_BASE_URL": url}) == url.rstrip("/")
+    Client(Token(TOKEN), base_url=url).close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://proxy.example/cf",
+        "http://api.cloudflare.com/client/v4",
+        "http://localhost.evil.example/",
+        "http://127.0.0.1.nip.io/",
+        "http://10.0.0.1:8080/",
+        "http://[::2]/",
+    ],
+)
+def test_plain_http_elsewhere_is_refused(url: str) -> None:
+    """http:// to any other host is refused before any request, saying to use https://."""
+    with pytest.raises(UsageError, match="https://") as info:
+        _cloudflare.base_url_from_env({"CLOUDFLARE_API_BASE_URL": url})
+    assert "the API token would travel in clear text" in str(info.value)
+    with pytest.raises(UsageError, match="https://"):
+        Client(Token(TOKEN), base_url=url)
+
+
 def test_requests_go_through_the_configured_base_url(sleeps: Sleeps) -> None:
     """A proxy base URL with a path prefix is where every request goes."""
-    proxy = FakeCloudflare(base_url="http://proxy.local:8080/cf/client/v4")
+    proxy = FakeCloudflare(base_url="https://proxy.local:8443/cf/client/v4")
     with proxy.mock(), Client(Token(TOKEN), base_url=proxy.base_url, sleep=sleeps) as c:
         assert c.get_entrypoint(ZONE_ID) is None
     assert proxy.log[0].path.startswith("/cf/client/v4/zones/")
@@ -435,3 +479,200 @@ def test_parse_retry_after() -> None:
     assert parse_retry_after("Thu, 01 Jan 2026 00:00:30 GMT", now) == 30.0
     assert parse_retry_after("soon") is None
     assert parse_retry_after(None) is None
+
+
+# --- deadlines and answer sizes --------------------------------------------------------
+
+
+class Trickle:
+    """A real HTTP server on a loopback port that sends its answer one byte at a time,
+    every ``pace`` seconds (``head`` first if given, so only the body trickles)."""
+
+    def __init__(self, head: bytes = b"", pace: float = 0.2) -> None:
+        self.head = head
+        self.pace = pace
+        self.stop = threading.Event()
+        self.connections = 0
+        self.sent = 0
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.threads: list[threading.Thread] = []
+
+    @property
+    def base_url(self) -> str:
+        """The client's base URL for this server."""
+        return f"http://127.0.0.1:{self.port}/client/v4"
+
+    def __enter__(self) -> Trickle:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.server.close()
+        for thread in self.threads:
+            thread.join(5)
+
+    def _serve(self) -> None:
+        self.server.settimeout(0.05)
+        while not self.stop.is_set():
+            try:
+                connection, _ = self.server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            connection.settimeout(5)
+            self.connections += 1
+            thread = threading.Thread(target=self._answer, args=(connection,), daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def _answer(self, connection: socket.socket) -> None:
+        answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        body = json.dumps({"success": True, "errors": [], "messages": [], "result": []})
+        answer += f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+        with connection:
+            received = b""
+            while b"\r\n\r\n" not in received:
+                chunk = connection.recv(65536)
+                if not chunk:
+                    return
+                received += chunk
+            try:
+                if self.head:
+                    connection.sendall(self.head)
+                    answer = b"x" * 10_000
+                for byte in answer:
+                    if self.stop.wait(self.pace):
+                        return
+                    connection.sendall(bytes([byte]))
+                    self.sent += 1
+            except OSError:
+                return
+
+
+BODY_TRICKLES = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10000\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize("head", [b"", BODY_TRICKLES], ids=["headers", "body"])
+def test_a_trickling_answer_is_cut_off_at_the_request_deadline(head: bytes) -> None:
+    """A server that sends a byte every 0.2 s never trips a read timeout; the request's
+    wall-clock deadline stops it anyway, whether the headers or the body trickle."""
+    with Trickle(head) as server:
+        client = Client(
+            Token(TOKEN),
+            base_url=server.base_url,
+            retry=RetryPolicy(attempts=1),
+            timeout=httpx.Timeout(3.0),
+            request_deadline=1.0,
+            sleep=Sleeps(),
+        )
+        started = time.monotonic()
+        with client, pytest.raises(CloudflareAPIError) as info:
+            client.list_routes(ZONE_ID)
+        elapsed = time.monotonic() - started
+    assert 0.9 <= elapsed < 2.5
+    assert info.value.status is None
+    assert "within the request deadline of 1 s" in str(info.value)
+    assert server.sent < 20
+
+
+def test_the_command_deadline_bounds_every_retry(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """edgegen plan against a trickling server: each try stops at the request deadline,
+    and the command gives up at its own deadline (2.5 s) rather than after five tries."""
+    monkeypatch.setattr(_cloudflare, "REQUEST_DEADLINE", 1.0)
+    monkeypatch.setattr(_cloudflare, "COMMAND_DEADLINE", 2.5)
+    monkeypatch.setattr(_cloudflare, "_sleep", Sleeps())
+    with Trickle() as server:
+        monkeypatch.setenv("CLOUDFLARE_API_BASE_URL", server.base_url)
+        monkeypatch.setenv("CLOUDFLARE_API_TOKEN", TOKEN)
+        monkeypatch.setenv("CLOUDFLARE_ZONE_ID", ZONE_ID)
+        monkeypatch.setenv("CLOUDFLARE_ACCOUNT_ID", ACCOUNT_ID)
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        started = time.monotonic()
+        code = cli.main(["plan", str(EXAMPLE)])
+        elapsed = time.monotonic() - started
+        connections = server.connections
+    err = capsys.readouterr().err
+    assert code == 1
+    assert 2.4 <= elapsed < 4.5, err
+    assert 2 <= connections < 5
+    assert "the 2.5 s deadline of one command" in err
+    assert "Traceback" not in err
+
+
+def endless(chunk: bytes, taken: list[int]) -> Iterator[bytes]:
+    """An answer body that never ends; ``taken`` counts the chunks read from it."""
+    while True:
+        taken.append(1)
+        yield chunk
+
+
+def test_an_endless_answer_stops_at_the_size_cap() -> None:
+    """An answer over the cap (16 MiB by default) is refused once the cap is passed: the
+    body is not read further and not kept."""
+    taken: list[int] = []
+    chunk = b"x" * 65536
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=endless(chunk, taken))
+
+    with (
+        Client(
+            Token(TOKEN),
+            transport=httpx.MockTransport(answer),
+            max_response_bytes=2**20,
+            sleep=Sleeps(),
+        ) as client,
+        pytest.raises(CloudflareAPIError) as info,
+    ):
+        client.list_routes(ZONE_ID)
+    assert "larger than 1 MiB" in str(info.value)
+    assert len(taken) <= 2**20 // len(chunk) + 2
+    assert _cloudflare.MAX_RESPONSE_BYTES == 16 * 2**20
+
+
+def test_a_declared_length_over_the_cap_is_not_read() -> None:
+    """A Content-Length over the cap is refused before the body is read."""
+    taken: list[int] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200, headers={"Content-Length": str(2**40)}, content=endless(b"x", taken)
+        )
+
+    with (
+        Client(Token(TOKEN), transport=httpx.MockTransport(answer), sleep=Sleeps()) as client,
+        pytest.raises(CloudflareAPIError) as info,
+    ):
+        client.send(client.put_entrypoint_write(ZONE_ID, {"rules": []}))
+    assert "larger than 16 MiB" in str(info.value)
+    assert info.value.ambiguous is True
+    assert taken == []
+
+
+def test_a_compressed_answer_is_refused() -> None:
+    """edgegen asks for answers without Content-Encoding; a compressed one (a zip bomb
+    would pass any size cap) is not decoded."""
+    seen: list[str] = []
+    bomb = gzip.compress(b"{" * 2**20)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers["Accept-Encoding"])
+        return httpx.Response(200, headers={"Content-Encoding": "gzip"}, content=bomb)
+
+    with (
+        Client(Token(TOKEN), transport=httpx.MockTransport(answer), sleep=Sleeps()) as client,
+        pytest.raises(CloudflareAPIError) as info,
+    ):
+        client.list_routes(ZONE_ID)
+    assert seen[0] == "identity"
+    assert "Content-Encoding" in str(info.value)

@@ -309,6 +309,89 @@ def test_a_token_echoed_by_a_proxy_is_removed(seen: Seen) -> None:
     seen.check()
 
 
+def json_escaped(text: str) -> str:
+    """Every character as a JSON \\u escape (what a proxy quoting JSON in JSON sends)."""
+    return "".join(f"\\u{ord(c):04x}" for c in text)
+
+
+ECHOES = {
+    "as sent": lambda t: f"Bearer {t}",
+    "upper case": lambda t: f"BEARER {t.upper()}",
+    "lower case": lambda t: f"bearer {t.lower()}",
+    "percent-encoded": lambda t: quote(f"Bearer {t}", safe=""),
+    "percent-encoded, lower-case hex": lambda t: quote(t, safe="").lower(),
+    "every byte percent-encoded": lambda t: "".join(f"%{b:02X}" for b in t.encode()),
+    "form-encoded": quote_plus,
+    "base64": lambda t: base64.b64encode(t.encode()).decode(),
+    "URL-safe base64": lambda t: base64.urlsafe_b64encode(t.encode()).decode(),
+    "base64 of the header": lambda t: base64.b64encode(f"Bearer {t}".encode()).decode(),
+    "base64 of the whole header line": lambda t: base64.b64encode(
+        f"Authorization: Bearer {t}".encode()
+    ).decode(),
+    "JSON-escaped": json_escaped,
+    "JSON-escaped slashes": lambda t: json.dumps({"h": t}).replace("/", "\\/"),
+    "hex": lambda t: t.encode().hex(),
+    "upper-case hex": lambda t: t.encode().hex().upper(),
+    "HTML entities": lambda t: "".join(f"&#{ord(c)};" for c in t),
+    "base64 of its percent-encoding": lambda t: base64.b64encode(
+        quote(t, safe="").encode()
+    ).decode(),
+    "its first 20 characters": lambda t: t[:20],
+}
+
+
+@pytest.mark.parametrize("echo", ECHOES)
+def test_a_token_quoted_in_any_form_is_not_shown(echo: str, seen: Seen) -> None:
+    """A proxy or server that quotes the token in its error message, pointer or
+    CF-Entrypoint header, in any case or encoding: the message edgegen shows holds no form
+    of it (the form is replaced by *** or the message withheld)."""
+    quoted = ECHOES[echo](SECRET)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/content/v2"):
+            return httpx.Response(
+                200,
+                content=b'--b\r\nContent-Disposition: form-data; name="a"\r\n\r\nx\r\n--b--\r\n',
+                headers={
+                    "Content-Type": "multipart/form-data; boundary=b",
+                    "CF-Entrypoint": quoted,
+                },
+            )
+        return respond(400, errors=[error(6003, f"bad header: {quoted}", f"/x/{quoted}")])
+
+    client = _cloudflare.Client(
+        _cloudflare.Token(SECRET), transport=httpx.MockTransport(answer), sleep=Sleeps()
+    )
+    with client:
+        with pytest.raises(_cloudflare.CloudflareAPIError) as info:
+            client.list_routes(ZONE_ID)
+        seen.exception("list_routes", info.value)
+        with pytest.raises(_cloudflare.CloudflareAPIError) as content:
+            client.get_script_content(ACCOUNT_ID, "w")
+        seen.exception("get_script_content", content.value)
+    assert "HTTP 400" in str(info.value)
+    assert "***" in str(info.value) or "withheld" in str(info.value)
+    seen.check()
+    for where, text in seen.texts:
+        for piece in (SECRET[:12].lower(), SECRET[-12:].lower(), quoted.lower()):
+            assert piece not in text.lower(), f"{echo} appears in {where}: {text[:300]!r}"
+
+
+def test_a_long_message_is_cut_short(seen: Seen) -> None:
+    """A message of a megabyte is quoted in its first few hundred characters."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return respond(400, errors=[error(6003, "x" * 2**20)])
+
+    client = _cloudflare.Client(
+        _cloudflare.Token(SECRET), transport=httpx.MockTransport(answer), sleep=Sleeps()
+    )
+    with client, pytest.raises(_cloudflare.CloudflareAPIError) as info:
+        client.list_routes(ZONE_ID)
+    assert len(str(info.value)) < 1000
+    assert "xxx..." in str(info.value)
+
+
 def test_a_proxy_password_is_never_shown(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, seen: Seen
 ) -> None:
