@@ -90,7 +90,11 @@ def test_first_apply_on_an_empty_zone(zone: FakeCloudflare, run: Any) -> None:
     assert list(by_ref(zone)) == [LOGIN]
     assert zone.version == "1"
     script = zone.scripts[WORKER]
-    assert sorted(b["name"] for b in script.bindings) == ["RL_API_14C2529E", "RL_WEBHOOKS_A58F0473"]
+    assert sorted(b["name"] for b in script.bindings) == [
+        "RL_API_14C2529E",
+        "RL_API_14C2529E_CREDENTIALED",
+        "RL_WEBHOOKS_A58F0473",
+    ]
     assert [(r["pattern"], r["script"]) for r in zone.routes.values()] == [
         ("api.example.com/*", WORKER)
     ]
