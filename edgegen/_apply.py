@@ -22,7 +22,7 @@ from policy import Policy
 
 from . import _state
 from ._cloudflare import Client, Write
-from ._plan import Plan, fingerprints, locate_rejections, rejections
+from ._plan import Plan, check_saved, fingerprints, locate_rejections, rejections
 from ._state import RemoteState
 from .errors import (
     ApplyError,
@@ -61,6 +61,14 @@ def writes(client: Client, plan: Plan) -> list[Write]:
                 {artifact.main_module: artifact.module_source},
             )
         )
+    for route in plan.route_changes:
+        # Only routes of the policy's Worker are ever added or removed.
+        if route.script != scope.worker_name or (route.action == "delete" and not route.route_id):
+            raise SyncError(
+                f"the plan would {'add' if route.action == 'create' else 'remove'} the route "
+                f"{route.pattern}, which does not run the Worker {scope.worker_name!r}; "
+                "edgegen only manages routes of its own Worker: make the plan again"
+            )
     creates = [
         client.create_route_write(scope.zone_id, r.pattern, r.script or "")
         for r in plan.route_changes
@@ -88,6 +96,13 @@ def verify(client: Client, plan: Plan) -> RemoteState:
             changed,
         )
     return now
+
+
+def verify_saved(client: Client, plan: Plan, source: str) -> Plan:
+    """A saved plan, checked before anything is written: the zone must be as it was when
+    the plan was made (StalePlanError), and the plan's writes must be what it shows, made
+    again from them and the zone (TamperedPlanError). Returns the plan to show and apply."""
+    return check_saved(plan, verify(client, plan), source)
 
 
 def validate_remote(client: Client, plan: Plan, source: Policy | None = None) -> bool:

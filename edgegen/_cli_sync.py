@@ -336,9 +336,10 @@ def run_apply(args: argparse.Namespace) -> int:
         # Every failure up to the first write says that nothing was written.
         with _apply.nothing_written():
             if from_file:
-                plan = plan_from_json(_state.parse_json(text, args.target, "plan"), args.target)
-                # A saved plan is applied only to the zone it was made from.
-                _apply.verify(client, plan)
+                saved = plan_from_json(_state.parse_json(text, args.target, "plan"), args.target)
+                # A saved plan is applied only to the zone it was made from, and only if it
+                # writes exactly what it shows.
+                plan = _apply.verify_saved(client, saved, args.target)
                 sys.stdout.write(_plan_format.to_text(plan))
             else:
                 source, artifacts = load_and_build(args.target)

@@ -14,6 +14,15 @@ rule, so that rules made by hand keep their precedence.
 
 A Plan also holds fingerprints of the state it was made from (ruleset version and rules
 hash, Worker hash, routes hash), so a saved plan can refuse to apply to a changed zone.
+
+A saved plan is bound to what it shows. Its file records a hash of each write (the rules
+body, each Worker module, the Worker's settings, each route change), checked when it is
+read; and before anything is written, ``check_saved`` makes the plan again from the plan's
+own writes and the zone as read then (the rules the body asks for, merged with the zone's
+rules as planning merges them; the Worker against the deployed one; the routes its
+patterns give), and refuses unless that is exactly the plan the file lists: the same rules
+body, rule changes, Worker change and route changes (so a route is only removed if it runs
+the policy's Worker, by the id the zone gives it). What apply shows is then what it writes.
 """
 
 from __future__ import annotations
@@ -38,10 +47,10 @@ from ._state import (
     sha256_text,
     worker_fingerprint,
 )
-from .errors import CloudflareAPIError, Rejection, SyncError
+from .errors import CloudflareAPIError, Rejection, SyncError, TamperedPlanError
 
 PLAN_FORMAT = "edgegen-plan"
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 RULE_ACTIONS = ("create", "update", "move", "delete")
 _PLAN_FORMAT_FIELD = re.compile(r'"format"\s*:\s*"edgegen-plan"')
 OWNED_PREFIX = _ids.RULE_REF_PREFIX
@@ -504,9 +513,10 @@ def _worker_change(
     return change, notes
 
 
-def _route_changes(desired: WorkerArtifact | None, state: RemoteState) -> list[RouteChange]:
+def _route_changes(patterns: Sequence[str], state: RemoteState) -> list[RouteChange]:
+    """Routes to add for ``patterns`` (to the policy's Worker) and routes of that Worker to
+    remove; SyncError when a wanted pattern runs another Worker."""
     name = state.scope.worker_name
-    patterns = desired.routes if desired is not None else ()
     by_pattern = {r.pattern: r for r in state.routes}
     conflicts = []
     changes: list[RouteChange] = []
@@ -550,8 +560,8 @@ def make_plan(artifacts: Artifacts, state: RemoteState) -> Plan:
         # description rather than claim the whole ruleset for edgegen.
         body = {"description": description, "rules": merged.rules}
     worker_change, notes = _worker_change(desired_worker, state)
-    routes = _route_changes(desired_worker, state)
     patterns = desired_worker.routes if desired_worker else ()
+    routes = _route_changes(patterns, state)
     return Plan(
         scope=scope,
         fingerprints=fingerprints(state, patterns),
@@ -690,7 +700,76 @@ def plan_to_json(plan: Plan, *, include_writes: bool = True) -> dict[str, Any]:
             "ruleset": plan.ruleset_body,
             "worker": _worker_json(plan.worker) if plan.worker else None,
         }
+        out["writes_sha256"] = write_hashes(out["writes"], out["routes"])
     return out
+
+
+def write_hashes(writes: Mapping[str, Any], routes: Sequence[Any]) -> dict[str, Any]:
+    """The hash of each write of a plan file, from its JSON: the rules body, each Worker
+    module, the Worker's settings (bindings, compatibility date, routes), each route."""
+    ruleset = writes.get("ruleset")
+    worker = writes.get("worker")
+    out: dict[str, Any] = {
+        "ruleset": None if ruleset is None else sha256_text(canonical_json(ruleset)),
+        "worker_modules": None,
+        "worker_settings": None,
+        "routes": [sha256_text(canonical_json(r)) for r in routes],
+    }
+    if isinstance(worker, Mapping):
+        source = worker.get("module_source")
+        out["worker_modules"] = {
+            str(worker.get("main_module")): sha256_text(source if isinstance(source, str) else "")
+        }
+        out["worker_settings"] = sha256_text(
+            canonical_json({k: worker.get(k) for k in _WORKER_SETTINGS})
+        )
+    return out
+
+
+# What an upload sets besides its module (the routes are the routes apply adds).
+_WORKER_SETTINGS = ("name", "main_module", "compatibility_date", "bindings", "routes")
+
+
+def _hash_problems(data: Mapping[str, Any]) -> list[str]:
+    """Each write of a plan file's JSON whose hash is not the one recorded with it."""
+    recorded = _json.obj(data.get("writes_sha256"), "writes_sha256")
+    routes = _json.objects(data.get("routes"), "routes")
+    now = write_hashes(_json.obj(data.get("writes"), "writes"), routes)
+    problems = []
+    if recorded.get("ruleset") != now["ruleset"]:
+        problems.append("the rules it writes no longer match the hash recorded with them")
+    modules = recorded.get("worker_modules")
+    for name, digest in (now["worker_modules"] or {}).items():
+        if not isinstance(modules, dict) or modules.get(name) != digest:
+            problems.append(f"the Worker module {name} no longer matches its recorded hash")
+    if now["worker_modules"] is None and modules is not None:
+        problems.append("the Worker module it had is gone")
+    if recorded.get("worker_settings") != now["worker_settings"]:
+        problems.append(
+            "the Worker's bindings and compatibility date no longer match their recorded hash"
+        )
+    hashes = recorded.get("routes")
+    if not isinstance(hashes, list) or len(hashes) != len(now["routes"]):
+        problems.append("the route changes no longer match their recorded hashes")
+    else:
+        for index, (route, old, new) in enumerate(zip(routes, hashes, now["routes"], strict=True)):
+            if old != new:
+                verb = "add" if route.get("action") == "create" else "remove"
+                problems.append(
+                    f"route change {index + 1} ({verb} {route.get('pattern')}) no longer "
+                    "matches its recorded hash"
+                )
+    return problems
+
+
+def _refusal(source: str, problems: Sequence[str]) -> TamperedPlanError:
+    return TamperedPlanError(
+        f"refusing to apply {source}: it does not write what it shows ("
+        + "; ".join(problems)
+        + "); it was edited or damaged since it was made. Nothing was written: make the plan "
+        f"again with edgegen plan POLICY --out {source} and review it",
+        problems,
+    )
 
 
 def plan_from_json(data: Any, source: str) -> Plan:
@@ -758,6 +837,9 @@ def plan_from_json(data: Any, source: str) -> Plan:
                 )
             )
         limits = _json.obj(data.get("limits_by_ref", {}), "limits_by_ref")
+        problems = _hash_problems(data)
+        if problems:
+            raise _refusal(source, problems)
         return Plan(
             scope=scope,
             fingerprints=Fingerprints.from_json(data.get("fingerprints")),
@@ -778,6 +860,66 @@ def plan_from_json(data: Any, source: str) -> Plan:
         )
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise bad(f"a field is missing or of the wrong type: {exc}") from None
+
+
+def check_saved(plan: Plan, state: RemoteState, source: str) -> Plan:
+    """The plan a saved ``plan`` stands for, made again from its own writes and ``state``
+    (the zone as read now, after the fingerprints matched); TamperedPlanError unless it is
+    the plan the file lists.
+
+    The rules: the body's rules that edgegen owns (without ids) are merged with the zone's
+    rules as planning merges them, which must give the body itself (so rules edgegen does
+    not own are sent back exactly as read, and ids are the zone's) and the rule changes
+    listed. The Worker: the upload compared with the deployed Worker must give the Worker
+    change listed. The routes: the plan's route patterns against the zone's routes must
+    give the route changes listed (adding routes to the policy's Worker, removing only
+    routes of that Worker, by the id the zone gives them).
+    """
+    problems: list[str] = []
+    body = plan.ruleset_body
+    ruleset = state.ruleset
+    remote_rules = ruleset.rules if ruleset else ()
+    foreign = [
+        ForeignRule(i, str(r.get("ref", "")), str(r.get("description", "")))
+        for i, r in enumerate(remote_rules)
+        if not owned(r)
+    ]
+    if body is None:
+        if plan.rule_changes:
+            problems.append("it lists rule changes but writes no rules")
+    else:
+        rules = body.get("rules") or []
+        desired = [{k: v for k, v in r.items() if k != "id"} for r in rules if owned(r)]
+        merged = merge_rules(remote_rules, desired, plan.limits_by_ref)
+        description = ruleset.description if ruleset else body.get("description")
+        derived = {"description": description, "rules": merged.rules}
+        unchanged = [comparable(r) for r in merged.rules] == [comparable(r) for r in remote_rules]
+        if derived != body or unchanged or tuple(merged.changes) != plan.rule_changes:
+            problems.append("the rules it writes are not the changes it lists")
+        foreign = merged.foreign
+    worker_change: WorkerChange | None = None
+    notes: list[str] = []
+    if plan.worker is not None:
+        if plan.worker.routes != plan.route_patterns:
+            problems.append("the Worker's routes are not the route patterns it lists")
+        worker_change, notes = _worker_change(plan.worker, state)
+    if worker_change != plan.worker_change:
+        problems.append("the Worker it uploads is not the change it lists")
+    if any(note not in plan.notes for note in notes):
+        problems.append("it leaves out a note about the Worker")
+    try:
+        routes: tuple[RouteChange, ...] | None = tuple(_route_changes(plan.route_patterns, state))
+    except SyncError:
+        routes = None
+    if routes != plan.route_changes:
+        problems.append("the route changes are not those the zone gives for its route patterns")
+    if problems:
+        raise _refusal(source, problems)
+    return replace(
+        plan,
+        foreign_rules=tuple(foreign),
+        ruleset_version=ruleset.version if ruleset else None,
+    )
 
 
 def is_plan_file(text: str) -> bool:

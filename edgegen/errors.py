@@ -10,7 +10,8 @@ Exception tree (each class carries the CLI exit code it maps to)::
     │                            Cloudflare's codes, messages, JSON pointers, Retry-After
     ├── SyncError                plan or apply cannot go ahead safely (a route owned by
     │   │                        another Worker, a bad state or plan file, a rejected rule)
-    │   └── StalePlanError       the zone changed since the plan was made
+    │   ├── StalePlanError       the zone changed since the plan was made
+    │   └── TamperedPlanError    a saved plan's writes are not what it shows
     └── ApplyError               apply stopped part-way; says what was and was not written
 
 Policy problems are ``policy.PolicyLoadError``; the CLI maps both in one place.
@@ -173,6 +174,16 @@ class StalePlanError(SyncError):
     def __init__(self, message: str, changed: Sequence[str]) -> None:
         super().__init__(message)
         self.changed = tuple(changed)
+
+
+class TamperedPlanError(SyncError):
+    """A saved plan would write something other than what it shows (its writes do not match
+    their recorded hashes, or the changes its writes and the zone give are not the changes
+    it lists); ``problems`` names each difference."""
+
+    def __init__(self, message: str, problems: Sequence[str]) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
 
 
 class ApplyError(EdgegenError):

@@ -14,6 +14,7 @@ from edgegen._plan import (
     ABSENT,
     FieldChange,
     Plan,
+    check_saved,
     comparable,
     field_changes,
     locate_rejections,
@@ -21,6 +22,7 @@ from edgegen._plan import (
     plan_from_json,
     plan_to_json,
     rejections,
+    write_hashes,
 )
 from edgegen._plan_format import summary, to_markdown, to_text
 from edgegen._state import (
@@ -31,7 +33,13 @@ from edgegen._state import (
     Scope,
     content_sha256,
 )
-from edgegen.errors import CloudflareAPIError, ErrorDetail, Rejection, SyncError
+from edgegen.errors import (
+    CloudflareAPIError,
+    ErrorDetail,
+    Rejection,
+    SyncError,
+    TamperedPlanError,
+)
 
 ZONE = "0123456789abcdef0123456789abcdef"
 ACCOUNT = "fedcba9876543210fedcba9876543210"
@@ -455,6 +463,84 @@ def test_plan_file_round_trip() -> None:
     assert plan_from_json(json.loads(text), "plan.json") == plan
 
 
+def saved_state() -> RemoteState:
+    """A zone with a hand-made rule, two of our rules (one to update, one to delete), an
+    older Worker of ours with a route the policy no longer wants, and another Worker's
+    route."""
+    old_worker = deployed(worker_artifact(limit=9))
+    routes = (
+        RemoteRoute("r-old", "old.example.com/*", WORKER),
+        RemoteRoute("r-shop", "shop.example.com/*", "shop"),
+    )
+    rules = [foreign("f"), stored(rule("a"), "id-a"), stored(rule("gone"), "id-gone")]
+    return state(rules, old_worker, routes)
+
+
+def saved_plan() -> tuple[Plan, dict[str, Any]]:
+    """A plan with every kind of change, and its plan file's JSON."""
+    plan = make_plan(artifacts(["a", "b"], worker_artifact(), a=20), saved_state())
+    assert plan.rule_changes and plan.worker_change and len(plan.route_changes) == 2
+    return plan, json.loads(json.dumps(plan_to_json(plan)))
+
+
+def test_a_saved_plan_checks_against_the_zone_it_was_made_from() -> None:
+    """Read back and made again from its writes and the same zone, a plan is itself."""
+    plan, data = saved_plan()
+    assert check_saved(plan_from_json(data, "plan.json"), saved_state(), "plan.json") == plan
+    empty = make_plan(artifacts([]), state(None))
+    again = plan_from_json(json.loads(json.dumps(plan_to_json(empty))), "p")
+    assert check_saved(again, state(None), "p") == empty
+
+
+TAMPERS: dict[str, Any] = {
+    "a rule's rate": lambda d: d["writes"]["ruleset"]["rules"][1]["ratelimit"].update(
+        requests_per_period=1_000_000
+    ),
+    "a hand-made rule": lambda d: d["writes"]["ruleset"]["rules"][0].update(action="log"),
+    "the rule to delete kept": lambda d: d["writes"]["ruleset"]["rules"].append(
+        stored(rule("gone"), "id-gone") | {"version": None}
+    ),
+    "a rule's id": lambda d: d["writes"]["ruleset"]["rules"][1].update(id="id-f"),
+    "the module": lambda d: d["writes"]["worker"].update(module_source="export default {}"),
+    "a binding": lambda d: d["writes"]["worker"]["bindings"][0]["simple"].update(limit=1),
+    "the Worker's routes": lambda d: d["writes"]["worker"].update(routes=["x.example.com/*"]),
+    "a route id": lambda d: d["routes"][1].update(route_id="r-shop"),
+    "a route's Worker": lambda d: d["routes"][0].update(script="shop"),
+    "the route patterns": lambda d: d.update(route_patterns=["shop.example.com/*"]),
+    "a listed rule change": lambda d: d["rules"][0]["fields"][0].update(new=1),
+    "the listed Worker change": lambda d: d["worker"].update(fields=[]),
+    "the listed routes": lambda d: d.update(routes=[]),
+}
+
+
+@pytest.mark.parametrize("tamper", TAMPERS)
+def test_a_saved_plan_that_does_not_write_what_it_shows_is_refused(tamper: str) -> None:
+    """Any edit of a write or of the change list is refused: by the hashes recorded with
+    the writes, and, with the hashes recomputed, by making the plan again."""
+    _, data = saved_plan()
+    TAMPERS[tamper](data)
+    problems: list[str] = []
+    try:
+        plan_from_json(data, "plan.json")
+    except TamperedPlanError as exc:
+        problems.extend(exc.problems)
+    data["writes_sha256"] = write_hashes(data["writes"], data["routes"])
+    with pytest.raises(TamperedPlanError) as info:
+        check_saved(plan_from_json(data, "plan.json"), saved_state(), "plan.json")
+    assert str(info.value).startswith("refusing to apply plan.json: it does not write what")
+    if not tamper.startswith(("the listed", "a listed", "the route patterns")):
+        assert problems  # a write was edited: its hash no longer matches
+
+
+def test_plans_from_older_versions_are_refused() -> None:
+    """A plan file of format_version 1 (without hashes of its writes) is made again."""
+    _, data = saved_plan()
+    data["format_version"] = 1
+    del data["writes_sha256"]
+    with pytest.raises(SyncError, match="format_version is 1, not 2"):
+        plan_from_json(data, "plan.json")
+
+
 @pytest.mark.parametrize(
     "data",
     [
@@ -462,6 +548,7 @@ def test_plan_file_round_trip() -> None:
         {},
         {"format": "edgegen-plan", "format_version": 9},
         {"format": "edgegen-plan", "format_version": 1},
+        {"format": "edgegen-plan", "format_version": 2},
     ],
 )
 def test_bad_plan_files_are_refused(data: Any) -> None:

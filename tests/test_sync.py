@@ -13,6 +13,7 @@ from cloudflare_fake import ACCOUNT_ID, PERMISSIONS, TOKEN, ZONE_ID, FakeCloudfl
 from sync_support import HAND_MADE, Sleeps
 
 from edgegen import _cloudflare, _ids, cli
+from edgegen._plan import write_hashes
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "policy.yaml"
@@ -584,3 +585,185 @@ def test_the_token_never_appears(
     files = [p.read_text() for p in tmp_path.rglob("*") if p.is_file()]
     assert all(secret not in text for text in seen + files)
     assert any("did not accept the API token" in text for text in seen)
+
+
+# --- saved plans are bound to what they show ---------------------------------------------
+
+
+def saved(run: Any, tmp_path: Path, policy: Path = EXAMPLE) -> tuple[Path, dict[str, Any]]:
+    """``plan --out``: the plan file and its content."""
+    planfile = tmp_path / "plan.json"
+    code, _, err = run("plan", policy, "--out", planfile)
+    assert code == 0, err
+    return planfile, json.loads(planfile.read_text())
+
+
+def refused(run: Any, zone: FakeCloudflare, planfile: Path, data: Any, says: str) -> str:
+    """Save ``data`` as the plan; apply (and apply --dry-run) refuse it, naming ``says``,
+    with nothing written. Returns what apply said."""
+    planfile.write_text(json.dumps(data))
+    before = len(zone.log)
+    for options in ((), ("--dry-run",), ("--validate-remote",)):
+        code, out, err = run("apply", planfile, *options)
+        assert code == 1, (options, out, err)
+        assert f"refusing to apply {planfile}" in err
+        assert says in err, err
+        assert "nothing was written" in err.lower()
+        assert "Traceback" not in err
+        assert "Apply complete" not in out
+    assert [r for r in zone.log[before:] if r.is_write] == []
+    return err
+
+
+def rehash(data: dict[str, Any]) -> dict[str, Any]:
+    """The plan with its recorded hashes made to match its writes again (what someone
+    editing a plan with care would do)."""
+    return {**data, "writes_sha256": write_hashes(data["writes"], data["routes"])}
+
+
+def login_rule(data: dict[str, Any]) -> dict[str, Any]:
+    """The login rule in a plan file's rules body."""
+    return next(r for r in data["writes"]["ruleset"]["rules"] if r["ref"] == LOGIN)
+
+
+def test_an_edited_rules_body_is_refused(zone: FakeCloudflare, run: Any, tmp_path: Path) -> None:
+    """The rate of a rule set to a million in the body only: refused, nothing written."""
+    planfile, data = saved(run, tmp_path)
+    login_rule(data)["ratelimit"]["requests_per_period"] = 1_000_000
+    refused(run, zone, planfile, data, "the rules it writes no longer match")
+
+
+def test_a_body_and_change_list_edited_to_match_are_refused(
+    zone: FakeCloudflare, run: Any, tmp_path: Path
+) -> None:
+    """The change list edited to show the edited body, the recorded hash left: refused.
+    With the hash recomputed too, what apply shows is what it writes (the edited rate)."""
+    planfile, data = saved(run, tmp_path)
+    login_rule(data)["ratelimit"]["requests_per_period"] = 1_000_000
+    change = next(c for c in data["rules"] if c["ref"] == LOGIN)
+    field = next(f for f in change["fields"] if f["path"] == "ratelimit.requests_per_period")
+    field["new"] = 1_000_000
+    refused(run, zone, planfile, data, "the rules it writes no longer match")
+    planfile.write_text(json.dumps(rehash(data)))
+    code, out, err = run("apply", planfile)
+    assert code == 0, err
+    assert "ratelimit.requests_per_period: 1000000" in out
+    assert by_ref(zone)[LOGIN]["ratelimit"]["requests_per_period"] == 1_000_000
+
+
+def test_a_body_edited_with_its_hash_but_not_its_change_list_is_refused(
+    zone: FakeCloudflare, run: Any, tmp_path: Path
+) -> None:
+    """The body and its hash edited, the change list left: the body is re-derived from the
+    zone and the changes listed, and does not match."""
+    planfile, data = saved(run, tmp_path)
+    login_rule(data)["ratelimit"]["requests_per_period"] = 1_000_000
+    refused(run, zone, planfile, rehash(data), "the rules it writes are not the changes it lists")
+
+
+@pytest.mark.parametrize(
+    "edit_body",
+    [
+        lambda body: body["rules"].append(
+            {**body["rules"][0], "ref": "not-ours", "description": "slipped in"}
+        ),
+        lambda body: body["rules"][0].update(id="ffffffffffffffffffffffffffffffff"),
+        lambda body: body.update(description="changed"),
+    ],
+    ids=["a rule edgegen does not own", "an id", "the description"],
+)
+def test_any_edit_of_the_rules_written_is_refused(
+    zone: FakeCloudflare, run: Any, tmp_path: Path, edit_body: Any
+) -> None:
+    """Whatever part of the body is edited (hash recomputed), it is not what the zone and
+    the change list give."""
+    zone.seed_rules(HAND_MADE)
+    planfile, data = saved(run, tmp_path)
+    edit_body(data["writes"]["ruleset"])
+    refused(run, zone, planfile, rehash(data), "the rules it writes are not the changes it lists")
+
+
+def test_an_edited_worker_module_is_refused(zone: FakeCloudflare, run: Any, tmp_path: Path) -> None:
+    """The Worker's source replaced: refused by its hash, and (hash recomputed) because
+    its content hash is not the one the change list shows."""
+    planfile, data = saved(run, tmp_path)
+    data["writes"]["worker"]["module_source"] = "export default { fetch() { return fetch(x) } }"
+    refused(run, zone, planfile, data, "the Worker module worker.js no longer matches")
+    refused(run, zone, planfile, rehash(data), "the Worker it uploads is not the change it lists")
+    assert zone.scripts == {}
+
+
+def test_an_edited_worker_binding_is_refused(
+    zone: FakeCloudflare, run: Any, tmp_path: Path
+) -> None:
+    """A binding's limit raised in the upload: refused."""
+    planfile, data = saved(run, tmp_path)
+    data["writes"]["worker"]["bindings"][0]["simple"]["limit"] = 1_000_000
+    refused(run, zone, planfile, data, "the Worker's bindings and compatibility date no longer")
+    refused(run, zone, planfile, rehash(data), "the Worker it uploads is not the change it lists")
+
+
+def test_an_edited_route_is_refused(zone: FakeCloudflare, run: Any, tmp_path: Path) -> None:
+    """A route to add pointed at another pattern or Worker, or a route to remove pointed at
+    a route edgegen does not own: refused, and no route is touched."""
+    assert run("apply", EXAMPLE, "--auto-approve")[0] == 0
+    old = zone.add_route("old.example.com/*", WORKER)
+    shop = zone.add_route("shop.example.com/*", "shop")
+    planfile, data = saved(run, tmp_path)
+    (delete,) = [c for c in data["routes"] if c["action"] == "delete"]
+    assert delete["route_id"] == old
+    routes = dict(zone.routes)
+
+    other = json.loads(json.dumps(data))
+    next(c for c in other["routes"] if c["route_id"] == old)["route_id"] = shop
+    refused(run, zone, planfile, other, "route change 1 (remove old.example.com/*) no longer")
+    refused(run, zone, planfile, rehash(other), "the route changes are not those the zone gives")
+
+    other = json.loads(json.dumps(data))
+    next(c for c in other["routes"] if c["route_id"] == old)["pattern"] = "shop.example.com/*"
+    refused(run, zone, planfile, rehash(other), "the route changes are not those the zone gives")
+    assert zone.routes == routes
+
+
+def test_routes_added_to_a_plan_are_refused(zone: FakeCloudflare, run: Any, tmp_path: Path) -> None:
+    """A route to add that the plan's patterns do not name, or that runs another Worker:
+    refused."""
+    planfile, data = saved(run, tmp_path)
+    for route in (
+        {"action": "create", "pattern": "evil.example.com/*", "script": WORKER, "route_id": None},
+        {"action": "create", "pattern": "api.example.com/*", "script": "evil", "route_id": None},
+    ):
+        other = json.loads(json.dumps(data))
+        other["routes"] = [route]
+        refused(
+            run, zone, planfile, rehash(other), "the route changes are not those the zone gives"
+        )
+    other = json.loads(json.dumps(data))
+    other["route_patterns"] = ["evil.example.com/*"]
+    other["writes"]["worker"]["routes"] = ["evil.example.com/*"]
+    refused(run, zone, planfile, rehash(other), "the route changes are not those the zone gives")
+    assert zone.routes == {}
+
+
+def test_an_unedited_plan_applies_what_it_shows(
+    zone: FakeCloudflare, run: Any, tmp_path: Path
+) -> None:
+    """The check passes for plans as made: on a zone with hand-made rules, our routes and
+    Worker, a change of rules, Worker and routes at once."""
+    zone.seed_rules(HAND_MADE)
+    assert run("apply", EXAMPLE, "--auto-approve")[0] == 0
+    zone.add_route("old.example.com/*", WORKER)
+    path = variant(
+        tmp_path,
+        **{
+            "rate: 20/1m, action: managed_challenge": "rate: 10/1m, action: managed_challenge",
+            'routes: ["api.example.com/*"]': 'routes: ["api.example.com/v2/*"]',
+            "rate: 100/10s": "rate: 50/10s",
+        },
+    )
+    planfile, _ = saved(run, tmp_path, path)
+    shown = run("plan", path)[1]
+    code, out, err = run("apply", planfile)
+    assert code == 0, err
+    assert out.startswith(shown)
+    assert run("plan", path, "--detailed-exitcode")[0] == 0
