@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from policy import Action, EdgeTarget, Limit, Policy
+from policy import Action, EdgeTarget, Limit, Policy, Rate
 from policy.capabilities import PLANS, EdgePlacement, PlanCapabilities, place
 
 from . import _expr, _ids, _terraform, _worker
@@ -24,34 +24,53 @@ RULESET_DESCRIPTION = (
 CHARACTERISTICS = ("cf.colo.id", "ip.src")
 
 
-def rule_description(limit: Limit, unauthenticated: bool) -> str:
+CREDENTIALED_REF_SUFFIX = "-credentialed"
+
+
+def credentialed_rule_ref(name: str) -> str:
+    """The ref of a limit's second rule, for requests that carry a credential.
+
+    The limit's own ref plus ``-credentialed``: it keeps the ``edgegen:`` prefix the sync
+    owns rules by, and never equals a limit's own ref (those end in eight hex digits).
+    """
+    return _ids.rule_ref(name) + CREDENTIALED_REF_SUFFIX
+
+
+def rule_description(limit: Limit, unauthenticated: bool, credentialed: Rate | None = None) -> str:
     """A short description of a generated rule: name, rate, who is counted, action."""
     assert limit.edge is not None
+    if credentialed is not None:
+        return (
+            f"{limit.name}: {credentialed} per client IP sending a credential, "
+            f"{limit.edge.action.value}"
+        )
     who = "unauthenticated client IP" if unauthenticated else "client IP"
     return f"{limit.name}: {limit.edge.rate} per {who}, {limit.edge.action.value}"
 
 
-def rule_for(
-    policy: Policy, caps: PlanCapabilities, limit: Limit, placement: EdgePlacement
+def _rule(
+    caps: PlanCapabilities,
+    limit: Limit,
+    *,
+    ref: str,
+    description: str,
+    expression: str,
+    rate: Rate,
+    timeout: int,
 ) -> dict[str, Any]:
-    """The rule object for one limit placed as a rule (raises ExpressionError if too long)."""
     edge = limit.edge
-    assert edge is not None and placement.period is not None
-    assert placement.mitigation_timeout is not None
-    when = policy.authenticated_when
-    unauthenticated = edge.unauthenticated_only and bool(when.headers or when.cookies)
-    expression = _expr.render(
-        _expr.matcher_expression(limit.match.matcher(), when if unauthenticated else None)
-    )
+    assert edge is not None
+    period = rate.period.whole_seconds
+    assert period is not None
     rule: dict[str, Any] = {
-        "ref": _ids.rule_ref(limit.name),
-        "description": rule_description(limit, unauthenticated),
+        "ref": ref,
+        "description": description,
         "expression": expression,
         "action": edge.action.value,
     }
     if edge.action is Action.BLOCK and caps.custom_response.value:
-        retry = placement.mitigation_timeout or placement.period
-        body = _worker.problem(limit, retry)
+        retry = timeout or period
+        body = _worker.problem(limit, retry, rate)
         rule["action_parameters"] = {
             "response": {
                 "status_code": 429,
@@ -62,12 +81,78 @@ def rule_for(
         }
     rule["ratelimit"] = {
         "characteristics": list(CHARACTERISTICS),
-        "period": placement.period,
-        "requests_per_period": edge.rate.limit,
-        "mitigation_timeout": placement.mitigation_timeout,
+        "period": period,
+        "requests_per_period": rate.limit,
+        "mitigation_timeout": timeout,
     }
     rule["enabled"] = True
     return rule
+
+
+def rules_for(
+    policy: Policy, caps: PlanCapabilities, limit: Limit, placement: EdgePlacement
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rules for one limit placed as a rule, and notes on spellings left out.
+
+    One rule; or, for an "unauthenticated only" limit, two: requests without a listed
+    credential at ``rate``, requests with one at the looser credentialed rate. Raises
+    ExpressionError when even the plainest expression is over 4,096 characters.
+    """
+    edge = limit.edge
+    assert edge is not None and placement.period is not None
+    assert placement.mitigation_timeout is not None
+    when = policy.authenticated_when
+    unauthenticated = edge.unauthenticated_only and bool(when.headers or when.cookies)
+    matcher = limit.match.matcher()
+    expression, kept = _expr.fitted_expression(matcher, when if unauthenticated else None)
+    rules = [
+        _rule(
+            caps,
+            limit,
+            ref=_ids.rule_ref(limit.name),
+            description=rule_description(limit, unauthenticated),
+            expression=expression,
+            rate=edge.rate,
+            timeout=placement.mitigation_timeout,
+        )
+    ]
+    notes = _spelling_notes(kept)
+    credentialed = placement.credentialed
+    if credentialed is not None:
+        assert placement.credentialed_timeout is not None
+        expression, kept = _expr.fitted_expression(matcher, credentialed=when)
+        rules.append(
+            _rule(
+                caps,
+                limit,
+                ref=credentialed_rule_ref(limit.name),
+                description=rule_description(limit, unauthenticated, credentialed),
+                expression=expression,
+                rate=credentialed,
+                timeout=placement.credentialed_timeout,
+            )
+        )
+        notes.extend(n for n in _spelling_notes(kept) if n not in notes)
+    return rules, notes
+
+
+def _spelling_notes(kept: _expr.Spellings) -> list[str]:
+    """What a shortened expression no longer matches (the Worker and the app still do)."""
+    if kept.complete:
+        return []
+    left_out = []
+    if kept.slashes == 0:
+        left_out.append("%2F in place of any slash")
+    elif kept.slashes < _expr.MAX_SLASH_SPELLINGS:
+        # The leading slash is the first; %2F is still matched up to slash kept.slashes + 1.
+        ordinal = {1: "third", 2: "fourth"}.get(kept.slashes, f"{kept.slashes + 2}th")
+        left_out.append(f"%2F in place of the {ordinal} and later slashes of a path")
+    if not kept.trailing:
+        left_out.append("exact paths with a trailing / or %2F")
+    return [
+        f"the rule expression leaves out {' and '.join(left_out)} to stay within "
+        f"{_expr.MAX_EXPRESSION_LENGTH:,} characters"
+    ]
 
 
 def _policy_problems(policy: Policy) -> list[BuildProblem]:
@@ -134,9 +219,9 @@ def _placement_problems(
     return problems
 
 
-def _explain(placement: EdgePlacement) -> Placement:
+def _explain(placement: EdgePlacement, notes: list[str]) -> Placement:
     target = Target.RULE if placement.target is EdgeTarget.RULE else Target.WORKER
-    return Placement(placement.limit, target, placement.reasons)
+    return Placement(placement.limit, target, (*placement.reasons, *notes))
 
 
 def build(policy: Policy) -> Artifacts:
@@ -159,13 +244,15 @@ def build(policy: Policy) -> Artifacts:
 
     rules: list[dict[str, Any]] = []
     worker_limits: list[_worker.WorkerLimit] = []
+    notes: dict[str, list[str]] = {}
     if policy.cloudflare is not None:
         caps = PLANS[policy.cloudflare.plan]
         for placement in placements:
             limit = policy.limits[placement.index]
             if placement.target is EdgeTarget.RULE:
                 try:
-                    rules.append(rule_for(policy, caps, limit, placement))
+                    built, notes[limit.name] = rules_for(policy, caps, limit, placement)
+                    rules.extend(built)
                 except _expr.ExpressionError as exc:
                     problems.append(
                         BuildProblem(
@@ -178,7 +265,9 @@ def build(policy: Policy) -> Artifacts:
                         )
                     )
             elif placement.target is EdgeTarget.WORKER and placement.period is not None:
-                worker_limits.append(_worker.WorkerLimit(limit, placement.period))
+                worker_limits.append(
+                    _worker.WorkerLimit(limit, placement.period, placement.credentialed)
+                )
     problems.extend(_id_collisions(policy))
     if problems:
         raise CompileError(problems)
@@ -189,23 +278,45 @@ def build(policy: Policy) -> Artifacts:
         ruleset=ruleset,
         worker=worker,
         terraform=_terraform.render(ruleset),
-        placements=tuple(_explain(p) for p in placements if p.target is not None),
+        placements=tuple(
+            _explain(p, notes.get(p.limit, [])) for p in placements if p.target is not None
+        ),
     )
 
 
 def _id_collisions(policy: Policy) -> list[BuildProblem]:
-    """Two limits whose derived ids collide (a 32-bit hash clash: possible, never seen)."""
+    """Two limits whose derived ids collide (a 32-bit hash clash: possible, never seen).
+
+    Each kind of id is checked over every id of that kind the build may write, the second
+    rule's and binding's included.
+    """
     problems: list[BuildProblem] = []
     worker = policy.cloudflare.worker if policy.cloudflare else None
-    derived = [("rule ref", _ids.rule_ref)]
-    if worker is not None:
-        derived.append(("namespace_id", lambda name: _ids.namespace_id(worker.name, name)))
-        derived.append(("binding name", _ids.binding_name))
     names = [limit.name for limit in policy.limits if limit.edge is not None]
-    for label, derive in derived:
+    derived: list[tuple[str, list[tuple[str, str]]]] = [
+        (
+            "rule ref",
+            [(_ids.rule_ref(n), n) for n in names] + [(credentialed_rule_ref(n), n) for n in names],
+        )
+    ]
+    if worker is not None:
+        derived.append(
+            (
+                "namespace_id",
+                [(_ids.namespace_id(worker.name, n), n) for n in names]
+                + [(_worker.credentialed_namespace_id(worker.name, n), n) for n in names],
+            )
+        )
+        derived.append(
+            (
+                "binding name",
+                [(_ids.binding_name(n), n) for n in names]
+                + [(_worker.credentialed_binding_name(n), n) for n in names],
+            )
+        )
+    for label, values in derived:
         owner: dict[str, str] = {}
-        for name in names:
-            value = derive(name)
+        for value, name in values:
             if value in owner and owner[value] != name:
                 problems.append(
                     BuildProblem(

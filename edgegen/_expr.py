@@ -5,10 +5,23 @@ escapes it; nothing else in edgegen writes expression text. Operands are parenth
 whenever they are not a single comparison, so precedence never depends on the reader
 knowing that ``and`` binds tighter than ``or``. :func:`render` refuses expressions over
 Cloudflare's 4,096-character limit.
+
+Paths. Policy paths are decoded (``/café``, as the router declares them); rules compare
+``http.request.uri.path``, which holds the path after the zone's URL normalisation:
+escaped unreserved characters decoded, other escapes in upper-case hex, literal bytes
+outside the URL path set percent-encoded, dot segments removed, and (type "cloudflare")
+``\\`` turned into ``/`` and ``//`` merged. :func:`normalized_path` writes a policy path
+in that form. ``%2F`` is not decoded there, yet the app decodes it (``/api%2Fitems`` reaches
+the handler of ``/api/items``), so :func:`path_spellings` also lists ``%2F`` in place of
+each of the policy path's own slashes after the leading one (the first
+``MAX_SLASH_SPELLINGS``), and an exact path with one trailing ``/`` or ``%2F``.
+:func:`fitted_expression` drops spellings (the ``%2F`` of later slashes first, the trailing
+ones last) when the expression would pass 4,096 characters.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -16,6 +29,17 @@ from policy import AuthenticatedWhen, Matcher
 from policy.capabilities import COOKIES, HEADERS, HOST, METHOD, PATH
 
 MAX_EXPRESSION_LENGTH = 4096
+# The slashes after the leading one, per policy path or prefix, whose %2F spelling the rule
+# matches too: 2**3 = 8 spellings of a path at most (24 for an exact path, with the
+# trailing / and %2F), so that a few paths stay well within the length limit.
+MAX_SLASH_SPELLINGS = 3
+ENCODED_SLASH = "%2F"
+# What Cloudflare's URL normalisation leaves literal in a path (RFC 3986 unreserved and
+# reserved characters); every other byte is percent-encoded with upper-case hex. "%" is
+# not among them: a policy path holds no escapes, so its "%" is a literal one, "%25".
+_NORMALIZED_LITERAL = frozenset(
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~:/?#[]@!$&'()*+,;="
+)
 
 
 class ExpressionError(ValueError):
@@ -125,12 +149,83 @@ def cookie_present(name: str) -> Expr:
     return Expr(f"len({COOKIES}[{string(name)}]) gt 0")
 
 
-def path_condition(matcher: Matcher) -> Expr | None:
-    """Exact paths OR prefixes; None when the matcher takes every path."""
+@dataclass(frozen=True, slots=True)
+class Spellings:
+    """Which spellings of the policy's paths an expression matches besides the plain one.
+
+    ``slashes``: how many of each path's slashes after the leading one may also be ``%2F``;
+    ``trailing``: exact paths also with one trailing ``/`` or ``%2F``.
+    """
+
+    slashes: int = MAX_SLASH_SPELLINGS
+    trailing: bool = True
+
+    @property
+    def complete(self) -> bool:
+        """True when nothing was left out to fit the length limit."""
+        return self.slashes == MAX_SLASH_SPELLINGS and self.trailing
+
+
+ALL_SPELLINGS = Spellings()
+# Tried in this order until the expression fits in 4,096 characters.
+SPELLING_STEPS = (
+    *(Spellings(n) for n in range(MAX_SLASH_SPELLINGS, -1, -1)),
+    Spellings(0, trailing=False),
+)
+
+
+def normalized_path(path: str) -> str:
+    """A decoded path or prefix from the policy as the normalised request path holds it.
+
+    ``/café`` becomes ``/caf%C3%A9``, ``/a b`` ``/a%20b``, ``/a|b`` ``/a%7Cb``, ``/100%``
+    ``/100%25``; unreserved and reserved characters stay.
+    """
+    try:
+        data = path.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(path[exc.start])
+        raise ExpressionError(
+            f"{path!r} contains the character U+{code:04X}, which a rule expression cannot "
+            "hold; remove it"
+        ) from None
+    return "".join(chr(b) if b in _NORMALIZED_LITERAL else f"%{b:02X}" for b in data)
+
+
+def path_spellings(path: str, *, exact: bool, spellings: Spellings = ALL_SPELLINGS) -> list[str]:
+    """The spellings of a policy path (``exact``) or prefix a rule compares the path with.
+
+    The normalised form, with ``%2F`` for any of its first ``spellings.slashes`` slashes
+    after the leading one (the app decodes ``%2F``; Cloudflare's normalisation does not); an
+    exact path also with one trailing ``/`` or ``%2F`` (the app reads ``/login/`` as
+    ``/login``). The plain spelling comes first.
+    """
+    encoded = normalized_path(path)
+    head, pieces = encoded[:1], encoded[1:].split("/")
+    inner = len(pieces) - 1
+    varied = min(spellings.slashes, inner)
+    out: list[str] = []
+    for choice in itertools.product(("/", ENCODED_SLASH), repeat=varied):
+        separators = (*choice, *("/",) * (inner - varied))
+        text = head + pieces[0] + "".join(map("".join, zip(separators, pieces[1:], strict=True)))
+        endings = ("", "/", ENCODED_SLASH) if exact and spellings.trailing else ("",)
+        out.extend(text + ending for ending in endings)
+    return list(dict.fromkeys(out))
+
+
+def path_condition(matcher: Matcher, spellings: Spellings = ALL_SPELLINGS) -> Expr | None:
+    """Exact paths OR prefixes, in every listed spelling; None when the matcher takes every
+    path."""
     parts: list[Expr] = []
     if matcher.paths:
-        parts.append(one_of(PATH, sorted(matcher.paths)))
-    parts.extend(starts_with(PATH, prefix) for prefix in matcher.path_prefixes)
+        values = {
+            s for p in matcher.paths for s in path_spellings(p, exact=True, spellings=spellings)
+        }
+        parts.append(one_of(PATH, sorted(values)))
+    for prefix in matcher.path_prefixes:
+        parts.extend(
+            starts_with(PATH, spelling)
+            for spelling in path_spellings(prefix, exact=False, spellings=spellings)
+        )
     return any_of(parts) if parts else None
 
 
@@ -159,21 +254,58 @@ def authenticated(when: AuthenticatedWhen) -> Expr | None:
     return any_of(parts) if parts else None
 
 
-def matcher_expression(matcher: Matcher, unauthenticated: AuthenticatedWhen | None = None) -> Expr:
-    """The expression for a policy matcher, optionally limited to unauthenticated requests.
+def matcher_expression(
+    matcher: Matcher,
+    unauthenticated: AuthenticatedWhen | None = None,
+    *,
+    credentialed: AuthenticatedWhen | None = None,
+    spellings: Spellings = ALL_SPELLINGS,
+) -> Expr:
+    """The expression for a policy matcher, optionally limited to the requests without
+    (``unauthenticated``) or with (``credentialed``) one of the listed credentials.
 
-    Means the same as ``Matcher.matches``: (exact paths OR prefixes) AND methods AND hosts.
+    Means the same as ``Matcher.matches_raw`` on the normalised path: (exact paths OR
+    prefixes) AND methods AND hosts.
     """
     parts = [
         part
-        for part in (path_condition(matcher), method_condition(matcher), host_condition(matcher))
+        for part in (
+            path_condition(matcher, spellings),
+            method_condition(matcher),
+            host_condition(matcher),
+        )
         if part is not None
     ]
     if unauthenticated is not None:
         credentials = authenticated(unauthenticated)
         if credentials is not None:
             parts.append(not_(credentials))
+    if credentialed is not None:
+        credentials = authenticated(credentialed)
+        if credentials is not None:
+            parts.append(credentials)
     return all_of(parts)
+
+
+def fitted_expression(
+    matcher: Matcher,
+    unauthenticated: AuthenticatedWhen | None = None,
+    *,
+    credentialed: AuthenticatedWhen | None = None,
+) -> tuple[str, Spellings]:
+    """The expression text with as many path spellings as fit in 4,096 characters.
+
+    Returns the text and the spellings it kept; ExpressionError when even the plain
+    spellings are too long.
+    """
+    expr = TRUE
+    for spellings in SPELLING_STEPS:
+        expr = matcher_expression(
+            matcher, unauthenticated, credentialed=credentialed, spellings=spellings
+        )
+        if len(expr.text) <= MAX_EXPRESSION_LENGTH:
+            return expr.text, spellings
+    return render(expr), SPELLING_STEPS[-1]
 
 
 def render(expr: Expr) -> str:

@@ -6,7 +6,9 @@ included verbatim; ``worker.js.j2`` adds one JSON blob of policy data and the mo
 
 Ids: each limit in the Worker gets a binding ``RL_<SLUG>_<HASH>`` and a ``namespace_id``
 derived from the Worker's name and the limit's name (see ``_ids``), so redeploying the
-same policy keeps its counters.
+same policy keeps its counters. An "unauthenticated only" limit gets a second binding for
+requests that carry a credential, ``RL_<SLUG>_<HASH>_CREDENTIALED``, whose namespace id is
+derived from the same names plus ``credentialed``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import jinja2
 
-from policy import Limit, Policy, Worker
+from policy import Limit, Policy, Rate, Worker
 
 from . import _ids
 from ._artifacts import WorkerArtifact
@@ -27,6 +29,7 @@ TEMPLATE_PACKAGE = "edgegen._worker_templates"
 MODULE_TEMPLATE = "worker.js.j2"
 LOGIC_FILE = "limiter.js"
 MAIN_MODULE = "worker.js"
+CREDENTIALED_SUFFIX = "_CREDENTIALED"
 
 # Characters that must not appear literally in the JSON blob: <, > and & so that no policy
 # string can look like markup (</script>, <!--) to any tool that scans the file, and
@@ -52,10 +55,14 @@ def script_json(value: object) -> str:
     return text
 
 
-def problem(limit: Limit, retry_after: int) -> dict[str, Any]:
-    """The RFC 9457 body of a 429 for a limit (the rules' custom response uses it too)."""
+def problem(limit: Limit, retry_after: int, rate: Rate | None = None) -> dict[str, Any]:
+    """The RFC 9457 body of a 429 for a limit (the rules' custom response uses it too).
+
+    ``rate`` is the rate that refused (default: the limit's edge rate; the credentialed
+    counter passes its own).
+    """
     assert limit.edge is not None
-    rate = limit.edge.rate
+    rate = rate or limit.edge.rate
     return {
         "type": "about:blank",
         "title": "Too Many Requests",
@@ -66,26 +73,41 @@ def problem(limit: Limit, retry_after: int) -> dict[str, Any]:
     }
 
 
-def policy_header(limit: Limit, period: int) -> str:
+def policy_header(limit: Limit, period: int, rate: Rate | None = None) -> str:
     """The ``RateLimit-Policy`` value: ``"name";q=100;w=60`` (an RFC 8941 string item).
 
     A structured-field string holds printable ASCII only; a name with anything else is
     written as its stable slug-and-hash id instead.
     """
     assert limit.edge is not None
+    rate = rate or limit.edge.rate
     name = limit.name
     if not all(0x20 <= ord(c) <= 0x7E for c in name):
         name = f"{_ids.slug(name)}-{_ids.short_hash(name)}"
     quoted = name.replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{quoted}";q={limit.edge.rate.limit};w={period}'
+    return f'"{quoted}";q={rate.limit};w={period}'
+
+
+def credentialed_binding_name(name: str) -> str:
+    """The binding of a limit's counter for requests that carry a credential."""
+    return _ids.binding_name(name) + CREDENTIALED_SUFFIX
+
+
+def credentialed_namespace_id(worker: str, name: str) -> str:
+    """The namespace id of that binding: like ``_ids.namespace_id``, over one more part.
+
+    A limit name never holds a NUL (names are printable), so no limit's own id can equal it.
+    """
+    return _ids.namespace_id(worker, f"{name}\0credentialed")
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerLimit:
-    """One limit as the Worker carries it."""
+    """One limit as the Worker carries it (``credentialed``: the rate of its second counter)."""
 
     limit: Limit
     period: int
+    credentialed: Rate | None = None
 
     @property
     def binding(self) -> str:
@@ -98,32 +120,64 @@ class WorkerLimit:
         assert self.limit.edge is not None
         return self.limit.edge.rate.limit
 
+    @property
+    def credentialed_period(self) -> int:
+        """The period of the credentialed counter, in seconds (10 or 60, as placed)."""
+        assert self.credentialed is not None
+        period = self.credentialed.period.whole_seconds
+        assert period is not None
+        return period
+
+
+def _counter(limit: Limit, binding: str, rate: Rate, period: int) -> dict[str, Any]:
+    """What the Worker needs to count one counter and to answer its 429."""
+    return {
+        "name": limit.name,
+        "binding": binding,
+        "limit": rate.limit,
+        "period": period,
+        "policy": policy_header(limit, period, rate),
+        "problem": problem(limit, period, rate),
+    }
+
 
 def config(policy: Policy, limits: list[WorkerLimit]) -> dict[str, Any]:
-    """The data the Worker's logic reads: credentials and, per limit, matcher and binding."""
+    """The data the Worker's logic reads: credentials, the IPv6 prefix and, per limit,
+    matcher and counters (the second one for requests that carry a credential, or null)."""
     when = policy.authenticated_when
     entries: list[dict[str, Any]] = []
     for item in limits:
         limit = item.limit
         assert limit.edge is not None
         matcher = limit.match.matcher()
+        own = _counter(limit, item.binding, limit.edge.rate, item.period)
+        credentialed = None
+        if item.credentialed is not None:
+            credentialed = _counter(
+                limit,
+                credentialed_binding_name(limit.name),
+                item.credentialed,
+                item.credentialed_period,
+            )
         entries.append(
             {
-                "name": limit.name,
-                "binding": item.binding,
+                "name": own["name"],
+                "binding": own["binding"],
                 "paths": sorted(matcher.paths),
                 "pathPrefixes": list(matcher.path_prefixes),
                 "methods": sorted(matcher.methods),
                 "hosts": list(matcher.hosts),
                 "unauthenticatedOnly": limit.edge.unauthenticated_only,
-                "limit": limit.edge.rate.limit,
-                "period": item.period,
-                "policy": policy_header(limit, item.period),
-                "problem": problem(limit, item.period),
+                "limit": own["limit"],
+                "period": own["period"],
+                "policy": own["policy"],
+                "problem": own["problem"],
+                "withCredential": credentialed,
             }
         )
     return {
         "authenticatedWhen": {"headers": list(when.headers), "cookies": list(when.cookies)},
+        "ipv6Prefix": policy.clients.ipv6_prefix,
         "limits": entries,
     }
 
@@ -168,16 +222,33 @@ def toml_string(value: str) -> str:
 
 
 def bindings(worker: Worker, limits: list[WorkerLimit]) -> tuple[dict[str, Any], ...]:
-    """The ratelimit bindings in the upload-metadata form of the Cloudflare API."""
-    return tuple(
-        {
-            "type": "ratelimit",
-            "name": item.binding,
-            "namespace_id": _ids.namespace_id(worker.name, item.limit.name),
-            "simple": {"limit": item.requests, "period": item.period},
-        }
-        for item in limits
-    )
+    """The ratelimit bindings in the upload-metadata form of the Cloudflare API.
+
+    Per limit in policy order: its own binding, then the one for credentialed requests.
+    """
+    out: list[dict[str, Any]] = []
+    for item in limits:
+        out.append(
+            {
+                "type": "ratelimit",
+                "name": item.binding,
+                "namespace_id": _ids.namespace_id(worker.name, item.limit.name),
+                "simple": {"limit": item.requests, "period": item.period},
+            }
+        )
+        if item.credentialed is not None:
+            out.append(
+                {
+                    "type": "ratelimit",
+                    "name": credentialed_binding_name(item.limit.name),
+                    "namespace_id": credentialed_namespace_id(worker.name, item.limit.name),
+                    "simple": {
+                        "limit": item.credentialed.limit,
+                        "period": item.credentialed_period,
+                    },
+                }
+            )
+    return tuple(out)
 
 
 def wrangler_toml(policy: Policy, worker: Worker, binding_list: tuple[dict[str, Any], ...]) -> str:
@@ -212,7 +283,12 @@ def wrangler_toml(policy: Policy, worker: Worker, binding_list: tuple[dict[str, 
         lines.extend(
             [
                 "",
-                f"# {simple['limit']} requests per {simple['period']} s per client IP",
+                f"# {simple['limit']} requests per {simple['period']} s per client IP"
+                + (
+                    ", requests that carry a credential"
+                    if binding["name"].endswith(CREDENTIALED_SUFFIX)
+                    else ""
+                ),
                 "[[ratelimits]]",
                 f"name = {toml_string(binding['name'])}",
                 f"namespace_id = {toml_string(binding['namespace_id'])}",

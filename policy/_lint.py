@@ -17,6 +17,8 @@ L105    info      two limits' matchers overlap (a request counts against both)
 L106    warning   an app limit gives no rate for some tier (that tier is unlimited)
 L107    info      a limit runs in shadow mode (enforce: false)
 L108    warning   unauthenticated_only with no credentials in authenticated_when
+L109    error     an edge credentialed_rate that is not looser than the limit's rate
+L110    warning   an edge credentialed_rate that nothing uses
 L201    error     an edge limit that neither a rule on the plan nor the Worker can carry
 L202    error     ``target: rule``, but the plan cannot carry the limit as a rule
 L203    error     ``target: worker``, but the Worker binding cannot carry the limit
@@ -26,6 +28,8 @@ L206    info      a field the plan's rules cannot use sends a limit to the Worke
 L207    info      the plan's rule quota is used up, so a limit goes to the Worker
 L208    info      a limit in the Worker has a timeout the Worker cannot honour
 L209    warning   the Worker carries limits but has no routes
+L210    warning   a rule counts each IPv6 address, the policy counts IPv6 per network
+                  (info when only a rule can carry the limit)
 ======  ========  ==============================================================
 
 The L2xx decisions come from ``policy.capabilities.place``, the same function the edge
@@ -222,6 +226,47 @@ class _Linter:
                 f"limit {limit.name!r} counts unauthenticated requests only, but "
                 "authenticated_when lists no headers or cookies, so every request counts; "
                 "add authenticated_when or set unauthenticated_only: false",
+                limit.name,
+            )
+        self.credentialed(index, limit)
+
+    def credentialed(self, index: int, limit: Limit) -> None:
+        edge = limit.edge
+        assert edge is not None
+        given = edge.credentialed_rate
+        if given is None:
+            return
+        path: FieldPath = ("limits", index, "edge", "credentialed_rate")
+        if capabilities.credentialed_rate(self.policy, limit) is None:
+            why = (
+                "the limit counts every request alike (unauthenticated_only: false)"
+                if not edge.unauthenticated_only
+                else "authenticated_when lists no headers or cookies"
+            )
+            self.add(
+                "L110",
+                Severity.WARNING,
+                path,
+                f"limit {limit.name!r} sets credentialed_rate {given}, which has no effect: "
+                f"{why}; remove it",
+                limit.name,
+            )
+            return
+        # Looser: never fewer requests than rate over either period, more over at least one.
+        windows = sorted({edge.rate.period.ms, given.period.ms}, reverse=True)
+        counts = [(allowance((given,), w), allowance((edge.rate,), w), w) for w in windows]
+        worse = [c for c in counts if c[0] < c[1]]
+        if worse or all(mine <= anonymous for mine, anonymous, _ in counts):
+            mine, anonymous, window = (worse or counts)[0]
+            self.add(
+                "L109",
+                Severity.ERROR,
+                path,
+                f"limit {limit.name!r}: credentialed_rate {given} is not looser than rate "
+                f"{edge.rate} ({_fmt(mine)} against {_fmt(anonymous)} per "
+                f"{_window(window)}), so a request that carries a credential would get no "
+                "more than an anonymous one; raise it (the default is ten times rate) or "
+                "remove it",
                 limit.name,
             )
 

@@ -20,6 +20,11 @@ the compiler makes:
 - otherwise nowhere, and the decision carries a sentence naming the limit, what is missing
   and the nearest thing that would work.
 
+An "unauthenticated only" limit (with credentials listed in ``authenticated_when``) has two
+counters: requests without a credential at ``rate``, requests that carry one at the looser
+:func:`credentialed_rate`. As rules that is two rules (both count against the quota); in the
+Worker, two bindings. Both counters must fit the target.
+
 Rule slots go first to limits forced with ``target: rule``, then to limits only a rule can
 carry, then to the rest in policy order, so a full quota pushes the most flexible limits to
 the Worker rather than failing.
@@ -34,7 +39,7 @@ from typing import Any, Generic, TypeVar
 
 from ._errors import Severity
 from ._model import EdgeLimit, Limit, Policy
-from ._vocab import Action, Duration, EdgeTarget, Plan
+from ._vocab import MAX_LIMIT, Action, Duration, EdgeTarget, Plan, Rate
 
 T = TypeVar("T")
 
@@ -317,6 +322,37 @@ def lowest_plan_with_field(name: str) -> PlanCapabilities | None:
 
 # --- placement ---------------------------------------------------------------------------
 
+# A credentialed_rate left out is this many times the rate, over the same period.
+CREDENTIALED_FACTOR = 10
+
+
+def credentialed_rate(policy: Policy, limit: Limit) -> Rate | None:
+    """The per-IP rate for requests that carry a listed credential, or None.
+
+    Only "unauthenticated only" limits of a policy that lists credentials have one: such
+    requests are not exempt (the edge can only see that a credential is present, not that it
+    is valid), they are counted apart at this looser rate. Default: ten times ``rate``.
+    """
+    edge = limit.edge
+    when = policy.authenticated_when
+    if edge is None or not edge.unauthenticated_only or not (when.headers or when.cookies):
+        return None
+    if edge.credentialed_rate is not None:
+        return edge.credentialed_rate
+    return Rate(min(edge.rate.limit * CREDENTIALED_FACTOR, MAX_LIMIT), edge.rate.period)
+
+
+def rule_count(policy: Policy, limit: Limit) -> int:
+    """How many rules the limit takes as rules: two when credentialed requests count apart."""
+    return 2 if credentialed_rate(policy, limit) is not None else 1
+
+
+def credentialed_timeout(edge: EdgeLimit, rate: Rate) -> int | None:
+    """The mitigation timeout of the rule for credentialed requests (at ``rate``)."""
+    if edge.action is Action.BLOCK and edge.timeout is None:
+        return rate.period.whole_seconds
+    return _effective_timeout(edge)
+
 
 @dataclass(frozen=True, slots=True)
 class Shortfall:
@@ -345,6 +381,8 @@ class EdgePlacement:
 
     ``period`` is the limit's period in seconds (None when not whole seconds);
     ``mitigation_timeout`` is what the rule sends (only meaningful for rules).
+    ``credentialed`` is the rate for requests that carry a credential when the limit counts
+    them apart (a second rule or binding), with that rule's ``credentialed_timeout``.
     """
 
     index: int
@@ -359,6 +397,8 @@ class EdgePlacement:
     error_lacks: str | None = None
     error_fix: str | None = None
     findings: tuple[Finding, ...] = field(default=())
+    credentialed: Rate | None = None
+    credentialed_timeout: int | None = None
 
 
 def _seconds_text(seconds: int) -> str:
@@ -468,6 +508,9 @@ def rule_shortfalls(policy: Policy, limit: Limit, caps: PlanCapabilities) -> lis
                 ("edge", "timeout") if edge.timeout is not None else ("edge", "rate"),
             )
         )
+    credentialed = credentialed_rate(policy, limit)
+    if credentialed is not None and credentialed.period != edge.rate.period:
+        out.extend(_credentialed_rule_shortfalls(edge, credentialed, caps))
     matcher = limit.match.matcher()
     needed: list[str] = []
     if not matcher.matches_all_paths:
@@ -505,8 +548,44 @@ def rule_shortfalls(policy: Policy, limit: Limit, caps: PlanCapabilities) -> lis
     return out
 
 
-def worker_shortfalls(limit: Limit) -> list[Shortfall]:
-    """Everything the Worker binding lacks to express the limit (empty: it can)."""
+def _credentialed_rule_shortfalls(
+    edge: EdgeLimit, credentialed: Rate, caps: PlanCapabilities
+) -> list[Shortfall]:
+    """What the second rule (requests with a credential) lacks when its period is its own."""
+    plan = f"the {caps.plan.value} plan"
+    if credentialed.period.whole_seconds not in caps.periods.value:
+        picks = _nearest(credentialed.period.ms, caps.periods.value)
+        return [
+            Shortfall(
+                "period",
+                f"credentialed_rate period {credentialed.period} is not available on {plan} "
+                f"(it offers {_periods_text(caps.periods.value)})",
+                "use credentialed_rate: "
+                + _scaled_rates(credentialed.limit, credentialed.period.ms, picks),
+                ("edge", "credentialed_rate"),
+            )
+        ]
+    timeout = credentialed_timeout(edge, credentialed)
+    if timeout is None or (timeout != 0 and timeout not in caps.mitigation_timeouts.value):
+        picks = _nearest(credentialed.period.ms, caps.mitigation_timeouts.value)
+        return [
+            Shortfall(
+                "timeout",
+                f"a timeout of {credentialed.period} (the credentialed_rate period) is not "
+                f"available on {plan} (it offers "
+                f"{_periods_text(caps.mitigation_timeouts.value)})",
+                f"set timeout: {_list_text(_seconds_text(p) for p in picks)}",
+                ("edge", "credentialed_rate"),
+            )
+        ]
+    return []
+
+
+def worker_shortfalls(limit: Limit, policy: Policy | None = None) -> list[Shortfall]:
+    """Everything the Worker binding lacks to express the limit (empty: it can).
+
+    With the policy, the binding for credentialed requests is checked too.
+    """
     edge = limit.edge
     assert edge is not None
     out: list[Shortfall] = []
@@ -520,6 +599,23 @@ def worker_shortfalls(limit: Limit) -> list[Shortfall]:
                 f"{edge.rate.period}",
                 f"use {_scaled_rates(edge.rate.limit, edge.rate.period.ms, picks)}",
                 ("edge", "rate"),
+            )
+        )
+    credentialed = credentialed_rate(policy, limit) if policy is not None else None
+    if (
+        credentialed is not None
+        and credentialed.period != edge.rate.period
+        and credentialed.period.whole_seconds not in periods
+    ):
+        picks = _nearest(credentialed.period.ms, periods)
+        out.append(
+            Shortfall(
+                "period",
+                f"the Worker binding only offers periods of {_periods_text(periods)}, not "
+                f"{credentialed.period} (credentialed_rate)",
+                "use credentialed_rate: "
+                + _scaled_rates(credentialed.limit, credentialed.period.ms, picks),
+                ("edge", "credentialed_rate"),
             )
         )
     if edge.action not in WORKER.actions.value:
@@ -570,29 +666,56 @@ def place(policy: Policy) -> tuple[EdgePlacement, ...]:
     edges = [(i, limit) for i, limit in enumerate(policy.limits) if limit.edge is not None]
     targets = {i: limit.edge.target for i, limit in edges if limit.edge is not None}
     rule_lacks = {i: rule_shortfalls(policy, limit, caps) for i, limit in edges}
-    worker_lacks = {i: worker_shortfalls(limit) for i, limit in edges}
+    worker_lacks = {i: worker_shortfalls(limit, policy) for i, limit in edges}
+    slots = {i: rule_count(policy, limit) for i, limit in edges}
 
-    # Rule slots: forced rules first, then limits only a rule can carry, then the rest.
+    # Rule slots: forced rules first, then limits only a rule can carry, then the rest; a
+    # limit that needs two rules and finds one free goes on, and later limits may take it.
     candidates = [i for i, _ in edges if targets[i] is not EdgeTarget.WORKER and not rule_lacks[i]]
     forced = [i for i in candidates if targets[i] is EdgeTarget.RULE]
     rule_only = [i for i in candidates if i not in forced and worker_lacks[i]]
     flexible = [i for i in candidates if i not in forced and i not in rule_only]
     quota = caps.max_rules.value
-    granted = set((forced + rule_only + flexible)[:quota])
-    quota_full = Shortfall(
-        "quota",
-        f"the {caps.plan.value} plan allows {quota} rate limiting rule"
-        f"{'s' if quota != 1 else ''} and other limits already use "
-        f"{'them' if quota != 1 else 'it'}",
-        "move another limit to the Worker with target: worker, or use a larger plan",
-    )
+    granted: set[int] = set()
+    used = 0
+    for index in forced + rule_only + flexible:
+        if used + slots[index] <= quota:
+            granted.add(index)
+            used += slots[index]
     placements: list[EdgePlacement] = []
     for index, limit in edges:
         lacks = list(rule_lacks[index])
         if not lacks and index not in granted and targets[index] is not EdgeTarget.WORKER:
-            lacks.append(quota_full)
-        placements.append(_decide(caps, index, limit, lacks, worker_lacks[index]))
+            lacks.append(_quota_full(caps, slots[index]))
+        placements.append(
+            _decide(
+                caps,
+                index,
+                limit,
+                lacks,
+                worker_lacks[index],
+                credentialed=credentialed_rate(policy, limit),
+                ipv6_prefix=policy.clients.ipv6_prefix,
+            )
+        )
     return tuple(placements)
+
+
+def _quota_full(caps: PlanCapabilities, needed: int) -> Shortfall:
+    quota = caps.max_rules.value
+    rules = f"{quota} rate limiting rule{'s' if quota != 1 else ''}"
+    if needed == 1:
+        what = f"the {caps.plan.value} plan allows {rules} and other limits already use " + (
+            "them" if quota != 1 else "it"
+        )
+    else:
+        what = (
+            f"the {caps.plan.value} plan allows {rules}; this limit needs {needed} (one more "
+            "for requests that carry a credential) and other limits leave fewer free"
+        )
+    return Shortfall(
+        "quota", what, "move another limit to the Worker with target: worker, or use a larger plan"
+    )
 
 
 def _decide(
@@ -601,6 +724,9 @@ def _decide(
     limit: Limit,
     rule_lacks: list[Shortfall],
     worker_lacks: list[Shortfall],
+    *,
+    credentialed: Rate | None,
+    ipv6_prefix: int,
 ) -> EdgePlacement:
     edge = limit.edge
     assert edge is not None
@@ -614,6 +740,13 @@ def _decide(
             reasons.insert(0, "target: rule")
         if edge.action in _CHALLENGES and not caps.challenge_timeout.value:
             reasons.append(f"{edge.action.value} throttles (mitigation_timeout 0) below Enterprise")
+        if credentialed is not None:
+            reasons.append(
+                f"requests that carry a credential: a second rule, {credentialed} per client IP"
+            )
+        per_address: tuple[Finding, ...] = ()
+        if ipv6_prefix < 128:
+            per_address = (_per_address_finding(limit.name, base, ipv6_prefix, worker_lacks),)
         return EdgePlacement(
             index,
             limit.name,
@@ -621,6 +754,11 @@ def _decide(
             tuple(reasons),
             period,
             _effective_timeout(edge),
+            findings=per_address,
+            credentialed=credentialed,
+            credentialed_timeout=(
+                None if credentialed is None else credentialed_timeout(edge, credentialed)
+            ),
         )
 
     if target is EdgeTarget.RULE or worker_lacks:
@@ -687,6 +825,10 @@ def _decide(
             )
         )
     why.append("the Worker binding can express it")
+    if credentialed is not None:
+        why.append(
+            f"requests that carry a credential: a second binding, {credentialed} per client IP"
+        )
     return EdgePlacement(
         index,
         limit.name,
@@ -697,7 +839,30 @@ def _decide(
         tuple(rule_lacks),
         (),
         findings=tuple(found),
+        credentialed=credentialed,
     )
+
+
+def _per_address_finding(
+    name: str, base: tuple[str | int, ...], ipv6_prefix: int, worker_lacks: list[Shortfall]
+) -> Finding:
+    """L210: a rule counts each IPv6 address, where the policy counts IPv6 per network.
+
+    Cloudflare's docs do not say that ``ip.src`` groups IPv6 addresses, so edgegen assumes
+    a rule counts every address apart: a client holding a /64 gets a fresh quota with each
+    address it picks. A warning when the Worker could carry the limit instead (it counts
+    per prefix); info when only a rule can (a challenge, a period the Worker lacks).
+    """
+    message = (
+        f"limit {name!r} runs as a rule, and rules count each IPv6 address on its own "
+        f"(ip.src), while clients.ipv6_prefix counts an IPv6 client per /{ipv6_prefix}: a "
+        "client holding a whole network gets a fresh quota with every address it uses"
+    )
+    if worker_lacks:
+        message += "; only a rule can carry this limit, so the Worker is no alternative here"
+        return Finding("L210", Severity.INFO, (*base, "edge"), message, name)
+    message += f"; set target: worker to count IPv6 clients per /{ipv6_prefix}"
+    return Finding("L210", Severity.WARNING, (*base, "edge"), message, name)
 
 
 def findings(policy: Policy) -> list[Finding]:

@@ -17,6 +17,10 @@ Grammar (the subset)::
     value      := (call | FIELD) index*
     call       := NAME "(" comparison ("," STRING)* ")"
     index      := "[" STRING "]" | "[*]"
+
+:func:`cloudflare_normalize` models the zone's URL normalisation, which decides what
+``http.request.uri.path`` holds for a raw request path (see docs/edge.md, "What each layer
+sees").
 """
 
 from __future__ import annotations
@@ -42,6 +46,93 @@ _TOKEN = re.compile(
 
 class ParseError(ValueError):
     """The expression is not in the subset (or not well formed at all)."""
+
+
+# --- Cloudflare's URL normalisation -------------------------------------------------------
+
+NORMALIZATION_TYPES = ("cloudflare", "rfc3986", "none")
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+# RFC 3986 reserved characters, which the normalisation neither encodes nor decodes.
+_RESERVED = frozenset(b":/?#[]@!$&'()*+,;=")
+_HEX = frozenset(b"0123456789ABCDEFabcdef")
+_SLASH_RUN = re.compile(r"/{2,}")
+
+
+def _path_bytes(raw: str) -> bytes:
+    """A str as the bytes a client sends: UTF-8; surrogate escapes are the bytes they hold,
+    lone surrogates become U+FFFD."""
+    try:
+        return raw.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        cleaned = "".join(
+            "\ufffd" if 0xD800 <= ord(c) <= 0xDFFF and not 0xDC80 <= ord(c) <= 0xDCFF else c
+            for c in raw
+        )
+        return cleaned.encode("utf-8", "surrogateescape")
+
+
+def remove_dot_segments(path: str) -> str:
+    """RFC 3986 section 5.2.4, step by step as the RFC writes it."""
+    source, out = path, ""
+    while source:
+        if source.startswith("../"):
+            source = source[3:]
+        elif source.startswith("./"):
+            source = source[2:]
+        elif source.startswith("/./"):
+            source = "/" + source[3:]
+        elif source == "/.":
+            source = "/"
+        elif source.startswith("/../") or source == "/..":
+            source = "/" + source[4:] if source.startswith("/../") else "/"
+            out = out[: max(out.rfind("/"), 0)]
+        elif source in (".", ".."):
+            source = ""
+        else:
+            end = source.find("/", 1 if source.startswith("/") else 0)
+            end = len(source) if end < 0 else end
+            out, source = out + source[:end], source[end:]
+    return out
+
+
+def cloudflare_normalize(raw_path: str, type_: str = "cloudflare") -> str:
+    """What ``http.request.uri.path`` holds for a raw request path (query and fragment are
+    not part of it), under the zone's URL normalisation.
+
+    - ``"cloudflare"`` (the default type, scope "incoming"): ``\\`` turned into ``/``, runs
+      of ``/`` merged, then the RFC 3986 steps below.
+    - ``"rfc3986"``: escaped unreserved characters (``A-Z a-z 0-9 - . _ ~``) decoded, the
+      hex of other escapes in upper case, literal bytes that are neither unreserved nor
+      reserved percent-encoded (``\\`` as ``%5C``, a ``%`` that starts no escape as
+      ``%25``), then dot segments removed. ``//`` stays, and ``%2F`` stays encoded.
+    - ``"none"`` (scope "none": normalisation off): the raw path as sent.
+
+    Cloudflare documents the steps but not every corner: the ``%25`` for a stray ``%`` is
+    this model's assumption.
+    """
+    path = raw_path
+    for separator in ("?", "#"):
+        path = path.split(separator, 1)[0]
+    if type_ == "none":
+        return path
+    if type_ == "cloudflare":
+        path = _SLASH_RUN.sub("/", path.replace("\\", "/"))
+    elif type_ != "rfc3986":
+        raise ValueError(f"unknown normalisation type {type_!r}; use one of {NORMALIZATION_TYPES}")
+    data = _path_bytes(path)
+    out: list[str] = []
+    index = 0
+    while index < len(data):
+        byte = data[index]
+        pair = data[index + 1 : index + 3]
+        if byte == 0x25 and len(pair) == 2 and set(pair) <= _HEX:
+            value = int(pair, 16)
+            out.append(chr(value) if value in _UNRESERVED else "%" + pair.decode().upper())
+            index += 3
+            continue
+        out.append(chr(byte) if byte in _UNRESERVED or byte in _RESERVED else f"%{byte:02X}")
+        index += 1
+    return remove_dot_segments("".join(out))
 
 
 def unescape(literal: str) -> str:

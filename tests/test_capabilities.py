@@ -193,3 +193,171 @@ def test_docs_show_the_current_table() -> None:
         "`python -c 'from policy import capabilities; "
         "print(capabilities.capability_table_markdown())'` between the markers"
     )
+
+
+# --- IPv6 counting in rules, and the credentialed counters --------------------------------
+
+
+def test_a_rule_counting_each_ipv6_address_is_reported() -> None:
+    """L210: a warning for a rule the Worker could carry (target: worker counts per prefix),
+    info for one only a rule can carry, nothing with ipv6_prefix 128 or in the Worker."""
+    limits = (
+        "- name: plain\n  match: { paths: [/a] }\n"
+        "  edge: { rate: 5/1m, unauthenticated_only: false }\n"
+        "- name: human\n  match: { paths: [/b] }\n"
+        "  edge: { rate: 5/1m, action: managed_challenge, unauthenticated_only: false }\n"
+        "- name: moved\n  match: { paths: [/c] }\n"
+        "  edge: { rate: 5/1m, unauthenticated_only: false, target: worker }\n"
+    )
+    found = {d.limit: d for d in _lint("business", limits) if d.code == "L210"}
+    assert set(found) == {"plain", "human"}
+    assert found["plain"].severity is Severity.WARNING
+    assert found["plain"].path == "limits[0].edge"
+    assert "each IPv6 address" in found["plain"].message
+    assert "target: worker" in found["plain"].message and "/64" in found["plain"].message
+    assert found["human"].severity is Severity.INFO
+    text = (
+        "version: 1\ncloudflare: { plan: business }\nclients: { ipv6_prefix: 128 }\n"
+        "limits:\n" + textwrap.indent(limits.split("- name: human", maxsplit=1)[0], "  ")
+    )
+    assert not [d for d in policy.lint(policy.loads(text)) if d.code == "L210"]
+
+
+def test_the_credentialed_rate_defaults_to_ten_times_the_rate() -> None:
+    """Only unauthenticated-only limits of a policy that lists credentials have one."""
+    text = (
+        "version: 1\ncloudflare: { plan: enterprise }\n"
+        "authenticated_when: { headers: [authorization] }\nlimits:\n"
+        "  - name: a\n    edge: { rate: 7/10s }\n"
+        "  - name: b\n    edge: { rate: 7/10s, credentialed_rate: 300/1m }\n"
+        "  - name: c\n    edge: { rate: 7/10s, unauthenticated_only: false }\n"
+    )
+    loaded = policy.loads(text)
+    rates = [capabilities.credentialed_rate(loaded, limit) for limit in loaded.limits]
+    assert [str(r) for r in rates] == ["70/10s", "300/1m", "None"]
+    assert [capabilities.rule_count(loaded, limit) for limit in loaded.limits] == [2, 2, 1]
+    anonymous = policy.loads(text.replace("authenticated_when: { headers: [authorization] }\n", ""))
+    assert capabilities.credentialed_rate(anonymous, anonymous.limits[0]) is None
+
+
+def test_two_rules_count_against_the_quota() -> None:
+    """On Enterprise with 100 rules, 99 plain rules leave one: an unauthenticated-only limit
+    (two rules) goes to the Worker, saying why, and a later one-rule limit takes the slot."""
+    plain = "".join(
+        f"- name: p{i}\n  match: {{ paths: [/p{i}] }}\n"
+        "  edge: { rate: 5/1m, unauthenticated_only: false }\n"
+        for i in range(99)
+    )
+    limits = (
+        plain + "- name: anon\n  match: { paths: [/anon] }\n  edge: { rate: 5/1m }\n"
+        "- name: last\n  match: { paths: [/last] }\n"
+        "  edge: { rate: 5/1m, unauthenticated_only: false }\n"
+    )
+    text = (
+        "version: 1\ncloudflare:\n  plan: enterprise\n"
+        '  worker: { name: w, routes: ["example.com/*"] }\n'
+        "authenticated_when: { headers: [authorization] }\n"
+        "clients: { ipv6_prefix: 128 }\nlimits:\n" + textwrap.indent(limits, "  ")
+    )
+    placements = {p.limit: p for p in capabilities.place(policy.loads(text))}
+    assert placements["anon"].target is policy.EdgeTarget.WORKER
+    assert any("this limit needs 2" in r for r in placements["anon"].reasons)
+    assert placements["last"].target is policy.EdgeTarget.RULE
+    import edgegen
+
+    artifacts = edgegen.build(policy.loads(text))
+    assert len(artifacts.ruleset["rules"]) == 100
+    assert artifacts.worker is not None and len(artifacts.worker.bindings) == 2
+
+
+@pytest.mark.parametrize(
+    ("plan", "edge", "code", "path", "fragment"),
+    [
+        (
+            "business",
+            "{ rate: 5/1m, credentialed_rate: 200/2m }",
+            "L201",
+            "limits[0].edge.credentialed_rate",
+            "use credentialed_rate: 100/1m",
+        ),
+        (
+            "enterprise",
+            "{ rate: 5/1m, credentialed_rate: 200/2m, target: worker }",
+            "L203",
+            "limits[0].edge.target",
+            "not 2m (credentialed_rate)",
+        ),
+    ],
+)
+def test_a_credentialed_period_the_worker_lacks_is_an_error(
+    plan: str, edge: str, code: str, path: str, fragment: str
+) -> None:
+    """The Worker's second binding needs a period of 10s or 1m too."""
+    found = _lint(plan, f"- name: x\n  edge: {edge}\n")
+    [error] = [d for d in found if d.severity is Severity.ERROR]
+    assert (error.code, error.path) == (code, path)
+    assert fragment in error.message
+
+
+def test_a_credentialed_period_nothing_offers_names_the_field() -> None:
+    """On Enterprise a credentialed_rate of 90/30s fits neither a rule nor the binding: L201
+    at credentialed_rate, with the nearest rates; 60/10s beside 5/1m makes two clean rules."""
+    found = _lint("enterprise", "- name: x\n  edge: { rate: 5/1m, credentialed_rate: 90/30s }\n")
+    [error] = [d for d in found if d.severity is Severity.ERROR]
+    assert (error.code, error.path) == ("L201", "limits[0].edge.credentialed_rate")
+    assert "credentialed_rate period 30s is not available on the enterprise plan" in error.message
+    assert "use credentialed_rate: 30/10s or 180/1m" in error.message
+    found = _lint("enterprise", "- name: x\n  edge: { rate: 5/1m, credentialed_rate: 60/10s }\n")
+    assert not [d for d in found if d.severity is Severity.ERROR]
+
+
+def _lint_all(
+    edge: str, when: str = "authenticated_when: { headers: [authorization] }\n"
+) -> list[policy.Diagnostic]:
+    text = (
+        "version: 1\ncloudflare:\n  plan: enterprise\n"
+        '  worker: { name: w, routes: ["example.com/*"] }\n'
+        f"{when}clients: {{ ipv6_prefix: 128 }}\nlimits:\n"
+        f"  - name: x\n    match: {{ paths: [/x] }}\n    edge: {edge}\n"
+    )
+    return policy.lint(policy.loads(text))
+
+
+@pytest.mark.parametrize(
+    "edge",
+    [
+        "{ rate: 100/1m, credentialed_rate: 100/1m }",
+        "{ rate: 100/1m, credentialed_rate: 50/1m }",
+        "{ rate: 60/1m, credentialed_rate: 15/10s }",
+        "{ rate: 10/10s, credentialed_rate: 50/1m }",
+    ],
+)
+def test_a_credentialed_rate_not_looser_than_the_rate_is_an_error(edge: str) -> None:
+    """L109: requests with a credential must get more than anonymous ones, in both windows."""
+    [error] = [d for d in _lint_all(edge) if d.code == "L109"]
+    assert error.severity is Severity.ERROR
+    assert error.path == "limits[0].edge.credentialed_rate"
+    assert "not looser than rate" in error.message
+
+
+def test_a_looser_credentialed_rate_passes_and_an_unused_one_is_reported() -> None:
+    """A looser rate is clean; L110 when no counter would use it."""
+    for looser in ("61/1m", "60/1m", "11/10s"):
+        edge = f"{{ rate: 10/10s, credentialed_rate: {looser} }}"
+        assert not [d for d in _lint_all(edge) if d.code in ("L109", "L110")], looser
+    unused = _lint_all("{ rate: 5/1m, credentialed_rate: 50/1m, unauthenticated_only: false }")
+    [warning] = [d for d in unused if d.code == "L110"]
+    assert warning.severity is Severity.WARNING and "unauthenticated_only: false" in warning.message
+    nobody = _lint_all("{ rate: 5/1m, credentialed_rate: 50/1m }", when="")
+    assert "authenticated_when lists no" in next(d for d in nobody if d.code == "L110").message
+
+
+def test_lint_codes_are_in_the_policy_reference() -> None:
+    """Every L0xx/L1xx code lint emits, and L210, has a row in docs/policy.md."""
+    from policy import _lint
+
+    reference = (DOCS.parent / "policy.md").read_text(encoding="utf-8")
+    emitted = set(re.findall(r'"(L[01]\d\d)"', Path(_lint.__file__).read_text())) | {"L210"}
+    assert {"L109", "L110"} <= emitted
+    for code in emitted:
+        assert re.search(rf"^\| `{code}` \| (error|warning|info) \|", reference, re.M), code

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import tomllib
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 import rules_eval
@@ -17,7 +18,8 @@ from edge_support import golden_policy as load_golden
 
 import edgegen
 import policy
-from edgegen import Artifacts, CompileError, Target, _ids, _worker
+from edgegen import Artifacts, CompileError, Target, _compile, _ids, _worker
+from policy import capabilities
 
 HOSTILE = 'evil "quote" \\back ${x} %{y} `tick` </script> ünï\u2028end'
 HEADER = """\
@@ -71,11 +73,17 @@ def test_placements_follow_the_plan() -> None:
         "enterprise": {"search": "rule", "login": "rule", "api": "rule", "hooks": "rule"},
     }
     for plan, targets in expected.items():
-        artifacts = edgegen.build(load_golden(plan))
+        loaded = load_golden(plan)
+        artifacts = edgegen.build(loaded)
         got = {p.limit: p.target.value for p in artifacts.placements if p.limit in targets}
         assert got == targets, plan
         rules = len(artifacts.ruleset["rules"])
-        assert rules == sum(1 for p in artifacts.placements if p.target is Target.RULE)
+        # An unauthenticated-only limit is two rules on Enterprise: api here.
+        assert rules == sum(
+            capabilities.rule_count(loaded, loaded.limit(p.limit))
+            for p in artifacts.placements
+            if p.target is Target.RULE
+        )
         assert rules <= policy.capabilities.PLANS[policy.Plan(plan)].max_rules.value
 
 
@@ -90,7 +98,7 @@ def test_ruleset_is_the_put_body(plan: str) -> None:
     assert len(set(refs)) == len(refs)
     for rule in body["rules"]:
         assert rule["ref"].startswith("edgegen:")
-        assert re.fullmatch(r"edgegen:[a-z0-9-]+-[0-9a-f]{8}", rule["ref"])
+        assert re.fullmatch(r"edgegen:[a-z0-9-]+-[0-9a-f]{8}(-credentialed)?", rule["ref"])
         assert rule["description"]
         assert len(rule["expression"]) <= 4096
         assert "cf.colo.id" in rule["ratelimit"]["characteristics"]
@@ -137,7 +145,11 @@ def test_hostile_strings_stay_escaped(plan: str) -> None:
         rule = hostile_rules[0]
         assert rule["description"].startswith(HOSTILE + ":")
         _tree, strings = rules_eval.parse(rule["expression"])
-        assert set(strings) == set(matcher.paths) | set(matcher.path_prefixes)
+        # Every literal is a spelling of one of the policy's paths (with %2F for a slash,
+        # an exact path with one trailing slash), and every path is there as itself.
+        exact = {p for path in matcher.paths for p in (path, path + "/")}
+        assert {unquote(s) for s in strings} == exact | set(matcher.path_prefixes)
+        assert {rules_eval.cloudflare_normalize(p) for p in matcher.paths} <= set(strings)
         assert json.loads(rule["action_parameters"]["response"]["content"])["limit"] == HOSTILE
     if artifacts.worker is not None:
         source = artifacts.worker.module_source
@@ -158,15 +170,23 @@ def test_hostile_strings_stay_escaped(plan: str) -> None:
 
 
 def test_expressions_mean_what_the_matcher_means() -> None:
-    """On Enterprise (every field), each rule's expression agrees with the Python matcher."""
+    """On Enterprise (every field), each rule's expression, on the path as Cloudflare's URL
+    normalisation leaves it, agrees with the Python matcher on the raw request; requests
+    with a credential go to the unauthenticated-only limit's second rule."""
     loaded = load_golden("enterprise")
     artifacts = edgegen.build(loaded)
     rules = {rule["ref"]: rule for rule in artifacts.ruleset["rules"]}
+    hostile_path = sorted(loaded.limit(HOSTILE).match.matcher().paths)[0]
     requests = [
         ("POST", "/login", "example.com", {}),
+        ("POST", "/login/", "example.com", {}),
+        ("POST", "/l%6Fgin%2f", "example.com", {}),
         ("GET", "/login", "example.com", {}),
         ("POST", "/api/v1/sessions", "example.com", {}),
+        ("POST", "//api%2Fv1/sessions", "example.com", {}),
         ("GET", "/api/x", "example.com", {}),
+        ("GET", "/%61pi/x", "example.com", {}),
+        ("GET", "/api%2Fx", "example.com", {}),
         ("GET", "/api/x", "example.com", {"authorization": ["Bearer t"]}),
         ("GET", "/api/x", "example.com", {"authorization": [""]}),
         ("GET", "/v2/x", "example.com", {"x-api-key": ["k"]}),
@@ -174,21 +194,38 @@ def test_expressions_mean_what_the_matcher_means() -> None:
         ("GET", "/in/x", "hooks.example.com", {}),
         ("GET", "/in/x", "badhooks.example.com", {}),
         ("GET", "/search", "example.com", {}),
-        ("GET", "/a%22b/c/$%7Bx%7D/%60t%60/%3C/script%3E/%C3%BCn%C3%AF", "example.com", {}),
-        ("GET", "/p'q%22/%%7By%7D/z", "example.com", {}),
+        ("GET", "/feed/latest", "example.com", {}),
+        ("HEAD", "/feed/latest/", "example.com", {}),
+        ("POST", "/feed/latest", "example.com", {}),
+        ("GET", hostile_path, "example.com", {}),
+        # %2F for the policy's first three slashes after the leading one (the rule lists
+        # those spellings; the later slashes are left to the Worker and the app).
+        ("GET", "/" + "%2F".join(hostile_path[1:].split("/", 3)), "example.com", {}),
+        ("GET", "/p'q%22/%25%7By%7D/z", "example.com", {}),
+        ("GET", "/p'q%22%2f%25%7by%7d%2Fz", "example.com", {}),
     ]
     when = loaded.authenticated_when
     for limit in loaded.limits:
         assert limit.edge is not None
-        tree, _ = rules_eval.parse(rules[_ids.rule_ref(limit.name)]["expression"])
         matcher = limit.match.matcher()
-        for method, path, host, headers in requests:
+        own = rules_eval.parse(rules[_ids.rule_ref(limit.name)]["expression"])[0]
+        second = rules.get(_compile.credentialed_rule_ref(limit.name))
+        for method, target, host, headers in requests:
             authenticated = any(any(v for v in headers.get(h, [])) for h in when.headers)
-            expected = matcher.matches(method, path, host) and not (
-                limit.edge.unauthenticated_only and authenticated
+            matches = matcher.matches_raw(method, target, host)
+            apart = limit.edge.unauthenticated_only and authenticated
+            request = rules_eval.Request(
+                rules_eval.cloudflare_normalize(target), method, host, headers
             )
-            request = rules_eval.Request(path, method, host, headers)
-            assert rules_eval.evaluate(tree, request) is expected, (limit.name, path, headers)
+            assert rules_eval.evaluate(own, request) is (matches and not apart), (
+                limit.name,
+                target,
+                headers,
+            )
+            if second is not None:
+                tree = rules_eval.parse(second["expression"])[0]
+                assert rules_eval.evaluate(tree, request) is (matches and apart)
+    assert _compile.credentialed_rule_ref("api") in rules
 
 
 def test_write_replaces_and_removes_only_its_files(tmp_path: Path) -> None:
@@ -395,6 +432,26 @@ def test_overlong_expression_is_refused() -> None:
     assert error.problems[0].code == "E301"
 
 
+def test_spellings_left_out_to_fit_are_explained() -> None:
+    """Deep paths whose %2F spellings would pass 4,096 characters: the build keeps the plain
+    spellings, and --explain says what the rule no longer matches."""
+    paths = ", ".join(f"/{'s' * 12}/{i}/x/y" for i in range(14))
+    artifacts = build_text(
+        "enterprise",
+        f"""\
+        - name: deep
+          match: {{ paths: [{paths}] }}
+          edge: {{ rate: 5/10s, unauthenticated_only: false }}
+        """,
+    )
+    [rule] = artifacts.ruleset["rules"]
+    assert len(rule["expression"]) <= 4096 and f'"/{"s" * 12}/13/x/y"' in rule["expression"]
+    [placement] = artifacts.placements
+    [note] = [r for r in placement.reasons if "leaves out" in r]
+    assert "%2F in place of the third and later slashes of a path" in note
+    assert "4,096" in note
+
+
 def test_worker_needed_without_worker_section() -> None:
     """Limits that need the Worker fail when the policy names no Worker."""
     text = """\
@@ -458,7 +515,7 @@ def test_cli_build_explain(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert (
-        "built 2 rules for the pro plan, 3 limits in the Worker golden-edge-limits" in result.stdout
+        "built 2 rules for the pro plan, 4 limits in the Worker golden-edge-limits" in result.stdout
     )
     assert "  login -> worker" in result.stdout
     assert "the request method" in result.stdout

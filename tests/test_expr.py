@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import random
+
 import pytest
 import rules_eval
 from hypothesis import given
@@ -66,7 +69,9 @@ def test_compound_operands_are_parenthesised() -> None:
     matcher = Matcher.create(paths=["/a"], path_prefixes=["/b/"], methods=["POST"])
     text = _expr.matcher_expression(matcher).text
     assert text == (
-        '(http.request.uri.path eq "/a" or starts_with(http.request.uri.path, "/b/")) '
+        '(http.request.uri.path in {"/a" "/a%2F" "/a/"} or '
+        'starts_with(http.request.uri.path, "/b/") or '
+        'starts_with(http.request.uri.path, "/b%2F")) '
         'and http.request.method eq "POST"'
     )
 
@@ -89,7 +94,8 @@ def test_unauthenticated_condition() -> None:
     when = AuthenticatedWhen(headers=("Authorization",), cookies=("session",))
     text = _expr.matcher_expression(Matcher.create(path_prefixes=["/api/"]), when).text
     assert text == (
-        'starts_with(http.request.uri.path, "/api/") and not '
+        '(starts_with(http.request.uri.path, "/api/") or '
+        'starts_with(http.request.uri.path, "/api%2F")) and not '
         '(any(len(http.request.headers["authorization"][*])[*] gt 0) or '
         'len(http.request.cookies["session"]) gt 0)'
     )
@@ -140,3 +146,172 @@ def test_hostile_hosts_and_credentials_are_escaped() -> None:
     text = _expr.matcher_expression(matcher, when).text
     _tree, strings = rules_eval.parse(text)
     assert strings == ['P"OST', 'ev"il\\.com', '.x"y${z}', 'x"h', 'c\\"k']
+
+
+def test_credentialed_condition() -> None:
+    """The second rule of an unauthenticated-only limit: the matcher AND some credential."""
+    when = AuthenticatedWhen(headers=("Authorization",), cookies=("session",))
+    matcher = Matcher.create(paths=["/x"])
+    text = _expr.matcher_expression(matcher, credentialed=when).text
+    assert text == (
+        'http.request.uri.path in {"/x" "/x%2F" "/x/"} and '
+        '(any(len(http.request.headers["authorization"][*])[*] gt 0) or '
+        'len(http.request.cookies["session"]) gt 0)'
+    )
+    tree, _ = rules_eval.parse(text)
+    assert not rules_eval.evaluate(tree, rules_eval.Request("/x", "GET", "h"))
+    bearer = rules_eval.Request("/x/", "GET", "h", headers={"authorization": ["x"]})
+    assert rules_eval.evaluate(tree, bearer)
+
+
+# --- paths as Cloudflare's normalised http.request.uri.path holds them -----------------------
+
+
+def test_cloudflare_normalisation_model_follows_the_documented_examples() -> None:
+    """rules_eval.cloudflare_normalize gives the results of Cloudflare's examples page."""
+    assert rules_eval.cloudflare_normalize("/%68ello//pa\\th", "rfc3986") == "/hello//pa%5Cth"
+    assert rules_eval.cloudflare_normalize("/%68ello//pa\\th") == "/hello/pa/th"
+    assert rules_eval.cloudflare_normalize("/%68ello//pa\\th", "none") == "/%68ello//pa\\th"
+    assert rules_eval.cloudflare_normalize("/en//%68ello\\path") == "/en/hello/path"
+    assert rules_eval.cloudflare_normalize("/./en//hello./") == "/en/hello./"
+    assert rules_eval.cloudflare_normalize("/a/%2e%2E/b%2fc?q") == "/b%2Fc"
+    assert rules_eval.cloudflare_normalize("/caf\u00e9 x") == "/caf%C3%A9%20x"
+
+
+@pytest.mark.parametrize(
+    ("path", "normalized"),
+    [
+        ("/login", "/login"),
+        ("/caf\u00e9", "/caf%C3%A9"),
+        ("/a b", "/a%20b"),
+        ('/a"b', "/a%22b"),
+        ("/a|b^c`d{e}", "/a%7Cb%5Ec%60d%7Be%7D"),
+        ("/100%", "/100%25"),
+        ("/p'q$:@!*+,;=[]~", "/p'q$:@!*+,;=[]~"),
+        ("/\U0001f600", "/%F0%9F%98%80"),
+    ],
+)
+def test_policy_paths_are_written_as_the_normalised_path_holds_them(
+    path: str, normalized: str
+) -> None:
+    """A decoded policy path, in the one spelling Cloudflare's normalisation leaves; the same
+    string the model of that normalisation gives for the raw path."""
+    assert _expr.normalized_path(path) == normalized
+    assert rules_eval.cloudflare_normalize(path) == normalized
+
+
+def test_spellings_are_bounded() -> None:
+    """%2F for at most three slashes after the leading one: 8 spellings of a prefix, 24 of an
+    exact path (with the trailing / and %2F), however deep the path."""
+    deep = "/a/b/c/d/e/f/"
+    assert len(_expr.path_spellings(deep, exact=False)) == 8
+    assert len(_expr.path_spellings(deep.rstrip("/"), exact=True)) == 24
+    assert _expr.path_spellings("/api/", exact=False) == ["/api/", "/api%2F"]
+    assert _expr.path_spellings("/login", exact=True) == ["/login", "/login/", "/login%2F"]
+    assert _expr.path_spellings("/a/b", exact=False, spellings=_expr.Spellings(0)) == ["/a/b"]
+
+
+_SPELLING_PIECES = {
+    "/": ["/", "%2F", "%2f", "//", "\\", "/./", "/%2e/", "/x/../", "/y/%2E%2e/"],
+}
+
+
+def _spell(rng: random.Random, route: str, policy_slashes: int) -> str:
+    """A raw request path the app routes to ``route``: unreserved characters escaped at
+    random (either case of hex), non-ASCII raw or escaped, and each of the first
+    ``policy_slashes`` slashes after the leading one written as %2F, //, \\ or with dot
+    segments."""
+    out = ["/"]
+    slash = 0
+    for char in route[1:]:
+        if char == "/":
+            slash += 1
+            choices = _SPELLING_PIECES["/"] if slash <= policy_slashes else ["/", "//", "/./"]
+            out.append(rng.choice(choices))
+        elif char.isascii() and (char.isalnum() or char in "-._~") and rng.random() < 0.3:
+            hexed = f"%{ord(char):02X}"
+            out.append(hexed.lower() if rng.random() < 0.5 else hexed)
+        elif not char.isascii() and rng.random() < 0.5:
+            escaped = "".join(f"%{b:02X}" for b in char.encode())
+            out.append(escaped.lower() if rng.random() < 0.5 else escaped)
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+ROUTES = [
+    # (paths, prefixes, routes the app serves under them)
+    (["/login", "/api/v1/sessions"], [], ["/login", "/login/", "/api/v1/sessions"]),
+    ([], ["/api/", "/v2/"], ["/api/items", "/api/", "/v2/x/y/z", "/api/a.b/~c-d_e"]),
+    (["/caf\u00e9", "/a b"], ["/\u00fcn\u00ef/"], ["/caf\u00e9", "/a b/", "/\u00fcn\u00ef/z"]),
+    ([], ["/a/b/c/"], ["/a/b/c/d", "/a/b/c/"]),
+]
+
+
+@pytest.mark.parametrize(("paths", "prefixes", "routes"), ROUTES)
+def test_rules_match_every_normalised_spelling_of_a_limited_route(
+    paths: list[str], prefixes: list[str], routes: list[str]
+) -> None:
+    """For 200 random spellings of each route the app counts (escapes, %2F for the policy's
+    own slashes, //, \\, dot segments, a trailing slash), the expression matches the path
+    Cloudflare's default normalisation leaves; and misses near routes the app does not count."""
+    matcher = Matcher.create(paths=paths, path_prefixes=prefixes)
+    tree, _ = rules_eval.parse(_expr.matcher_expression(matcher).text)
+    rng = random.Random(12)
+    policy_slashes = max(p.count("/") - 1 for p in [*paths, *prefixes])
+    for route in routes:
+        assert matcher.matches_raw("GET", route)
+        for _ in range(200):
+            raw = _spell(rng, route, policy_slashes)
+            assert matcher.matches_raw("GET", raw), raw
+            normalized = rules_eval.cloudflare_normalize(raw)
+            assert rules_eval.evaluate(tree, rules_eval.Request(normalized, "GET", "h")), (
+                raw,
+                normalized,
+            )
+    for near in ["/logins", "/api", "/ap/i", "/v3/x", "/caf", "/a%2Fb", "/x/login"]:
+        if not matcher.matches_raw("GET", near):
+            normalized = rules_eval.cloudflare_normalize(near)
+            assert not rules_eval.evaluate(tree, rules_eval.Request(normalized, "GET", "h"))
+
+
+def test_the_documented_gaps_of_rule_expressions() -> None:
+    """What rules do not match though the app counts it (docs/edge.md lists these; the Worker
+    and the app still count them): %2F where the policy has no slash, %5C for a slash, %2F
+    around dot segments, %2F at a fourth slash; and under the rfc3986 type or without
+    normalisation, // and escapes."""
+    matcher = Matcher.create(paths=["/login"], path_prefixes=["/api/", "/a/b/c/d/"])
+    tree, _ = rules_eval.parse(_expr.matcher_expression(matcher).text)
+    gaps = [
+        ("/%2Fapi/x", "cloudflare"),
+        ("/api%5Cx", "cloudflare"),
+        ("/x%2F..%2Flogin", "cloudflare"),
+        ("/a/b/c/d%2Fe", "cloudflare"),
+        ("//api/x", "rfc3986"),
+        ("/%61pi/x", "none"),
+    ]
+    for raw, type_ in gaps:
+        assert matcher.matches_raw("GET", raw), raw
+        normalized = rules_eval.cloudflare_normalize(raw, type_)
+        assert not rules_eval.evaluate(tree, rules_eval.Request(normalized, "GET", "h")), raw
+
+
+def test_spellings_are_dropped_to_fit_the_length_limit() -> None:
+    """Many deep paths: the %2F spellings of later slashes go first, then the trailing
+    ones; what is left still matches the plain spellings, and stays within 4,096."""
+    deep = [f"/{'s' * 12}/{i}/x/y" for i in range(14)]
+    matcher = Matcher.create(paths=deep)
+    text, kept = _expr.fitted_expression(matcher)
+    assert len(text) <= _expr.MAX_EXPRESSION_LENGTH
+    assert not kept.complete
+    assert len(_expr.matcher_expression(matcher).text) > _expr.MAX_EXPRESSION_LENGTH
+    _tree, strings = rules_eval.parse(text)
+    assert set(deep) <= set(strings)
+    steps = list(itertools.takewhile(lambda s: s != kept, _expr.SPELLING_STEPS))
+    assert all(
+        len(_expr.matcher_expression(matcher, spellings=s).text) > _expr.MAX_EXPRESSION_LENGTH
+        for s in steps
+    )
+    huge = Matcher.create(paths=[f"/{'p' * 300}/{i}" for i in range(20)])
+    with pytest.raises(_expr.ExpressionError, match="4,096"):
+        _expr.fitted_expression(huge)

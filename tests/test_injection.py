@@ -34,6 +34,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import hcl_subset
 import pytest
@@ -42,7 +43,7 @@ import yaml
 
 import edgegen
 import policy
-from edgegen import Artifacts, Target, _diff, _ids
+from edgegen import Artifacts, Target, _compile, _diff, _ids
 from edgegen._plan import make_plan
 from edgegen._plan_format import to_markdown, to_text
 from edgegen._state import RemoteState, Scope
@@ -120,6 +121,13 @@ def _yaml_text(value: str) -> str:
     return value.replace("$", "$$")
 
 
+def _path_text(value: str) -> str:
+    """A hostile path the policy accepts: written decoded (a "%XX" fragment loses its
+    escape, "%!XX") and canonical (no "//", "\\" or dot segments)."""
+    unescaped = re.sub(r"%(?=[0-9A-Fa-f]{2})", "%!", value.replace("?", "").replace("#", ""))
+    return policy.canonical_path(unescaped)
+
+
 def _policy_data(rng: random.Random, plan: str, target: str) -> dict[str, Any]:
     limits = []
     names: set[str] = set()
@@ -131,12 +139,10 @@ def _policy_data(rng: random.Random, plan: str, target: str) -> dict[str, Any]:
         match: dict[str, Any] = {}
         if rng.random() < 0.7:
             match["paths"] = [
-                "/" + _hostile(rng, FRAGMENTS, 80).replace("?", "").replace("#", "")
-                for _ in range(rng.randint(1, 3))
+                _path_text("/" + _hostile(rng, FRAGMENTS, 80)) for _ in range(rng.randint(1, 3))
             ]
         if rng.random() < 0.5:
-            prefix = _hostile(rng, FRAGMENTS, 40).replace("?", "").replace("#", "")
-            match["path_prefix"] = ["/" + prefix]
+            match["path_prefix"] = [_path_text("/" + _hostile(rng, FRAGMENTS, 40))]
         if rng.random() < 0.5:
             match["methods"] = rng.sample(METHODS, rng.randint(1, 3))
         if rng.random() < 0.5:
@@ -231,15 +237,20 @@ def test_the_corpus_is_hostile() -> None:
 # --- rule expressions, JSON, HCL --------------------------------------------------------
 
 
-def _probes(limit: policy.Limit, when: policy.AuthenticatedWhen) -> list[rules_eval.Request]:
-    """Requests that hit and miss each criterion of the limit (paths as they arrive)."""
+def _probes(
+    limit: policy.Limit, when: policy.AuthenticatedWhen
+) -> list[tuple[str, rules_eval.Request]]:
+    """Requests that hit and miss each criterion of the limit: the raw target a client
+    sends (paths percent-encoded as browsers do, and with %2F for the first slash), and
+    what the rule sees of it after Cloudflare's URL normalisation."""
     matcher = limit.match.matcher()
     paths = ["/", "/other"]
     for path in matcher.paths:
-        paths += [path, path + "/x", path[:-1] or "/"]
+        paths += [path, path + "/", path + "/x", path[:-1] or "/"]
     for prefix in matcher.path_prefixes:
         paths += [prefix, prefix + "zz", prefix[:-1] or "/"]
-    paths = [p for p in paths if policy.normalize_path(p) == p]
+    targets = [policy.encode_policy_path(p) for p in paths]
+    targets += ["/" + t[1:].replace("/", "%2F", 1) for t in targets]
     hosts = ["example.org"]
     for host in matcher.hosts:
         hosts += [host.removeprefix("*."), "sub." + host.removeprefix("*.")]
@@ -249,8 +260,13 @@ def _probes(limit: policy.Limit, when: policy.AuthenticatedWhen) -> list[rules_e
     for cookie in when.cookies:
         credentials.append(({}, {cookie: ["v"]}))
     return [
-        rules_eval.Request(path, method, host, headers, cookies)
-        for path in paths
+        (
+            target,
+            rules_eval.Request(
+                rules_eval.cloudflare_normalize(target), method, host, headers, cookies
+            ),
+        )
+        for target in dict.fromkeys(targets)
         for method in ("GET", "POST", *sorted(matcher.methods))
         for host in hosts
         for headers, cookies in credentials
@@ -259,33 +275,47 @@ def _probes(limit: policy.Limit, when: policy.AuthenticatedWhen) -> list[rules_e
 
 @pytest.mark.parametrize("case", rule_cases(), ids=lambda c: f"policy-{c.number}")
 def test_rule_expressions_mean_the_matcher(case: Case) -> None:
-    """Each expression parses, holds only the policy's strings, and answers like the
-    matcher (and "unauthenticated only") on every probe."""
+    """Each expression parses, holds only spellings of the policy's strings, and answers
+    like the matcher (and "unauthenticated only", whose credentialed requests go to the
+    limit's second rule) on every probe."""
     rules = {rule["ref"]: rule for rule in case.artifacts.ruleset["rules"]}
     when = case.loaded.authenticated_when
     for limit in case.loaded.limits:
         assert limit.edge is not None
-        rule = rules[_ids.rule_ref(limit.name)]
-        assert rule["description"].startswith(limit.name + ": ")
-        tree, strings = rules_eval.parse(rule["expression"])
+        own = rules[_ids.rule_ref(limit.name)]
+        second = rules.get(_compile.credentialed_rule_ref(limit.name))
         matcher = limit.match.matcher()
+        apart = limit.edge.unauthenticated_only and bool(when.headers or when.cookies)
+        assert (second is not None) == apart
         allowed = {
             *matcher.paths,
+            *(p + "/" for p in matcher.paths),
             *matcher.path_prefixes,
             *matcher.methods,
             *(h.removeprefix("*") for h in matcher.hosts),
             *when.headers,
             *when.cookies,
         }
-        assert set(strings) <= allowed, set(strings) - allowed
-        for request in _probes(limit, when):
+        trees = []
+        for rule in (own, second):
+            if rule is None:
+                continue
+            assert rule["description"].startswith(limit.name + ": ")
+            tree, strings = rules_eval.parse(rule["expression"])
+            # Paths are percent-encoded (with %2F spellings): decoded, they are the policy's.
+            decoded = {unquote(s) if s.startswith("/") else s for s in strings}
+            assert decoded <= allowed, decoded - allowed
+            trees.append(tree)
+        for target, request in _probes(limit, when):
             authenticated = any(any(request.headers.get(h, [])) for h in when.headers) or any(
                 c in request.cookies for c in when.cookies
             )
-            expected = matcher.matches(request.method, request.path, request.host) and not (
-                limit.edge.unauthenticated_only and authenticated
-            )
-            assert rules_eval.evaluate(tree, request) is expected, (limit.name, request)
+            matches = matcher.matches_raw(request.method, target, request.host)
+            expected = [matches and not (apart and authenticated)]
+            if apart:
+                expected.append(matches and authenticated)
+            got = [rules_eval.evaluate(tree, request) for tree in trees]
+            assert got == expected, (limit.name, target, request)
 
 
 @pytest.mark.parametrize("case", rule_cases(), ids=lambda c: f"policy-{c.number}")

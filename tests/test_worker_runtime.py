@@ -21,7 +21,8 @@ from edge_support import HARNESS, PLANS, WORKERS, golden_policy, require_node_mo
 import edgegen
 import policy
 from edgegen import _worker
-from policy import normalize_host, normalize_path
+from policy import capabilities, ip_bucket, normalize_host, normalize_path, request_paths
+from policy._match import canonical_path, decode_path
 
 pytestmark = pytest.mark.workerd
 
@@ -299,10 +300,10 @@ limits:
     match: { hosts: ["*.hooks.example.com", hooks.example.com], path_prefix: /in/ }
     edge: { rate: 5/1m, unauthenticated_only: false }
   - name: exact-host
-    match: { hosts: [api.example.com], methods: [GET, HEAD, PATCH] }
+    match: { hosts: [api.example.com], methods: [GET, PATCH] }
     edge: { rate: 5/1m }
   - name: unicode
-    match: { paths: ["/café", "/a b", "/x\\\\y"], path_prefix: ["/ünï/"] }
+    match: { paths: ["/café", "/a b", "/x|y"], path_prefix: ["/ünï/"] }
     edge: { rate: 5/1m, unauthenticated_only: false }
   - name: everything
     edge: { rate: 5/1m }
@@ -368,7 +369,9 @@ CORPUS: list[tuple[str, str, str, dict[str, str]]] = [
     ("GET", "example.com", "/caf%c3%a9", {}),
     ("GET", "example.com", "/a b", {}),
     ("GET", "example.com", "/a%20b", {}),
-    ("GET", "example.com", "/x\\y", {}),
+    ("GET", "example.com", "/x|y", {}),
+    ("GET", "example.com", "/x%7Cy", {}),
+    ("GET", "example.com", "/x%7cy/", {}),
     ("GET", "example.com", "/x/y", {}),
     ("GET", "example.com", "/ünï/z", {}),
     ("GET", "example.com", "/%C3%BCn%C3%AF/z", {}),
@@ -381,38 +384,53 @@ CORPUS: list[tuple[str, str, str, dict[str, str]]] = [
     ("GET", "example.com", "", {}),
     ("GET", "example.com", "?only=query", {}),
     ("OPTIONS", "example.com", "/api/x", {}),
+    # Spellings the app routes to a limited path: escapes, //, %2F, a trailing slash.
+    ("GET", "example.com", "/%61pi/x", {}),
+    ("GET", "example.com", "//api//x", {}),
+    ("GET", "example.com", "/api%2Fx", {}),
+    ("GET", "example.com", "/api%2fx", {}),
+    ("GET", "example.com", "/v2%2F", {}),
+    ("POST", "example.com", "/%6C%6Fgin", {}),
+    ("POST", "example.com", "/login%2F", {}),
+    ("POST", "example.com", "/api%2Fv1%2Fsessions/", {}),
+    ("POST", "example.com", "/api/v1/sessions//", {}),
+    ("POST", "example.com", "/LOGIN", {}),
+    ("GET", "example.com", "/caf%C3%A9/", {}),
+    ("GET", "example.com", "/%C3%BCn%C3%AF%2Fz", {}),
+    ("HEAD", "api.example.com", "/%61nything", {}),
 ]
 
 
 def python_applicable(
-    loaded: policy.Policy, method: str, host: str, target: str, headers: dict[str, str]
+    loaded: policy.Policy, method: str, host: str, path: str, headers: dict[str, str]
 ) -> list[str]:
-    """The limits the policy's Python matcher applies, with the documented credential rule."""
+    """The counters the policy's Python matcher applies to a request path, in every form
+    `request_paths` gives, with the documented credential rule: a request carrying a credential
+    counts against an unauthenticated-only limit's second counter (``name+credential``)."""
     when = loaded.authenticated_when
     authenticated = any(headers.get(name) for name in when.headers)
     cookie = headers.get("cookie", "")
     sent = {pair.split("=", 1)[0].strip() for pair in cookie.split(";") if "=" in pair}
     authenticated = authenticated or any(name in sent for name in when.cookies)
+    forms = request_paths(path)
     names = []
     for limit in loaded.limits:
         assert limit.edge is not None
-        if not limit.match.matcher().matches_raw(method, target, host):
+        if not limit.match.matcher().matches_any(method, forms, host):
             continue
         if limit.edge.unauthenticated_only and authenticated:
+            if capabilities.credentialed_rate(loaded, limit) is not None:
+                names.append(f"{limit.name}+credential")
             continue
         names.append(limit.name)
     return names
 
 
 def rule_applicable(
-    artifacts: edgegen.Artifacts,
-    loaded: policy.Policy,
-    method: str,
-    host: str,
-    target: str,
-    headers: dict[str, str],
+    artifacts: edgegen.Artifacts, method: str, host: str, target: str, headers: dict[str, str]
 ) -> list[str]:
-    """The limits whose generated rule expression matches (the path as the edge normalises it)."""
+    """The counters whose generated rule expression matches, on the path as Cloudflare's
+    default URL normalisation leaves it."""
     cookies: dict[str, list[str]] = {}
     for pair in headers.get("cookie", "").split(";"):
         if "=" in pair:
@@ -420,48 +438,65 @@ def rule_applicable(
             if name.strip():
                 cookies.setdefault(name.strip(), []).append(value)
     fields = rules_eval.Request(
-        path=normalize_path(target),
+        path=rules_eval.cloudflare_normalize(target),
         method=method.upper(),
         host=normalize_host(host),
         headers={k: [v] for k, v in headers.items() if k != "cookie"},
         cookies=cookies,
     )
     names = []
-    for limit, rule in zip(loaded.limits, artifacts.ruleset["rules"], strict=True):
+    for placement, rule in zip(rule_owners(artifacts), artifacts.ruleset["rules"], strict=True):
         tree, _ = rules_eval.parse(rule["expression"])
         if rules_eval.evaluate(tree, fields):
-            names.append(limit.name)
+            names.append(placement)
     return names
 
 
+def rule_owners(artifacts: edgegen.Artifacts) -> list[str]:
+    """Each rule's counter, named like python_applicable names them."""
+    return [
+        rule["description"].split(":", 1)[0]
+        + ("+credential" if rule["ref"].endswith("-credentialed") else "")
+        for rule in artifacts.ruleset["rules"]
+    ]
+
+
+MATCHER_MODULE = """
+export default {
+  async fetch(request) {
+    const url = new URL(request.url);
+    const names = applicableLimits(request, url, CONFIG).map((counter) =>
+      counter.binding.endsWith("_CREDENTIALED") ? `${counter.name}+credential` : counter.name,
+    );
+    // In a header, so that HEAD requests (no body) report too.
+    const result = JSON.stringify({ path: url.pathname, limits: names });
+    return new Response(null, { headers: { "x-matcher": result } });
+  },
+};
+"""
+
+
 def test_js_matcher_agrees_with_python(tmp_path: Path) -> None:
-    """On a corpus of 70 requests, workerd and Python agree on path, matches and credentials.
+    """On a corpus of 80 requests, workerd and Python agree on path, matches and credentials.
 
     The Worker's own functions (limiter.js, verbatim) decide, on `new URL(request.url)` in
-    workerd; Python decides with policy.normalize_path and Matcher.matches_raw. The
-    Enterprise rule expressions, evaluated on the same requests, agree too.
+    workerd; Python decides with Matcher.matches_any on request_paths of the pathname
+    (policy.normalize_path models WHATWG's parser). The Enterprise rule expressions,
+    evaluated on the path Cloudflare's URL normalisation leaves, agree with Python on that
+    path's forms.
     """
-    assert len(CORPUS) >= 50
+    assert len(CORPUS) >= 80
     loaded = policy.loads(CORPUS_POLICY)
-    limits = [_worker.WorkerLimit(limit, 60) for limit in loaded.limits]
+    limits = [
+        _worker.WorkerLimit(limit, 60, capabilities.credentialed_rate(loaded, limit))
+        for limit in loaded.limits
+    ]
     blob = _worker.script_json(_worker.config(loaded, limits))
     module = tmp_path / "matcher.js"
     module.write_text(
         f"const CONFIG = {blob};\n\n"
         + _worker.template_text(_worker.LOGIC_FILE)
-        + textwrap.dedent(
-            """
-            export default {
-              async fetch(request) {
-                const url = new URL(request.url);
-                const names = applicableLimits(request, url, CONFIG).map((l) => l.name);
-                // In a header, so that HEAD requests (no body) report too.
-                const result = JSON.stringify({ path: url.pathname, limits: names });
-                return new Response(null, { headers: { "x-matcher": result } });
-              },
-            };
-            """
-        ),
+        + textwrap.dedent(MATCHER_MODULE),
         encoding="utf-8",
     )
     requests = [
@@ -475,15 +510,17 @@ def test_js_matcher_agrees_with_python(tmp_path: Path) -> None:
         assert response["status"] == 200, (target, response)
         got = json.loads(response["headers"]["x-matcher"])
         expected_path = normalize_path(target)
-        expected = python_applicable(loaded, method, host, target, headers)
-        by_rule = rule_applicable(artifacts, loaded, method, host, target, headers)
-        if got["path"] != expected_path or got["limits"] != expected or by_rule != expected:
+        expected = python_applicable(loaded, method, host, expected_path, headers)
+        normalized = rules_eval.cloudflare_normalize(target)
+        by_python = python_applicable(loaded, method, host, normalized, headers)
+        by_rule = rule_applicable(artifacts, method, host, target, headers)
+        if got["path"] != expected_path or got["limits"] != expected or by_rule != by_python:
             mismatches.append(
                 {
                     "request": (method, host, target[:80], headers),
                     "workerd": got | {"path": got["path"][:80]},
                     "python": {"path": expected_path[:80], "limits": expected},
-                    "rules": by_rule,
+                    "rules": {"path": normalized[:80], "limits": by_rule, "python": by_python},
                 }
             )
     assert not mismatches, json.dumps(mismatches, indent=2, ensure_ascii=False)
@@ -504,3 +541,284 @@ def test_missing_node_modules_fails_with_the_install_command(
     monkeypatch.setattr(edge_support, "NODE_MODULES", tmp_path / "node_modules")
     with pytest.raises(pytest.fail.Exception, match=r"make test.*npm ci --prefix workers"):
         edge_support.require_node_modules()
+
+
+# --- issue 12: spellings of a limited path, IPv6 networks, fake credentials ---------------
+
+SPELLING_POLICY = """\
+version: 1
+cloudflare:
+  plan: free
+  worker: { name: spelling-test, routes: ["api.example.com/*"] }
+limits:
+  - name: api
+    match: { path_prefix: /api/ }
+    edge: { rate: 600/1m, unauthenticated_only: false }
+"""
+
+
+@pytest.mark.parametrize("spelling", ["/%61pi/items", "//api/items"])
+def test_other_spellings_of_a_limited_path_are_counted(spelling: str, tmp_path: Path) -> None:
+    """620 requests from one IP to a spelling the app routes to /api/items: 20 are refused.
+
+    `/%61pi/items` decodes to /api/items and `//api/items` is /api/items once `//` is merged;
+    the Worker counts every form of the path, whatever the zone's URL normalisation did.
+    """
+    worker = build_worker(tmp_path, SPELLING_POLICY)
+    responses = run(job_for(tmp_path, worker, [request(spelling) for _ in range(620)]))
+    statuses = [r["status"] for r in responses]
+    assert statuses == [200] * 600 + [429] * 20
+    assert_too_many(responses[-1], "api", 600, 60)
+
+
+def test_fake_credentials_are_held_to_the_credentialed_rate(tmp_path: Path) -> None:
+    """A made-up `Authorization: Bearer x` no longer buys unlimited passage: one IP sending
+    it is stopped at the credentialed ceiling (default ten times the rate), counted apart
+    from the same IP's anonymous requests."""
+    worker = build_worker(tmp_path)
+    names = [b["name"] for b in worker.bindings]
+    assert len(names) == len(set(names)) == 3
+    faked = [request("/api/x", Authorization="Bearer x") for _ in range(31)]
+    anonymous = [request("/api/x") for _ in range(4)]
+    responses = run(job_for(tmp_path, worker, faked + anonymous))
+    statuses = [r["status"] for r in responses]
+    assert statuses == [200] * 30 + [429] + [200] * 3 + [429]
+    assert_too_many(responses[30], "api", 30, 60)
+    assert responses[30]["headers"]["ratelimit-policy"] == '"api";q=30;w=60'
+    assert "30 requests in 60 seconds" in json.loads(responses[30]["body"])["detail"]
+    assert_too_many(responses[-1], "api", 3, 60)
+
+
+CREDENTIALED_POLICY = """\
+version: 1
+cloudflare:
+  plan: business
+  worker: { name: credentialed-test, routes: ["api.example.com/*"] }
+authenticated_when: { headers: [authorization], cookies: [session] }
+limits:
+  - name: api
+    match: { path_prefix: /api/ }
+    edge: { rate: 2/10s, credentialed_rate: 5/1m }
+"""
+
+
+def test_an_explicit_credentialed_rate_has_its_own_period(tmp_path: Path) -> None:
+    """credentialed_rate 5/1m beside rate 2/10s: its own binding, limit and period."""
+    worker = build_worker(tmp_path, CREDENTIALED_POLICY)
+    assert sorted(b["simple"]["period"] for b in worker.bindings) == [10, 60]
+    sent = [request("/api/x", Cookie=f"session={i}") for i in range(6)]
+    sent += [request("/api/x") for _ in range(3)]
+    responses = run(job_for(tmp_path, worker, sent))
+    assert [r["status"] for r in responses] == [200] * 5 + [429] + [200] * 2 + [429]
+    assert_too_many(responses[5], "api", 5, 60)
+    assert_too_many(responses[-1], "api", 2, 10)
+
+
+def test_ipv6_clients_are_counted_per_network(tmp_path: Path) -> None:
+    """50 addresses of one /64, in several spellings, share one 5/1m budget: 5 pass.
+    Another /64 and an IPv4-mapped address are other clients."""
+    text = RUNTIME_POLICY.replace("rate: 3/1m", "rate: 5/1m")
+    worker = build_worker(tmp_path, text)
+    spellings = [
+        "2001:db8:0:1::{:x}",
+        "2001:DB8:0:1:0:0:0:{:X}",
+        "2001:0db8:0000:0001:0000:0000:0000:{:04x}",
+        "[2001:db8:0:1::{:x}]",
+    ]
+    addresses = [spellings[i % 4].format((0x1000 + i * 7919) % 0x10000) for i in range(50)]
+    assert len(set(addresses)) == 50
+    sent = [request("/api/x", ip=address) for address in addresses]
+    sent += [request("/api/x", ip="2001:db8:0:2::1"), request("/api/x", ip="::ffff:192.0.2.1")]
+    responses = run(job_for(tmp_path, worker, sent))
+    assert [r["status"] for r in responses] == [200] * 5 + [429] * 45 + [200, 200]
+
+
+# --- the ports of policy/_match.py and policy/_net.py, string for string ------------------
+
+FUNCTIONS_MODULE = """
+export default {
+  async fetch(request) {
+    const corpus = await request.json();
+    const out = {
+      decodePath: corpus.paths.map((p) => decodePath(p)),
+      canonicalPath: corpus.paths.map((p) => canonicalPath(decodePath(p))),
+      requestPaths: corpus.paths.map((p) => requestPaths(p)),
+      ipBucket: corpus.ips.map(([ip, prefix]) => ipBucket(ip, prefix)),
+    };
+    return new Response(JSON.stringify(out), { headers: { "content-type": "application/json" } });
+  },
+};
+"""
+
+_PATH_PIECES = [
+    "a",
+    "api",
+    "login",
+    "x",
+    ".",
+    "..",
+    "%2e",
+    "%2E%2e",
+    "/",
+    "//",
+    "\\",
+    "%2F",
+    "%2f",
+    "%5C",
+    "%61",
+    "%7E",
+    "%C3%A9",
+    "%c3%a9",
+    "%C3",
+    "%A9",
+    "%FF",
+    "%C0%80",
+    "%ED%A0%80",
+    "%F0%9F%98",
+    "%F0%9F%98%80",
+    "%EF%BB%BF",
+    "%E2%80%A8",
+    "%00",
+    "%20",
+    "%",
+    "%%",
+    "%4",
+    "%G1",
+    "%25",
+    "%2525",
+    "?q=%41",
+    "#f",
+    ";p=1",
+    "é",
+    "\u2028",
+    "\U0001f600",
+    "~",
+    "-",
+]
+
+
+def path_corpus() -> list[str]:
+    """Request paths: fixed odd cases and 400 random ones from pieces that decode oddly."""
+    import random
+
+    rng = random.Random(1212)
+    fixed = ["/", "", "/api/items", "//api/items", "/%61pi/items", "/api%2Fitems", "/a/b/..",
+             "/a/./b/", "/..", "/%2e%2e/x", "\\api\\x", "api/x", "/login/", "/%EF%BB%BFx",
+             "%EF%BB%BF", "/caf%C3%A9", "/\u00e9%C3%A9\u00e9%A9"]  # fmt: skip
+    randoms = [
+        "/" + "".join(rng.choice(_PATH_PIECES) for _ in range(rng.randint(1, 8)))
+        for _ in range(400)
+    ]
+    return fixed + randoms
+
+
+def _spell_ipv6(rng: Any, hextets: list[int]) -> str:
+    """One of the many ways to write an IPv6 address: case, leading zeros, where "::" goes."""
+    words = [
+        (f"{h:04x}" if rng.random() < 0.3 else f"{h:x}").upper()
+        if rng.random() < 0.3
+        else (f"{h:04x}" if rng.random() < 0.3 else f"{h:x}")
+        for h in hextets
+    ]
+    runs = [
+        (start, end)
+        for start in range(8)
+        for end in range(start + 1, 9)
+        if all(h == 0 for h in hextets[start:end])
+    ]
+    if runs and rng.random() < 0.8:
+        start, end = rng.choice(runs)
+        return ":".join(words[:start]) + "::" + ":".join(words[end:])
+    if hextets[:5] == [0] * 5 and hextets[5] == 0xFFFF and rng.random() < 0.5:
+        low = (hextets[6] << 16) | hextets[7]
+        return "::ffff:" + ".".join(str((low >> s) & 0xFF) for s in (24, 16, 8, 0))
+    return ":".join(words)
+
+
+def ip_corpus() -> list[tuple[str, int]]:
+    """Client addresses with prefixes: IPv4, IPv6 in many spellings, IPv4-mapped, zone ids,
+    brackets, whitespace and garbage."""
+    import random
+
+    rng = random.Random(6464)
+    fixed = [
+        "203.0.113.7", "0.0.0.0", "255.255.255.255", "01.2.3.4", "1.2.3.256", "1.2.3",
+        "1.2.3.4.5", "1..2.3", " 1.2.3.4 ", "1.2.3.4/24", "\u0661.2.3.4", "::", "::1", "1::",
+        "::ffff:1.2.3.4", "::FFFF:1.2.3.4", "::ffff:0102:0304", "::1.2.3.4", "64:ff9b::1.2.3.4",
+        "fe80::1%eth0", "fe80::1%", "fe80::1%%x", "fe80::1%25en0", "[::1]", "[::1", "::1]",
+        "[2001:DB8::1]", " 2001:db8::1\t", "\u30002001:db8::1\u3000", "\u00a0::1", "\ufeff::1",
+        "\x1c::1\x1f", "\x85::1", ":::", "1:2:3:4:5:6:7:8:9", "1::2::3", "12345::", "g::",
+        "1:2:3:4:5:6:7::", "::1:2:3:4:5:6:7", "1:2:3:4:5:6:1.2.3.4", "1:2:3:4:5:6:7:1.2.3.4",
+        "::1.2.3", "::01.2.3.4", "1:2:3:4:5:6:7:8", ":1:2:3:4:5:6:7", "1:2:3:4:5:6:7:",
+        "::/0", "", " ", "[]", "testclient", "unknown", "2001:db8::", "2001:0:0:1::1",
+        "2001:db8:0:0:1:0:0:1", "0:0:0:0:0:0:0:1", "1:0:0:2:0:0:0:3", "ABCD:EF01::",
+        "2001:db8:85a3:8d3:1319:8a2e:370:7348", "2001:db8::ffff:1.2.3.4",
+    ]  # fmt: skip
+    prefixes = [32, 48, 56, 63, 64, 65, 96, 100, 127, 128]
+    corpus = [(ip, rng.choice(prefixes)) for ip in fixed for _ in range(2)]
+    for _ in range(600):
+        hextets = [rng.choice([0, 0, 0, 1, 0xFFFF, rng.randrange(0x10000)]) for _ in range(8)]
+        if rng.random() < 0.1:
+            hextets[:6] = [0, 0, 0, 0, 0, 0xFFFF]
+        corpus.append((_spell_ipv6(rng, hextets), rng.choice(prefixes)))
+    return corpus
+
+
+def test_path_and_ip_functions_agree_with_python(tmp_path: Path) -> None:
+    """decodePath, canonicalPath, requestPaths and ipBucket, run in workerd, give exactly the
+    strings of policy's decode_path, canonical_path, request_paths and ip_bucket on ~420 paths
+    (invalid UTF-8, BOMs, odd escapes) and ~720 addresses (IPv6 in many spellings, IPv4-mapped,
+    zone ids, brackets, Unicode whitespace, garbage)."""
+    paths, ips = path_corpus(), ip_corpus()
+    module = tmp_path / "functions.js"
+    module.write_text(
+        "const CONFIG = {};\n\n"
+        + _worker.template_text(_worker.LOGIC_FILE)
+        + textwrap.dedent(FUNCTIONS_MODULE),
+        encoding="utf-8",
+    )
+    job = {
+        "script": str(module),
+        "ratelimits": {},
+        "requests": [
+            {
+                "url": "https://example.com/",
+                "method": "POST",
+                "headers": {"content-type": "application/json"},
+                "body": json.dumps({"paths": paths, "ips": ips}),
+            }
+        ],
+    }
+    [response] = run(job)
+    got = json.loads(response["body"])
+    expected = {
+        "decodePath": [decode_path(p) for p in paths],
+        "canonicalPath": [canonical_path(decode_path(p)) for p in paths],
+        "requestPaths": [list(request_paths(p)) for p in paths],
+        "ipBucket": [ip_bucket(ip, prefix) for ip, prefix in ips],
+    }
+    inputs = {"decodePath": paths, "canonicalPath": paths, "requestPaths": paths, "ipBucket": ips}
+    mismatches = {
+        name: [
+            (given, mine, theirs)
+            for given, mine, theirs in zip(inputs[name], expected[name], got[name], strict=True)
+            if mine != theirs
+        ][:10]
+        for name in expected
+    }
+    assert not any(mismatches.values()), json.dumps(mismatches, indent=2, ensure_ascii=True)
+    buckets = set(expected["ipBucket"])
+    assert any("::/" in b for b in buckets) and any(b.count(".") == 3 for b in buckets)
+    assert any("\ufffd" in d for d in expected["decodePath"])
+
+
+def test_head_counts_against_a_get_limit(tmp_path: Path) -> None:
+    """HEAD runs the GET handler, so a GET limit counts it: GET, HEAD, then a refused HEAD."""
+    text = SPELLING_POLICY.replace(
+        "match: { path_prefix: /api/ }", "match: { path_prefix: /api/, methods: [GET] }"
+    ).replace("rate: 600/1m", "rate: 2/1m")
+    worker = build_worker(tmp_path, text)
+    sent = [request("/api/x"), request("/api/x", method="HEAD"), request("/api/x", method="HEAD")]
+    sent.append(request("/api/x", method="POST"))
+    responses = run(job_for(tmp_path, worker, sent))
+    assert [r["status"] for r in responses] == [200, 200, 429, 200]

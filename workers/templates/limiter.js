@@ -5,15 +5,312 @@
 // exports, so tests can run it in workerd with a different entry point.
 //
 // For each request: find the limits whose matcher applies (same meaning as policy/_match.py:
-// exact paths OR path prefixes, AND methods, AND hosts), drop unauthenticated-only limits
-// when the request carries a credential, count the client IP (CF-Connecting-IP) in each
-// limit's binding in policy order, and answer 429 for the first limit that refuses.
-// Anything else, including every internal error, passes the request to the origin untouched:
-// a broken limiter must not take the site down.
+// exact paths OR path prefixes, AND methods, AND hosts, where the path is checked in every
+// form `requestPaths` gives), pick each limit's counter (requests that carry a credential
+// are counted apart, against the limit's looser credentialed rate), count the client
+// (`ipBucket` of CF-Connecting-IP) in each counter's binding in policy order, and answer 429
+// for the first counter that refuses. Anything else, including every internal error, passes
+// the request to the origin untouched: a broken limiter must not take the site down.
+//
+// `decodePath`, `canonicalPath`, `requestPaths` and `ipBucket` are ports of
+// policy/_match.py and policy/_net.py: they give exactly the strings the Python functions
+// give, which tests check on generated corpora.
 
-// Longest client key sent to a binding. An IPv6 address is at most 45 characters; anything
+// Longest client key sent to a binding. An IPv6 network is at most 43 characters; anything
 // longer is not an address Cloudflare set, and is cut rather than trusted to be small.
 const MAX_KEY_LENGTH = 64;
+// policy/_match.py MAX_PATH_LENGTH: paths are looked at up to three times this length.
+const MAX_PATH_LENGTH = 16384;
+// IPv6 clients are counted per network of this many bits unless the policy says otherwise.
+const DEFAULT_IPV6_PREFIX = 64;
+
+// --- paths: policy/_match.py decode_path, canonical_path, request_paths ------------------
+
+// Python's bytes.decode("utf-8", "replace"): invalid bytes become U+FFFD (the same maximal
+// subparts as WHATWG's decoder), and a byte order mark is kept, not swallowed.
+const UTF8 = new TextDecoder("utf-8", { ignoreBOM: true });
+const HEX_PAIR = /^[0-9A-Fa-f]{2}$/;
+const ASCII_RUN = /[\x00-\x7f]+/g;
+const SLASH_RUN = /\/{2,}/g;
+// A path with none of these needs no work: nothing to decode, merge, resolve or turn.
+const PLAIN_ROUTE = /^(?:\/[^%\\/?#]+)*\/?$/;
+
+/** Percent-decode one run of ASCII characters to bytes; a "%" without two hex digits stays. */
+function unquoteBytes(run) {
+  const bytes = new Uint8Array(run.length);
+  let length = 0;
+  for (let index = 0; index < run.length; index++) {
+    const code = run.charCodeAt(index);
+    const pair = run.slice(index + 1, index + 3);
+    if (code === 0x25 && HEX_PAIR.test(pair)) {
+      bytes[length++] = parseInt(pair, 16);
+      index += 2;
+    } else {
+      bytes[length++] = code;
+    }
+  }
+  return bytes.subarray(0, length);
+}
+
+/**
+ * The path of a request target as a router sees it: query dropped, escapes decoded.
+ *
+ * Like Python's urllib.parse.unquote: every "%XX" is decoded once, each run of ASCII
+ * characters as UTF-8 on its own (invalid bytes become U+FFFD); "%2F" becomes "/" like any
+ * other escape.
+ */
+function decodePath(target) {
+  let cut = target.length;
+  for (const separator of ["?", "#"]) {
+    const found = target.indexOf(separator);
+    if (found >= 0 && found < cut) {
+      cut = found;
+    }
+  }
+  const path = target.slice(0, cut);
+  if (!path.includes("%")) {
+    return path;
+  }
+  return path.replace(ASCII_RUN, (run) => (run.includes("%") ? UTF8.decode(unquoteBytes(run)) : run));
+}
+
+/**
+ * A decoded path in canonical form: "\" as "/", runs of "/" merged, "." and ".." segments
+ * resolved (RFC 3986 5.2.4); it starts with "/" and keeps a trailing slash.
+ */
+function canonicalPath(path) {
+  let text = path.replaceAll("\\", "/").replace(SLASH_RUN, "/");
+  if (!text.startsWith("/")) {
+    text = "/" + text;
+  }
+  if (!text.includes("/.")) {
+    return text;
+  }
+  const out = [];
+  const segments = text.split("/").slice(1);
+  const last = segments.length - 1;
+  segments.forEach((segment, index) => {
+    if (segment === ".") {
+      if (index === last) {
+        out.push("");
+      }
+      return;
+    }
+    if (segment === "..") {
+      if (out.length > 0) {
+        out.pop();
+      }
+      if (index === last) {
+        out.push("");
+      }
+      return;
+    }
+    out.push(segment);
+  });
+  return "/" + out.join("/");
+}
+
+/**
+ * Every form a request path is checked in: the path as given (here the pathname WHATWG's
+ * parser made of request.url), its decoded form and the canonical form of that; no repeats.
+ */
+function requestPaths(path) {
+  const text = path.slice(0, MAX_PATH_LENGTH * 3);
+  if (text.startsWith("/") && !text.includes("/.") && PLAIN_ROUTE.test(text)) {
+    return [text];
+  }
+  const decoded = decodePath(text);
+  const forms = [text];
+  for (const form of [decoded, canonicalPath(decoded)]) {
+    if (!forms.includes(form)) {
+      forms.push(form);
+    }
+  }
+  return forms;
+}
+
+/** An exact path without its one trailing slash ("/" stays "/"). */
+function exactKey(path) {
+  return path.length > 1 && path.endsWith("/") ? path.slice(0, -1) : path;
+}
+
+// --- client addresses: policy/_net.py ip_bucket --------------------------------------------
+
+// Python's str.strip() removes what str.isspace() calls whitespace: this set, not JS trim's.
+const PY_STRIP =
+  /^[\t\n\v\f\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+|[\t\n\v\f\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+$/g;
+const OCTET = /^[0-9]{1,3}$/;
+const HEXTET = /^[0-9A-Fa-f]{1,4}$/;
+
+/** Four octets of a dotted IPv4 address, as strict as Python's ipaddress; null otherwise. */
+function parseIPv4(text) {
+  const parts = text.split(".");
+  if (parts.length !== 4) {
+    return null;
+  }
+  const octets = [];
+  for (const part of parts) {
+    // Leading zeros are refused, as glibc's inet_pton and Python do.
+    if (!OCTET.test(part) || (part !== "0" && part[0] === "0")) {
+      return null;
+    }
+    const value = Number(part);
+    if (value > 255) {
+      return null;
+    }
+    octets.push(value);
+  }
+  return octets;
+}
+
+/** Eight hextets of an IPv6 address (zone id dropped), as Python's ipaddress reads it. */
+function parseIPv6(text) {
+  let address = text;
+  const percent = text.indexOf("%");
+  if (percent >= 0) {
+    const zone = text.slice(percent + 1);
+    if (zone === "" || zone.includes("%")) {
+      return null;
+    }
+    address = text.slice(0, percent);
+  }
+  if (address === "") {
+    return null;
+  }
+  const parts = address.split(":");
+  if (parts.length < 3) {
+    return null;
+  }
+  if (parts[parts.length - 1].includes(".")) {
+    const octets = parseIPv4(parts.pop());
+    if (octets === null) {
+      return null;
+    }
+    parts.push(((octets[0] << 8) | octets[1]).toString(16), ((octets[2] << 8) | octets[3]).toString(16));
+  }
+  if (parts.length > 9) {
+    return null;
+  }
+  let skip = -1;
+  for (let index = 1; index < parts.length - 1; index++) {
+    if (parts[index] === "") {
+      if (skip >= 0) {
+        return null;
+      }
+      skip = index;
+    }
+  }
+  let high = parts.length;
+  let low = 0;
+  let skipped = 0;
+  if (skip >= 0) {
+    high = skip;
+    low = parts.length - skip - 1;
+    if (parts[0] === "" && --high > 0) {
+      return null;
+    }
+    if (parts[parts.length - 1] === "" && --low > 0) {
+      return null;
+    }
+    skipped = 8 - (high + low);
+    if (skipped < 1) {
+      return null;
+    }
+  } else if (parts.length !== 8 || parts[0] === "" || parts[7] === "") {
+    return null;
+  }
+  const hextets = [];
+  const take = (part) => {
+    if (!HEXTET.test(part)) {
+      return false;
+    }
+    hextets.push(parseInt(part, 16));
+    return true;
+  };
+  for (let index = 0; index < high; index++) {
+    if (!take(parts[index])) {
+      return null;
+    }
+  }
+  for (let index = 0; index < skipped; index++) {
+    hextets.push(0);
+  }
+  for (let index = parts.length - low; index < parts.length; index++) {
+    if (!take(parts[index])) {
+      return null;
+    }
+  }
+  return hextets;
+}
+
+/** An IPv6 address as Python prints it: lower-case hex, the longest run of 2+ zeros as "::". */
+function formatIPv6(hextets) {
+  let bestStart = -1;
+  let bestLength = 0;
+  let start = -1;
+  let length = 0;
+  hextets.forEach((value, index) => {
+    if (value === 0) {
+      if (start < 0) {
+        start = index;
+      }
+      length += 1;
+      if (length > bestLength) {
+        bestLength = length;
+        bestStart = start;
+      }
+    } else {
+      start = -1;
+      length = 0;
+    }
+  });
+  const words = hextets.map((value) => value.toString(16));
+  if (bestLength < 2) {
+    return words.join(":");
+  }
+  const head = words.slice(0, bestStart).join(":");
+  const tail = words.slice(bestStart + bestLength).join(":");
+  return `${head}::${tail}`;
+}
+
+/**
+ * The key a client address is counted under (policy/_net.py ip_bucket, to the character).
+ *
+ * IPv4 as is; an IPv4-mapped IPv6 address as its IPv4 address; other IPv6 addresses as
+ * their network of `ipv6Prefix` bits ("2001:db8:0:1::/64"), or the bare address for 128.
+ * Text that is not an address comes back unchanged: it is still one caller's key.
+ */
+function ipBucket(ip, ipv6Prefix) {
+  let text = ip.replace(PY_STRIP, "");
+  if (text.startsWith("[") && text.endsWith("]")) {
+    text = text.slice(1, -1);
+  }
+  if (text.includes("/")) {
+    return ip;
+  }
+  const octets = parseIPv4(text);
+  if (octets !== null) {
+    return octets.join(".");
+  }
+  const hextets = parseIPv6(text);
+  if (hextets === null) {
+    return ip;
+  }
+  if (hextets.slice(0, 5).every((value) => value === 0) && hextets[5] === 0xffff) {
+    const [high, low] = [hextets[6], hextets[7]];
+    return [high >> 8, high & 0xff, low >> 8, low & 0xff].join(".");
+  }
+  if (ipv6Prefix >= 128) {
+    return formatIPv6(hextets);
+  }
+  const masked = hextets.map((value, index) => {
+    const bits = Math.min(16, Math.max(0, ipv6Prefix - 16 * index));
+    return value & ((0xffff << (16 - bits)) & 0xffff);
+  });
+  return `${formatIPv6(masked)}/${ipv6Prefix}`;
+}
+
+// --- matching ----------------------------------------------------------------------------
 
 /** Lower-case a Host value and strip its port and trailing dots (IPv6 brackets kept). */
 function normalizeHost(raw) {
@@ -39,8 +336,11 @@ function hostMatches(pattern, host) {
   return host === pattern;
 }
 
-/** Whether a limit's matcher applies; `path` is `new URL(request.url).pathname`. */
-function limitMatches(limit, method, path, host) {
+/**
+ * Whether a limit's matcher applies; `paths` are the forms of the path (`requestPaths`).
+ * The limit's exact paths are stored without a trailing slash, so "/a/" matches "/a".
+ */
+function limitMatches(limit, method, paths, host) {
   if (limit.methods.length > 0 && !limit.methods.includes(method.toUpperCase())) {
     return false;
   }
@@ -53,7 +353,10 @@ function limitMatches(limit, method, path, host) {
   if (limit.paths.length === 0 && limit.pathPrefixes.length === 0) {
     return true;
   }
-  return limit.paths.includes(path) || limit.pathPrefixes.some((p) => path.startsWith(p));
+  return paths.some(
+    (path) =>
+      limit.paths.includes(exactKey(path)) || limit.pathPrefixes.some((p) => path.startsWith(p)),
+  );
 }
 
 /** The names of the cookies in a Cookie header ("a=1; b=2"); pairs without "=" are skipped. */
@@ -90,81 +393,97 @@ function isAuthenticated(headers, when) {
   return when.cookies.some((name) => sent.has(name));
 }
 
-/** The limits that apply to a request, in policy order. */
+/**
+ * The counters that apply to a request, in policy order: for each matching limit, the
+ * limit itself, or, when it is unauthenticated-only and the request carries a listed
+ * credential, its `withCredential` counter. Only the credential's presence can be checked
+ * here (the edge has no keys to verify it), so a made-up credential is still counted, at
+ * the looser credentialed rate, rather than let through unlimited.
+ */
 function applicableLimits(request, url, config) {
   const method = request.method;
-  const path = url.pathname;
+  const paths = requestPaths(url.pathname);
   const host = url.host;
   let authenticated = null;
-  return config.limits.filter((limit) => {
-    if (!limitMatches(limit, method, path, host)) {
-      return false;
+  const counters = [];
+  for (const limit of config.limits) {
+    if (!limitMatches(limit, method, paths, host)) {
+      continue;
     }
     if (limit.unauthenticatedOnly) {
       if (authenticated === null) {
         authenticated = isAuthenticated(request.headers, config.authenticatedWhen);
       }
-      return !authenticated;
+      if (authenticated) {
+        if (limit.withCredential) {
+          counters.push(limit.withCredential);
+        }
+        continue;
+      }
     }
-    return true;
-  });
+    counters.push(limit);
+  }
+  return counters;
 }
 
 /**
- * The key a binding counts: the client IP Cloudflare puts in CF-Connecting-IP.
+ * The key a binding counts: the client Cloudflare puts in CF-Connecting-IP, as `ipBucket`
+ * groups it (an IPv6 client by its network).
  *
  * Null when the header is missing or empty. Cloudflare always sets it on requests from the
  * internet (and clients cannot forge it there), so a request without it did not come
  * through the edge (a local test, a subrequest); such requests are not counted, as one
  * shared "unknown" bucket would let a single caller lock everyone else out.
  */
-function clientKey(headers) {
+function clientKey(headers, config) {
   const value = headers.get("CF-Connecting-IP");
   if (value === null) {
     return null;
   }
-  const key = value.trim();
-  if (key === "") {
+  const text = value.trim();
+  if (text === "") {
     return null;
   }
+  const prefix = Number.isInteger(config.ipv6Prefix) ? config.ipv6Prefix : DEFAULT_IPV6_PREFIX;
+  const key = ipBucket(text, prefix);
   return key.length > MAX_KEY_LENGTH ? key.slice(0, MAX_KEY_LENGTH) : key;
 }
 
 /** The 429 answer: RFC 9457 problem details, Retry-After and RateLimit-Policy. */
-function tooManyRequests(limit) {
-  return new Response(JSON.stringify(limit.problem), {
+function tooManyRequests(counter) {
+  return new Response(JSON.stringify(counter.problem), {
     status: 429,
     headers: {
       "Content-Type": "application/problem+json",
       // The binding does not say when its window resets; the period is the longest wait.
-      "Retry-After": String(limit.period),
-      "RateLimit-Policy": limit.policy,
+      "Retry-After": String(counter.period),
+      "RateLimit-Policy": counter.policy,
       "Cache-Control": "no-store",
     },
   });
 }
 
-/** The 429 response for the first limit that refuses the request, or null to let it pass. */
+/** The 429 response for the first counter that refuses the request, or null to let it pass. */
 async function decide(request, env, config) {
   const url = new URL(request.url);
-  const limits = applicableLimits(request, url, config);
-  if (limits.length === 0) {
+  const counters = applicableLimits(request, url, config);
+  if (counters.length === 0) {
     return null;
   }
-  const key = clientKey(request.headers);
+  const key = clientKey(request.headers, config);
   if (key === null) {
     return null;
   }
-  for (const limit of limits) {
+  for (const counter of counters) {
     let outcome;
     try {
-      outcome = await env[limit.binding].limit({ key });
+      outcome = await env[counter.binding].limit({ key });
     } catch {
-      // A missing or failing binding disables that limit only, never the request.
+      // A missing or failing binding disables that counter only, never the request.
       continue;
     }
     if (outcome !== null && typeof outcome === "object" && outcome.success === false) {
-      return tooManyRequests(limit);
+      return tooManyRequests(counter);
     }
   }
   return null;

@@ -25,7 +25,7 @@ resource "cloudflare_ruleset" "edgegen_http_ratelimit" {
     {
       ref         = "edgegen:search-24193290"
       description = "search: 50/10s per client IP, managed_challenge"
-      expression  = "http.request.uri.path eq \"/search\""
+      expression  = "http.request.uri.path in {\"/search\" \"/search%2F\" \"/search/\"}"
       action      = "managed_challenge"
       ratelimit   = {
         characteristics     = ["cf.colo.id", "ip.src"]
@@ -38,7 +38,7 @@ resource "cloudflare_ruleset" "edgegen_http_ratelimit" {
     {
       ref               = "edgegen:login-42882135"
       description       = "login: 5/10s per client IP, block"
-      expression        = "http.request.uri.path in {\"/api/v1/sessions\" \"/login\"} and http.request.method eq \"POST\""
+      expression        = "http.request.uri.path in {\"/api%2Fv1%2Fsessions\" \"/api%2Fv1%2Fsessions%2F\" \"/api%2Fv1%2Fsessions/\" \"/api%2Fv1/sessions\" \"/api%2Fv1/sessions%2F\" \"/api%2Fv1/sessions/\" \"/api/v1%2Fsessions\" \"/api/v1%2Fsessions%2F\" \"/api/v1%2Fsessions/\" \"/api/v1/sessions\" \"/api/v1/sessions%2F\" \"/api/v1/sessions/\" \"/login\" \"/login%2F\" \"/login/\"} and http.request.method eq \"POST\""
       action            = "block"
       action_parameters = {
         response = {
@@ -58,7 +58,7 @@ resource "cloudflare_ruleset" "edgegen_http_ratelimit" {
     {
       ref               = "edgegen:hooks-a9fa9fda"
       description       = "hooks: 100/10s per client IP, block"
-      expression        = "starts_with(http.request.uri.path, \"/in/\") and (http.host eq \"hooks.example.com\" or ends_with(http.host, \".hooks.example.com\"))"
+      expression        = "(starts_with(http.request.uri.path, \"/in/\") or starts_with(http.request.uri.path, \"/in%2F\")) and (http.host eq \"hooks.example.com\" or ends_with(http.host, \".hooks.example.com\"))"
       action            = "block"
       action_parameters = {
         response = {
@@ -78,7 +78,7 @@ resource "cloudflare_ruleset" "edgegen_http_ratelimit" {
     {
       ref               = "edgegen:evil-quote-back-x-y-tick-script-uniend-de9ba469"
       description       = "evil \"quote\" \\back $${x} %%{y} `tick` </script> ünï\u2028end: 10/10s per client IP, block"
-      expression        = "http.request.uri.path eq \"/a%22b/c/$%7Bx%7D/%60t%60/%3C/script%3E/%C3%BCn%C3%AF\" or starts_with(http.request.uri.path, \"/p'q%22/%%7By%7D/\")"
+      expression        = "http.request.uri.path in {\"/a%22b%7Cc%2F$%7Bx%7D%2F%60t%60%2F%3C/script%3E/%C3%BCn%C3%AF%20100%25\" \"/a%22b%7Cc%2F$%7Bx%7D%2F%60t%60%2F%3C/script%3E/%C3%BCn%C3%AF%20100%25%2F\" \"/a%22b%7Cc%2F$%7Bx%7D%2F%60t%60%2F%3C/script%3E/%C3%BCn%C3%AF%20100%25/\" \"/a%22b%7Cc%2F$%7Bx%7D%2F%60t%60/%3C/script%3E/%C3%BCn%C3%AF%20100%25\" \"/a%22b%7Cc%2F$%7Bx%7D%2F%60t%60/%3C/script%3E/%C3%BCn%C3%AF%20100%25%2F\" \"/a%22b%7Cc%2F$%7Bx%7D%2F%60t%60/%3C/script%3E/%C3%BCn%C3%AF%20100%25/\" \"/a%22b%7Cc%2F$%7Bx%7D/%60t%60%2F%3C/script%3E/%C3%BCn%C3%AF%20100%25\" \"/a%22b%7Cc%2F$%7Bx%7D/%60t%60%2F%3C/script%3E/%C3%BCn%C3%AF%20100%25%2F\" \"/a%22b%7Cc%2F$%7Bx%7D/%60t%60%2F%3C/script%3E/%C3%BCn%C3%AF%20100%25/\" \"/a%22b%7Cc%2F$%7Bx%7D/%60t%60/%3C/script%3E/%C3%BCn%C3%AF%20100%25\" \"/a%22b%7Cc%2F$%7Bx%7D/%60t%60/%3C/script%3E/%C3%BCn%C3%AF%20100%25%2F\" \"/a%22b%7Cc%2F$%7Bx%7D/%60t%60/%3C/script%3E/%C3%BCn%C3%AF%20100%25/\" \"/a%22b%7Cc/$%7Bx%7D%2F%60t%60%2F%3C/script%3E/%C3%BCn%C3%AF%20100%25\" \"/a%22b%7Cc/$%7Bx%7D%2F%60t%60%2F%3C/script%3E/%C3%BCn%C3%AF%20100%25%2F\" \"/a%22b%7Cc/$%7Bx%7D%2F%60t%60%2F%3C/script%3E/%C3%BCn%C3%AF%20100%25/\" \"/a%22b%7Cc/$%7Bx%7D%2F%60t%60/%3C/script%3E/%C3%BCn%C3%AF%20100%25\" \"/a%22b%7Cc/$%7Bx%7D%2F%60t%60/%3C/script%3E/%C3%BCn%C3%AF%20100%25%2F\" \"/a%22b%7Cc/$%7Bx%7D%2F%60t%60/%3C/script%3E/%C3%BCn%C3%AF%20100%25/\" \"/a%22b%7Cc/$%7Bx%7D/%60t%60%2F%3C/script%3E/%C3%BCn%C3%AF%20100%25\" \"/a%22b%7Cc/$%7Bx%7D/%60t%60%2F%3C/script%3E/%C3%BCn%C3%AF%20100%25%2F\" \"/a%22b%7Cc/$%7Bx%7D/%60t%60%2F%3C/script%3E/%C3%BCn%C3%AF%20100%25/\" \"/a%22b%7Cc/$%7Bx%7D/%60t%60/%3C/script%3E/%C3%BCn%C3%AF%20100%25\" \"/a%22b%7Cc/$%7Bx%7D/%60t%60/%3C/script%3E/%C3%BCn%C3%AF%20100%25%2F\" \"/a%22b%7Cc/$%7Bx%7D/%60t%60/%3C/script%3E/%C3%BCn%C3%AF%20100%25/\"} or starts_with(http.request.uri.path, \"/p'q%22/%25%7By%7D/\") or starts_with(http.request.uri.path, \"/p'q%22/%25%7By%7D%2F\") or starts_with(http.request.uri.path, \"/p'q%22%2F%25%7By%7D/\") or starts_with(http.request.uri.path, \"/p'q%22%2F%25%7By%7D%2F\")"
       action            = "block"
       action_parameters = {
         response = {
@@ -92,6 +92,26 @@ resource "cloudflare_ruleset" "edgegen_http_ratelimit" {
         period              = 10
         requests_per_period = 10
         mitigation_timeout  = 10
+      }
+      enabled           = true
+    },
+    {
+      ref               = "edgegen:feed-c8bc2586"
+      description       = "feed: 20/1m per client IP, block"
+      expression        = "http.request.uri.path in {\"/feed%2Flatest\" \"/feed%2Flatest%2F\" \"/feed%2Flatest/\" \"/feed/latest\" \"/feed/latest%2F\" \"/feed/latest/\"} and http.request.method in {\"GET\" \"HEAD\"}"
+      action            = "block"
+      action_parameters = {
+        response = {
+          status_code  = 429
+          content_type = "application/json"
+          content      = "{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Rate limit exceeded: at most 20 requests in 60 seconds from one client. Retry after 60 seconds.\",\"limit\":\"feed\"}"
+        }
+      }
+      ratelimit         = {
+        characteristics     = ["cf.colo.id", "ip.src"]
+        period              = 60
+        requests_per_period = 20
+        mitigation_timeout  = 60
       }
       enabled           = true
     },

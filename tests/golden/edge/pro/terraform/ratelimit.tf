@@ -25,7 +25,7 @@ resource "cloudflare_ruleset" "edgegen_http_ratelimit" {
     {
       ref         = "edgegen:search-24193290"
       description = "search: 50/10s per client IP, managed_challenge"
-      expression  = "http.request.uri.path eq \"/search\""
+      expression  = "http.request.uri.path in {\"/search\" \"/search%2F\" \"/search/\"}"
       action      = "managed_challenge"
       ratelimit   = {
         characteristics     = ["cf.colo.id", "ip.src"]
@@ -38,7 +38,7 @@ resource "cloudflare_ruleset" "edgegen_http_ratelimit" {
     {
       ref               = "edgegen:hooks-a9fa9fda"
       description       = "hooks: 100/10s per client IP, block"
-      expression        = "starts_with(http.request.uri.path, \"/in/\") and (http.host eq \"hooks.example.com\" or ends_with(http.host, \".hooks.example.com\"))"
+      expression        = "(starts_with(http.request.uri.path, \"/in/\") or starts_with(http.request.uri.path, \"/in%2F\")) and (http.host eq \"hooks.example.com\" or ends_with(http.host, \".hooks.example.com\"))"
       action            = "block"
       action_parameters = {
         response = {
