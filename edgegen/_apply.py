@@ -84,9 +84,12 @@ def writes(client: Client, plan: Plan) -> list[Write]:
     return [*ruleset, *worker, *creates, *deletes]
 
 
-def verify(client: Client, plan: Plan) -> RemoteState:
-    """Read the zone again; StalePlanError when it is not what the plan was made from."""
-    now = _state.read(client, plan.scope)
+def verify(client: Client, plan: Plan, *, settings: bool = False) -> RemoteState:
+    """Read the zone again; StalePlanError when it is not what the plan was made from.
+
+    ``settings``: read the zone's URL normalisation setting too (for a plan shown again).
+    """
+    now = _state.read(client, plan.scope, zone_settings=settings)
     changed = plan.fingerprints.differences(fingerprints(now, plan.route_patterns))
     if changed:
         raise StalePlanError(
@@ -102,7 +105,7 @@ def verify_saved(client: Client, plan: Plan, source: str) -> Plan:
     """A saved plan, checked before anything is written: the zone must be as it was when
     the plan was made (StalePlanError), and the plan's writes must be what it shows, made
     again from them and the zone (TamperedPlanError). Returns the plan to show and apply."""
-    return check_saved(plan, verify(client, plan), source)
+    return check_saved(plan, verify(client, plan, settings=True), source)
 
 
 def validate_remote(client: Client, plan: Plan, source: Policy | None = None) -> bool:

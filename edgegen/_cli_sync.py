@@ -197,6 +197,12 @@ def _save(path: str, what: str, write: Callable[[], None]) -> None:
         ) from None
 
 
+def _warn(lines: tuple[str, ...] | list[str]) -> None:
+    """Warnings and notes about the zone, on stderr (the plan itself goes to stdout)."""
+    for line in lines:
+        sys.stderr.write(_plan_format.terminal_text(f"edgegen: {line}") + "\n")
+
+
 def _print_plan(plan: Plan, output: str) -> None:
     if output == "json":
         sys.stdout.write(json.dumps(plan_to_json(plan, include_writes=False), indent=2) + "\n")
@@ -226,6 +232,7 @@ def run_plan(args: argparse.Namespace) -> int:
             state = _state.read(client, scope)
     plan = make_plan(artifacts, state)
     _print_plan(plan, args.format)
+    _warn(plan.warnings)
     if args.out is not None:
         _save(
             args.out, "plan", lambda: _state.write_json_atomic(Path(args.out), plan_to_json(plan))
@@ -265,6 +272,7 @@ def run_pull(args: argparse.Namespace) -> int:
         )
     with make_client(args) as client:
         state = _state.read(client, Scope(zone, account, worker))
+    _warn(state.notices)
     _save(args.out, "state", lambda: state.save(args.out))
     ruleset = state.ruleset
     rules = (
@@ -340,12 +348,13 @@ def run_apply(args: argparse.Namespace) -> int:
                 # A saved plan is applied only to the zone it was made from, and only if it
                 # writes exactly what it shows.
                 plan = _apply.verify_saved(client, saved, args.target)
-                sys.stdout.write(_plan_format.to_text(plan))
             else:
                 source, artifacts = load_and_build(args.target)
                 scope = scope_of(source, artifacts, args.target)
                 plan = make_plan(artifacts, _state.read(client, scope))
-                sys.stdout.write(_plan_format.to_text(plan))
+            sys.stdout.write(_plan_format.to_text(plan))
+            sys.stdout.flush()
+            _warn(plan.warnings)
             if not plan.has_changes:
                 return 0
             if args.dry_run:

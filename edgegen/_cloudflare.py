@@ -461,6 +461,15 @@ class ScriptContent:
 
 
 @dataclass(frozen=True, slots=True)
+class UrlNormalization:
+    """A zone's URL normalisation setting: ``scope`` (``incoming``, ``both`` or ``none``:
+    which URLs are normalised) and ``type`` (``cloudflare`` or ``rfc3986``)."""
+
+    scope: str
+    type: str
+
+
+@dataclass(frozen=True, slots=True)
 class Route:
     """A Worker route of a zone: a URL pattern and the script it runs (None: no Worker)."""
 
@@ -478,6 +487,8 @@ def _describe_path(path: str) -> str:
         return f"the Worker routes of zone {parts[1]}"
     if "/workers/scripts/" in path:
         return f"the Worker script {parts[4]!r} of account {parts[1]}"
+    if path.endswith("/url_normalization"):
+        return f"the URL normalisation setting of zone {parts[1]}"
     return path
 
 
@@ -488,6 +499,8 @@ def _permission_hint(path: str) -> str:
         return "Zone > Workers Routes > Edit"
     if "/workers/scripts/" in path:
         return "Account > Workers Scripts > Edit"
+    if path.endswith("/url_normalization"):
+        return "Zone > Zone Settings > Read"
     return "the permission this request needs"
 
 
@@ -1070,6 +1083,26 @@ class Client:
         if not isinstance(result, list):
             raise _bad_result("GET", path, "a list of routes")
         return tuple(parse_route(item, "GET", path) for item in result)
+
+    @staticmethod
+    def url_normalization_path(zone_id: str) -> str:
+        """The path of a zone's URL normalisation setting."""
+        return f"/zones/{quote(zone_id, safe='')}/url_normalization"
+
+    def get_url_normalization(self, zone_id: str) -> UrlNormalization:
+        """How the zone normalises URLs before rules and Workers see them.
+
+        Needs Zone > Zone Settings > Read: a token without it gets a CloudflareAPIError with
+        status 403, which callers may treat as "unknown".
+        """
+        path = self.url_normalization_path(zone_id)
+        result = self._call("GET", path)
+        if not isinstance(result, dict):
+            raise _bad_result("GET", path, "a URL normalisation setting")
+        scope, kind = result.get("scope"), result.get("type")
+        if not isinstance(scope, str) or not isinstance(kind, str):
+            raise _bad_result("GET", path, "a setting with a scope and a type")
+        return UrlNormalization(self.redact(scope), self.redact(kind))
 
     # --- writes ------------------------------------------------------------------------
 

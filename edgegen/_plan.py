@@ -286,6 +286,9 @@ class Plan:
     route_patterns: tuple[str, ...]
     limits_by_ref: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    # About the zone rather than the changes (its URL normalisation): for stderr, each
+    # starting "warning: " or "note: ".
+    warnings: tuple[str, ...] = ()
 
     @property
     def has_changes(self) -> bool:
@@ -539,6 +542,56 @@ def _route_changes(patterns: Sequence[str], state: RemoteState) -> list[RouteCha
     return changes
 
 
+_NORMALISE = (
+    'turn on "Normalize incoming URLs" with type cloudflare (the zone\'s Rules > Settings '
+    "in the dashboard, or PUT /zones/{zone}/url_normalization with "
+    '{{"scope": "incoming", "type": "cloudflare"}})'
+)
+
+
+def url_warnings(state: RemoteState, rule_limits: bool) -> tuple[str, ...]:
+    """What the zone's URL normalisation means for a policy with ``rule_limits`` (limits
+    placed in rate limiting rules; the Worker and the app normalise paths on their own).
+
+    Cloudflare normalises URLs before rules see them only when the zone says so. With scope
+    ``none`` rules see each URL as sent: ``/%61pi/items`` and ``//api/items`` do not match a
+    rule's limit on ``/api/`` (a warning). Type ``rfc3986`` keeps ``//`` and encodes
+    ``\\`` as ``%5C``, so ``//api/`` spellings skip rules (a note). Also why the setting is
+    unknown, when it is.
+    """
+    if not rule_limits:
+        return ()
+    out = list(state.notices)
+    setting = state.url_normalization
+    if setting is None:
+        return tuple(out)
+    zone = state.scope.zone_id
+    fix = _NORMALISE.format(zone=zone)
+    if setting.scope == "none":
+        out.append(
+            f'warning: zone {zone} does not normalise URLs (url_normalization scope "none"): '
+            "its rate limiting rules see each URL as sent, so /%61pi/items or //api/items "
+            f"skip a limit on /api/ placed in a rule; {fix}"
+        )
+    elif setting.scope not in ("incoming", "both"):
+        out.append(
+            f"note: zone {zone} has the URL normalisation scope {setting.scope!r}, which "
+            f"edgegen does not know; to be sure rules see normalised URLs, {fix}"
+        )
+    elif setting.type == "rfc3986":
+        out.append(
+            f"note: zone {zone} normalises URLs the RFC 3986 way (url_normalization type "
+            '"rfc3986"), which keeps // and encodes \\ as %5C, so spellings like '
+            f"//api/items skip a rate limiting rule on /api/; {fix}"
+        )
+    elif setting.type != "cloudflare":
+        out.append(
+            f"note: zone {zone} has the URL normalisation type {setting.type!r}, which "
+            f"edgegen does not know; to be sure rules see normalised URLs, {fix}"
+        )
+    return tuple(out)
+
+
 def make_plan(artifacts: Artifacts, state: RemoteState) -> Plan:
     """Compare what the policy builds with the zone; raises SyncError on a route conflict."""
     scope = state.scope
@@ -575,6 +628,7 @@ def make_plan(artifacts: Artifacts, state: RemoteState) -> Plan:
         route_patterns=tuple(patterns),
         limits_by_ref=names,
         notes=tuple(notes),
+        warnings=url_warnings(state, bool(names)),
     )
 
 
@@ -694,6 +748,7 @@ def plan_to_json(plan: Plan, *, include_writes: bool = True) -> dict[str, Any]:
         "route_patterns": list(plan.route_patterns),
         "limits_by_ref": dict(plan.limits_by_ref),
         "notes": list(plan.notes),
+        "warnings": list(plan.warnings),
     }
     if include_writes:
         out["writes"] = {
@@ -857,6 +912,7 @@ def plan_from_json(data: Any, source: str) -> Plan:
             route_patterns=_json.texts(data.get("route_patterns", []), "route_patterns"),
             limits_by_ref={k: _json.text(v, f"limits_by_ref[{k!r}]") for k, v in limits.items()},
             notes=_json.texts(data.get("notes", []), "notes"),
+            warnings=_json.texts(data.get("warnings", []), "warnings"),
         )
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise bad(f"a field is missing or of the wrong type: {exc}") from None
@@ -919,6 +975,7 @@ def check_saved(plan: Plan, state: RemoteState, source: str) -> Plan:
         plan,
         foreign_rules=tuple(foreign),
         ruleset_version=ruleset.version if ruleset else None,
+        warnings=url_warnings(state, bool(plan.limits_by_ref)),
     )
 
 

@@ -1,7 +1,9 @@
 """The live state of a zone as edgegen sees it: a plain value, read once, savable to a file.
 
 ``read`` makes only GET requests: the http_ratelimit entrypoint, the Worker script's settings
-(bindings) and content, and the zone's Worker routes. ``RemoteState`` is what planning
+(bindings) and content, the zone's Worker routes, and the zone's URL normalisation setting
+(what URLs rules and Workers see; a token without Zone Settings Read leaves it unknown, with
+a notice, rather than failing the read). ``RemoteState`` is what planning
 compares with; saved by ``edgegen pull --out STATE``, it lets ``edgegen plan --state``
 plan with no access to the zone (pull requests from forks get no secrets).
 
@@ -21,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from . import _json
-from ._cloudflare import Client
+from ._cloudflare import Client, UrlNormalization
 from ._files import write_atomic
-from .errors import SyncError
+from .errors import CloudflareAPIError, SyncError
 
 STATE_FORMAT = "edgegen-state"
 STATE_VERSION = 1
@@ -129,12 +131,19 @@ class RemoteRoute:
 
 @dataclass(frozen=True, slots=True)
 class RemoteState:
-    """Everything plan compares with. ``ruleset`` and ``worker`` are None when absent."""
+    """Everything plan compares with. ``ruleset`` and ``worker`` are None when absent.
+
+    ``url_normalization`` is the zone's setting, None when unknown (not read, not readable
+    with the token, or a state file without it); ``notices`` say why it is unknown, for the
+    user (they are not saved).
+    """
 
     scope: Scope
     ruleset: RemoteRuleset | None
     worker: RemoteWorker | None
     routes: tuple[RemoteRoute, ...]
+    url_normalization: UrlNormalization | None = None
+    notices: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The state file's content."""
@@ -165,6 +174,9 @@ class RemoteState:
                 "generated_by_edgegen": worker.generated_by_edgegen,
             },
             "routes": [{"id": r.id, "pattern": r.pattern, "script": r.script} for r in self.routes],
+            "url_normalization": None
+            if self.url_normalization is None
+            else {"scope": self.url_normalization.scope, "type": self.url_normalization.type},
         }
 
     @classmethod
@@ -227,9 +239,26 @@ class RemoteState:
                 )
                 for r in _json.objects(data.get("routes", []), "routes")
             )
+            # Files pulled by older versions have no setting: they load, with a notice.
+            raw_setting = data.get("url_normalization")
+            setting = None
+            notices: tuple[str, ...] = ()
+            if raw_setting is None:
+                notices = (
+                    f"note: {source} holds no URL normalisation setting (pulled by an older "
+                    "edgegen, or with a token without Zone > Zone Settings > Read), so this "
+                    "plan cannot tell whether the zone's rules see normalised URLs; pull it "
+                    "again with such a token",
+                )
+            else:
+                raw_setting = _json.obj(raw_setting, "url_normalization")
+                setting = UrlNormalization(
+                    _json.text(raw_setting.get("scope"), "url_normalization.scope"),
+                    _json.text(raw_setting.get("type"), "url_normalization.type"),
+                )
         except (KeyError, TypeError, AttributeError) as exc:
             raise bad(f"a field is missing or of the wrong type: {exc}") from None
-        return cls(scope, ruleset, worker, routes)
+        return cls(scope, ruleset, worker, routes, setting, notices)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the state file atomically (a reader never sees half of it)."""
@@ -300,11 +329,13 @@ def parse_json(text: str, source: str, what: str) -> Any:
         ) from None
 
 
-def read(client: Client, scope: Scope) -> RemoteState:
-    """Read the zone's state with GET requests only.
+def read(client: Client, scope: Scope, *, zone_settings: bool = True) -> RemoteState:
+    """Read the zone's state with GET requests only (``zone_settings``: the URL normalisation
+    setting too; a read that only checks fingerprints does without).
 
     Any failed or unclear read raises (CloudflareAPIError): a plan made from a partial
-    read could delete what it did not see.
+    read could delete what it did not see. The one exception is a 403 on the setting,
+    which nothing is written from: it is left unknown, with a notice.
     """
     entry = client.get_entrypoint(scope.zone_id)
     ruleset = (
@@ -338,4 +369,17 @@ def read(client: Client, scope: Scope) -> RemoteState:
     routes = tuple(
         RemoteRoute(r.id, r.pattern, r.script) for r in client.list_routes(scope.zone_id)
     )
-    return RemoteState(scope, ruleset, worker, routes)
+    setting: UrlNormalization | None = None
+    notices: tuple[str, ...] = ()
+    if zone_settings:
+        try:
+            setting = client.get_url_normalization(scope.zone_id)
+        except CloudflareAPIError as exc:
+            if exc.status != 403:
+                raise
+            notices = (
+                f"warning: the API token may not read zone {scope.zone_id}'s URL "
+                "normalisation setting (HTTP 403), so edgegen cannot tell whether its rules "
+                "see normalised URLs; give the token Zone > Zone Settings > Read to check it",
+            )
+    return RemoteState(scope, ruleset, worker, routes, setting, notices)

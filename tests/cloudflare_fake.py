@@ -20,7 +20,10 @@ It follows /work/shared/reference/cloudflare.md and Cloudflare's API docs:
   ``main_module``, ``compatibility_date`` and ``bindings``, one part per module), then
   ``GET .../settings`` (bindings) and ``GET .../content/v2`` (multipart, ``CF-Entrypoint``);
   a missing script is 404 with code 10007;
-- Worker routes: list, create (409 for a pattern already routed), update, delete.
+- Worker routes: list, create (409 for a pattern already routed), update, delete;
+- the zone's URL normalisation setting: ``GET/PUT /zones/{z}/url_normalization``, result
+  ``{"scope": "incoming"|"both"|"none", "type": "cloudflare"|"rfc3986"}`` (default
+  incoming + cloudflare), 403 for a token without Zone Settings permission.
 
 Error codes other than 10003, 10007, 10000 (authentication), 971 (API limit) and 7003 (no
 such object) are illustrative: edgegen matches on status and pointer, never on codes it
@@ -95,7 +98,9 @@ RATELIMIT_FIELDS = {
     "score_per_period",
     "score_response_header_name",
 }
-PERMISSIONS = frozenset({"waf", "scripts", "routes"})
+PERMISSIONS = frozenset({"waf", "scripts", "routes", "zone_settings"})
+URL_NORMALIZATION_SCOPES = {"incoming", "both", "none"}
+URL_NORMALIZATION_TYPES = {"cloudflare", "rfc3986"}
 NOW = "2026-01-01T00:00:00.000000Z"
 
 
@@ -179,6 +184,9 @@ class FakeCloudflare:
     entrypoint: dict[str, Any] | None = None
     scripts: dict[str, Script] = field(default_factory=dict)
     routes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    url_normalization: dict[str, str] = field(
+        default_factory=lambda: {"scope": "incoming", "type": "cloudflare"}
+    )
     faults: list[Fault] = field(default_factory=list)
     budget: int | None = None
     throttled_for: int = 1
@@ -336,6 +344,8 @@ class FakeCloudflare:
             return "routes"
         if "/workers/scripts/" in path:
             return "scripts"
+        if path.endswith("/url_normalization"):
+            return "zone_settings"
         return None
 
     def _route(self, request: httpx.Request, path: str) -> httpx.Response:
@@ -343,6 +353,8 @@ class FakeCloudflare:
         table: list[tuple[str, str, Callable[..., httpx.Response]]] = [
             ("GET", rf"/zones/(?P<zone>[^/]+)/rulesets/phases/{PHASE}/entrypoint", self.get_entry),
             ("PUT", rf"/zones/(?P<zone>[^/]+)/rulesets/phases/{PHASE}/entrypoint", self.put_entry),
+            ("GET", r"/zones/(?P<zone>[^/]+)/url_normalization", self.get_url_normalization),
+            ("PUT", r"/zones/(?P<zone>[^/]+)/url_normalization", self.put_url_normalization),
             ("GET", r"/zones/(?P<zone>[^/]+)/workers/routes", self.list_routes),
             ("POST", r"/zones/(?P<zone>[^/]+)/workers/routes", self.create_route),
             ("PUT", r"/zones/(?P<zone>[^/]+)/workers/routes/(?P<rid>[^/]+)", self.update_route),
@@ -613,6 +625,25 @@ class FakeCloudflare:
                 )
             )
         return errors
+
+    # --- zone settings -----------------------------------------------------------------
+
+    def get_url_normalization(self, request: httpx.Request) -> httpx.Response:
+        """The zone's URL normalisation setting."""
+        return respond(200, dict(self.url_normalization))
+
+    def put_url_normalization(self, request: httpx.Request) -> httpx.Response:
+        """Change the setting: both fields, each one of the known values."""
+        try:
+            body = json.loads(request.content)
+        except ValueError:
+            return respond(400, errors=[error(10026, "invalid JSON")])
+        if not isinstance(body, dict) or not one_of(body.get("scope"), URL_NORMALIZATION_SCOPES):
+            return respond(400, errors=[error(1004, "scope must be incoming, both or none")])
+        if not one_of(body.get("type"), URL_NORMALIZATION_TYPES):
+            return respond(400, errors=[error(1004, "type must be cloudflare or rfc3986")])
+        self.url_normalization = {"scope": body["scope"], "type": body["type"]}
+        return respond(200, dict(self.url_normalization))
 
     # --- Workers -----------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import respx
 from cloudflare_fake import ACCOUNT_ID, BASE_URL, TOKEN, ZONE_ID, FakeCloudflare
 
 from edgegen import _cloudflare, cli
-from edgegen._cloudflare import Client, RetryPolicy, Token, parse_retry_after
+from edgegen._cloudflare import Client, RetryPolicy, Token, UrlNormalization, parse_retry_after
 from edgegen.errors import CloudflareAPIError, UsageError
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "policy.yaml"
@@ -676,3 +676,35 @@ def test_a_compressed_answer_is_refused() -> None:
         client.list_routes(ZONE_ID)
     assert seen[0] == "identity"
     assert "Content-Encoding" in str(info.value)
+
+
+# --- the zone's URL normalisation setting ----------------------------------------------
+
+
+def test_url_normalization_is_read(fake: FakeCloudflare, client: Client) -> None:
+    """GET /zones/{zone}/url_normalization: scope and type, unwrapped from the envelope."""
+    assert client.get_url_normalization(ZONE_ID) == UrlNormalization("incoming", "cloudflare")
+    fake.url_normalization = {"scope": "none", "type": "rfc3986"}
+    assert client.get_url_normalization(ZONE_ID) == UrlNormalization("none", "rfc3986")
+    assert fake.log[-1].path.endswith(f"/zones/{ZONE_ID}/url_normalization")
+
+
+def test_url_normalization_needs_zone_settings_read(fake: FakeCloudflare, client: Client) -> None:
+    """A token without Zone Settings permission gets a 403 naming it."""
+    fake.tokens = {TOKEN: frozenset({"waf", "scripts", "routes"})}
+    with pytest.raises(CloudflareAPIError) as info:
+        client.get_url_normalization(ZONE_ID)
+    assert info.value.status == 403
+    assert "Zone > Zone Settings > Read" in str(info.value)
+    assert "URL normalisation setting of zone" in str(info.value)
+
+
+@pytest.mark.parametrize("result", [None, [], {"scope": "none"}, {"scope": 1, "type": "x"}])
+def test_a_setting_that_is_not_one_is_an_error(result: Any) -> None:
+    """An answer without a scope and a type is an unclear read: an error, not a guess."""
+    body = {"success": True, "errors": [], "messages": [], "result": result}
+    with respx.mock(base_url=BASE_URL) as router:
+        router.get(path__regex=r".*").mock(return_value=httpx.Response(200, json=body))
+        with Client(Token(TOKEN), sleep=Sleeps()) as c, pytest.raises(CloudflareAPIError) as info:
+            c.get_url_normalization(ZONE_ID)
+    assert "answered, but not with a" in str(info.value)

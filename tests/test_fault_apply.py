@@ -361,7 +361,9 @@ def test_the_scenarios_cover_every_kind_of_write(
     requests = reference("first_apply", network, tmp_path_factory.mktemp("x")).requests
     assert [m for m, _ in requests].count("PUT") == 3  # the dry run, the rules, the Worker
     confirm = reference("worker_to_rule", network, tmp_path_factory.mktemp("y")).requests
-    assert [m for m, _ in confirm].count("GET") == 8  # read, then read again after "yes"
+    # Read (the URL normalisation setting too), then read again after "yes" (without it).
+    assert [m for m, _ in confirm].count("GET") == 9
+    assert [p for _, p in confirm].count(f"/client/v4/zones/{ZONE_ID}/url_normalization") == 1
 
 
 def test_a_lost_answer_to_the_rules_put_is_retried_safely(
@@ -370,7 +372,8 @@ def test_a_lost_answer_to_the_rules_put_is_retried_safely(
     """Cloudflare saved the rules but the answer timed out: PUT replaces the whole ruleset
     with the same body, so sending it again is safe; apply completes and the zone is Sn."""
     ref = reference("first_apply", network, tmp_path_factory.mktemp("first_apply"))
-    put = next(i for i, (m, p) in enumerate(ref.requests) if m == "PUT" and i > 3)
+    # The second PUT of the rules: the first is Cloudflare's dry run (--validate-remote).
+    put = [i for i, (m, p) in enumerate(ref.requests) if m == "PUT" and "entrypoint" in p][1]
     fake = clone(ref.prepared)
     network.reset(fake, Fault("timeout", after_write=True), put)
     code, out, err = run(*ref.command)

@@ -767,3 +767,130 @@ def test_an_unedited_plan_applies_what_it_shows(
     assert code == 0, err
     assert out.startswith(shown)
     assert run("plan", path, "--detailed-exitcode")[0] == 0
+
+
+# --- the zone's URL normalisation ----------------------------------------------------------
+
+NORMALISE = 'turn on "Normalize incoming URLs" with type cloudflare'
+
+
+def test_a_zone_that_does_not_normalise_urls_is_warned_about(
+    zone: FakeCloudflare, run: Any
+) -> None:
+    """scope none: rules see URLs as sent, so /%61pi/items skips a limit on /api/. plan
+    and apply warn on stderr, say what to change, and still plan and apply."""
+    zone.url_normalization = {"scope": "none", "type": "cloudflare"}
+    code, out, err = run("plan", EXAMPLE, "--detailed-exitcode")
+    assert code == 2
+    assert out.startswith(f"edgegen plan for zone {ZONE_ID}")
+    assert "edgegen: warning: zone" in err
+    assert "does not normalise URLs" in err
+    assert "/%61pi/items" in err and "//api/items" in err
+    assert NORMALISE in err
+    assert "warning" not in out
+    code, out, err = run("apply", EXAMPLE, "--auto-approve")
+    assert code == 0, err
+    assert NORMALISE in err
+    assert "Apply complete" in out
+    assert any(r.path.endswith("/url_normalization") for r in zone.log)
+
+
+def test_rfc3986_normalisation_is_noted(zone: FakeCloudflare, run: Any) -> None:
+    """type rfc3986 keeps // and encodes \\: //api/items skips rules; a note says so."""
+    zone.url_normalization = {"scope": "incoming", "type": "rfc3986"}
+    code, _, err = run("plan", EXAMPLE)
+    assert code == 0
+    assert "edgegen: note: zone" in err
+    assert "rfc3986" in err and "//api/items" in err
+    assert "type cloudflare" in err
+    assert "does not normalise URLs" not in err
+
+
+@pytest.mark.parametrize("scope", ["incoming", "both"])
+def test_normalising_zones_get_no_warning(zone: FakeCloudflare, run: Any, scope: str) -> None:
+    """The default (incoming + cloudflare) and both + cloudflare: nothing to say."""
+    zone.url_normalization = {"scope": scope, "type": "cloudflare"}
+    code, _, err = run("plan", EXAMPLE)
+    assert code == 0
+    assert "normalis" not in err
+
+
+def test_without_limits_in_rules_the_setting_does_not_matter(
+    zone: FakeCloudflare, run: Any, tmp_path: Path
+) -> None:
+    """The Worker and the app normalise paths themselves: a policy with no limit placed in a
+    rule gets no warning, whatever the zone does."""
+    zone.url_normalization = {"scope": "none", "type": "rfc3986"}
+    path = variant(
+        tmp_path,
+        **{
+            "    edge: { rate: 20/1m, action: managed_challenge, unauthenticated_only: false }\n": (
+                ""
+            )
+        },
+    )
+    code, out, err = run("plan", path)
+    assert code == 0, err
+    assert "Worker api-edge-limits:" in out
+    assert "normalis" not in err
+
+
+def test_a_token_that_may_not_read_the_setting_gets_a_warning(
+    zone: FakeCloudflare, run: Any
+) -> None:
+    """A 403 on the setting (no Zone Settings Read) is a warning, not a failure."""
+    zone.tokens = {TOKEN: PERMISSIONS - {"zone_settings"}}
+    code, out, err = run("plan", EXAMPLE, "--detailed-exitcode")
+    assert code == 2
+    assert "+ create login" in out
+    assert "edgegen: warning: the API token may not read" in err
+    assert "Zone > Zone Settings > Read" in err
+    assert "Traceback" not in err
+    assert run("apply", EXAMPLE, "--auto-approve")[0] == 0
+
+
+def test_other_failures_to_read_the_setting_stop_plan(zone: FakeCloudflare, run: Any) -> None:
+    """Like every read, a setting that cannot be read for another reason is an error."""
+    zone.fail("GET", "/url_normalization", 500, times=9)
+    code, _, err = run("apply", EXAMPLE, "--auto-approve")
+    assert code == 1
+    assert "HTTP 500" in err and "nothing was written" in err
+    assert zone.writes == []
+
+
+def test_a_saved_plan_warns_with_the_setting_at_apply_time(
+    zone: FakeCloudflare, run: Any, tmp_path: Path
+) -> None:
+    """apply PLANFILE reads the setting again and shows the warning with the plan."""
+    planfile, _ = saved(run, tmp_path)
+    zone.url_normalization = {"scope": "none", "type": "rfc3986"}
+    code, _, err = run("apply", planfile)
+    assert code == 0, err
+    assert NORMALISE in err
+
+
+def test_pulled_state_carries_the_setting(
+    zone: FakeCloudflare, run: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """pull saves the setting; plan --state warns from it with no request; a state file
+    without it (an older edgegen) still loads, with a note."""
+    zone.url_normalization = {"scope": "none", "type": "cloudflare"}
+    state = tmp_path / "state.json"
+    assert run("pull", EXAMPLE, "--out", state)[0] == 0
+    data = json.loads(state.read_text())
+    assert data["url_normalization"] == {"scope": "none", "type": "cloudflare"}
+    monkeypatch.delenv("CLOUDFLARE_API_TOKEN")
+    requests = len(zone.log)
+    code, out, err = run("plan", EXAMPLE, "--state", state)
+    assert code == 0
+    assert NORMALISE in err
+    assert len(zone.log) == requests
+    del data["url_normalization"]
+    state.write_text(json.dumps(data))
+    code, offline, err = run("plan", EXAMPLE, "--state", state)
+    assert code == 0
+    assert offline == out
+    assert f"edgegen: note: {state} holds no URL normalisation setting" in err
+    example = ROOT / "examples" / "zone-state.json"
+    assert "url_normalization" not in json.loads(example.read_text())
+    assert run("plan", EXAMPLE, "--state", example)[0] in (0, 1)
