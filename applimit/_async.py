@@ -98,16 +98,29 @@ class AsyncLimiter(LimiterBase):
     # -- decisions ------------------------------------------------------------------------
 
     async def hit(
-        self, name: str, identity: str, *, tier: str | None = None, cost: int = 1
+        self,
+        name: str,
+        identity: str | None,
+        *,
+        tier: str | None = None,
+        cost: int = 1,
+        ip: str | None = None,
     ) -> Decision:
-        """Count a request against limit ``name`` for ``identity`` if it fits (see Limiter.hit)."""
-        return await self._decide(self.core.for_limit("hit", name, identity, tier, cost))
+        """Count a request against limit ``name`` for ``identity`` if it fits; identity
+        None is an anonymous caller at ``ip`` (see Limiter.hit)."""
+        return await self._decide(self.core.for_limit("hit", name, identity, tier, cost, ip=ip))
 
     async def peek(
-        self, name: str, identity: str, *, tier: str | None = None, cost: int = 1
+        self,
+        name: str,
+        identity: str | None,
+        *,
+        tier: str | None = None,
+        cost: int = 1,
+        ip: str | None = None,
     ) -> Decision:
         """What :meth:`hit` would decide now, consuming nothing."""
-        return await self._decide(self.core.for_limit("peek", name, identity, tier, cost))
+        return await self._decide(self.core.for_limit("peek", name, identity, tier, cost, ip=ip))
 
     async def check_request(
         self,
@@ -127,10 +140,13 @@ class AsyncLimiter(LimiterBase):
             )
         )
 
-    async def reset(self, name: str, identity: str, *, tier: str | None = None) -> bool:
-        """Forget what limit ``name`` counted for ``identity``; False if Redis was unreachable."""
-        keys = self.core.reset_keys(name, identity, tier)
-        self._forget(name, identity, tier)
+    async def reset(
+        self, name: str, identity: str | None, *, tier: str | None = None, ip: str | None = None
+    ) -> bool:
+        """Forget what limit ``name`` counted for ``identity`` (or the anonymous caller at
+        ``ip``); False if Redis was unreachable."""
+        keys = self.core.reset_keys(name, identity, tier, ip=ip)
+        self._forget(keys)
         try:
             async with asyncio.timeout(self.timeout):
                 client = self._connection()
@@ -224,7 +240,8 @@ class AsyncLimiter(LimiterBase):
                 # The batch reported its own failure to the breaker, once for all of its
                 # calls; a caller that ran out of time behind a busy loop is not an outage.
                 return self._failed(prepared, error, self.breaker, report=False)
-            decision, _ = self._succeeded(prepared, [reply], (self.breaker,), sent)
+            # The batch told the breaker how Redis answered.
+            decision, _ = self._succeeded(prepared, [reply], (), sent)
             return decision
         breakers = [self._breaker_for(_node(client, call)) for call in prepared.calls]
         closed = self._admit(breakers)

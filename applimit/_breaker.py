@@ -9,7 +9,11 @@ recovering Redis is not hit by every waiting caller at once.
 
 An outage starts with the first failure after a success and ends with the next success.
 It is logged twice: a warning when it starts and an info line, with the number of
-decisions made without Redis, when it ends. Nothing is logged per request.
+decisions made without Redis, when it ends. Nothing is logged per request. A server that
+answers but refuses every write (out of memory under ``noeviction``, a read-only replica)
+still answers calls that write nothing (a peek, a denial); such an answer does not end an
+outage in which writes were refused: only a call that wrote does, so a full Redis is one
+outage, not one per probe.
 
 Thread-safe; the async limiter uses it from the event loop only, where the lock is never
 contended.
@@ -22,6 +26,8 @@ import threading
 import time
 from collections.abc import Callable
 from enum import StrEnum
+
+from ._errors import refuses_writes
 
 logger = logging.getLogger("applimit")
 
@@ -68,6 +74,8 @@ class CircuitBreaker:
         self._probe_started: float | None = None
         self._outage_started: float | None = None
         self._degraded = 0
+        # Writes were refused during this outage: only a call that wrote ends it.
+        self._writes_refused = False
 
     @property
     def state(self) -> BreakerState:
@@ -104,8 +112,13 @@ class CircuitBreaker:
             self._probe_started = now
             return True
 
-    def success(self) -> None:
-        """Record an answer from Redis: closes the breaker and ends any outage."""
+    def success(self, *, wrote: bool = True) -> None:
+        """Record an answer from Redis: closes the breaker and ends any outage.
+
+        ``wrote`` is False for a call that wrote nothing (a peek, a denial): during an
+        outage in which Redis refused writes, such an answer does not show that it stores
+        again, so the breaker stays open (a probe's answer starts another cooldown).
+        """
         if (
             self._state is BreakerState.CLOSED
             and not self._failures
@@ -114,9 +127,16 @@ class CircuitBreaker:
             # Nothing to reset (the common case): no lock.
             return
         with self._lock:
+            if self._writes_refused and not wrote:
+                if self._state is BreakerState.HALF_OPEN:
+                    self._state = BreakerState.OPEN
+                    self._open_until = self._clock() + self.cooldown
+                    self._probe_started = None
+                return
             self._failures = 0
             self._state = BreakerState.CLOSED
             self._probe_started = None
+            self._writes_refused = False
             if self._outage_started is None:
                 return
             lasted = self._clock() - self._outage_started
@@ -138,6 +158,8 @@ class CircuitBreaker:
             starting = self._outage_started is None
             if starting:
                 self._outage_started = now
+            if refuses_writes(error):
+                self._writes_refused = True
             if self._state is BreakerState.HALF_OPEN or self._failures >= self.threshold:
                 self._state = BreakerState.OPEN
                 self._open_until = now + self.cooldown
@@ -154,7 +176,8 @@ class CircuitBreaker:
     def degraded(self) -> None:
         """Count a decision made without Redis, for the end-of-outage log line."""
         with self._lock:
-            self._degraded += 1
+            if self._outage_started is not None:
+                self._degraded += 1
 
     def retry_in(self) -> float:
         """Seconds until the next probe may run (0 when the breaker is not open)."""

@@ -26,7 +26,7 @@ from typing import Literal
 
 from redis.crc import key_slot
 
-from policy import Algorithm, AppKey, Matcher, OnRedisError, Policy, request_paths
+from policy import Algorithm, AppKey, Matcher, OnRedisError, Policy, ip_bucket, request_paths
 from policy import Mode as LimitMode
 
 from . import _keys
@@ -104,6 +104,8 @@ class CompiledPolicy:
     key_prefix: str
     timeout: float
     redis_url: str
+    # IPv6 clients are counted per network of this prefix length (policy clients:).
+    ipv6_prefix: int = 64
 
 
 def _rates(rates: Iterable[tuple[int, int, str]]) -> tuple[RateSpec, ...]:
@@ -175,6 +177,7 @@ def compile_policy(policy: Policy) -> CompiledPolicy:
         key_prefix=policy.app.key_prefix,
         timeout=policy.app.timeout.ms / 1000,
         redis_url=policy.app.redis_url,
+        ipv6_prefix=policy.clients.ipv6_prefix,
     )
 
 
@@ -251,6 +254,13 @@ class ScriptCall:
     keys: tuple[str, ...]
     args: tuple[str, ...]
     slot: int | None = None
+
+
+def wrote(call: ScriptCall, reply: object) -> bool:
+    """Whether the script call consumed anything (a hit whose reply says so): what ends an
+    outage in which Redis refused writes (see _breaker.py)."""
+    # The reply is {now, n, then per check: allowed, consumed, ...}: consumed at 3, 8, ...
+    return call.args[0] == "hit" and isinstance(reply, list) and any(reply[3::_REPLY_FIELDS])
 
 
 def _script_call(
@@ -474,8 +484,23 @@ class Core:
         return identity
 
     def _tag(self, rule: AppRule, identity: str | None, ip: str | None) -> str:
+        """The hash-tag content ``check_request`` counts ``rule`` by: the user, or the
+        client address for a per-IP limit and an anonymous caller (identity None)."""
         if not rule.per_ip and identity is not None:
             return _keys.identity_tag(_keys.USER, self._identity(identity, "identity"))
+        return self._ip_tag(rule, ip)
+
+    def _limit_tag(self, rule: AppRule, identity: str | None, ip: str | None) -> str:
+        """What ``hit``/``peek``/``reset`` count ``rule`` by: as ``check_request`` does,
+        except that a per-IP limit also takes the address as the identity (when no
+        ``ip=`` is given)."""
+        if rule.per_ip and ip is None and identity is not None:
+            return self._ip_tag(rule, identity)
+        return self._tag(rule, identity, ip)
+
+    def _ip_tag(self, rule: AppRule, ip: str | None) -> str:
+        """A client address as a tag of kind ``i``: IPv4 per address, IPv6 per network of
+        the policy's ``clients.ipv6_prefix`` (policy.ip_bucket)."""
         if ip is None:
             what = "counts per client IP" if rule.per_ip else "counts anonymous callers by IP"
             raise InvalidArgumentError(
@@ -483,7 +508,8 @@ class Core:
                 f"limit {rule.name!r} {what}, but no ip= was given; pass the client's "
                 "address (the middleware does).",
             )
-        return _keys.identity_tag(_keys.IP, _keys.canonical_ip(self._identity(ip, "ip")))
+        address = self._identity(ip, "ip")
+        return _keys.identity_tag(_keys.IP, ip_bucket(address, self.policy.ipv6_prefix))
 
     # -- plans ----------------------------------------------------------------------------
 
@@ -500,17 +526,21 @@ class Core:
         ]
 
     def for_limit(
-        self, mode: Mode, name: str, identity: str, tier: str | None, cost: int
+        self,
+        mode: Mode,
+        name: str,
+        identity: str | None,
+        tier: str | None,
+        cost: int,
+        *,
+        ip: str | None = None,
     ) -> Prepared:
-        """The plan for ``hit``/``peek`` of one named limit."""
+        """The plan for ``hit``/``peek`` of one named limit: for the user ``identity``, or
+        with identity None for an anonymous caller at ``ip`` (see _limit_tag)."""
         rule = self.rule(name)
         resolved = self.tier(tier)
         cost = self.cost(cost)
-        identity = self._identity(identity, "identity")
-        if rule.per_ip:
-            tag = _keys.identity_tag(_keys.IP, _keys.canonical_ip(identity))
-        else:
-            tag = _keys.identity_tag(_keys.USER, identity)
+        tag = self._limit_tag(rule, identity, ip)
         return self.plan(mode, self.checks(rule, resolved, tag, cost))
 
     def for_request(
@@ -571,14 +601,13 @@ class Core:
         )
         return Prepared(mode, tuple(checks), groups, calls, nonce, self._slack)
 
-    def reset_keys(self, name: str, identity: str, tier: str | None) -> list[str]:
-        """Every key of limit ``name`` for ``identity`` (one tier's, or every tier's)."""
+    def reset_keys(
+        self, name: str, identity: str | None, tier: str | None, *, ip: str | None = None
+    ) -> list[str]:
+        """Every key of limit ``name`` for ``identity`` (or the anonymous caller at ``ip``):
+        one tier's, or every tier's."""
         rule = self.rule(name)
-        identity = self._identity(identity, "identity")
-        if rule.per_ip:
-            tag = _keys.identity_tag(_keys.IP, _keys.canonical_ip(identity))
-        else:
-            tag = _keys.identity_tag(_keys.USER, identity)
+        tag = self._limit_tag(rule, identity, ip)
         tiers = [self.tier(tier)] if tier is not None else list(rule.tiers)
         keys = {c.key: None for t in tiers for c in self.checks(rule, t, tag, 1)}
         return list(keys)

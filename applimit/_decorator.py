@@ -7,9 +7,11 @@
     def search(user: User, query: str) -> list[Hit]: ...
 
 Each call hits the named limit for the identity (and tier) computed from the call's own
-arguments; a denied call raises :class:`RateLimited` without running the function. With a
-sync ``Limiter`` the function must be sync, with an ``AsyncLimiter`` async: a blocking
-Redis call inside a coroutine would stall its event loop.
+arguments; an identity of None is an anonymous caller, counted by the address ``ip``
+computes (``ip=lambda request: request.client_ip``). A denied call raises
+:class:`RateLimited` without running the function. With a sync ``Limiter`` the function
+must be sync, with an ``AsyncLimiter`` async: a blocking Redis call inside a coroutine
+would stall its event loop.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ R = TypeVar("R")
 
 Tier = str | Callable[..., str | None] | None
 Cost = int | Callable[..., int]
+Address = Callable[..., str | None] | None
 
 
 class RateLimited(ApplimitError):
@@ -55,7 +58,8 @@ def rate_limited(
     limiter: AsyncLimiter,
     name: str,
     *,
-    identity: Callable[..., str],
+    identity: Callable[..., str | None],
+    ip: Address = None,
     tier: Tier = None,
     cost: Cost = 1,
 ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Coroutine[Any, Any, R]]]: ...
@@ -66,7 +70,8 @@ def rate_limited(
     limiter: Limiter,
     name: str,
     *,
-    identity: Callable[..., str],
+    identity: Callable[..., str | None],
+    ip: Address = None,
     tier: Tier = None,
     cost: Cost = 1,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
@@ -76,26 +81,33 @@ def rate_limited(
     limiter: AsyncLimiter | Limiter,
     name: str,
     *,
-    identity: Callable[..., str],
+    identity: Callable[..., str | None],
+    ip: Address = None,
     tier: Tier = None,
     cost: Cost = 1,
 ) -> Callable[[Callable[P, Any]], Callable[P, Any]]:
     """Decorate a function so that each call hits limit ``name`` first.
 
-    ``identity``, and ``tier`` or ``cost`` when they are callables, receive the call's
-    arguments and return the user (or IP, for a ``per: ip`` limit), the tier name and the
-    cost. A fixed ``tier`` string or ``cost`` may be given instead; ``tier=None`` is the
-    lowest tier. Raises :class:`RateLimited` when the limit denies the call.
+    ``identity``, ``ip``, and ``tier`` or ``cost`` when they are callables, receive the
+    call's arguments and return the user (None: an anonymous caller), the client address,
+    the tier name and the cost. An anonymous caller is counted by its address, in the
+    bucket ``check_request`` counts it in, never in a user's; a ``per: ip`` limit counts
+    the address (or, without ``ip``, what ``identity`` returns). A fixed ``tier`` string
+    or ``cost`` may be given instead; ``tier=None`` is the lowest tier. Raises
+    :class:`RateLimited` when the limit denies the call.
     """
     if name not in limiter.limits:
         known = ", ".join(repr(n) for n in limiter.limits) or "none"
         raise ValueError(f"the policy has no app limit named {name!r}; its app limits are: {known}")
 
-    def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str | None, int]:
+    def arguments(
+        args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[str | None, str | None, int, str | None]:
         who = identity(*args, **kwargs)
         level = tier(*args, **kwargs) if callable(tier) else tier
         units = cost(*args, **kwargs) if callable(cost) else cost
-        return who, level, units
+        address = ip(*args, **kwargs) if ip is not None else None
+        return who, level, units, address
 
     def decorate(func: Callable[P, Any]) -> Callable[P, Any]:
         is_async = inspect.iscoroutinefunction(func)
@@ -108,8 +120,8 @@ def rate_limited(
 
             @functools.wraps(func)
             async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-                who, level, units = arguments(args, kwargs)
-                decision = await limiter.hit(name, who, tier=level, cost=units)
+                who, level, units, address = arguments(args, kwargs)
+                decision = await limiter.hit(name, who, tier=level, cost=units, ip=address)
                 if not decision.allowed:
                     raise RateLimited(name, decision)
                 return await func(*args, **kwargs)
@@ -123,8 +135,8 @@ def rate_limited(
 
         @functools.wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-            who, level, units = arguments(args, kwargs)
-            decision = limiter.hit(name, who, tier=level, cost=units)
+            who, level, units, address = arguments(args, kwargs)
+            decision = limiter.hit(name, who, tier=level, cost=units, ip=address)
             if not decision.allowed:
                 raise RateLimited(name, decision)
             return func(*args, **kwargs)

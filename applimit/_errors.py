@@ -74,28 +74,64 @@ class InvalidArgumentError(ApplimitError, ValueError):
         super().__init__(message)
 
 
-# Errors that mean "this one key is in a state the script cannot use" rather than "Redis is
-# unavailable": they make that decision degraded but do not trip the circuit breaker.
-_KEY_ERRORS: tuple[type[BaseException], ...] = (rexc.ClusterCrossSlotError,)
+class PoolExhausted(Exception):
+    """Every connection of the limiter's own pool stayed busy for the whole timeout.
+
+    The app asked more of the limiter at once than ``max_connections`` serves, while Redis
+    may be perfectly well: the decision follows the failure policy, but the circuit breaker
+    is not told (it is about Redis, not about the app's own concurrency).
+    """
+
+
+# Errors that say nothing about Redis' health: "this one key is in a state the script cannot
+# use" (WRONGTYPE, below, and keys in different slots), or a wait for one of the limiter's
+# own connections. They make that decision degraded but do not trip the circuit breaker.
+_NOT_OUTAGES: tuple[type[BaseException], ...] = (rexc.ClusterCrossSlotError, PoolExhausted)
 
 # What a call to Redis may raise that the failure policy answers. RedisClusterException is
 # not a RedisError; TimeoutError covers asyncio's deadline; OSError covers socket failures
-# that a client let through.
+# that a client let through; PoolExhausted is a wait for the limiter's own connections.
 REDIS_FAILURES: tuple[type[BaseException], ...] = (
     rexc.RedisError,
     rexc.RedisClusterException,
     TimeoutError,
     OSError,
+    PoolExhausted,
 )
+
+# Error codes of a server that answers but stores nothing now: out of memory under
+# `noeviction`, a replica, a failing RDB save (`stop-writes-on-bgsave-error`), too few
+# replicas for `min-replicas-to-write`. Every decision that would write fails alike.
+_WRITE_REFUSALS = frozenset({"OOM", "READONLY", "MISCONF", "NOREPLICAS"})
+
+
+def error_code(error: BaseException) -> str:
+    """The code of an error reply (``ERR``, ``OOM``, ``WRONGTYPE``...); "" for other errors.
+
+    redis-py strips the codes it knows from the message (and keeps them as
+    ``status_code``); the others stay the message's first word.
+    """
+    if not isinstance(error, rexc.ResponseError):
+        return ""
+    if error.status_code:
+        return error.status_code
+    return str(error).split(" ", 1)[0]
+
+
+def refuses_writes(error: BaseException) -> bool:
+    """True for an error reply saying the server stores nothing now (out of memory,
+    read-only, ...): reads still work, so only a call that writes shows it is over."""
+    return error_code(error) in _WRITE_REFUSALS
 
 
 def is_outage(error: BaseException) -> bool:
     """True when ``error`` says Redis is unavailable (counts for the circuit breaker).
 
     False for an error specific to one key (a value of the wrong type that something else
-    wrote under our key, keys in different cluster slots): Redis is up, and other
-    decisions must not be degraded because of it.
+    wrote under our key, keys in different cluster slots), and for a wait for one of the
+    limiter's own connections: Redis is up, and other decisions must not be degraded
+    because of it.
     """
-    if isinstance(error, _KEY_ERRORS):
+    if isinstance(error, _NOT_OUTAGES):
         return False
-    return not (isinstance(error, rexc.ResponseError) and str(error).startswith("WRONGTYPE"))
+    return error_code(error) != "WRONGTYPE"

@@ -9,8 +9,12 @@ once escaped (a UUID is 36), ``<kind>#`` followed by the first 128 bits of the i
 SHA-256 (22 characters of URL-safe base64): short keys are what keeps a GCRA or
 sliding-window state within 128 bytes of Redis memory, and 128 bits of SHA-256 keep
 collisions out of reach (about 2^64 identities before one is likely). The kind is ``u`` (user) or
-``i`` (client IP). Escaping percent-encodes every byte outside a small safe set, which
-includes ``{``, ``}``, ``:``, ``%``, ``=``, ``#``, spaces, controls and all non-ASCII, so:
+``i`` (client IP: an IPv4 address, or an IPv6 network, from ``policy.ip_bucket``). Which kind
+an identity gets depends on how it is passed (a user id, or ``ip=`` for a client address),
+never on what it says: a user id that looks like an address is still a user.
+
+Escaping percent-encodes every byte outside a small safe set, which includes ``{``, ``}``,
+``:``, ``%``, ``=``, ``#``, spaces, controls and all non-ASCII, so:
 
 - no identity can end the tag early or open another one (the tag never contains braces);
 - two different identities never share a tag: escaping is injective, hashed and escaped
@@ -24,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import ipaddress
 import re
 
 # Bytes kept as they are. Everything else, '%' first among them, is written %XX.
@@ -67,20 +70,6 @@ def identity_tag(kind: str, identity: str) -> str:
         base64.urlsafe_b64encode(hashlib.sha256(raw).digest()[:_DIGEST_BYTES]).rstrip(b"=").decode()
     )
     return f"{kind}#{digest}"
-
-
-def canonical_ip(ip: str) -> str:
-    """An IP address in one spelling (``2001:DB8::0:1`` and ``2001:db8::1`` count together).
-
-    Text that is not an IP address is kept as it is: it is still a usable, if odd, key.
-    """
-    try:
-        address = ipaddress.ip_address(ip.strip())
-    except ValueError:
-        return ip
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return str(address.ipv4_mapped)
-    return str(address)
 
 
 def limit_component(name: str) -> str:

@@ -13,14 +13,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from redis.exceptions import ResponseError
+
 from policy import Policy, load
 
 from ._approx import ApproxCache, Flush, Sync
 from ._breaker import BreakerState, CircuitBreaker
-from ._core import CompiledPolicy, Core, Prepared, ScriptCall, compile_policy
+from ._core import CompiledPolicy, Core, Prepared, ScriptCall, compile_policy, wrote
 from ._decision import Decision
 from ._denials import DenialCache
-from ._errors import ConfigurationError, is_outage
+from ._errors import ConfigurationError, PoolExhausted, is_outage
 
 logger = logging.getLogger("applimit")
 
@@ -83,6 +85,7 @@ class LimiterBase:
         self.approx = self._approx_cache()
         self._key_error_logged = float("-inf")
         self._slow_logged = float("-inf")
+        self._pool_logged = float("-inf")
 
     def _new_breaker(self, describe: str) -> CircuitBreaker:
         return CircuitBreaker(
@@ -158,9 +161,9 @@ class LimiterBase:
         """The time a request is sent, by the denial cache's clock."""
         return self.test_clock() if self.test_clock is not None else time.monotonic()
 
-    def _forget(self, name: str, identity: str, tier: str | None) -> None:
-        """Drop cached denials of a limit for an identity (a local reset)."""
-        keys = self.core.reset_keys(name, identity, tier)
+    def _forget(self, keys: list[str]) -> None:
+        """Drop what this instance holds of ``keys`` (a local reset): cached denials and
+        approximate counts."""
         if self.denials is not None:
             self.denials.forget(keys, self.compiled.tiers)
         if self.approx is not None:
@@ -230,18 +233,29 @@ class LimiterBase:
         """The decision when a call failed: the failure policy, marked degraded.
 
         ``report`` is False when the round trip's own outcome reaches the breaker by
-        another way (the async limiter's pipelines report once for all their calls).
+        another way (the async limiter's batches report once for all their calls).
         """
         if not report:
             breaker.degraded()
-            self._log_slow(error, breaker)
+            self._log_other(error, breaker)
         elif self._note_failure(error, breaker):
             breaker.degraded()
         return prepared.degraded(DEGRADED_RETRY_AFTER)
 
-    def _log_slow(self, error: BaseException, breaker: CircuitBreaker) -> None:
+    def _log_other(self, error: BaseException, breaker: CircuitBreaker) -> None:
+        """Log a failure that is no outage (the breaker logs those), at most once a
+        minute for each kind: the process too busy to keep to the timeout, its own pool
+        too small, or an answer from Redis the limiter cannot use."""
+        if isinstance(error, PoolExhausted):
+            self._log_pool(error)
+        elif isinstance(error, TimeoutError):
+            self._log_slow(breaker)
+        elif isinstance(error, ResponseError) and not is_outage(error):
+            self._log_refusal(error)
+
+    def _log_slow(self, breaker: CircuitBreaker) -> None:
         """Log, at most once a minute, decisions that ran out of time while Redis answered."""
-        if breaker.in_outage or not isinstance(error, TimeoutError):
+        if breaker.in_outage:
             return
         now = time.monotonic()
         if now - self._slow_logged < _KEY_ERROR_LOG_INTERVAL:
@@ -253,12 +267,25 @@ class LimiterBase:
             self.timeout * 1000,
         )
 
+    def _log_pool(self, error: BaseException) -> None:
+        """Log, at most once a minute, decisions that found every connection busy."""
+        now = time.monotonic()
+        if now - self._pool_logged < _KEY_ERROR_LOG_INTERVAL:
+            return
+        self._pool_logged = now
+        logger.warning(
+            "%s; those decisions followed the failure policy. Redis is not at fault: raise "
+            "max_connections (now %d) or make fewer decisions at once.",
+            error,
+            self.max_connections,
+        )
+
     def _note_failure(self, error: BaseException, breaker: CircuitBreaker) -> bool:
         """Feed a failed call to the breaker (or the log); True when it was an outage."""
         if is_outage(error):
             breaker.failure(error)
             return True
-        self._log_refusal(error)
+        self._log_other(error, breaker)
         return False
 
     def _log_refusal(self, error: BaseException) -> None:
@@ -283,9 +310,17 @@ class LimiterBase:
         breakers: Sequence[CircuitBreaker],
         sent: float,
     ) -> tuple[Decision, tuple[ScriptCall, ...]]:
-        """The decision from the replies (sent at ``sent``), and the refund calls to run."""
-        for breaker in breakers:
-            breaker.success()
+        """The decision from the replies (sent at ``sent``), and the refund calls to run.
+
+        ``breakers`` are those of the calls, told of the success; none when the round
+        trip reported its outcome itself (the async wire's batches).
+        """
+        for call, reply, breaker in zip(prepared.calls, replies, breakers, strict=bool(breakers)):
+            if breaker.in_outage:
+                # Rare: whether the call wrote decides if the outage is over.
+                breaker.success(wrote=wrote(call, reply))
+            else:
+                breaker.success()
         try:
             decision, refunds = prepared.decide(replies)
         except ValueError as error:

@@ -106,18 +106,37 @@ class Limiter(LimiterBase):
 
     # -- decisions ------------------------------------------------------------------------
 
-    def hit(self, name: str, identity: str, *, tier: str | None = None, cost: int = 1) -> Decision:
+    def hit(
+        self,
+        name: str,
+        identity: str | None,
+        *,
+        tier: str | None = None,
+        cost: int = 1,
+        ip: str | None = None,
+    ) -> Decision:
         """Count a request of ``cost`` against limit ``name`` for ``identity``, if it fits.
 
-        ``identity`` is the user (or, for a ``per: ip`` limit, the client IP); ``tier``
-        defaults to the policy's lowest. Every rate of the tier is checked atomically:
-        nothing is consumed unless all of them admit the request.
+        ``identity`` is the user; None is an anonymous caller, counted by the client
+        address ``ip`` in the same bucket :meth:`check_request` counts it in (never in a
+        user's, whatever the user id says). A ``per: ip`` limit counts ``ip``, or the
+        identity when no ``ip`` is given. ``tier`` defaults to the policy's lowest. Every
+        rate of the tier is checked atomically: nothing is consumed unless all of them
+        admit the request.
         """
-        return self._decide(self.core.for_limit("hit", name, identity, tier, cost))
+        return self._decide(self.core.for_limit("hit", name, identity, tier, cost, ip=ip))
 
-    def peek(self, name: str, identity: str, *, tier: str | None = None, cost: int = 1) -> Decision:
+    def peek(
+        self,
+        name: str,
+        identity: str | None,
+        *,
+        tier: str | None = None,
+        cost: int = 1,
+        ip: str | None = None,
+    ) -> Decision:
         """What :meth:`hit` would decide now, consuming nothing."""
-        return self._decide(self.core.for_limit("peek", name, identity, tier, cost))
+        return self._decide(self.core.for_limit("peek", name, identity, tier, cost, ip=ip))
 
     def check_request(
         self,
@@ -144,14 +163,17 @@ class Limiter(LimiterBase):
             )
         )
 
-    def reset(self, name: str, identity: str, *, tier: str | None = None) -> bool:
-        """Forget what limit ``name`` counted for ``identity`` (every tier, or one).
+    def reset(
+        self, name: str, identity: str | None, *, tier: str | None = None, ip: str | None = None
+    ) -> bool:
+        """Forget what limit ``name`` counted for ``identity`` (every tier, or one);
+        identity None and ``ip`` as for :meth:`hit`.
 
         Returns False, and logs, when Redis could not be reached: unlike a decision, a
         reset has no failure policy to fall back on.
         """
-        keys = self.core.reset_keys(name, identity, tier)
-        self._forget(name, identity, tier)
+        keys = self.core.reset_keys(name, identity, tier, ip=ip)
+        self._forget(keys)
         try:
             client = self._connection()
             if self._wire is not None:

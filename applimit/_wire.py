@@ -36,6 +36,7 @@ import math
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,8 +48,8 @@ from redis.exceptions import NoScriptError
 
 from . import _script
 from ._breaker import CircuitBreaker
-from ._core import ScriptCall
-from ._errors import REDIS_FAILURES, is_outage
+from ._core import ScriptCall, wrote
+from ._errors import REDIS_FAILURES, PoolExhausted, error_code, is_outage
 
 # Answer this many callers of a batch, then let them run before answering the rest: the
 # first ones send their next calls (a new batch) while this one is still being answered,
@@ -116,7 +117,7 @@ def _function_missing(reply: object) -> bool:
 
 # How servers and proxies say that a command is not for this client: Redis before 7
 # ("unknown command"), managed services and proxies ("unsupported", "not allowed",
-# "disabled"...). An error of the script itself never reads like these.
+# "disabled"...).
 _REFUSALS = (
     "unknown command",
     "unknown subcommand",
@@ -125,17 +126,37 @@ _REFUSALS = (
     "not allowed",
     "disabled",
 )
+# Codes of error replies about the server's state or the call's keys, never about the
+# command: out of memory ("OOM command not allowed when used memory > 'maxmemory'"), a
+# replica, a failing save, a key of another type, a cluster in motion. Such an error is the
+# decision's, and says nothing about whether Redis Functions can be used.
+_STATE_CODES = frozenset(
+    {
+        "OOM", "READONLY", "MISCONF", "NOREPLICAS", "LOADING", "BUSY", "MASTERDOWN",
+        "CLUSTERDOWN", "TRYAGAIN", "MOVED", "ASK", "CROSSSLOT", "WRONGTYPE", "NOSCRIPT",
+        "EXECABORT", "NOAUTH", "WRONGPASS",
+    }
+)  # fmt: skip
 
 
 def _refused(reply: object) -> bool:
-    """FCALL or FUNCTION LOAD is not for us here: Redis before 7, an ACL without them, a
-    proxy or managed service that does not pass them on."""
+    """FCALL or FUNCTION LOAD itself is not for us here: Redis before 7, an ACL without
+    them, a proxy or managed service that does not pass them on.
+
+    Only an error about those commands says so. An error about the server's state (out of
+    memory, read-only...), about a key (an ACL's key patterns), or raised by a command the
+    script runs ("... script: applimit_..., on @user_function:12.") is the decision's own.
+    """
     if not isinstance(reply, redis.exceptions.ResponseError):
         return False
+    code = error_code(reply)
     text = str(reply).lower()
-    if isinstance(reply, redis.exceptions.NoPermissionError):
-        # The command refused, not a key: keys are the same for EVALSHA.
-        return "command" in text
+    if code == "NOPERM":
+        # "this user has no permissions to run the 'fcall' command" (or 'function|load'),
+        # not "... to access one of the keys used as arguments".
+        return "'fcall'" in text or "'function" in text
+    if code in _STATE_CODES or "script:" in text:
+        return False
     return any(word in text for word in _REFUSALS)
 
 
@@ -190,8 +211,13 @@ class SyncWire:
     uses it alone, and pushes it back. Only when none is idle does it take the lock: it
     opens a new connection (through the client's pool, which connects it) while fewer
     than ``max_connections`` exist, or else waits up to ``timeout`` for one to come back,
-    as a blocking pool would. After a fork the child forgets the parent's connections
-    without closing them (the sockets are the parent's), as redis-py's pools do.
+    as a blocking pool would, and then raises :class:`PoolExhausted` (not a Redis
+    failure). Waiters are served in turn: a connection pushed back while some wait goes
+    to the one that has waited longest, not to whichever thread next finds the idle list
+    (without that, a few threads could keep the connections among themselves while
+    another waits out the timeout). After a fork the child forgets the parent's
+    connections without closing them (the sockets are the parent's), as redis-py's
+    pools do.
     """
 
     def __init__(self, client: redis.Redis, *, max_connections: int, timeout: float) -> None:
@@ -204,8 +230,9 @@ class SyncWire:
         self._dialect = _Dialect()
         self._idle: list[Any] = []
         self._all: list[Any] = []
-        self._waiting = 0
-        self._cond = threading.Condition(threading.Lock())
+        # Callers waiting for a connection, longest first; each is handed one in turn.
+        self._waiters: deque[_Waiter] = deque()
+        self._lock = threading.Lock()
         self._generation = _GENERATION
 
     def run(self, call: ScriptCall, *, asking: bool = False) -> object:
@@ -278,9 +305,20 @@ class SyncWire:
             # A connection that failed was disconnected by redis-py; it reconnects on its
             # next use. One that read an error reply is clean and reusable.
             self._idle.append(connection)
-            if self._waiting:
-                with self._cond:
-                    self._cond.notify()
+            if self._waiters:
+                self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Give idle connections to the callers waiting for one, longest waiting first."""
+        with self._lock:
+            while self._waiters:
+                try:
+                    connection = self._idle.pop()
+                except IndexError:
+                    return
+                waiter = self._waiters.popleft()
+                waiter.connection = connection
+                waiter.ready.release()
 
     def _after_fork(self) -> None:
         """In a forked child: forget the parent's connections (they are its to use)."""
@@ -289,61 +327,84 @@ class SyncWire:
                 self._start()
 
     def _acquire(self) -> tuple[Any, bool]:
-        """An idle connection, a new one, or one that comes back within the timeout; and
+        """An idle connection, a new one, or one handed over within the timeout; and
         whether it was used before (False for a new one)."""
         deadline = time.monotonic() + self._timeout
-        with self._cond:
-            # Counted before looking: a connection pushed back after this line is seen
-            # below, one pushed back before it is seen by the notify in send().
-            self._waiting += 1
-            try:
-                while True:
-                    try:
-                        # send() pops without the lock: the list may empty under us.
-                        return self._idle.pop(), True
-                    except IndexError:
-                        pass
-                    if len(self._all) < self._max:
-                        self._all.append(None)  # a place, held while connecting
-                        break
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise redis.exceptions.ConnectionError(
-                            f"no connection available: all {self._max} of the limiter's "
-                            f"connections stayed busy for {self._timeout} s"
-                        )
-                    self._cond.wait(left)
-            finally:
-                self._waiting -= 1
+        while True:
+            waiter = _Waiter()
+            with self._lock:
+                # Queued before looking: a connection pushed back after this line is
+                # handed over by send(), which sees the queue; one pushed back before it
+                # is found here.
+                self._waiters.append(waiter)
+                try:
+                    # send() pops without the lock: the list may empty under us.
+                    connection = self._idle.pop()
+                except IndexError:
+                    connection = None
+                if connection is not None or len(self._all) < self._max:
+                    self._waiters.remove(waiter)
+                    if connection is not None:
+                        return connection, True
+                    self._all.append(None)  # a place, held while connecting
+                    break
+            left = deadline - time.monotonic()
+            if left <= 0 or not waiter.ready.acquire(timeout=left):
+                with self._lock:
+                    if waiter.connection is None and waiter in self._waiters:
+                        self._waiters.remove(waiter)
+            if waiter.connection is not None:
+                # Handed over (perhaps just as the wait ran out).
+                return waiter.connection, True
+            if time.monotonic() >= deadline:
+                raise PoolExhausted(
+                    f"no connection free: all {self._max} of the limiter's connections "
+                    f"stayed busy for {self._timeout} s"
+                )
+            # Woken without a connection: a place to connect came free; look again.
         try:
             # The pool builds and connects it (settings, AUTH, TLS, Sentinel) and keeps
             # track of it, so closing the client closes it too.
-            connection: Any = self._pool.get_connection()
+            fresh: Any = self._pool.get_connection()
         except BaseException:
-            with self._cond:
+            with self._lock:
                 if None in self._all:  # not if close() came in between
                     self._all.remove(None)
-                self._cond.notify()
+                # The place is free again: every waiter looks again (one takes it).
+                waiters, self._waiters = self._waiters, deque()
+            for waiter in waiters:
+                waiter.ready.release()
             raise
-        with self._cond:
+        with self._lock:
             placed = None in self._all
             if placed:
-                self._all[self._all.index(None)] = connection
+                self._all[self._all.index(None)] = fresh
         if not placed:
             # close() ran while this connected: the connection is nobody's.
-            connection.disconnect()
-            self._pool.release(connection)
+            fresh.disconnect()
+            self._pool.release(fresh)
             raise redis.exceptions.ConnectionError("the limiter was closed")
-        return connection, False
+        return fresh, False
 
     def close(self) -> None:
         """Give every connection back to the pool, disconnected."""
-        with self._cond:
+        with self._lock:
             connections, self._all, self._idle = self._all, [], []
         for connection in connections:
             if connection is not None:
                 connection.disconnect()
                 self._pool.release(connection)
+
+
+class _Waiter:
+    """A caller waiting for a connection: ``ready`` is released once one is handed over."""
+
+    __slots__ = ("connection", "ready")
+
+    def __init__(self) -> None:
+        self.connection: Any = None
+        self.ready = threading.Lock()
+        self.ready.acquire()
 
 
 class ClusterWire:
@@ -520,6 +581,8 @@ class AsyncWire:
         self._deadline = 0.0
         # Strong references: the event loop keeps only weak ones to running tasks.
         self._tasks: set[asyncio.Task[None]] = set()
+        # The tasks waiting for a connection of the pool now.
+        self._pool_waits: set[asyncio.Task[Any] | None] = set()
 
     def submit(self, call: ScriptCall) -> asyncio.Future[object]:
         """A future for the call's reply (or its error, TimeoutError past the deadline)."""
@@ -534,7 +597,7 @@ class AsyncWire:
 
     async def command(self, *args: str | bytes | int) -> object:
         """Any other command (DEL for reset) on a connection of the same pool."""
-        connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+        connection = await self._connection()
         try:
             await connection.send_packed_command(_pack(args), check_health=False)
             return await connection.read_response()
@@ -544,8 +607,8 @@ class AsyncWire:
     def _flush(self) -> None:
         batch, self._pending = self._pending, []
         loop = asyncio.get_running_loop()
-        timer = loop.call_at(self._deadline, _expire, batch, self._timeout)
         task = loop.create_task(self._send(batch))
+        timer = loop.call_at(self._deadline, self._expire, batch, task)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(lambda _: timer.cancel())
@@ -571,13 +634,22 @@ class AsyncWire:
 
     async def _answer(self, live: list[tuple[ScriptCall, asyncio.Future[object]]]) -> None:
         """Run the batch and give each caller its reply, or the batch's Redis error."""
+        calls = [call for call, _ in live]
         try:
-            replies = await self._round_trip([call for call, _ in live])
+            replies = await self._round_trip(calls)
         except REDIS_FAILURES as error:
             if is_outage(error):
                 self._breaker.failure(error)
             raise
-        self._breaker.success()
+        # An error reply about the server (out of memory, read-only...) fails the batch
+        # for the breaker, once; one about a key (WRONGTYPE) is its call's alone.
+        failed = next((r for r in replies if isinstance(r, BaseException) and is_outage(r)), None)
+        if failed is not None:
+            self._breaker.failure(failed)
+        elif self._breaker.in_outage:
+            self._breaker.success(wrote=any(map(wrote, calls, replies)))
+        else:
+            self._breaker.success()
         for index, ((_, future), reply) in enumerate(zip(live, replies, strict=True), 1):
             if future.done():
                 continue
@@ -588,8 +660,46 @@ class AsyncWire:
             if index % _YIELD_EVERY == 0 and index < len(live):
                 await asyncio.sleep(0)
 
+    async def _connection(self) -> Any:
+        """A connection of the pool; PoolExhausted when none came free within the pool's
+        timeout (a wait for the limiter's own connections, not a Redis failure)."""
+        task = asyncio.current_task()
+        self._pool_waits.add(task)
+        try:
+            return await self._pool.get_connection()  # type: ignore[no-untyped-call]
+        except redis.exceptions.ConnectionError as error:
+            # The blocking pool's wait: "No connection available.", from its timeout.
+            if isinstance(error.__cause__, TimeoutError):
+                raise self._exhausted() from error
+            raise
+        finally:
+            self._pool_waits.discard(task)
+
+    def _exhausted(self) -> PoolExhausted:
+        return PoolExhausted(
+            f"no connection free: all {self._pool.max_connections} of the limiter's "
+            f"connections stayed busy for {self._timeout} s"
+        )
+
+    def _expire(
+        self, batch: list[tuple[ScriptCall, asyncio.Future[object]]], task: asyncio.Task[None]
+    ) -> None:
+        """The callers' deadline: fail the calls of the batch that have no answer yet,
+        saying why: the batch still waits for a connection of the pool, or for Redis (or
+        for a busy event loop)."""
+        waiting = task in self._pool_waits
+        for _, future in batch:
+            if not future.done():
+                future.set_exception(
+                    self._exhausted()
+                    if waiting
+                    else TimeoutError(
+                        f"no answer from Redis within the decision's {self._timeout} s"
+                    )
+                )
+
     async def _round_trip(self, calls: list[ScriptCall]) -> list[object]:
-        connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+        connection = await self._connection()
         try:
             how = _FCALL if self._dialect.functions else _EVALSHA
             packed = pack_many(calls, how)
@@ -694,12 +804,3 @@ class AsyncWire:
 
 class _ClosedUnread(redis.exceptions.ConnectionError):
     """The connection was closed before any reply of the batch was read."""
-
-
-def _expire(batch: list[tuple[ScriptCall, asyncio.Future[object]]], timeout: float) -> None:
-    """The callers' deadline: fail the calls of the batch that have no answer yet."""
-    for _, future in batch:
-        if not future.done():
-            future.set_exception(
-                TimeoutError(f"no answer from Redis within the decision's {timeout} s")
-            )

@@ -41,7 +41,6 @@ from ._web import (
     RequestInfo,
     Subject,
     TrustedProxies,
-    anonymous_identity,
     identify_async,
 )
 
@@ -166,18 +165,11 @@ class RateLimit:
                     method, path, who, tier=tier, cost=cost, ip=ip, host=host
                 )
             )
-        name, identity = self.name, _named_identity(limiter, self.name, subject)
+        # The user, or (identity None) an anonymous caller counted by address, in the
+        # bucket check_request counts it in; a per-IP limit counts the address.
+        name, identity, ip = self.name, subject.identity, subject.ip
         if isinstance(limiter, AsyncLimiter):
-            return await limiter.hit(name, identity, tier=tier, cost=cost)
-        return await run_in_threadpool(lambda: limiter.hit(name, identity, tier=tier, cost=cost))
-
-
-def _named_identity(limiter: AsyncLimiter | Limiter, name: str, subject: Subject) -> str:
-    """What ``hit`` counts by for a named limit: the IP for ``per: ip`` limits and for
-    anonymous callers, else the user."""
-    rule = limiter.compiled.by_name[name]
-    if rule.per_ip:
-        return subject.ip
-    if subject.identity is None:
-        return anonymous_identity(subject.ip)
-    return subject.identity
+            return await limiter.hit(name, identity, tier=tier, cost=cost, ip=ip)
+        return await run_in_threadpool(
+            lambda: limiter.hit(name, identity, tier=tier, cost=cost, ip=ip)
+        )

@@ -17,10 +17,17 @@
 --          for "hit" and "peek"; {now, n} for "refund". retry is -1 when allowed and -2
 --          when the cost can never fit.
 --
--- Phase 1 evaluates every check without writing. Phase 2 (hit only) writes when every
+-- Phase 1 evaluates every check without writing (the sliding log may rewrite members an
+-- older version wrote, which changes no count). Phase 2 (hit only) writes when every
 -- enforced check passed: the enforced checks, and each shadow check that passed itself.
 -- A shadow check never blocks the others: it counts the traffic that gets through, the
 -- way it would count if it were enforced.
+--
+-- Each algorithm's first write adds memory (ZADD, HSET, SET). A server out of memory
+-- (maxmemory, noeviction) refuses a Function call as a whole, but an EVAL script only at
+-- its first such write, and only if the script has written nothing before: a trim or a
+-- PEXPIRE first would let the rest through. So a full server refuses every decision that
+-- would write, and still answers those that write nothing.
 
 local mode = ARGV[1]
 local now
@@ -61,7 +68,7 @@ end
 local states = {}
 local pass = true
 for i = 1, n do
-  local st = checks[i].alg.check(KEYS[i], now, checks[i])
+  local st = checks[i].alg.check(KEYS[i], now, checks[i], slack_ms)
   st.consumed = 0
   states[i] = st
   if st.allowed == 0 and not checks[i].shadow then

@@ -1,116 +1,284 @@
--- sliding_log.lua: the exact sliding-window log.
+-- sliding_log.lua: the exact sliding-window log, one entry per admitted request.
 --
--- KEYS: one sorted set per check. Each admitted unit of cost is one member "<nonce>.<i>"
---   scored with its admission time; the window is (now - period, now].
+-- KEYS: one sorted set per check. Each admitted request is one member scored with its
+--   admission time; the window is (now - period, now]. The member is
+--   "<start>.<cost>.<nonce>": `cost` is what the request counted, `start` how many units
+--   the key had admitted before it (after a letter giving its length, so that members
+--   sort as their starts do: "B42.1.9f86d081884c"). Scores never decrease from one entry
+--   to the next (an entry is scored at least its predecessor's time), and equal scores
+--   sort by `start`, so the sorted set's order is admission order and the
+--   units in the window are the newest entry's start + cost minus the oldest in-window
+--   entry's start: two reads, whatever the costs. Memory and time go with the number of
+--   requests, never with their cost. Earlier versions wrote one member per unit of cost,
+--   "<nonce>.<i>" (0.1: "<nonce>:<i>"); a check that finds such members rewrites them in
+--   this form first, one unit each (see log_convert).
 -- ARGV: none of its own; decide.lua passes each check as the table
 --   c = {limit, period (µs), cost, burst (unused), shadow}.
 -- Functions (registered as ALG.sliding_log):
---   check(key, now, c)               -> st, reads only
---   apply(key, st, now, c, nonce, slack_ms)  adds the entries, trims; PEXPIRE when the
+--   check(key, now, c, slack_ms)     -> st; writes only to convert members of older versions
+--   apply(key, st, now, c, nonce, slack_ms)  adds the entry, trims; PEXPIRE when the
 --                                    newest entry's expiry cell (common.lua) changes
---   refund(key, now, c, nonce)       removes the entries an earlier apply added
+--   refund(key, now, c, nonce)       removes the entry an earlier apply added
 -- Returns (in st): allowed (0/1), remaining, reset (µs until every entry has left the
---   window), retry (µs until `cost` fits: when the oldest entry that matters leaves; NONE
---   when allowed, NEVER when cost > limit).
+--   window), retry (µs until `cost` fits: when the oldest entries holding the units that
+--   must go have left; NONE when allowed, NEVER when cost > limit).
 --
 -- Fixed against the usual sorted-set script: entries are added only when admitted;
--- members are unique per call and never built from formatted floats; the TTL is rounded
--- up and always outlives the newest entry; a cost above what is left is rejected without
--- writing.
+-- members are unique (by `start`) and never built from formatted floats; the TTL is
+-- rounded up and always outlives the newest entry; a cost above what is left is rejected
+-- without writing; a request of any cost is one member.
 
-local ZADD_CHUNK = 500
+local CHUNK = 500
+-- (The number of entries is read with ZCOUNT -inf +inf rather than ZCARD, so that an ACL
+-- needs only the commands docs/applimit.md lists.)
+-- Starts are rewritten from 0 once they pass this (2^50), far below 2^53, where doubles
+-- stop being exact.
+local REBASE_AT = 1125899906842624
 
--- The newest entry's score, and whether the key's TTL was set for it on the expiry grid
--- (its member is "<nonce>.<i>"; applimit 0.1 wrote "<nonce>:<i>" and a TTL ending exactly
--- when the entry leaves the window).
-local function log_newest(key)
-  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if last[2] then
-    return tonumber(last[2]), string.find(last[1], '.', 1, true) ~= nil
-  end
-  return nil, false
+-- A member of this version opens with a capital letter (the length of its start); older
+-- versions' open with their nonce's lowercase hex.
+local function log_current(member)
+  local first = string.byte(member, 1)
+  return first >= 65 and first <= 90
 end
 
-local function log_check(key, now, c)
-  local floor_s = fmt(now - c.period)
-  local lower = '(' .. floor_s
-  local count = redis.call('ZCOUNT', key, lower, '+inf')
+-- A member's start and cost (nil for an older version's member).
+local function log_units(member)
+  local start, cost = string.match(member, '^%u(%d+)%.(%d+)%.')
+  return tonumber(start), tonumber(cost)
+end
+
+-- The start is written after a letter that gives its number of digits (A for 1, B for
+-- 2, ... P for 16): members then sort as their starts do, without zero padding.
+local function log_member(start, cost, tail)
+  local digits = fmt(start)
+  return string.char(64 + #digits) .. digits .. '.' .. fmt(cost) .. '.' .. tail
+end
+
+-- ZADD or ZREM of many members, in chunks (Lua's stack bounds unpack).
+local function log_each(command, key, args)
+  for i = 1, #args, CHUNK do
+    redis.call(command, key, unpack(args, i, math.min(#args, i + CHUNK - 1)))
+  end
+end
+
+-- Members written by an older version, rewritten in this version's form (one unit each),
+-- in their order: those at the end of the set (all of them, on a key only older versions
+-- wrote; else those written since this version's last entry), or with `whole` every
+-- entry in the window, renumbered from 0 (for an older member found elsewhere: written
+-- while the clock went back). Entries that left the window go; the TTL is set on the
+-- expiry grid (applimit 0.1 set it to end exactly at the deadline). Once per key, then
+-- once per write of an older version (during a rolling upgrade).
+local function log_convert(key, now, c, floor, slack_ms, whole)
+  local entries, base = {}, 0
+  if whole then
+    entries = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(floor), '+inf', 'WITHSCORES')
+  else
+    -- Back from the end, to this version's newest entry or the window's floor.
+    local tail, done = {}, false
+    local at = redis.call('ZCOUNT', key, '-inf', '+inf')
+    while at > 0 and not done do
+      local from = math.max(0, at - CHUNK)
+      local part = redis.call('ZRANGE', key, from, at - 1, 'WITHSCORES')
+      for i = #part - 1, 1, -2 do
+        if log_current(part[i]) then
+          local start, cost = log_units(part[i])
+          base = start + cost
+          done = true
+          break
+        elseif tonumber(part[i + 1]) <= floor then
+          done = true
+          break
+        end
+        tail[#tail + 1] = part[i + 1]
+        tail[#tail + 1] = part[i]
+      end
+      at = from
+    end
+    for i = #tail, 1, -1 do
+      entries[#entries + 1] = tail[i]
+    end
+  end
+  local added, gone = {}, {}
+  for i = 1, #entries, 2 do
+    local member = entries[i]
+    local cost, rest = 1, member
+    if log_current(member) then
+      local _, units, tail = string.match(member, '^%u(%d+)%.(%d+)%.(.*)$')
+      cost, rest = tonumber(units), tail
+    end
+    local renamed = log_member(base, cost, rest)
+    if renamed ~= member then
+      added[#added + 1] = entries[i + 1]
+      added[#added + 1] = renamed
+      gone[#gone + 1] = member
+    end
+    base = base + cost
+  end
+  -- Adding first (see decide.lua: a full server must refuse the write as a whole).
+  log_each('ZADD', key, added)
+  log_each('ZREM', key, gone)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(floor))
+  local newest = tonumber(entries[#entries])
+  local cell = expiry_cell(newest + c.period, c.period)
+  redis.call('PEXPIRE', key, cell_ttl_ms(cell, c.period, now, slack_ms))
+end
+
+-- The score of the oldest entry in the window whose start + cost reaches `target`, from
+-- rank `lo` to `hi` (the set's order is admission order, so start + cost grows with the
+-- rank); nil if it meets a member of an older version.
+local function log_reaching(key, target, lo, hi)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local start, cost = log_units(redis.call('ZRANGE', key, mid, mid)[1])
+    if not start then
+      return nil
+    elseif start + cost >= target then
+      hi = mid
+    else
+      lo = mid + 1
+    end
+  end
+  return tonumber(redis.call('ZRANGE', key, lo, lo, 'WITHSCORES')[2])
+end
+
+local log_check
+log_check = function(key, now, c, slack_ms)
+  local floor = now - c.period
   -- Every field the check and apply set, made at once: adding fields later would make
-  -- Lua grow the table (a rehash) on every call. newest is false until read.
+  -- Lua grow the table (a rehash) on every call. newest is false without entries; start
+  -- is where the next entry starts (0 when nothing is in the window).
   local st = {
-    count = count, allowed = 0, retry = NONE, remaining = 0, reset = 0, consumed = 0,
-    newest = false, grid = false, floor_s = floor_s,
+    count = 0, allowed = 0, retry = NONE, remaining = 0, reset = 0, consumed = 0,
+    newest = false, grid = false, floor = floor, trim = false, start = 0,
   }
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  local first_start, first_cost, first_score
+  if last[2] then
+    local newest = tonumber(last[2])
+    if newest > floor and not log_current(last[1]) then
+      log_convert(key, now, c, floor, slack_ms, false)
+      last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    end
+    -- The key's TTL was last set for the newest entry, on the grid if it is this
+    -- version's (applimit 0.1 set it to end at the entry's deadline).
+    st.newest, st.grid = tonumber(last[2]), log_current(last[1])
+    if st.newest > floor then
+      local start, cost = log_units(last[1])
+      st.start = start + cost
+      local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+      if tonumber(first[2]) <= floor then
+        st.trim = true
+        first = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(floor), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      end
+      if not log_current(first[1]) then
+        -- An older member inside the window (not at its end): renumber the window.
+        log_convert(key, now, c, floor, slack_ms, true)
+        return log_check(key, now, c, slack_ms)
+      end
+      first_start, first_cost = log_units(first[1])
+      first_score = tonumber(first[2])
+      st.count = st.start - first_start
+    else
+      st.trim = true
+    end
+  end
+  local count = st.count
   if c.cost <= c.limit - count then
     st.allowed = 1
   elseif c.cost > c.limit then
     st.retry = NEVER
   else
-    -- The request fits once `need` of the entries now in the window have left it; the
-    -- need-th oldest leaves at its score + period.
+    -- The request fits once `need` of the units now in the window have left it: when
+    -- the oldest entry whose start + cost reaches first_start + need leaves.
     local need = count + c.cost - c.limit
-    local entry = redis.call('ZRANGEBYSCORE', key, lower, '+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
-    st.retry = tonumber(entry[2]) + c.period - now
+    local at = first_score
+    if first_cost < need then
+      local lo = redis.call('ZCOUNT', key, '-inf', fmt(floor)) + 1
+      local last_rank = redis.call('ZCOUNT', key, '-inf', '+inf') - 1
+      at = log_reaching(key, first_start + need, lo, last_rank)
+      if not at then
+        log_convert(key, now, c, floor, slack_ms, true)
+        return log_check(key, now, c, slack_ms)
+      end
+    end
+    st.retry = at + c.period - now
   end
   st.remaining = c.limit - count
   st.reset = 0
   if count > 0 then
-    -- The newest entry is in the window, so it is the newest in the set: the key's TTL
-    -- was last set for it.
-    st.newest, st.grid = log_newest(key)
     st.reset = st.newest + c.period - now
   end
   return st
 end
 
-local function log_apply(key, st, now, c, nonce, slack_ms)
-  -- Everything at or before the window's floor (the floor check() counted from).
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', st.floor_s)
-  local score = fmt(now)
-  local i = 1
-  if c.cost == 1 then
-    -- Nearly every request: one entry, without building an argument table.
-    redis.call('ZADD', key, score, nonce .. '.1')
-    i = 2
+-- Starts from 0 again (rare: after 2^50 units without the key ever expiring). Returns the
+-- start of the next entry.
+local function log_rebase(key, st)
+  local entries = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(st.floor), '+inf', 'WITHSCORES')
+  local shift = log_units(entries[1])
+  local added, gone = {}, {}
+  for i = 1, #entries, 2 do
+    local start, cost = log_units(entries[i])
+    added[#added + 1] = entries[i + 1]
+    added[#added + 1] = log_member(start - shift, cost, string.match(entries[i], '^%u%d+%.%d+%.(.*)$'))
+    gone[#gone + 1] = entries[i]
   end
-  while i <= c.cost do
-    local args = {}
-    local last = math.min(c.cost, i + ZADD_CHUNK - 1)
-    for j = i, last do
-      args[#args + 1] = score
-      args[#args + 1] = nonce .. '.' .. fmt(j)
-    end
-    redis.call('ZADD', key, unpack(args))
-    i = last + 1
+  log_each('ZADD', key, added)
+  log_each('ZREM', key, gone)
+  return st.start - shift
+end
+
+local function log_apply(key, st, now, c, nonce, slack_ms)
+  -- An entry is scored no earlier than the newest (later than `now` only if the clock
+  -- went back), so that the set's order stays admission order.
+  local score = now
+  if st.newest and st.newest > now then
+    score = st.newest
+  end
+  local start = st.start
+  if start > REBASE_AT then
+    start = log_rebase(key, st)
+  end
+  -- The entry first (see decide.lua: a full server must refuse the write as a whole).
+  redis.call('ZADD', key, fmt(score), log_member(start, c.cost, nonce))
+  if st.trim then
+    -- Everything at or before the window's floor (the floor check() counted from).
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(st.floor))
   end
   st.count = st.count + c.cost
   st.remaining = c.limit - st.count
-  -- An entry scored after `now` exists only if the clock went back; it outlives `now`.
-  local newest = now
-  if st.newest and st.newest > now then
-    newest = st.newest
-  end
-  st.reset = newest + c.period - now
+  st.reset = score + c.period - now
   -- The key must live until its newest entry leaves the window: until the end of that
   -- time's expiry cell, which is where the TTL already ends if the previous newest entry
   -- (written on the grid) left the window in the same cell.
-  local cell = expiry_cell(newest + c.period, c.period)
+  local cell = expiry_cell(score + c.period, c.period)
   if not st.grid or expiry_cell(st.newest + c.period, c.period) ~= cell then
     redis.call('PEXPIRE', key, cell_ttl_ms(cell, c.period, now, slack_ms))
   end
 end
 
 local function log_refund(key, now, c, nonce)
-  local i = 1
-  while i <= c.cost do
-    local members = {}
-    local last = math.min(c.cost, i + ZADD_CHUNK - 1)
-    for j = i, last do
-      members[#members + 1] = nonce .. '.' .. fmt(j)
+  -- The entry is scored `now` (the hit's time) or later; the entries after it start
+  -- `cost` units earlier once it is gone.
+  local entries = redis.call('ZRANGEBYSCORE', key, fmt(now), '+inf', 'WITHSCORES')
+  local cost = nil
+  local added, gone = {}, {}
+  for i = 1, #entries, 2 do
+    local start, units, tail = string.match(entries[i], '^%u(%d+)%.(%d+)%.(.*)$')
+    if not start then
+      -- Written by an older version since: converted by the next check.
+    elseif cost then
+      added[#added + 1] = entries[i + 1]
+      added[#added + 1] = log_member(tonumber(start) - cost, tonumber(units), tail)
+      gone[#gone + 1] = entries[i]
+    elseif tail == nonce then
+      cost = tonumber(units)
+      gone[#gone + 1] = entries[i]
     end
-    redis.call('ZREM', key, unpack(members))
-    i = last + 1
   end
+  log_each('ZADD', key, added)
+  log_each('ZREM', key, gone)
 end
 
 ALG.sliding_log = {check = log_check, apply = log_apply, refund = log_refund}

@@ -148,6 +148,67 @@ async def test_cost_larger_than_what_is_left_is_rejected_without_writing(
         assert (await limiter.hit(name, who, tier="free")).allowed
 
 
+COST_POLICY = """
+version: 1
+tiers: [free]
+app: {key_prefix: t, timeout: 2s}
+limits:
+  - name: tokens
+    match: {path_prefix: /tokens/}
+    app: {algorithm: sliding_log, tiers: {free: 200000/1h}}
+  - name: callers
+    match: {path_prefix: /tokens/}
+    app: {per: ip, algorithm: gcra, tiers: {free: 100000/1h}}
+"""
+
+
+async def test_a_sliding_log_request_of_any_cost_is_one_entry(
+    make_limiter: MakeLimiter, redis_admin: Any
+) -> None:
+    """A request of cost 200,000 on a 200000/1h log is one sorted-set member of a few
+    dozen bytes (not 200,000 members: megabytes, and Redis blocked while it writes them),
+    and it counts as 200,000 exactly: nothing more fits until it leaves the window, one
+    hour later to the microsecond."""
+    clock = TestClock()
+    limiter = make_limiter(COST_POLICY, test_clock=clock)
+    who = user()
+    first = await limiter.hit("tokens", who, cost=200_000)
+    assert first.allowed and first.remaining == 0
+    [key] = all_keys(redis_admin, f"t:tokens:{{u={who}}}:*")
+    assert redis_admin.zcard(key) == 1
+    assert redis_admin.memory_usage(key) < 256
+    clock.advance(1800 * US)
+    denied = await limiter.hit("tokens", who)
+    assert not denied.allowed and denied.retry_after == 1800.0
+    clock.advance(1800 * US - 1)
+    assert not (await limiter.peek("tokens", who)).allowed
+    clock.advance(1)
+    after = await limiter.hit("tokens", who, cost=199_999)
+    assert after.allowed and after.remaining == 1
+    assert redis_admin.zcard(key) == 1
+
+
+async def test_a_denied_request_gives_back_its_whole_sliding_log_cost(
+    make_limiter: MakeLimiter, redis_admin: Any
+) -> None:
+    """/tokens/ counts the user's tokens (sliding_log, 200000/1h) and the caller's address
+    (gcra, 100000/1h). The third request of 50,000 is refused by the address limit, so it
+    consumes no tokens:
+    on Redis Cluster the two limits live in different slots, and the log's entry, already
+    written, is taken back whole (one member, its 50,000 units)."""
+    limiter = make_limiter(COST_POLICY)
+    who, ip = user(), f"198.51.100.{uuid.uuid4().int % 250}"
+    for _ in range(2):
+        assert (await limiter.check_request("GET", "/tokens/", who, cost=50_000, ip=ip)).allowed
+    denied = await limiter.check_request("GET", "/tokens/", who, cost=50_000, ip=ip)
+    assert not denied.allowed and [r.name for r in denied.denied_by] == ["callers"]
+    assert (await limiter.peek("tokens", who)).remaining == 100_000
+    [key] = all_keys(redis_admin, f"t:tokens:{{u={who}}}:*")
+    assert redis_admin.zcard(key) == 2
+    other = await limiter.check_request("GET", "/tokens/", who, cost=100_000, ip="192.0.2.1")
+    assert other.allowed and other.remaining == 0
+
+
 async def test_check_request_is_atomic_across_algorithms(make_limiter: MakeLimiter) -> None:
     """Three limits match /both/: the gcra one (2/1m) denies the third request, and then the
     sliding-window one (5/1m) is not consumed either."""
@@ -213,6 +274,77 @@ async def test_anonymous_callers_are_counted_by_ip(make_limiter: MakeLimiter) ->
     with pytest.raises(InvalidArgumentError) as raised:
         await limiter.check_request("GET", "/bucket/", None)
     assert raised.value.argument == "ip"
+
+
+async def test_no_identity_shares_a_bucket_with_anonymous_callers(
+    make_limiter: MakeLimiter,
+) -> None:
+    """hit/peek/reset count an anonymous caller by address with identity=None and ip=,
+    in the bucket check_request counts it in (kind i=); a user id, whatever it says (the
+    address itself, "anonymous-ip:<address>"), is counted as a user (kind u=) and never
+    shares that bucket."""
+    limiter = make_limiter(POLICY)
+    ip = f"203.0.113.{uuid.uuid4().int % 250}"
+    await limiter.reset("bucket", None, ip=ip)
+    for remaining in (2, 1):
+        assert (await limiter.hit("bucket", None, ip=ip)).remaining == remaining
+    assert (await limiter.check_request("GET", "/bucket/", None, ip=ip)).remaining == 0
+    assert not (await limiter.hit("bucket", None, ip=ip)).allowed
+    assert not (await limiter.peek("bucket", None, ip=ip)).allowed
+    for lookalike in (f"anonymous-ip:{ip}", ip, f"i={ip}"):
+        decision = await limiter.hit("bucket", lookalike, ip=ip)
+        assert decision.allowed and decision.remaining == 2, lookalike
+    assert await limiter.reset("bucket", None, ip=ip)
+    assert (await limiter.peek("bucket", None, ip=ip)).remaining == 3
+    assert (await limiter.peek("bucket", ip)).remaining == 2
+    # A per-IP limit counts the address, given as ip= or (as before) as the identity.
+    assert (await limiter.hit("by-ip", None, ip=ip)).remaining == 1
+    assert (await limiter.hit("by-ip", ip)).remaining == 0
+    with pytest.raises(InvalidArgumentError) as raised:
+        await limiter.hit("bucket", None)
+    assert raised.value.argument == "ip"
+    with pytest.raises(InvalidArgumentError) as raised:
+        await limiter.hit("bucket", None, ip="")
+    assert raised.value.argument == "ip"
+
+
+V6_POLICY = """
+version: 1
+clients: {ipv6_prefix: PREFIX}
+app: {key_prefix: t, timeout: 2s}
+limits:
+  - name: per-ip
+    match: {path_prefix: /v6/}
+    app: {per: ip, algorithm: sliding_log, tiers: {default: 5/1m}}
+  - name: anonymous
+    match: {path_prefix: /v6/}
+    app: {algorithm: gcra, tiers: {default: 5/1m}}
+"""
+
+
+@pytest.mark.parametrize("prefix", [64, 128])
+async def test_ipv6_clients_are_counted_per_network(make_limiter: MakeLimiter, prefix: int) -> None:
+    """clients.ipv6_prefix 64 (the default): 50 addresses of one /64 share one quota, so
+    5 of their 50 requests pass a 5/1m limit, both per IP and for anonymous callers of a
+    per-user limit; an address of another /64 has its own; hit/peek/reset by address use
+    the same bucket. 128 counts every address on its own."""
+    limiter = make_limiter(V6_POLICY.replace("PREFIX", str(prefix)))
+    network = f"2001:db8:{uuid.uuid4().int % 0xFFFF:x}:{uuid.uuid4().int % 0xFFFF:x}"
+    addresses = [f"{network}:{i:x}:{uuid.uuid4().int % 0xFFFF:x}::{i + 1:x}" for i in range(50)]
+    admitted = [
+        (await limiter.check_request("GET", "/v6/", None, ip=address)).allowed
+        for address in addresses
+    ]
+    assert sum(admitted) == (5 if prefix == 64 else 50)
+    other = f"2001:db8:{uuid.uuid4().int % 0xFFFF:x}:ffff::1"
+    assert (await limiter.check_request("GET", "/v6/", None, ip=other)).remaining == 4
+    left = 0 if prefix == 64 else 4
+    for name in ("per-ip", "anonymous"):
+        assert (await limiter.peek(name, None, ip=addresses[-1])).remaining == left
+    assert (await limiter.peek("per-ip", addresses[-1])).remaining == left
+    assert await limiter.reset("per-ip", None, ip=addresses[0])
+    after = await limiter.peek("per-ip", None, ip=addresses[-1])
+    assert after.remaining == (5 if prefix == 64 else 4)
 
 
 async def test_no_matching_limit_and_missing_tier_allow(make_limiter: MakeLimiter) -> None:

@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
+import redis
 from harness import RedisCluster, RedisServer, running
 from limiter_support import Driver
 from redis.crc import key_slot
@@ -253,3 +254,103 @@ async def test_redis_down_from_the_start(flavour: str, cluster: bool) -> None:
         assert made.breaker_state is BreakerState.OPEN
     finally:
         await limiter.close()
+
+
+# --- Redis out of memory -------------------------------------------------------------------
+
+
+def _fill(admin: redis.Redis) -> None:
+    """Write until the server refuses writes (maxmemory reached, noeviction), then set
+    maxmemory a little below what is used: at the edge, a small write can still squeeze
+    in whenever a client's buffers are freed, which would be a (brief) recovery."""
+    index = 0
+    while True:
+        try:
+            admin.set(f"filler:{index}", "x" * 4096)
+        except redis.exceptions.OutOfMemoryError:
+            break
+        index += 1
+    used = int(admin.info("memory")["used_memory"])
+    admin.config_set("maxmemory", used - 512 * 1024)
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        admin.set("filler:probe", "x")
+
+
+def _refusals(caplog: pytest.LogCaptureFixture) -> int:
+    return sum("refused Redis Functions" in r.getMessage() for r in caplog.records)
+
+
+def _script_commands(admin: redis.Redis) -> dict[str, int]:
+    stats = admin.info("commandstats")
+    return {
+        name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+        for name in ("fcall", "evalsha", "eval")
+    }
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize("functions", [True, False], ids=["fcall", "evalsha"])
+async def test_redis_out_of_memory_is_one_outage_not_a_refusal_of_functions(
+    caplog: pytest.LogCaptureFixture, flavour: str, functions: bool
+) -> None:
+    """maxmemory with noeviction, filled up: decisions that would write follow the failure
+    policy (fail open or closed), the limiter keeps using Redis Functions where it did (an
+    OOM is not a refusal of FCALL), and the outage is logged twice, once when it starts
+    and once when it ends, however many probes meet the full server in between (with
+    EVALSHA, peeks are still answered: they write nothing). CONFIG SET maxmemory 0 ends
+    it within a second."""
+    caplog.set_level(logging.INFO, logger="applimit")
+    server = RedisServer(extra_args=["--maxmemory", "8mb", "--maxmemory-policy", "noeviction"])
+    with running(server), server.client() as admin:
+        url = server.url
+        if not functions:
+            # An ACL without FCALL, as on Redis before 7: the limiter uses EVALSHA.
+            admin.acl_setuser(
+                "scripts", enabled=True, passwords=["+pw"], keys=["f:*"],
+                commands=["+@all", "-fcall", "-function"],
+            )  # fmt: skip
+            url = f"redis://scripts:pw@127.0.0.1:{server.port}/0"
+        loaded = policy.loads(POLICY)
+        made: Limiter | AsyncLimiter
+        # Probes every 20 ms: a breaker that flaps would show it many times over.
+        if flavour == "sync":
+            made = Limiter(loaded, redis_url=url, recovery_time=0.02)
+        else:
+            made = AsyncLimiter(loaded, redis_url=url, recovery_time=0.02)
+        limiter = Driver(made)
+        try:
+            for name in ("open", "closed"):
+                assert not (await limiter.hit(name, "alice")).degraded
+            before = _script_commands(admin)
+            refusals = _refusals(caplog)
+            _fill(admin)
+            ended = time.monotonic() + 0.6
+            rounds = 0
+            while time.monotonic() < ended:
+                rounds += 1
+                for name, allowed in (("open", True), ("closed", False)):
+                    decision = await limiter.hit(name, "alice")
+                    assert decision.degraded and decision.allowed == allowed, name
+                both = await limiter.check_request("GET", "/", "bob")
+                assert both.degraded and not both.allowed
+                peek = await limiter.peek("open", "alice")
+                if not peek.degraded:
+                    # Answered by Redis (EVALSHA; FCALL is refused as a whole): exactly.
+                    assert not functions and peek.remaining == 999
+            assert rounds > 20
+            assert _outage_lines(caplog) == (1, 0)
+            assert _refusals(caplog) == refusals == (0 if functions else 1)
+            assert made.breaker_state is not BreakerState.CLOSED
+            took = await _recovery_time(limiter, lambda: admin.config_set("maxmemory", 0))
+            assert took < RECOVERY
+            assert _outage_lines(caplog) == (1, 1)
+            after = await limiter.hit("closed", "alice")
+            assert after.allowed and not after.degraded
+            used = {k: v - before[k] for k, v in _script_commands(admin).items()}
+            if functions:
+                # Still FCALL: the full server never made the limiter give up Functions.
+                assert used["evalsha"] == used["eval"] == 0 and used["fcall"] > 0
+            else:
+                assert used["fcall"] == 0 and used["evalsha"] > 0
+        finally:
+            await limiter.close()

@@ -17,8 +17,7 @@ from applimit._clients import parse_sentinel_url
 from applimit._core import Core, compile_policy
 from applimit._decision import combine
 
-POLICY = policy.loads(
-    """
+POLICY_TEXT = """
 version: 1
 tiers: [free, pro]
 app: {key_prefix: rl}
@@ -30,7 +29,7 @@ limits:
     match: {paths: [/w]}
     app: {per: ip, algorithm: gcra, burst: 5, tiers: {free: 10/1s}}
 """
-)
+POLICY = policy.loads(POLICY_TEXT)
 
 
 def test_public_surface_is_pinned() -> None:
@@ -88,10 +87,23 @@ def test_tags_of_long_identities_are_digests_and_kinds_differ() -> None:
 
 
 def test_ip_addresses_have_one_spelling() -> None:
-    """IPv6 spellings and IPv4-mapped addresses count as the same client."""
-    assert _keys.canonical_ip("2001:DB8:0::1") == "2001:db8::1"
-    assert _keys.canonical_ip("::ffff:192.0.2.1") == "192.0.2.1"
-    assert _keys.canonical_ip("not an ip") == "not an ip"
+    """IPv6 spellings and IPv4-mapped addresses count as the same client; IPv6 clients
+    are counted per /64 (clients.ipv6_prefix), or per address with 128."""
+
+    def key(core: Core, ip: str) -> str:
+        return core.for_limit("hit", "we{ird}: name", None, None, 1, ip=ip).calls[0].keys[0]
+
+    core = Core(compile_policy(POLICY), cluster=False)
+    assert (
+        key(core, "2001:DB8:0::1") == key(core, "2001:db8::ffff:1") != key(core, "2001:db8:0:1::1")
+    )
+    assert "{i=2001%3Adb8%3A%3A%2F64}" in key(core, "2001:DB8::1")
+    assert key(core, "::ffff:192.0.2.1") == key(core, "192.0.2.1")
+    assert "{i=not%20an%20ip}" in key(core, "not an ip")
+    text = POLICY_TEXT.replace("version: 1", "version: 1\nclients: {ipv6_prefix: 128}")
+    per_address = Core(compile_policy(policy.loads(text)), cluster=False)
+    assert key(per_address, "2001:DB8:0::1") != key(per_address, "2001:db8::ffff:1")
+    assert "{i=2001%3Adb8%3A%3A1}" in key(per_address, "2001:DB8:0::1")
 
 
 def test_keys_carry_one_hash_tag_whatever_the_limit_name() -> None:

@@ -325,3 +325,122 @@ async def test_an_unexpected_error_in_a_batch_reaches_its_callers(
         monkeypatch.setattr(wire, "_round_trip", broken)
         with pytest.raises(RuntimeError, match="a bug in the batch"):
             await asyncio.wait_for(limiter.hit("log", "bug"), timeout=10)
+
+
+# --- the limiter's own pool ----------------------------------------------------------------
+
+CLOSED_POLICY = """
+version: 1
+app: {key_prefix: w, timeout: 50ms, on_redis_error: deny}
+limits:
+  - name: log
+    app: {algorithm: sliding_log, tiers: {default: 100000/1m}}
+"""
+
+
+def _outages(caplog: pytest.LogCaptureFixture) -> int:
+    return sum("cannot be used" in r.getMessage() for r in caplog.records)
+
+
+def test_a_wait_for_the_limiters_own_connections_is_not_a_redis_failure(
+    fresh_redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every connection of the pool busy for the whole timeout (here the one connection,
+    held): each decision that waited follows its limit's failure policy (fail closed:
+    denied, degraded), and that is all. Redis answered every call it got, so the breaker
+    stays closed and logs no outage, and the moment a connection is free decisions are
+    made by Redis again. One line says what happened, and what to change."""
+    caplog.set_level(logging.INFO, logger="applimit")
+    limiter = Limiter(
+        policy.loads(CLOSED_POLICY), redis_url=fresh_redis_server.url, max_connections=1
+    )
+    try:
+        assert limiter.hit("log", "pool").remaining == 99_999
+        wire = limiter._wire
+        assert wire is not None
+        held = wire._idle.pop()  # as a decision in another thread would hold it
+        try:
+            for _ in range(5):
+                started = time.perf_counter()
+                decision = limiter.hit("log", "pool")
+                assert decision.degraded and not decision.allowed
+                assert time.perf_counter() - started < 0.05 + 0.2
+            assert limiter.breaker_state is BreakerState.CLOSED
+        finally:
+            wire._idle.append(held)
+        after = limiter.hit("log", "pool")
+        assert not after.degraded and after.remaining == 99_998
+        assert _outages(caplog) == 0
+        said = [r for r in caplog.records if "max_connections" in r.getMessage()]
+        assert len(said) == 1
+    finally:
+        limiter.close()
+
+
+def test_threads_waiting_for_a_small_pool_do_not_open_the_breaker(
+    fresh_redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sixteen threads on four connections with a 50 ms timeout, failing closed, while
+    Redis is well: waiting for a connection never reads as an outage (no breaker, no
+    outage lines), and the waiters are served in turn, so nearly every decision is made
+    by Redis (a thread that waited out the timeout would be refused)."""
+    caplog.set_level(logging.INFO, logger="applimit")
+    limiter = Limiter(
+        policy.loads(CLOSED_POLICY), redis_url=fresh_redis_server.url, max_connections=4
+    )
+    assert not limiter.peek("log", "warm-up").degraded
+    barrier = threading.Barrier(16)
+    refused: list[int] = []
+
+    def work(index: int) -> None:
+        barrier.wait()
+        count = 0
+        for _ in range(300):
+            decision = limiter.hit("log", f"thread-{index}")
+            count += not decision.allowed
+            assert decision.allowed or decision.degraded
+        refused.append(count)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(refused) == 16
+        assert _outages(caplog) == 0
+        assert limiter.breaker_state is BreakerState.CLOSED
+        assert sum(refused) <= 16 * 300 // 50, f"{sum(refused)} of 4800 refused"
+    finally:
+        limiter.close()
+
+
+async def test_a_wait_for_the_async_limiters_own_connections_is_not_a_redis_failure(
+    fresh_redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same for AsyncLimiter: its pool's one connection held elsewhere, a batch that
+    waits out the timeout for it is answered by the failure policy, the breaker is not
+    told, and the next batch, with the connection free, is decided by Redis."""
+    caplog.set_level(logging.INFO, logger="applimit")
+    limiter = AsyncLimiter(
+        policy.loads(CLOSED_POLICY), redis_url=fresh_redis_server.url, max_connections=1
+    )
+    try:
+        assert (await limiter.hit("log", "pool")).remaining == 99_999
+        wire = limiter._wire
+        assert wire is not None
+        held = await wire._pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            for _ in range(5):
+                decisions = await asyncio.gather(*(limiter.hit("log", "pool") for _ in range(3)))
+                assert all(d.degraded and not d.allowed for d in decisions)
+            assert limiter.breaker_state is BreakerState.CLOSED
+        finally:
+            await wire._pool.release(held)
+        after = await limiter.hit("log", "pool")
+        assert not after.degraded and after.remaining == 99_998
+        assert _outages(caplog) == 0
+        said = [r for r in caplog.records if "max_connections" in r.getMessage()]
+        assert len(said) == 1
+    finally:
+        await limiter.aclose()
