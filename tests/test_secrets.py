@@ -395,8 +395,9 @@ def test_a_long_message_is_cut_short(seen: Seen) -> None:
 def test_a_proxy_password_is_never_shown(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, seen: Seen
 ) -> None:
-    """A CLOUDFLARE_API_BASE_URL with a user and password is refused (they would never be
-    sent, only logged), and the refusal shows *** in their place."""
+    """A CLOUDFLARE_API_BASE_URL with a user and password (or a query) is refused (they
+    would never be sent, only logged), and the refusal shows *** in their place, wherever
+    the password ends (a '/' or '?' in it, no scheme)."""
     password = secrets.token_urlsafe(16)
     monkeypatch.setenv("CLOUDFLARE_API_TOKEN", SECRET)
     monkeypatch.setenv("CLOUDFLARE_ZONE_ID", ZONE_ID)
@@ -406,11 +407,18 @@ def test_a_proxy_password_is_never_shown(
         f"https://user:{password}@proxy.example/client/v4",
         f"https://{password}@proxy.example/client/v4",
         f"ftp://user:{password}@proxy.example/",
+        f"https://user:{password}/x@proxy.example/client/v4",
+        f"https://user:{password}?x@proxy.example/client/v4",
+        f"user:{password}@proxy.example/client/v4",
+        f"http://user:{password}@proxy.example/client/v4",
+        f"https://proxy.example/client/v4?key={password}",
+        f"https://proxy.example/client/v4#{password}",
     ):
         monkeypatch.setenv("CLOUDFLARE_API_BASE_URL", base)
         assert run("plan", EXAMPLE) == 2
         assert run("apply", EXAMPLE, "--dry-run") == 2
     assert any("'https://***@proxy.example/client/v4'" in text for _, text in seen.texts)
+    assert any("'https://proxy.example/client/v4?***'" in text for _, text in seen.texts)
     seen.check(password)
     seen.check()
 
