@@ -249,10 +249,11 @@ def identify_sync(identify: Identify | None, request: RequestInfo) -> Caller | N
 
 
 def anonymous_identity(ip: str) -> str:
-    """The identity ``hit`` counts an anonymous caller of a ``per: user`` limit by.
+    """A label for an anonymous caller, kept for code written against earlier versions.
 
-    ``check_request`` counts anonymous callers by IP itself; ``hit`` takes one identity, so
-    the IP is marked as such and cannot be mistaken for a user id that looks like an IP.
+    Keys no longer use it: ``hit(name, None, ip=...)`` counts an anonymous caller in the
+    same bucket ``check_request`` uses, and a user id (this label included) is always
+    counted as a user, so no identity string can reach another kind's bucket.
     """
     return f"anonymous-ip:{ip}"
 

@@ -250,7 +250,8 @@ def test_cf_connecting_ip_only_behind_cloudflare(serve: Serve, redis_client: red
     the peer is trusted); otherwise X-Forwarded-For decides."""
     headers = {"CF-Connecting-IP": "2001:db8::7", "X-Forwarded-For": "198.51.100.9"}
     get(serve(trusted_proxies=["127.0.0.1"], behind_cloudflare=True), "/api/items", headers)
-    assert keys(redis_client, "rl:api:*") == ["rl:api:{i=2001%3Adb8%3A%3A7}:1m:sw"]
+    # The IPv6 client is counted by its /64 (clients.ipv6_prefix), like the Worker counts it.
+    assert keys(redis_client, "rl:api:*") == ["rl:api:{i=2001%3Adb8%3A%3A%2F64}:1m:sw"]
     redis_client.flushall()
     get(serve(trusted_proxies=["127.0.0.1"]), "/api/items", headers)
     assert keys(redis_client, "rl:api:*") == ["rl:api:{i=198.51.100.9}:1m:sw"]
