@@ -78,8 +78,9 @@ COMMAND_DEADLINE = 300.0
 MAX_RESPONSE_BYTES = 16 * 2**20
 # How long after a try's deadline the caller gives up on the thread running it.
 _GRACE = 0.25
-# The most of one message from the server that an error quotes.
+# The most of one message from the server that an error quotes, and the most messages.
 MAX_QUOTED_CHARS = 300
+MAX_QUOTED_ERRORS = 100
 _IDEMPOTENT = frozenset({"GET", "PUT", "DELETE"})
 _RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 _MODULE_TYPE = "application/javascript+module"
@@ -900,14 +901,18 @@ class Client:
     def _details(self, body: Any) -> tuple[ErrorDetail, ...]:
         """The envelope's errors, with the token removed from anything the server said
         (a proxy might echo the Authorization header into a message), cut short."""
-        return tuple(
+        found = _error_details(body)
+        out = [
             ErrorDetail(
                 e.code,
                 self._redact(e.message),
                 self._redact(e.pointer) if e.pointer else e.pointer,
             )
-            for e in _error_details(body)
-        )
+            for e in found[:MAX_QUOTED_ERRORS]
+        ]
+        if len(found) > MAX_QUOTED_ERRORS:
+            out.append(ErrorDetail(None, f"and {len(found) - MAX_QUOTED_ERRORS:,} more errors"))
+        return tuple(out)
 
     def _out_of_time(
         self, method: str, path: str, attempts: int, *, ambiguous: bool

@@ -378,18 +378,26 @@ def test_a_token_quoted_in_any_form_is_not_shown(echo: str, seen: Seen) -> None:
 
 
 def test_a_long_message_is_cut_short(seen: Seen) -> None:
-    """A message of a megabyte is quoted in its first few hundred characters."""
+    """A message of a megabyte is quoted in its first few hundred characters, and of a
+    hundred thousand errors the first hundred are quoted."""
 
     def answer(request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT":
+            return respond(400, errors=[error(6003, f"e{i}") for i in range(100_000)])
         return respond(400, errors=[error(6003, "x" * 2**20)])
 
     client = _cloudflare.Client(
         _cloudflare.Token(SECRET), transport=httpx.MockTransport(answer), sleep=Sleeps()
     )
-    with client, pytest.raises(_cloudflare.CloudflareAPIError) as info:
-        client.list_routes(ZONE_ID)
-    assert len(str(info.value)) < 1000
-    assert "xxx..." in str(info.value)
+    with client:
+        with pytest.raises(_cloudflare.CloudflareAPIError) as info:
+            client.list_routes(ZONE_ID)
+        assert len(str(info.value)) < 1000
+        assert "xxx..." in str(info.value)
+        with pytest.raises(_cloudflare.CloudflareAPIError) as many:
+            client.send(client.put_entrypoint_write(ZONE_ID, {"rules": []}))
+    assert len(many.value.errors) == 101
+    assert str(many.value).endswith("e99; and 99,900 more errors); fix what it names and run again")
 
 
 def test_a_proxy_password_is_never_shown(
