@@ -85,3 +85,59 @@ def test_installed_wheel_runs_outside_the_source_tree(wheel: Path, tmp_path: Pat
     )
     assert result.returncode == 0, result.stderr
     assert "valid" in result.stdout
+
+
+# Packages each install leaves out: an app-only install has no httpx or jinja2, an edge-only
+# install no redis or hiredis. A None in sys.modules makes any import of them fail.
+_BLOCK = "import sys\nfor name in {names!r}:\n    sys.modules[name] = None\n"
+
+
+def _run_without(names: tuple[str, ...], code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _BLOCK.format(names=names) + code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_an_app_install_needs_none_of_the_edge_packages() -> None:
+    """applimit (limiter, ASGI/WSGI middleware) imports and decides a limit's plan without
+    httpx and jinja2, the dependencies of the `edge` extra."""
+    code = (
+        "import applimit, applimit.asgi, applimit.wsgi, policy\n"
+        "from applimit._core import Core\n"
+        "p = policy.load('examples/policy.yaml')\n"
+        "assert not any(m in sys.modules and sys.modules[m] for m in ('httpx', 'jinja2'))\n"
+    )
+    result = _run_without(("httpx", "jinja2"), code)
+    assert result.returncode == 0, result.stderr
+
+
+def test_an_edge_install_needs_none_of_the_app_packages(tmp_path: Path) -> None:
+    """edgegen validates and builds the example policy without redis and hiredis, the
+    dependencies of the `app` extra."""
+    argv = ["build", "examples/policy.yaml", "--out", str(tmp_path)]
+    code = f"import edgegen.cli\nraise SystemExit(edgegen.cli.main({argv!r}))\n"
+    result = _run_without(("redis", "hiredis"), code)
+    assert result.returncode == 0, result.stderr
+    assert any(tmp_path.iterdir())
+
+
+def test_extras_split_the_dependencies() -> None:
+    """The distribution's metadata: core needs only pydantic and PyYAML; `app`, `edge` and
+    `all` add the rest."""
+    import importlib.metadata
+
+    requires = importlib.metadata.requires("edgegen") or []
+    core = sorted(r.split(";")[0].split("<")[0].split(">")[0] for r in requires if ";" not in r)
+    assert core == ["PyYAML", "pydantic"]
+
+    def extra(name: str) -> set[str]:
+        return {r.split(";")[0].split(">")[0] for r in requires if f'extra == "{name}"' in r}
+
+    assert extra("app") == {"redis", "hiredis"}
+    assert extra("edge") == {"httpx", "jinja2"}
+    assert extra("all") == {"edgegen[app,edge]"}
