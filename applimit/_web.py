@@ -499,14 +499,20 @@ class Gate:
         ip = self.proxies.client_ip(request)
         if caller is None:
             return Subject(identity=None, tier=self.lowest_tier, ip=ip)
-        tier = caller.tier or self.lowest_tier
-        if tier not in self.tiers:
-            if tier not in self._warned_tiers and len(self._warned_tiers) < MAX_WARNED_TIERS:
-                self._warned_tiers.add(tier)
+        # Typed as object: identify() is the app's code, and its tier may not be a str.
+        claimed: object = caller.tier or self.lowest_tier
+        if isinstance(claimed, str) and claimed in self.tiers:
+            tier = claimed
+        else:
+            # A tier often comes from a token claim a client may shape: whatever it is (an
+            # unknown name, a number, a list), it is logged and counted as the lowest tier.
+            shown = (claimed if isinstance(claimed, str) else repr(claimed))[:64]
+            if shown not in self._warned_tiers and len(self._warned_tiers) < MAX_WARNED_TIERS:
+                self._warned_tiers.add(shown)
                 logger.warning(
                     "identify() returned tier %r, which the policy does not list (%s); "
                     "counting the caller in the lowest tier %r",
-                    tier[:64],
+                    shown,
                     ", ".join(self.tiers),
                     self.lowest_tier,
                 )

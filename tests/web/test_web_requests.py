@@ -288,3 +288,12 @@ def test_unknown_tiers_are_remembered_up_to_a_bound(caplog: pytest.LogCaptureFix
         gate.subject(info, Caller("u", tier="t0"))
     assert len(gate._warned_tiers) == MAX_WARNED_TIERS
     assert len(caplog.records) == MAX_WARNED_TIERS
+
+
+@pytest.mark.parametrize("tier", [5, ["pro"], {"t": 1}, b"pro"])
+def test_a_tier_that_is_not_a_str_counts_as_the_lowest(tier: object) -> None:
+    """A tier shaped by a client (a JSON claim: a number, a list) never raises out of the
+    gate: the caller is counted in the lowest tier."""
+    gate = Gate(tiers=["free", "pro"])
+    caller = Caller("u", tier=tier)  # type: ignore[arg-type]
+    assert gate.subject(request("203.0.113.9"), caller).tier == "free"
