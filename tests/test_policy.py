@@ -559,3 +559,21 @@ def test_policy_paths_are_written_canonical(path: str, hint: str) -> None:
     text = f"version: 1\nlimits:\n  - name: x\n    match: {{paths: ['{path}']}}\n"
     with pytest.raises(policy.PolicyLoadError, match=re.escape(hint)):
         policy.loads(text)
+
+
+@pytest.mark.parametrize(
+    ("ip", "client"),
+    [
+        ("::ffff:0:192.0.2.9", "192.0.2.9"),  # IPv4-translated (RFC 2765)
+        ("64:ff9b::192.0.2.9", "192.0.2.9"),  # NAT64 well-known prefix (RFC 6052)
+        ("::192.0.2.9", "192.0.2.9"),  # IPv4-compatible (RFC 4291, deprecated)
+        ("2002:c000:209::1", "192.0.2.9"),  # 6to4: one IPv4 host, 65,536 /64s
+        ("2002:c000:209:ffff::1", "192.0.2.9"),
+        ("2001:0:4136:e378:8000:63bf:3fff:fdf6", "192.0.2.9"),  # Teredo, client inverted
+        ("::1", "::/64"),
+    ],
+)
+def test_ipv6_forms_that_carry_an_ipv4_client_count_as_it(ip: str, client: str) -> None:
+    """Translators and tunnels write an IPv4 client into an IPv6 address: it is counted as
+    that IPv4 client, so 6to4 cannot multiply a quota and NAT64 cannot merge clients."""
+    assert policy.ip_bucket(ip, 64) == client

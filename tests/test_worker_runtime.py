@@ -753,6 +753,10 @@ def ip_corpus() -> list[tuple[str, int]]:
         "::/0", "", " ", "[]", "testclient", "unknown", "2001:db8::", "2001:0:0:1::1",
         "2001:db8:0:0:1:0:0:1", "0:0:0:0:0:0:0:1", "1:0:0:2:0:0:0:3", "ABCD:EF01::",
         "2001:db8:85a3:8d3:1319:8a2e:370:7348", "2001:db8::ffff:1.2.3.4",
+        # IPv6 forms that carry an IPv4 client: translated, NAT64, 6to4, Teredo, compatible.
+        "::ffff:0:1.2.3.4", "::FFFF:0:0102:0304", "64:FF9B::102:304", "64:ff9b:1::1.2.3.4",
+        "2002:102:304::1", "2002:c000:0204:5::9", "2001:0:4136:e378:8000:63bf:fefd:fcfb",
+        "2001::ffff:ffff", "::0.1.0.0", "::0.0.255.255", "::ffff:1:1.2.3.4",
     ]  # fmt: skip
     prefixes = [32, 48, 56, 63, 64, 65, 96, 100, 127, 128]
     corpus = [(ip, rng.choice(prefixes)) for ip in fixed for _ in range(2)]

@@ -405,10 +405,45 @@ function formatIPv6(hextets) {
   return `${head}::${tail}`;
 }
 
+/** Two hextets as a dotted IPv4 address. */
+function dotted(high, low) {
+  return [high >> 8, high & 0xff, low >> 8, low & 0xff].join(".");
+}
+
+/**
+ * The IPv4 client an IPv6 address carries (policy/_net.py `embedded_ipv4`), or null:
+ * IPv4-mapped ::ffff:a.b.c.d, IPv4-translated ::ffff:0:a.b.c.d, NAT64 64:ff9b::a.b.c.d,
+ * IPv4-compatible ::a.b.c.d, 6to4 2002:AABB:CCDD::/48 and Teredo 2001:0::/32 (the client
+ * inverted in the last 32 bits). Each counts as that IPv4 client, as in the app.
+ */
+function embeddedIPv4(h) {
+  const zeros = (from, to) => h.slice(from, to).every((value) => value === 0);
+  if (zeros(0, 5) && h[5] === 0xffff) {
+    return dotted(h[6], h[7]);
+  }
+  if (zeros(0, 4) && h[4] === 0xffff && h[5] === 0) {
+    return dotted(h[6], h[7]);
+  }
+  if (h[0] === 0x64 && h[1] === 0xff9b && zeros(2, 6)) {
+    return dotted(h[6], h[7]);
+  }
+  if (zeros(0, 6) && h[6] !== 0) {
+    return dotted(h[6], h[7]);
+  }
+  if (h[0] === 0x2002) {
+    return dotted(h[1], h[2]);
+  }
+  if (h[0] === 0x2001 && h[1] === 0) {
+    return dotted(h[6] ^ 0xffff, h[7] ^ 0xffff);
+  }
+  return null;
+}
+
 /**
  * The key a client address is counted under (policy/_net.py ip_bucket, to the character).
  *
- * IPv4 as is; an IPv4-mapped IPv6 address as its IPv4 address; other IPv6 addresses as
+ * IPv4 as is; an IPv6 address that carries an IPv4 client (`embeddedIPv4`) as that IPv4
+ * address; other IPv6 addresses as
  * their network of `ipv6Prefix` bits ("2001:db8:0:1::/64"), or the bare address for 128.
  * Text that is not an address comes back unchanged: it is still one caller's key.
  */
@@ -428,9 +463,9 @@ function ipBucket(ip, ipv6Prefix) {
   if (hextets === null) {
     return ip;
   }
-  if (hextets.slice(0, 5).every((value) => value === 0) && hextets[5] === 0xffff) {
-    const [high, low] = [hextets[6], hextets[7]];
-    return [high >> 8, high & 0xff, low >> 8, low & 0xff].join(".");
+  const embedded = embeddedIPv4(hextets);
+  if (embedded !== null) {
+    return embedded;
   }
   if (ipv6Prefix >= 128) {
     return formatIPv6(hextets);
