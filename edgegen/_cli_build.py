@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import policy
-from policy import Diagnostic, Policy, Severity
+from policy import Diagnostic, Policy
 
 from ._artifacts import Artifacts, Target
-from ._compile import build
 from ._output import write
+from ._pipeline import prepare
 from .errors import CompileError, UsageError
 
 
@@ -67,7 +67,7 @@ def _json_report(
         "file": args.policy,
         "out": args.out,
         "built": artifacts is not None,
-        "diagnostics": [d.to_json() for d in found],
+        "diagnostics": [policy.diagnostic_json(d) for d in found],
     }
     if error is not None:
         report["problems"] = [
@@ -84,29 +84,24 @@ def _json_report(
 
 
 def run_build(args: argparse.Namespace) -> int:
-    """Lint, compile and write; exit 1 when the policy has errors or cannot be compiled."""
-    loaded = policy.load(args.policy)
-    found = policy.lint(loaded)
-    errors = [d for d in found if d.severity is Severity.ERROR]
+    """Check, compile and write; exit 1 when the policy has errors or cannot be compiled."""
     as_json = args.format == "json"
-    if errors:
+    prepared = prepare(args.policy)
+    found = list(prepared.checked.diagnostics)
+    if not prepared.checked.ok:
         if as_json:
             _print_json(_json_report(args, found, None, None))
             return 1
-        for diagnostic in found:
-            if diagnostic.severity is not Severity.INFO:
-                sys.stderr.write(
-                    f"{diagnostic.format()} [{diagnostic.severity.value} {diagnostic.code}]\n"
-                )
-        sys.stderr.write(f"{args.policy}: not built: {len(errors)} error(s)\n")
+        policy.write_diagnostics(found, sys.stderr)
+        sys.stderr.write(f"{args.policy}: not built: {len(prepared.checked.errors)} error(s)\n")
         return 1
-    try:
-        artifacts = build(loaded)
-    except CompileError as exc:
+    if prepared.error is not None:
         if as_json:
-            _print_json(_json_report(args, found, None, exc))
-            return exc.exit_code
-        raise
+            _print_json(_json_report(args, found, None, prepared.error))
+            return prepared.error.exit_code
+        raise prepared.error
+    artifacts = prepared.artifacts
+    assert artifacts is not None
     try:
         write(artifacts, args.out)
     except OSError as exc:
@@ -117,10 +112,9 @@ def run_build(args: argparse.Namespace) -> int:
     if as_json:
         _print_json(_json_report(args, found, artifacts, None))
         return 0
-    for diagnostic in found:
-        if diagnostic.severity is Severity.WARNING:
-            sys.stderr.write(f"{diagnostic.format()} [warning {diagnostic.code}]\n")
-    out = [f"{args.policy}: built {_summary(loaded, artifacts)}"]
+    # Warnings only: the gate passed, so there are no errors, and info is not printed.
+    policy.write_diagnostics(found, sys.stderr)
+    out = [f"{args.policy}: built {_summary(prepared.policy, artifacts)}"]
     if args.explain:
         out.extend(_explain_lines(artifacts))
     out.append(f"wrote {', '.join(str(Path(args.out) / f) for f in artifacts.files())}")

@@ -8,7 +8,9 @@ import sys
 from typing import Any
 
 import policy
-from policy import Diagnostic, Policy, Severity
+from policy import Policy, Severity
+
+from ._placement import check
 
 
 def register(sub: Any) -> None:
@@ -41,16 +43,12 @@ def register(sub: Any) -> None:
     schema.set_defaults(func=run_schema)
 
 
-def _counts(found: list[Diagnostic]) -> dict[Severity, int]:
-    return {s: sum(1 for d in found if d.severity is s) for s in Severity}
-
-
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    """Validate and lint; exit 1 on errors (or warnings with --strict)."""
+    """Validate and check; exit 1 on errors (or warnings with --strict)."""
     try:
         loaded = policy.load(args.policy)
     except policy.PolicyLoadError as exc:
@@ -59,14 +57,13 @@ def run_validate(args: argparse.Namespace) -> int:
                 {
                     "file": args.policy,
                     "valid": False,
-                    "diagnostics": [d.to_json() for d in exc.diagnostics],
+                    "diagnostics": [policy.diagnostic_json(d) for d in exc.diagnostics],
                 }
             )
             return 1
         raise
-    found = policy.lint(loaded)
-    counts = _counts(found)
-    failing = counts[Severity.ERROR] + (counts[Severity.WARNING] if args.strict else 0)
+    checked = check(loaded)
+    failing = checked.failing(strict=args.strict)
     if args.format == "json":
         _print_json(
             {
@@ -74,18 +71,17 @@ def run_validate(args: argparse.Namespace) -> int:
                 "valid": failing == 0,
                 "strict": args.strict,
                 "limits": len(loaded.limits),
-                "diagnostics": [d.to_json() for d in found],
+                "diagnostics": [policy.diagnostic_json(d) for d in checked.diagnostics],
             }
         )
         return 1 if failing else 0
-    for diagnostic in found:
-        if args.quiet and diagnostic.severity is not Severity.ERROR:
-            continue
-        stream = sys.stderr if diagnostic.severity is not Severity.INFO else sys.stdout
-        stream.write(f"{diagnostic.format()} [{diagnostic.severity.value} {diagnostic.code}]\n")
+    policy.write_diagnostics(
+        checked.diagnostics, sys.stderr, info=sys.stdout, errors_only=args.quiet
+    )
     summary = (
-        f"{_plural(counts[Severity.ERROR], 'error')}, "
-        f"{_plural(counts[Severity.WARNING], 'warning')}, {counts[Severity.INFO]} info"
+        f"{_plural(checked.count(Severity.ERROR), 'error')}, "
+        f"{_plural(checked.count(Severity.WARNING), 'warning')}, "
+        f"{checked.count(Severity.INFO)} info"
     )
     if failing:
         why = " (--strict: warnings count as errors)" if args.strict else ""

@@ -1,8 +1,11 @@
 """The edge compiler: a policy in, Artifacts out. Pure: no files, no network.
 
-Placement (which limit becomes a rule, which goes to the Worker) is decided by
-``policy.capabilities.place``, the same function lint reports from. This module turns those
-decisions into the ruleset body, the Worker and the Terraform file.
+Whether the edge can be built at all is the validity gate's answer (``policy.check`` with
+edgegen's placement checks: the errors that stop ``Layer.EDGE``), the same answer lint
+prints. Placement (which limit becomes a rule, which goes to the Worker) is decided by
+``_placement.place``, the function those checks report from. This module turns those
+decisions into the ruleset body, the Worker and the Terraform file, and adds the two checks
+only compiling can make (E301, E302).
 """
 
 from __future__ import annotations
@@ -10,11 +13,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from policy import Action, EdgeTarget, Limit, Policy, Rate
-from policy.capabilities import PLANS, EdgePlacement, PlanCapabilities, place
+from policy import (
+    Action,
+    Checked,
+    Diagnostic,
+    EdgeTarget,
+    Layer,
+    Limit,
+    Policy,
+    Rate,
+    Severity,
+    diagnostic_at,
+)
+from policy import check as policy_check
 
 from . import _expr, _ids, _terraform, _worker
 from ._artifacts import Artifacts, Placement, Target
+from ._capabilities import MAX_EXPRESSION_LENGTH, PLANS, PlanCapabilities
+from ._placement import EdgePlacement, place, placement_diagnostics
 from .errors import BuildProblem, CompileError
 
 RULESET_DESCRIPTION = (
@@ -96,7 +112,8 @@ def rules_for(
 
     One rule; or, for an "unauthenticated only" limit, two: requests without a listed
     credential at ``rate``, requests with one at the looser credentialed rate. Raises
-    ExpressionError when even the plainest expression is over 4,096 characters.
+    ExpressionError when even the plainest expression is over MAX_EXPRESSION_LENGTH
+    characters.
     """
     edge = limit.edge
     assert edge is not None and placement.period is not None
@@ -151,71 +168,34 @@ def _spelling_notes(kept: _expr.Spellings) -> list[str]:
         left_out.append("exact paths with a trailing / or %2F")
     return [
         f"the rule expression leaves out {' and '.join(left_out)} to stay within "
-        f"{_expr.MAX_EXPRESSION_LENGTH:,} characters"
+        f"{MAX_EXPRESSION_LENGTH:,} characters"
     ]
 
 
-def _policy_problems(policy: Policy) -> list[BuildProblem]:
-    problems: list[BuildProblem] = []
-    edge_limits = [limit for limit in policy.limits if limit.edge is not None]
-    if edge_limits and policy.cloudflare is None:
-        problems.append(
-            BuildProblem(
-                f"limit {edge_limits[0].name!r} has an edge part but the policy has no "
-                "'cloudflare' section; add one with the zone's plan",
-                edge_limits[0].name,
-                "a cloudflare section",
-                "add cloudflare: { plan: ... }",
-                "L004",
-            )
-        )
-    seen: set[str] = set()
-    for limit in edge_limits:
-        if limit.name in seen:
-            problems.append(
-                BuildProblem(
-                    f"limit name {limit.name!r} is used twice; names must be unique (they name "
-                    "the rules and the Worker's bindings)",
-                    limit.name,
-                    "a unique name",
-                    "rename one of the limits",
-                    "L001",
-                )
-            )
-        seen.add(limit.name)
-    return problems
+# What the policy lacks (BuildProblem.lacks) for the errors that are not a placement's.
+_LACKS = {
+    "L001": "a unique name",
+    "L004": "a cloudflare section",
+    "L204": "a Worker to carry the limits",
+}
 
 
-def _placement_problems(
-    policy: Policy, placements: tuple[EdgePlacement, ...]
-) -> list[BuildProblem]:
+def _problem(diagnostic: Diagnostic, lacks: str) -> BuildProblem:
+    """CompileError's entry for an error that stops the build."""
+    return BuildProblem(
+        diagnostic.message, diagnostic.limit, lacks, diagnostic.fix, diagnostic.code
+    )
+
+
+def _gate_problems(checked: Checked, placements: tuple[EdgePlacement, ...]) -> list[BuildProblem]:
+    """The errors that stop the edge, as the gate decided them, in file order."""
     problems: list[BuildProblem] = []
-    for placement in placements:
-        if placement.target is None:
-            code = placement.findings[0].code if placement.findings else "L201"
-            problems.append(
-                BuildProblem(
-                    placement.error or f"limit {placement.limit!r} cannot run at the edge",
-                    placement.limit,
-                    placement.error_lacks or "",
-                    placement.error_fix or "",
-                    code,
-                )
-            )
-    in_worker = [p for p in placements if p.target is EdgeTarget.WORKER]
-    cloudflare = policy.cloudflare
-    if in_worker and cloudflare is not None and cloudflare.worker is None:
-        names = ", ".join(repr(p.limit) for p in in_worker)
-        problems.append(
-            BuildProblem(
-                f"limits {names} must run in the Worker, but the policy has no "
-                "cloudflare.worker; add cloudflare.worker with a name and routes",
-                in_worker[0].limit,
-                "a Worker to carry the limits",
-                "add cloudflare.worker: { name: ..., routes: [...] }",
-                "L204",
-            )
+    for diagnostic in checked.stopping(Layer.EDGE):
+        lacks = next(
+            (p.error_lacks or "" for p in placements if diagnostic in p.findings),
+            _LACKS.get(diagnostic.code, ""),
         )
+        problems.append(_problem(diagnostic, lacks))
     return problems
 
 
@@ -232,16 +212,24 @@ def build(policy: Policy) -> Artifacts:
     where each went and why. Deterministic: the same policy gives equal Artifacts (and
     byte-identical files).
 
-    Raises CompileError listing every limit that cannot run anywhere (naming what the plan
-    lacks and the nearest thing that works), and every other reason the output would be
-    rejected by Cloudflare (an expression over 4,096 characters, no Worker configured).
+    Raises CompileError listing every error that stops the edge (``policy.check`` with
+    edgegen's checks: a limit nothing can carry, naming what the plan lacks and the nearest
+    thing that works; no Worker configured; no cloudflare section; two edge limits of one
+    name), and every other reason Cloudflare would reject the output (an expression over
+    4,096 characters, E301; two derived ids that collide, E302).
     """
-    problems = _policy_problems(policy)
-    if problems:
-        raise CompileError(problems)
     placements = place(policy)
-    problems = _placement_problems(policy, placements)
+    checked = policy_check(policy, (lambda p: placement_diagnostics(p, placements),))
+    return _compile(policy, checked, placements)
 
+
+def build_checked(policy: Policy, checked: Checked) -> Artifacts:
+    """:func:`build`, for a caller that has run the gate already (``_placement.check``)."""
+    return _compile(policy, checked, place(policy))
+
+
+def _compile(policy: Policy, checked: Checked, placements: tuple[EdgePlacement, ...]) -> Artifacts:
+    problems = _gate_problems(checked, placements)
     rules: list[dict[str, Any]] = []
     worker_limits: list[_worker.WorkerLimit] = []
     notes: dict[str, list[str]] = {}
@@ -254,16 +242,18 @@ def build(policy: Policy) -> Artifacts:
                     built, notes[limit.name] = rules_for(policy, caps, limit, placement)
                     rules.extend(built)
                 except _expr.ExpressionError as exc:
-                    problems.append(
-                        BuildProblem(
-                            f"limit {limit.name!r}: {exc}; use fewer paths or hosts, or set "
-                            "target: worker",
-                            limit.name,
-                            str(exc),
-                            "use fewer paths or hosts, or set target: worker",
-                            "E301",
-                        )
+                    fix = "use fewer paths or hosts, or set target: worker"
+                    found = diagnostic_at(
+                        policy,
+                        ("limits", placement.index, "match"),
+                        "E301",
+                        Severity.ERROR,
+                        f"limit {limit.name!r}: {exc}; {fix}",
+                        limit=limit.name,
+                        fix=fix,
+                        stops={Layer.EDGE},
                     )
+                    problems.append(_problem(found, str(exc)))
             elif placement.target is EdgeTarget.WORKER and placement.period is not None:
                 worker_limits.append(
                     _worker.WorkerLimit(limit, placement.period, placement.credentialed)
@@ -292,7 +282,8 @@ def _id_collisions(policy: Policy) -> list[BuildProblem]:
     """
     problems: list[BuildProblem] = []
     worker = policy.cloudflare.worker if policy.cloudflare else None
-    names = [limit.name for limit in policy.limits if limit.edge is not None]
+    edges = [(index, limit.name) for index, limit in enumerate(policy.limits) if limit.edge]
+    names = [name for _, name in edges]
     derived: list[tuple[str, list[tuple[str, str]]]] = [
         (
             "rule ref",
@@ -318,15 +309,18 @@ def _id_collisions(policy: Policy) -> list[BuildProblem]:
         owner: dict[str, str] = {}
         for value, name in values:
             if value in owner and owner[value] != name:
-                problems.append(
-                    BuildProblem(
-                        f"limits {owner[value]!r} and {name!r} would share the {label} "
-                        f"{value!r}; rename one of them",
-                        name,
-                        f"a unique {label}",
-                        "rename one of the limits",
-                        "E302",
-                    )
+                index = next(i for i, n in edges if n == name)
+                found = diagnostic_at(
+                    policy,
+                    ("limits", index, "name"),
+                    "E302",
+                    Severity.ERROR,
+                    f"limits {owner[value]!r} and {name!r} would share the {label} "
+                    f"{value!r}; rename one of them",
+                    limit=name,
+                    fix="rename one of the limits",
+                    stops={Layer.EDGE},
                 )
+                problems.append(_problem(found, f"a unique {label}"))
             owner.setdefault(value, name)
     return problems

@@ -26,9 +26,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from policy import AuthenticatedWhen, Matcher
-from policy.capabilities import COOKIES, HEADERS, HOST, METHOD, PATH
 
-MAX_EXPRESSION_LENGTH = 4096
+from ._capabilities import COOKIES, HEADERS, HOST, MAX_EXPRESSION_LENGTH, METHOD, PATH
+
 # The slashes after the leading one, per policy path or prefix, whose %2F spelling the rule
 # matches too: 2**3 = 8 spellings of a path at most (24 for an exact path, with the
 # trailing / and %2F), so that a few paths stay well within the length limit.

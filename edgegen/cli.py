@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from policy import PolicyLoadError
+from policy import PolicyLoadError, write_diagnostics
 
 from . import _cli_build, _cli_policy, _cli_sync
 from ._plan_format import terminal_text
@@ -51,8 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def print_load_error(error: PolicyLoadError, stream: TextIO) -> None:
     """Print every diagnostic of a failed load, one per line, and a count."""
-    for diagnostic in error.diagnostics:
-        stream.write(f"{diagnostic.format()} [error {diagnostic.code}]\n")
+    write_diagnostics(error.diagnostics, stream)
     count = len(error.diagnostics)
     stream.write(f"{count} error{'s' if count != 1 else ''}: the policy was not loaded\n")
 

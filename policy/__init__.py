@@ -3,19 +3,30 @@
 Public surface::
 
     policy.load(path) / policy.loads(text)   -> Policy   (raises PolicyLoadError)
-    policy.lint(policy)                      -> list[Diagnostic]
+    policy.check(policy, checks)             -> Checked  the validity gate: ok, errors,
+                                                         stopping(Layer.EDGE / Layer.APP)
+    policy.lint(policy, checks)              -> list[Diagnostic]
+    Diagnostic, diagnostic_at(policy, path, ...)   the one finding type, located in the file
+    diagnostic_line / _terminal / _json, diagnostics_markdown, write_diagnostics
+                                             its one formatter
     policy.json_schema()                     -> dict
     Rate, Duration, Algorithm, Action, Plan, ...   the shared vocabulary
     Matcher, request_paths, canonical_path   request matching, the same at edge and app
     ip_bucket                                the key a client address is counted under
+    credentialed_rate                        an edge limit's rate for credentialed requests
+
+``checks`` are checks a consumer contributes (edgegen passes its Cloudflare placement
+checks); this package imports nothing of edgegen or applimit.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._errors import Diagnostic, PolicyError, PolicyLoadError, Severity
-from ._lint import allowance, lint, sliding_log_bytes
+from ._check import Checked, check
+from ._edge import CREDENTIALED_FACTOR, credentialed_rate
+from ._errors import Diagnostic, Layer, PolicyError, PolicyLoadError, Severity
+from ._lint import Check, allowance, diagnostic_at, lint, sliding_log_bytes
 from ._loader import Position, SourceMap, format_path, load, loads
 from ._match import (
     Matcher,
@@ -39,6 +50,13 @@ from ._model import (
     Worker,
 )
 from ._net import DEFAULT_IPV6_PREFIX, ip_bucket
+from ._report import (
+    diagnostic_json,
+    diagnostic_line,
+    diagnostic_terminal,
+    diagnostics_markdown,
+    write_diagnostics,
+)
 from ._vocab import (
     Action,
     Algorithm,
@@ -62,6 +80,7 @@ def json_schema() -> dict[str, Any]:
 
 
 __all__ = [
+    "CREDENTIALED_FACTOR",
     "DEFAULT_IPV6_PREFIX",
     "Action",
     "Algorithm",
@@ -69,6 +88,8 @@ __all__ = [
     "AppKey",
     "AppLimit",
     "AuthenticatedWhen",
+    "Check",
+    "Checked",
     "Clients",
     "Cloudflare",
     "Diagnostic",
@@ -76,6 +97,7 @@ __all__ = [
     "EdgeKey",
     "EdgeLimit",
     "EdgeTarget",
+    "Layer",
     "Limit",
     "Match",
     "Matcher",
@@ -92,7 +114,14 @@ __all__ = [
     "Worker",
     "allowance",
     "canonical_path",
+    "check",
+    "credentialed_rate",
     "decode_path",
+    "diagnostic_at",
+    "diagnostic_json",
+    "diagnostic_line",
+    "diagnostic_terminal",
+    "diagnostics_markdown",
     "encode_policy_path",
     "format_path",
     "ip_bucket",
@@ -104,4 +133,5 @@ __all__ = [
     "normalize_path",
     "request_paths",
     "sliding_log_bytes",
+    "write_diagnostics",
 ]

@@ -1,4 +1,9 @@
-"""Errors and diagnostics of the policy package.
+"""Errors and the one diagnostic type of the policy package.
+
+A :class:`Diagnostic` is every finding about a policy: a load error (``P...``), a lint
+finding (``L0xx``, ``L1xx``), a check contributed by a consumer of the policy (edgegen's
+``L2xx``) and the compiler's own (``E3xx``). ``policy/_report.py`` is the one place that
+prints it (terminal line, JSON, Markdown).
 
 Exception tree::
 
@@ -21,9 +26,27 @@ class Severity(StrEnum):
     INFO = "info"
 
 
+class Layer(StrEnum):
+    """A part of the system that enforces the policy, and that an error can stop.
+
+    Every error makes the policy invalid (``edgegen validate`` fails, the CLI refuses it);
+    some also make a layer impossible: the edge cannot be built, or the app cannot enforce
+    the limits. ``Diagnostic.stops`` says which.
+    """
+
+    EDGE = "edge"  # edgegen build: the rules and the Worker
+    APP = "app"  # applimit: the in-app limiter
+
+
 @dataclass(frozen=True, slots=True)
 class Diagnostic:
-    """One finding about a policy file, with where it is and how to fix it."""
+    """One finding about a policy file, with where it is and how to fix it.
+
+    ``file``, ``line``, ``column`` and ``path`` (the field, ``limits[1].app.tiers.pro``)
+    locate it, each None or empty when unknown; ``message`` is a full sentence that names
+    the fix; ``fix`` repeats the fix alone where it is a separate step (for programs);
+    ``limit`` names the limit at fault; ``stops`` the layers an error makes impossible.
+    """
 
     message: str
     code: str
@@ -33,32 +56,20 @@ class Diagnostic:
     column: int | None = None
     path: str = ""
     limit: str | None = field(default=None, compare=False)
+    fix: str = field(default="", compare=False)
+    stops: frozenset[Layer] = field(default=frozenset(), compare=False)
 
     def format(self) -> str:
         """``policy.yaml:14:9: limits[1].app.tiers.pro: message`` (parts omitted if unknown)."""
-        where = ""
-        if self.file:
-            where = self.file
-            if self.line is not None:
-                where += f":{self.line}"
-                if self.column is not None:
-                    where += f":{self.column}"
-            where += ": "
-        field_path = f"{self.path}: " if self.path else ""
-        return f"{where}{field_path}{self.message}"
+        from ._report import diagnostic_line
+
+        return diagnostic_line(self)
 
     def to_json(self) -> dict[str, object]:
         """A plain dict for ``--format json``."""
-        return {
-            "code": self.code,
-            "severity": self.severity.value,
-            "file": self.file,
-            "line": self.line,
-            "column": self.column,
-            "path": self.path,
-            "limit": self.limit,
-            "message": self.message,
-        }
+        from ._report import diagnostic_json
+
+        return diagnostic_json(self)
 
 
 class PolicyError(Exception):

@@ -1,50 +1,49 @@
 """The lint pass: checks that need the whole policy, each with a stable code and severity.
 
-Codes are part of the public contract (CI configurations filter on them):
+Codes are part of the public contract (CI configurations filter on them). An error makes
+the policy invalid; "stops" names the layers it also makes impossible (``Diagnostic.stops``,
+which ``policy.check`` reads to decide whether a layer can go ahead):
 
-======  ========  ==============================================================
-code    severity  meaning
-======  ========  ==============================================================
-L001    error     two limits have the same name
-L002    error     an app limit names a tier that ``tiers`` does not list
-L003    warning   a ``${VAR}`` without default is not set in the environment
-L004    error     edge limits are defined but there is no ``cloudflare`` section
-L101    warning   a higher tier gets less than a lower one
-L102    warning   an edge limit is stricter than the app's lowest tier on its route
-L103    warning   a sliding log whose limit makes memory per identity large
-L104    warning   two limits have identical matchers
-L105    info      two limits' matchers overlap (a request counts against both)
-L106    warning   an app limit gives no rate for some tier (that tier is unlimited)
-L107    info      a limit runs in shadow mode (enforce: false)
-L108    warning   unauthenticated_only with no credentials in authenticated_when
-L109    error     an edge credentialed_rate that is not looser than the limit's rate
-L110    warning   an edge credentialed_rate that nothing uses
-L201    error     an edge limit that neither a rule on the plan nor the Worker can carry
-L202    error     ``target: rule``, but the plan cannot carry the limit as a rule
-L203    error     ``target: worker``, but the Worker binding cannot carry the limit
-L204    error     limits must run in the Worker but there is no ``cloudflare.worker``
-L205    warning   a period or timeout the plan does not offer sends a limit to the Worker
-L206    info      a field the plan's rules cannot use sends a limit to the Worker
-L207    info      the plan's rule quota is used up, so a limit goes to the Worker
-L208    info      a limit in the Worker has a timeout the Worker cannot honour
-L209    warning   the Worker carries limits but has no routes
-L210    warning   a rule counts each IPv6 address, the policy counts IPv6 per network
-                  (info when only a rule can carry the limit)
-======  ========  ==============================================================
+======  ========  =========  ====================================================
+code    severity  stops      meaning
+======  ========  =========  ====================================================
+L001    error     app, edge  two limits have the same name (edge: two edge limits)
+L002    error     app        an app limit names a tier that ``tiers`` does not list
+L003    warning              a ``${VAR}`` without default is not set in the environment
+L004    error     edge       edge limits are defined but there is no ``cloudflare`` section
+L101    warning              a higher tier gets less than a lower one
+L102    warning              an edge limit is stricter than the app's lowest tier on its route
+L103    warning              a sliding log whose limit makes memory per identity large
+L104    warning              two limits have identical matchers
+L105    info                 two limits' matchers overlap (a request counts against both)
+L106    warning              an app limit gives no rate for some tier (that tier is unlimited)
+L107    info                 a limit runs in shadow mode (enforce: false)
+L108    warning              unauthenticated_only with no credentials in authenticated_when
+L109    error                an edge credentialed_rate that is not looser than the limit's rate
+L110    warning              an edge credentialed_rate that nothing uses
+======  ========  =========  ====================================================
 
-The L2xx decisions come from ``policy.capabilities.place``, the same function the edge
-compiler uses, so lint and ``edgegen build`` always agree on where a limit runs.
+Checks that know more than the policy are contributed by their owner, as ``checks``
+(functions from a Policy to Diagnostics, made with :func:`diagnostic_at`): edgegen
+contributes L201-L210, what the zone's Cloudflare plan can express, decided by the same
+placement its compiler uses (``edgegen/_placement.py`` lists them). The policy package
+never imports edgegen.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterable
 
-from . import capabilities
-from ._errors import Diagnostic, Severity
-from ._loader import FieldPath, SourceMap, format_path
+from ._edge import credentialed_rate
+from ._errors import Diagnostic, Layer, Severity
+from ._loader import FieldPath, format_path
 from ._model import AppLimit, Limit, Policy
-from ._vocab import Algorithm, AppKey, Rate
+from ._vocab import Algorithm, AppKey, Duration, Rate
+
+# A check contributed by a consumer of the policy (edgegen's placement): it returns its
+# findings, each made with diagnostic_at so that it names its place in the file.
+Check = Callable[[Policy], Iterable[Diagnostic]]
 
 # Above this, a sliding log costs more Redis memory per identity than users expect; the
 # sorted set leaves its compact listpack encoding after 128 entries (see docs/policy.md).
@@ -71,10 +70,43 @@ def allowance(rates: tuple[Rate, ...], window_ms: int) -> float:
     return best
 
 
+def diagnostic_at(
+    policy: Policy,
+    path: FieldPath,
+    code: str,
+    severity: Severity,
+    message: str,
+    *,
+    limit: str | None = None,
+    fix: str = "",
+    stops: Iterable[Layer] = (),
+) -> Diagnostic:
+    """A diagnostic about the field at ``path`` (``("limits", 0, "edge")``) of a policy.
+
+    It names the file, and the line and column of the field (or of its nearest ancestor
+    written in the file) when the policy was loaded from text.
+    """
+    source = policy._source
+    pos = source.locate(path) if source else None
+    return Diagnostic(
+        message=message,
+        code=code,
+        severity=severity,
+        file=source.file if source else None,
+        line=pos.line if pos else None,
+        column=pos.column if pos else None,
+        path=format_path(path),
+        limit=limit,
+        fix=fix,
+        stops=frozenset(stops),
+    )
+
+
 class _Linter:
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, checks: Iterable[Check]) -> None:
         self.policy = policy
-        self.source: SourceMap | None = policy._source
+        self.source = policy._source
+        self.checks = tuple(checks)
         self.found: list[Diagnostic] = []
 
     def add(
@@ -84,18 +116,13 @@ class _Linter:
         path: FieldPath,
         message: str,
         limit: str | None = None,
+        *,
+        fix: str = "",
+        stops: Iterable[Layer] = (),
     ) -> None:
-        pos = self.source.locate(path) if self.source else None
         self.found.append(
-            Diagnostic(
-                message=message,
-                code=code,
-                severity=severity,
-                file=self.source.file if self.source else None,
-                line=pos.line if pos else None,
-                column=pos.column if pos else None,
-                path=format_path(path),
-                limit=limit,
+            diagnostic_at(
+                self.policy, path, code, severity, message, limit=limit, fix=fix, stops=stops
             )
         )
 
@@ -110,7 +137,8 @@ class _Linter:
                 self.edge_limit(index, limit)
         self.matchers()
         self.edge_versus_app()
-        self.plan_capabilities()
+        for contributed in self.checks:
+            self.found.extend(contributed(self.policy))
         return sorted(self.found, key=lambda d: (d.line or 0, d.column or 0, d.code))
 
     def env(self) -> None:
@@ -127,8 +155,14 @@ class _Linter:
 
     def names(self) -> None:
         first: dict[str, int] = {}
+        # Names of edge limits seen so far: two edge limits of one name cannot be built
+        # (they would share a rule ref and a binding); an edge and an app limit can.
+        edge_names: set[str] = set()
         for index, limit in enumerate(self.policy.limits):
             if limit.name in first:
+                stops = {Layer.APP}
+                if limit.edge is not None and limit.name in edge_names:
+                    stops.add(Layer.EDGE)
                 self.add(
                     "L001",
                     Severity.ERROR,
@@ -136,9 +170,13 @@ class _Linter:
                     f"limit name {limit.name!r} is already used by limits[{first[limit.name]}];"
                     " names must be unique (they name rules and Redis keys)",
                     limit.name,
+                    fix="rename one of the limits",
+                    stops=stops,
                 )
             else:
                 first[limit.name] = index
+            if limit.edge is not None:
+                edge_names.add(limit.name)
 
     def cloudflare(self) -> None:
         if self.policy.cloudflare is None:
@@ -151,6 +189,8 @@ class _Linter:
                         f"limit {limit.name!r} has an edge part but the policy has no "
                         "'cloudflare' section; add one with the zone's plan",
                         limit.name,
+                        fix="add cloudflare: { plan: ... }",
+                        stops={Layer.EDGE},
                     )
 
     def app_limit(self, index: int, limit: Limit, app: AppLimit) -> None:
@@ -165,6 +205,7 @@ class _Linter:
                     f"tier {tier!r} is not one of the policy's tiers ({', '.join(known)}); "
                     "fix the name or add it to 'tiers'",
                     limit.name,
+                    stops={Layer.APP},
                 )
         missing = [t for t in known if t not in app.tiers]
         if missing and any(t in known for t in app.tiers):
@@ -237,7 +278,7 @@ class _Linter:
         if given is None:
             return
         path: FieldPath = ("limits", index, "edge", "credentialed_rate")
-        if capabilities.credentialed_rate(self.policy, limit) is None:
+        if credentialed_rate(self.policy, limit) is None:
             why = (
                 "the limit counts every request alike (unauthenticated_only: false)"
                 if not edge.unauthenticated_only
@@ -269,10 +310,6 @@ class _Linter:
                 "remove it",
                 limit.name,
             )
-
-    def plan_capabilities(self) -> None:
-        for finding in capabilities.findings(self.policy):
-            self.add(finding.code, finding.severity, finding.path, finding.message, finding.limit)
 
     def matchers(self) -> None:
         limits = self.policy.limits
@@ -340,11 +377,13 @@ def _fmt(value: float) -> str:
 
 
 def _window(ms: int) -> str:
-    from ._vocab import Duration
-
     return str(Duration(ms))
 
 
-def lint(policy: Policy) -> list[Diagnostic]:
-    """Check a loaded policy as a whole; returns findings sorted by their place in the file."""
-    return _Linter(policy).run()
+def lint(policy: Policy, checks: Iterable[Check] = ()) -> list[Diagnostic]:
+    """Check a loaded policy as a whole; returns findings sorted by their place in the file.
+
+    ``checks`` adds the findings of checks contributed by a consumer of the policy
+    (edgegen passes its placement checks, L2xx).
+    """
+    return _Linter(policy, checks).run()

@@ -18,8 +18,8 @@ from edge_support import golden_policy as load_golden
 
 import edgegen
 import policy
-from edgegen import Artifacts, CompileError, Target, _compile, _ids, _worker
-from policy import capabilities
+from edgegen import Artifacts, CompileError, Target, _compile, _ids, _placement, _worker
+from edgegen._capabilities import PLANS as CAPABILITIES
 
 HOSTILE = 'evil "quote" \\back ${x} %{y} `tick` </script> ünï\u2028end'
 HEADER = """\
@@ -80,11 +80,11 @@ def test_placements_follow_the_plan() -> None:
         rules = len(artifacts.ruleset["rules"])
         # An unauthenticated-only limit is two rules on Enterprise: api here.
         assert rules == sum(
-            capabilities.rule_count(loaded, loaded.limit(p.limit))
+            _placement.rule_count(loaded, loaded.limit(p.limit))
             for p in artifacts.placements
             if p.target is Target.RULE
         )
-        assert rules <= policy.capabilities.PLANS[policy.Plan(plan)].max_rules.value
+        assert rules <= CAPABILITIES[policy.Plan(plan)].max_rules.value
 
 
 @pytest.mark.parametrize("plan", PLANS)
@@ -93,7 +93,7 @@ def test_ruleset_is_the_put_body(plan: str) -> None:
     artifacts = edgegen.build(load_golden(plan))
     body = json.loads(artifacts.files()["cloudflare/http_ratelimit.json"])
     assert set(body) == {"description", "rules"}
-    caps = policy.capabilities.PLANS[policy.Plan(plan)]
+    caps = CAPABILITIES[policy.Plan(plan)]
     refs = [rule["ref"] for rule in body["rules"]]
     assert len(set(refs)) == len(refs)
     for rule in body["rules"]:
@@ -464,7 +464,7 @@ limits:
 """
     with pytest.raises(CompileError, match=r"no cloudflare.worker; add cloudflare.worker"):
         edgegen.build(policy.loads(text))
-    codes = [d.code for d in policy.lint(policy.loads(text))]
+    codes = [d.code for d in _placement.check(policy.loads(text)).errors]
     assert "L204" in codes
 
 
