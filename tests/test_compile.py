@@ -596,3 +596,79 @@ def test_cli_build_unwritable_out(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "cannot write the artifacts under" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# --- the validity gate -------------------------------------------------------------------
+
+GATED = """\
+version: 1
+cloudflare: { plan: enterprise, worker: { name: w, routes: ["example.com/*"] } }
+authenticated_when: { headers: [authorization] }
+clients: { ipv6_prefix: 128 }
+tiers: [free]
+limits:
+  - name: a
+    match: { paths: [/a] }
+    edge: { rate: 6/10s, credentialed_rate: 5/1m }
+  - name: a
+    match: { paths: [/b] }
+    app: { tiers: { free: 1/1s, gold: 2/1s } }
+"""
+
+
+def test_build_refuses_what_stops_the_edge_and_only_that() -> None:
+    """edgegen.build raises for the errors the gate says stop the edge; an invalid policy
+    whose errors only stop the app (L001 between an edge and an app limit, L002) or stop
+    nothing (L109) still builds, while the CLI refuses every error."""
+    loaded = policy.loads(GATED)
+    checked = _placement.check(loaded)
+    assert [d.code for d in checked.errors] == ["L109", "L001", "L002"]
+    assert checked.stopping(policy.Layer.EDGE) == ()
+    rules = edgegen.build(loaded).ruleset["rules"]
+    assert [r["ref"].split("-")[0] for r in rules] == ["edgegen:a", "edgegen:a"]
+    both_edge = policy.loads(
+        GATED.replace("app: { tiers: { free: 1/1s, gold: 2/1s } }", "edge: { rate: 5/1m }")
+    )
+    with pytest.raises(CompileError) as info:
+        edgegen.build(both_edge)
+    [problem] = info.value.problems
+    assert (problem.code, problem.limit, problem.lacks) == ("L001", "a", "a unique name")
+    assert problem.fix == "rename one of the limits"
+    assert str(info.value) == _placement.check(both_edge).stopping(policy.Layer.EDGE)[0].message
+
+
+def test_placement_errors_keep_what_the_plan_lacks() -> None:
+    """A limit nothing can carry: the BuildProblem has the placement's lacks and fix."""
+    error = compile_error(
+        "pro",
+        """\
+        - name: x
+          match: { paths: [/x] }
+          edge: { rate: 30/30s, unauthenticated_only: false }
+        """,
+    )
+    [problem] = error.problems
+    assert problem.lacks.startswith("period 30s is not available on the pro plan")
+    assert problem.fix == "use 10/10s or 60/1m"
+
+
+def test_prepare_and_load_and_build(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI's one load -> check -> print -> build sequence: outcomes as values, or
+    printed and raised for plan and apply."""
+    from edgegen import _pipeline
+    from edgegen.errors import EdgegenError
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(GATED)
+    prepared = _pipeline.prepare(str(bad))
+    assert not prepared.checked.ok and prepared.artifacts is None and prepared.error is None
+    assert capsys.readouterr().err == ""
+    with pytest.raises(EdgegenError, match="has 3 error"):
+        _pipeline.load_and_build(str(bad))
+    assert "[error L109]" in capsys.readouterr().err
+    good = tmp_path / "good.yaml"
+    edge_only = GATED.split("  - name: a\n    match: { paths: [/b] }", 1)[0]
+    good.write_text(edge_only.replace("credentialed_rate: 5/1m", "credentialed_rate: 60/10s"))
+    loaded, artifacts = _pipeline.load_and_build(str(good))
+    assert loaded.limits[0].name == "a" and len(artifacts.ruleset["rules"]) == 2
+    assert _pipeline.prepare(str(good)).artifacts == artifacts

@@ -263,9 +263,12 @@ limits:
 
 
 def test_example_policy_is_clean() -> None:
-    """The example policy loads and lints without errors or warnings."""
+    """The example policy loads and lints without errors or warnings (edgegen's placement
+    checks included, as edgegen validate runs them)."""
+    from edgegen._placement import EDGE_CHECKS
+
     loaded = policy.load(EXAMPLE, env={})
-    found = policy.lint(loaded)
+    found = policy.lint(loaded, EDGE_CHECKS)
     assert [d for d in found if d.severity is not Severity.INFO] == []
     features = {
         "algorithms": {lim.app.algorithm for lim in loaded.limits if lim.app},
@@ -577,3 +580,135 @@ def test_ipv6_forms_that_carry_an_ipv4_client_count_as_it(ip: str, client: str) 
     """Translators and tunnels write an IPv4 client into an IPv6 address: it is counted as
     that IPv4 client, so 6to4 cannot multiply a quota and NAT64 cannot merge clients."""
     assert policy.ip_bucket(ip, 64) == client
+
+
+# --- the validity gate and the one diagnostic formatter ----------------------------------
+
+GATE = """
+version: 1
+tiers: [free, pro]
+limits:
+  - name: a
+    edge: { rate: 10/1m, unauthenticated_only: false }
+    app: { tiers: { free: 1/1s, pro: 2/1s } }
+  - name: a
+    app: { tiers: { free: 1/1s, gold: 2/1s } }
+  - name: b
+    edge: { rate: 10/1m, unauthenticated_only: false }
+"""
+
+
+def test_check_says_which_layers_each_error_stops() -> None:
+    """L001 stops the app (and the edge only for two edge limits), L002 the app, L004 the
+    edge; every error makes the policy invalid."""
+    checked = policy.check(_load(GATE))
+    assert not checked.ok
+    assert [d.code for d in checked.errors] == ["L004", "L001", "L002", "L004"]
+    assert [d.code for d in checked.stopping(policy.Layer.APP)] == ["L001", "L002"]
+    assert [d.code for d in checked.stopping(policy.Layer.EDGE)] == ["L004", "L004"]
+    assert checked.failing() == 4 and checked.count(Severity.ERROR) == 4
+    edge_twice = _load(
+        GATE.replace("app: { tiers: { free: 1/1s, gold: 2/1s } }", "edge: { rate: 5/1m }")
+    )
+    assert "L001" in [d.code for d in policy.check(edge_twice).stopping(policy.Layer.EDGE)]
+
+
+def test_check_takes_contributed_checks() -> None:
+    """A check a consumer contributes reports through diagnostic_at, located in the file, and
+    its errors stop what it says; lint and check run the same checks."""
+    loaded = _load(
+        "version: 1\ntiers: [free]\nlimits:\n  - name: a\n    app: { tiers: { free: 1/1s } }\n"
+    )
+
+    def contributed(p: policy.Policy) -> list[policy.Diagnostic]:
+        return [
+            policy.diagnostic_at(
+                p,
+                ("limits", 0, "app"),
+                "X900",
+                Severity.ERROR,
+                "no",
+                fix="yes",
+                stops={policy.Layer.EDGE},
+            )
+        ]
+
+    assert policy.check(loaded).ok
+    checked = policy.check(loaded, [contributed])
+    [found] = checked.errors
+    assert (found.code, found.path, found.line, found.fix) == ("X900", "limits[0].app", 5, "yes")
+    assert checked.stopping(policy.Layer.EDGE) == (found,)
+    assert not checked.stopping(policy.Layer.APP)
+    assert policy.lint(loaded, [contributed]) == list(checked.diagnostics)
+
+
+def test_the_formatter_prints_one_diagnostic_everywhere() -> None:
+    """The terminal line, JSON and Markdown of a diagnostic; Diagnostic.format and to_json
+    are the same formatter."""
+    found = policy.Diagnostic(
+        "tier 'gold' is not one of the policy's tiers <b>|x|</b>",
+        "L002",
+        Severity.ERROR,
+        "p.yaml",
+        9,
+        20,
+        "limits[1].app.tiers.gold",
+        limit="a",
+        fix="add it to tiers",
+    )
+    line = "p.yaml:9:20: limits[1].app.tiers.gold: tier 'gold' is not one of the policy's tiers"
+    assert policy.diagnostic_line(found) == found.format() == line + " <b>|x|</b>"
+    assert policy.diagnostic_terminal(found).endswith("</b> [error L002]")
+    assert list(policy.diagnostic_json(found)) == [
+        "code",
+        "severity",
+        "file",
+        "line",
+        "column",
+        "path",
+        "limit",
+        "message",
+    ]
+    assert found.to_json() == policy.diagnostic_json(found)
+    markdown = policy.diagnostics_markdown([found])
+    assert markdown.startswith("- **error** L002 at p\\.yaml\\:9\\:20, limits\\[1\\]")
+    assert (
+        "<b>" not in markdown
+        and "\\|x\\|" in markdown
+        and markdown.endswith("Fix: add it to tiers\n")
+    )
+    assert policy.diagnostics_markdown([]) == ""
+    bare = policy.Diagnostic("no file", "P001")
+    assert bare.format() == "no file" and policy.diagnostic_terminal(bare) == "no file [error P001]"
+
+
+def test_write_diagnostics_sends_each_severity_to_its_stream() -> None:
+    """Errors and warnings to the first stream, info to the second (or nowhere), and only
+    errors with errors_only."""
+    import io
+
+    found = [
+        policy.Diagnostic("e", "L001"),
+        policy.Diagnostic("w", "L101", Severity.WARNING),
+        policy.Diagnostic("i", "L105", Severity.INFO),
+    ]
+    err, out = io.StringIO(), io.StringIO()
+    policy.write_diagnostics(found, err, info=out)
+    assert err.getvalue() == "e [error L001]\nw [warning L101]\n"
+    assert out.getvalue() == "i [info L105]\n"
+    err = io.StringIO()
+    policy.write_diagnostics(found, err)
+    assert err.getvalue() == "e [error L001]\nw [warning L101]\n"
+    err, out = io.StringIO(), io.StringIO()
+    policy.write_diagnostics(found, err, info=out, errors_only=True)
+    assert (err.getvalue(), out.getvalue()) == ("e [error L001]\n", "")
+
+
+def test_policy_imports_nothing_of_edgegen() -> None:
+    """The policy package (its capabilities shim included) loads without edgegen."""
+    code = (
+        "import sys, policy, policy.capabilities; "
+        "assert not [m for m in sys.modules if m.startswith(('edgegen', 'applimit'))]; "
+        "assert policy.capabilities.credentialed_rate is policy.credentialed_rate"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
