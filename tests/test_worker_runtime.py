@@ -21,7 +21,7 @@ from edge_support import HARNESS, PLANS, WORKERS, golden_policy, require_node_mo
 import edgegen
 import policy
 from edgegen import _worker
-from policy import capabilities, ip_bucket, normalize_host, normalize_path, request_paths
+from policy import credentialed_rate, ip_bucket, normalize_host, normalize_path, request_paths
 from policy._match import canonical_path, decode_path
 
 pytestmark = pytest.mark.workerd
@@ -419,7 +419,7 @@ def python_applicable(
         if not limit.match.matcher().matches_any(method, forms, host):
             continue
         if limit.edge.unauthenticated_only and authenticated:
-            if capabilities.credentialed_rate(loaded, limit) is not None:
+            if credentialed_rate(loaded, limit) is not None:
                 names.append(f"{limit.name}+credential")
             continue
         names.append(limit.name)
@@ -488,7 +488,7 @@ def test_js_matcher_agrees_with_python(tmp_path: Path) -> None:
     assert len(CORPUS) >= 80
     loaded = policy.loads(CORPUS_POLICY)
     limits = [
-        _worker.WorkerLimit(limit, 60, capabilities.credentialed_rate(loaded, limit))
+        _worker.WorkerLimit(limit, 60, credentialed_rate(loaded, limit))
         for limit in loaded.limits
     ]
     blob = _worker.script_json(_worker.config(loaded, limits))
