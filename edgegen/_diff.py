@@ -301,11 +301,30 @@ def _timeout_text(edge: EdgeLimit) -> str:
     return str(edge.timeout) if edge.timeout is not None else "default"
 
 
+def _rate_text(rate: Rate | None) -> str:
+    return str(rate) if rate is not None else "default"
+
+
 def _edge_changes(limit: str, old: EdgeLimit, new: EdgeLimit) -> list[Change]:
     out: list[Change] = []
     found = _rate_change("edge_rate", limit, "edge rate", old.rate, new.rate)
     if found is not None:
         out.append(found)
+    was, now = old.credentialed_rate, new.credentialed_rate
+    if was is not None and now is not None:
+        found = _rate_change("edge_credentialed_rate", limit, "edge credentialed rate", was, now)
+        if found is not None:
+            out.append(found)
+    elif was != now:
+        # Left out, it is ten times the rate: say "default", as for the timeout.
+        out.append(
+            Change(
+                "edge_credentialed_rate",
+                limit,
+                "limit {0}: edge credentialed rate changed from {1} to {2}",
+                (limit, _rate_text(was), _rate_text(now)),
+            )
+        )
     pairs = [
         ("edge_action", "edge action", old.action.value, new.action.value),
         ("edge_timeout", "edge timeout", _timeout_text(old), _timeout_text(new)),
@@ -431,6 +450,15 @@ def _policy_level(old: Policy, new: Policy) -> list[Change]:
                 None,
                 "tiers are reordered: {0} (least to most generous)",
                 (" < ".join(new.tiers),),
+            )
+        )
+    if old.clients.ipv6_prefix != new.clients.ipv6_prefix:
+        out.append(
+            Change(
+                "ipv6_prefix",
+                None,
+                "IPv6 clients are now counted per {0} network (was {1})",
+                (f"/{new.clients.ipv6_prefix}", f"/{old.clients.ipv6_prefix}"),
             )
         )
     if old.authenticated_when != new.authenticated_when:

@@ -25,9 +25,11 @@ EXPECTED = {
     "action_and_timeout_changed": {"edge_action", "edge_timeout"},
     "algorithm_changed": {"algorithm"},
     "app_rate_changed": {"app_rate"},
+    "credentialed_rate_changed": {"edge_credentialed_rate"},
     "edge_loosened": {"edge_rate"},
     "edge_tightened": {"edge_rate"},
     "failure_policy_changed": {"failure_policy"},
+    "ipv6_prefix_changed": {"ipv6_prefix"},
     "limit_added": {"limit_added"},
     "limit_removed": {"limit_removed"},
     "limit_renamed": {"limit_renamed"},
@@ -78,6 +80,24 @@ def test_percentages() -> None:
     app = outputs("app_rate_changed")[1]["diff.txt"]
     assert "app rate for tier 'free' tightened from '100/1m' to '80/1m' (-20%)" in app
     assert "app rate for tier 'pro' loosened from '1000/1m' to '1200/1m' (+20%)" in app
+
+
+def test_credentialed_rates_and_ipv6_networks() -> None:
+    """A limit's credentialed_rate is compared like its rate (a default one, ten times the
+    rate, is "default"); clients.ipv6_prefix is named with both prefixes."""
+    text = outputs("credentialed_rate_changed")[1]["diff.txt"]
+    assert (
+        "limit 'api': edge credentialed rate tightened from '6000/1m' to '3000/1m' (-50%)" in text
+    )
+    text = outputs("ipv6_prefix_changed")[1]["diff.txt"]
+    assert "IPv6 clients are now counted per '/56' network (was '/64')" in text
+    old = load_version(str(GOLDEN / "credentialed_rate_changed" / "old.yaml"))
+    new = load_version(str(GOLDEN / "no_changes" / "old.yaml"))
+    (change,) = _diff.diff(old, new).changes
+    assert change.kind == "edge_credentialed_rate"
+    assert change.render(markdown=False) == (
+        "limit 'api': edge credentialed rate changed from '6000/1m' to 'default'"
+    )
 
 
 def test_moves_between_rule_and_worker() -> None:
