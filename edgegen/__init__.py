@@ -5,19 +5,46 @@ Public surface::
     edgegen.build(policy) -> Artifacts        compile (pure; raises CompileError)
     edgegen.write(artifacts, out_dir)         write Artifacts.files() under a directory
     Artifacts, WorkerArtifact, Placement, Target   what build returns
+
+    edgegen.pull(client, scope) -> RemoteState     read the zone (GET only)
+    edgegen.plan(artifacts, state) -> ZonePlan     what apply would change (pure)
+    edgegen.apply(client, plan, *, confirm=, output=, policy=, dry_run=, validate_remote=)
+        -> ApplyResult                             verify, ask, re-verify, validate, write;
+                                                   ApplyEvent as it goes
+    save_plan(plan, path), load_plan(path) -> SavedPlan    plan files (bound to their writes)
+    save_state(state, path), load_state(path) -> RemoteState   state files (offline plans)
+    Client, Token, Scope, RemoteState, ZonePlan, SavedPlan   the Cloudflare client and values
+
     EdgegenError, UsageError, CompileError, BuildProblem   the errors
-    CloudflareAPIError, SyncError, StalePlanError, ApplyError   errors of plan and apply
+    CloudflareAPIError, SyncError, StalePlanError, TamperedPlanError, ApplyError
+                                              errors of pull, plan and apply
 
 ``Artifacts.ruleset`` is exactly the body of
 ``PUT /zones/{zone_id}/rulesets/phases/http_ratelimit/entrypoint``; ``Artifacts.worker`` is
-None when no limit runs in the Worker.
+None when no limit runs in the Worker. A ZonePlan is a change plan for one zone, not the
+zone's Cloudflare plan tier (``policy.Plan``).
+
+A Terraform-style run::
+
+    with edgegen.Client.from_env(os.environ) as client:
+        state = edgegen.pull(client, edgegen.Scope(zone_id, account_id, worker_name))
+        changes = edgegen.plan(edgegen.build(policy), state)
+        edgegen.save_plan(changes, "plan.json")
+        ...  # review
+        edgegen.apply(client, edgegen.load_plan("plan.json"))
 """
 
 from __future__ import annotations
 
 from ._artifacts import Artifacts, Placement, Target, WorkerArtifact
+from ._cloudflare import Client
 from ._compile import build
+from ._formats import load_plan, load_state, save_plan, save_state
 from ._output import write
+from ._plan import SavedPlan, ZonePlan
+from ._state import RemoteState, Scope
+from ._token import Token
+from ._zone import ApplyEvent, ApplyResult, apply, plan, pull
 from .errors import (
     ApplyError,
     BuildProblem,
@@ -26,22 +53,39 @@ from .errors import (
     EdgegenError,
     StalePlanError,
     SyncError,
+    TamperedPlanError,
     UsageError,
 )
 
 __all__ = [
     "ApplyError",
+    "ApplyEvent",
+    "ApplyResult",
     "Artifacts",
     "BuildProblem",
+    "Client",
     "CloudflareAPIError",
     "CompileError",
     "EdgegenError",
     "Placement",
+    "RemoteState",
+    "SavedPlan",
+    "Scope",
     "StalePlanError",
     "SyncError",
+    "TamperedPlanError",
     "Target",
+    "Token",
     "UsageError",
     "WorkerArtifact",
+    "ZonePlan",
+    "apply",
     "build",
+    "load_plan",
+    "load_state",
+    "plan",
+    "pull",
+    "save_plan",
+    "save_state",
     "write",
 ]

@@ -1,7 +1,4 @@
-"""Applying a Plan: check the zone is as planned, then write in a safe order.
-
-Before the first write the zone is read again (GET only) and its fingerprints compared
-with the plan's; any difference, or any failed read, stops apply with nothing written.
+"""Writing a ZonePlan, in a safe order; the steps ``edgegen.apply`` (``_zone``) runs.
 
 Order: writes that add protection go before writes that take it away, so a limit moving
 between a rule and the Worker is, for a moment, enforced twice rather than not at all.
@@ -20,21 +17,12 @@ from contextlib import contextmanager
 
 from policy import Policy
 
-from . import _state
 from ._cloudflare import Client, Write
-from ._plan import Plan, check_saved, fingerprints, locate_rejections, rejections
-from ._state import RemoteState
-from .errors import (
-    ApplyError,
-    CloudflareAPIError,
-    EdgegenError,
-    Rejection,
-    StalePlanError,
-    SyncError,
-)
+from ._plan import ZonePlan, locate_rejections, rejections
+from .errors import ApplyError, CloudflareAPIError, EdgegenError, Rejection, SyncError
 
 
-def writes(client: Client, plan: Plan) -> list[Write]:
+def writes(client: Client, plan: ZonePlan) -> list[Write]:
     """The requests apply sends for a plan, in order."""
     scope = plan.scope
     ruleset: list[Write] = []
@@ -84,31 +72,7 @@ def writes(client: Client, plan: Plan) -> list[Write]:
     return [*ruleset, *worker, *creates, *deletes]
 
 
-def verify(client: Client, plan: Plan, *, settings: bool = False) -> RemoteState:
-    """Read the zone again; StalePlanError when it is not what the plan was made from.
-
-    ``settings``: read the zone's URL normalisation setting too (for a plan shown again).
-    """
-    now = _state.read(client, plan.scope, zone_settings=settings)
-    changed = plan.fingerprints.differences(fingerprints(now, plan.route_patterns))
-    if changed:
-        raise StalePlanError(
-            "the zone changed since this plan was made ("
-            + "; ".join(changed)
-            + "); nothing was written: run edgegen plan again and review the new plan",
-            changed,
-        )
-    return now
-
-
-def verify_saved(client: Client, plan: Plan, source: str) -> Plan:
-    """A saved plan, checked before anything is written: the zone must be as it was when
-    the plan was made (StalePlanError), and the plan's writes must be what it shows, made
-    again from them and the zone (TamperedPlanError). Returns the plan to show and apply."""
-    return check_saved(plan, verify(client, plan, settings=True), source)
-
-
-def validate_remote(client: Client, plan: Plan, source: Policy | None = None) -> bool:
+def validate_remote(client: Client, plan: ZonePlan, source: Policy | None = None) -> bool:
     """Send the ruleset with ``?dry_run=true``; SyncError naming each limit Cloudflare rejects
     (at its line in ``source``, the policy the plan was made from, when given).
 
@@ -131,7 +95,7 @@ def validate_remote(client: Client, plan: Plan, source: Policy | None = None) ->
     return True
 
 
-def _rejected(error: CloudflareAPIError, plan: Plan, source: Policy | None) -> list[Rejection]:
+def _rejected(error: CloudflareAPIError, plan: ZonePlan, source: Policy | None) -> list[Rejection]:
     if error.status != 400 or plan.ruleset_body is None:
         return []
     found = rejections(error, plan.ruleset_body, plan.limits_by_ref)
@@ -143,9 +107,10 @@ def _list(items: list[str]) -> str:
 
 
 def execute(
-    client: Client, plan: Plan, echo: Callable[[str], None], source: Policy | None = None
+    client: Client, plan: ZonePlan, written: Callable[[str], None], source: Policy | None = None
 ) -> list[str]:
-    """Send the plan's writes in order; returns what was written (``echo`` reports each).
+    """Send the plan's writes in order; returns what was written (``written`` is told each,
+    as it is made).
 
     Raises ApplyError at the first failure; rules Cloudflare rejects are reported at their
     line in ``source``, the policy the plan was made from, when given.
@@ -185,7 +150,7 @@ def execute(
                 rejections=found,
             ) from None
         done.append(write.what)
-        echo(f"done: {write.what}")
+        written(write.what)
     return done
 
 

@@ -1,7 +1,10 @@
 """``edgegen plan``, ``pull``, ``apply`` and ``diff``: the policy and a live zone.
 
-Exit codes follow Terraform: 0 success (plan: no changes), 1 error, 2 with
-``--detailed-exitcode`` when the plan has changes (and for usage errors, as everywhere).
+A thin shell over the library (``edgegen.pull``, ``plan``, ``apply`` and the plan and state
+files): it reads the command line and the environment, prints to the terminal and maps
+outcomes to exit codes. Exit codes follow Terraform: 0 success (plan: no changes), 1 error,
+2 with ``--detailed-exitcode`` when the plan has changes (and for usage errors, as
+everywhere).
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ from typing import Any
 import policy
 from policy import Policy, Severity
 
-from . import _apply, _diff, _plan_format, _state
+from . import _apply, _diff, _formats, _plan_format
 from ._artifacts import Artifacts
-from ._cloudflare import Client
+from ._cloudflare import Client, Write
 from ._compile import build
-from ._plan import Plan, is_plan_file, make_plan, plan_from_json, plan_to_json
+from ._plan import SavedPlan, ZonePlan
 from ._state import RemoteState, Scope
+from ._zone import ApplyEvent, apply, plan, pull
 from .errors import EdgegenError, SyncError, UsageError
 
 
@@ -203,13 +207,14 @@ def _warn(lines: tuple[str, ...] | list[str]) -> None:
         sys.stderr.write(_plan_format.terminal_text(f"edgegen: {line}") + "\n")
 
 
-def _print_plan(plan: Plan, output: str) -> None:
+def _print_plan(made: ZonePlan, output: str) -> None:
     if output == "json":
-        sys.stdout.write(json.dumps(plan_to_json(plan, include_writes=False), indent=2) + "\n")
+        shown = _formats.plan_to_json(made, include_writes=False)
+        sys.stdout.write(json.dumps(shown, indent=2) + "\n")
     elif output == "markdown":
-        sys.stdout.write(_plan_format.to_markdown(plan))
+        sys.stdout.write(_plan_format.to_markdown(made))
     else:
-        sys.stdout.write(_plan_format.to_text(plan))
+        sys.stdout.write(_plan_format.to_text(made))
 
 
 # --- plan ----------------------------------------------------------------------------
@@ -219,7 +224,7 @@ def run_plan(args: argparse.Namespace) -> int:
     """Plan against the live zone (or a state file) and print or save the plan."""
     loaded, artifacts = load_and_build(args.policy)
     if args.state is not None:
-        state = RemoteState.load(args.state)
+        state = _formats.load_state(args.state)
         _state_for_policy(loaded, state, args.policy, args.state)
         if artifacts.worker is not None and state.scope.account_id is None:
             raise SyncError(
@@ -229,16 +234,14 @@ def run_plan(args: argparse.Namespace) -> int:
     else:
         scope = scope_of(loaded, artifacts, args.policy)
         with make_client(args) as client:
-            state = _state.read(client, scope)
-    plan = make_plan(artifacts, state)
-    _print_plan(plan, args.format)
-    _warn(plan.warnings)
+            state = pull(client, scope)
+    made = plan(artifacts, state)
+    _print_plan(made, args.format)
+    _warn(made.warnings)
     if args.out is not None:
-        _save(
-            args.out, "plan", lambda: _state.write_json_atomic(Path(args.out), plan_to_json(plan))
-        )
+        _save(args.out, "plan", lambda: _formats.save_plan(made, args.out))
         sys.stderr.write(f"Saved the plan to {args.out}; apply it with edgegen apply {args.out}\n")
-    if args.detailed_exitcode and plan.has_changes:
+    if args.detailed_exitcode and made.has_changes:
         return 2
     return 0
 
@@ -271,9 +274,9 @@ def run_pull(args: argparse.Namespace) -> int:
             "policy, pass --account-id, or set CLOUDFLARE_ACCOUNT_ID"
         )
     with make_client(args) as client:
-        state = _state.read(client, Scope(zone, account, worker))
+        state = pull(client, Scope(zone, account, worker))
     _warn(state.notices)
-    _save(args.out, "state", lambda: state.save(args.out))
+    _save(args.out, "state", lambda: _formats.save_state(state, args.out))
     ruleset = state.ruleset
     rules = (
         f"ruleset version {ruleset.version} with {len(ruleset.rules)} rule(s)"
@@ -295,8 +298,8 @@ def run_pull(args: argparse.Namespace) -> int:
 # --- apply ---------------------------------------------------------------------------
 
 
-def _confirm() -> bool:
-    """Ask on the terminal; only y or yes applies."""
+def _confirm(shown: ZonePlan) -> bool:
+    """Ask on the terminal about the plan just shown; only y or yes applies."""
     if not sys.stdin.isatty():
         raise UsageError(
             "apply asks before writing, but there is no terminal to ask on; review the plan "
@@ -309,70 +312,80 @@ def _confirm() -> bool:
     return answer.strip().lower() in {"y", "yes"}
 
 
-def _print_writes(client: Client, plan: Plan) -> None:
-    steps = _apply.writes(client, plan)
-    sys.stdout.write(f"\nDry run: apply would send {len(steps)} request(s), in this order:\n")
-    for number, write in enumerate(steps, 1):
-        text = f"\n{number}. {write.what}\n{write.describe(client.shown_base_url)}\n"
-        sys.stdout.write(_plan_format.terminal_text(text))
-    sys.stdout.write("\nDry run: nothing was written.\n")
-
-
 def _echo(line: str) -> None:
     sys.stdout.write(_plan_format.terminal_text(line) + "\n")
     sys.stdout.flush()
+
+
+def _show(event: ApplyEvent, dry_run: bool) -> None:
+    """What apply reports, on the terminal as it happens."""
+    if event.kind == "plan":
+        sys.stdout.write(_plan_format.to_text(event.plan))
+        sys.stdout.flush()
+        _warn(event.plan.warnings)
+    elif event.kind == "validated":
+        # A dry run goes on to list the requests: set the verdict apart from the plan.
+        sys.stdout.write("\n" if dry_run else "")
+        sys.stdout.write("Cloudflare's dry run accepted the rules.\n")
+    else:
+        _echo(f"done: {event.write}")
+
+
+def _target(text: str, path: str, client: Client) -> tuple[ZonePlan | SavedPlan, Policy | None]:
+    """What ``apply`` was given: a saved plan, or a policy to plan from (and the policy,
+    so that rejected rules are reported at its lines)."""
+    if _formats.is_plan_file(text):
+        return _formats.read_plan(text, path), None
+    source, artifacts = load_and_build(path)
+    scope = scope_of(source, artifacts, path)
+    return plan(artifacts, pull(client, scope)), source
 
 
 def run_apply(args: argparse.Namespace) -> int:
     """Apply a policy (plan, show, ask) or a saved plan (verify, then write)."""
     target = Path(args.target)
     try:
-        data = _state.read_bounded(target)
+        data = _formats.read_bounded(target)
     except (OSError, ValueError):
         # Not readable: the policy loader says why, as for any policy.
         data = b""
-    if len(data) > _state.MAX_FILE_BYTES:
-        raise _state.too_large(args.target, "plan or policy")
+    if len(data) > _formats.MAX_FILE_BYTES:
+        raise _formats.too_large(args.target, "plan or policy")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         text = ""
-    from_file = is_plan_file(text)
-    # The policy a plan is made from here, so that rejected rules are reported at its lines.
-    source: Policy | None = None
     with make_client(args) as client:
         # Every failure up to the first write says that nothing was written.
         with _apply.nothing_written():
-            if from_file:
-                saved = plan_from_json(_state.parse_json(text, args.target, "plan"), args.target)
-                # A saved plan is applied only to the zone it was made from, and only if it
-                # writes exactly what it shows.
-                plan = _apply.verify_saved(client, saved, args.target)
-            else:
-                source, artifacts = load_and_build(args.target)
-                scope = scope_of(source, artifacts, args.target)
-                plan = make_plan(artifacts, _state.read(client, scope))
-            sys.stdout.write(_plan_format.to_text(plan))
-            sys.stdout.flush()
-            _warn(plan.warnings)
-            if not plan.has_changes:
-                return 0
-            if args.dry_run:
-                if args.validate_remote and _apply.validate_remote(client, plan, source):
-                    sys.stdout.write("\nCloudflare's dry run accepted the rules.\n")
-                _print_writes(client, plan)
-                return 0
-            if not from_file and not args.auto_approve:
-                if not _confirm():
-                    sys.stdout.write("Apply cancelled; nothing was written.\n")
-                    return 1
-                # Time passed while the plan was read: the zone must still be as planned.
-                _apply.verify(client, plan)
-            if args.validate_remote and _apply.validate_remote(client, plan, source):
-                sys.stdout.write("Cloudflare's dry run accepted the rules.\n")
-        done = _apply.execute(client, plan, _echo, source)
-    sys.stdout.write(f"Apply complete: {len(done)} write(s) made.\n")
+            made, source = _target(text, args.target, client)
+        # A saved plan was reviewed when it was made: it is applied without asking.
+        ask = not isinstance(made, SavedPlan) and not args.auto_approve
+        result = apply(
+            client,
+            made,
+            confirm=_confirm if ask else None,
+            output=lambda event: _show(event, args.dry_run),
+            policy=source,
+            dry_run=args.dry_run,
+            validate_remote=args.validate_remote,
+        )
+    if result.outcome == "dry_run":
+        _print_writes(client, result.requests)
+    elif result.outcome == "cancelled":
+        sys.stdout.write("Apply cancelled; nothing was written.\n")
+        return 1
+    elif result.outcome == "applied":
+        sys.stdout.write(f"Apply complete: {len(result.written)} write(s) made.\n")
     return 0
+
+
+def _print_writes(client: Client, requests: tuple[Write, ...]) -> None:
+    sys.stdout.write(f"\nDry run: apply would send {len(requests)} request(s), in this order:\n")
+    for number, write in enumerate(requests, 1):
+        text = f"\n{number}. {write.what}\n{write.describe(client.shown_base_url)}\n"
+        sys.stdout.write(_plan_format.terminal_text(text))
+    sys.stdout.write("\nDry run: nothing was written.\n")
 
 
 # --- diff ----------------------------------------------------------------------------

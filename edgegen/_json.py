@@ -63,66 +63,24 @@ def _text(value: str) -> None:
 
 
 # --- typed reads of parsed JSON: TypeError naming the field when a value is of the wrong type
+# (files are read by their models, ``_formats``; these are for what the models leave raw)
 
 
-def _shown(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=True)
+def shown(value: Any) -> str:
+    """A value as short JSON for a message: at most 40 characters, ASCII only."""
+    text = json.dumps(value, ensure_ascii=True, default=repr)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
 def obj(value: Any, what: str) -> dict[str, Any]:
     """``value`` if it is an object."""
     if not isinstance(value, dict):
-        raise TypeError(f"{what} is {_shown(value)}, not an object")
+        raise TypeError(f"{what} is {shown(value)}, not an object")
     return value
 
 
 def objects(value: Any, what: str) -> tuple[dict[str, Any], ...]:
     """``value`` if it is a list of objects."""
     if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
-        raise TypeError(f"{what} is {_shown(value)}, not a list of objects")
+        raise TypeError(f"{what} is {shown(value)}, not a list of objects")
     return tuple(value)
-
-
-def text(value: Any, what: str) -> str:
-    """``value`` if it is a string."""
-    if not isinstance(value, str):
-        raise TypeError(f"{what} is {_shown(value)}, not a string")
-    return value
-
-
-def optional_text(value: Any, what: str) -> str | None:
-    """``value`` if it is a string or null."""
-    return None if value is None else text(value, what)
-
-
-def texts(value: Any, what: str) -> tuple[str, ...]:
-    """``value`` if it is a list of strings."""
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise TypeError(f"{what} is {_shown(value)}, not a list of strings")
-    return tuple(value)
-
-
-def choice(value: Any, choices: tuple[str, ...], what: str) -> str:
-    """``value`` if it is one of ``choices``."""
-    if value not in choices:
-        raise TypeError(f"{what} is {_shown(value)}, not one of {', '.join(choices)}")
-    return str(value)
-
-
-def optional_int(value: Any, what: str) -> int | None:
-    """``value`` if it is an integer (not a boolean) or null."""
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{what} is {_shown(value)}, not an integer")
-    return value
-
-
-def flag(value: Any, what: str) -> bool:
-    """``value`` if it is a boolean (a missing one, null, is false)."""
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise TypeError(f"{what} is {_shown(value)}, not true or false")
-    return value

@@ -1,4 +1,4 @@
-"""Planning: the desired Artifacts and a RemoteState in, a Plan out. Pure: no I/O.
+"""Planning: the desired Artifacts and a RemoteState in, a ZonePlan out. Pure: no I/O.
 
 Ownership: edgegen creates, changes and deletes only rules whose ``ref`` starts with
 ``edgegen:``; every other rule in the entrypoint is sent back exactly as read (with its
@@ -12,32 +12,39 @@ among themselves); a new rule goes right after the rule that precedes it in the 
 or before the first of our rules, or, in a zone with none of ours yet, after every other
 rule, so that rules made by hand keep their precedence.
 
-A Plan also holds fingerprints of the state it was made from (ruleset version and rules
+A ZonePlan also holds fingerprints of the state it was made from (ruleset version and rules
 hash, Worker hash, routes hash), so a saved plan can refuse to apply to a changed zone.
 
 A saved plan is bound to what it shows. Its file records a hash of each write (the rules
 body, each Worker module, the Worker's settings, each route change), checked when it is
-read; and before anything is written, ``check_saved`` makes the plan again from the plan's
-own writes and the zone as read then (the rules the body asks for, merged with the zone's
-rules as planning merges them; the Worker against the deployed one; the routes its
-patterns give), and refuses unless that is exactly the plan the file lists: the same rules
-body, rule changes, Worker change and route changes (so a route is only removed if it runs
-the policy's Worker, by the id the zone gives it). What apply shows is then what it writes.
+read (``_formats``); and before anything is written, ``check_saved`` makes the plan again
+from the plan's own writes and the zone as read then (the rules the body asks for, merged
+with the zone's rules as planning merges them; the Worker against the deployed one; the
+routes its patterns give), and refuses unless that is exactly the plan the file lists: the
+same rules body, rule changes, Worker change and route changes (so a route is only removed
+if it runs the policy's Worker, by the id the zone gives it). What apply shows is then what
+it writes.
+
+The change types are also the plan file's parts: their annotations say how each is read
+from a file (``_formats`` holds the file's model and its JSON Schema).
 """
 
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import Field, GetCoreSchemaHandler, StrictInt
+from pydantic_core import core_schema
 
 from policy import Policy
 
-from . import _ids, _json
+from . import _compile, _ids
 from ._artifacts import Artifacts, Target, WorkerArtifact
 from ._state import (
+    Flag,
     RemoteRoute,
     RemoteState,
     Scope,
@@ -49,10 +56,7 @@ from ._state import (
 )
 from .errors import CloudflareAPIError, Rejection, SyncError, TamperedPlanError
 
-PLAN_FORMAT = "edgegen-plan"
-PLAN_VERSION = 2
-RULE_ACTIONS = ("create", "update", "move", "delete")
-_PLAN_FORMAT_FIELD = re.compile(r'"format"\s*:\s*"edgegen-plan"')
+RuleAction = Literal["create", "update", "move", "delete"]
 OWNED_PREFIX = _ids.RULE_REF_PREFIX
 # Fields Cloudflare adds to a rule it returns; never compared (the id is sent back so a
 # rule keeps its identity, the others are stripped from what is sent).
@@ -87,7 +91,10 @@ ABSENT: Final = _Absent()
 
 @dataclass(frozen=True, slots=True)
 class FieldChange:
-    """One field that differs: dotted ``path``, ``old`` and ``new`` (ABSENT when missing)."""
+    """One field that differs: dotted ``path``, ``old`` and ``new`` (ABSENT when missing).
+
+    In a file: ``{"path", "old"?, "new"?}``, a side that is absent left out.
+    """
 
     path: str
     old: Any
@@ -103,57 +110,55 @@ class FieldChange:
         return out
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> FieldChange:
-        """The inverse of ``to_json``."""
-        data = _json.obj(data, "a field change")
-        path = _json.text(data.get("path"), "a field change's path")
-        return cls(path, data.get("old", ABSENT), data.get("new", ABSENT))
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        """How a file holds a FieldChange: an object with a path, and old and new only
+        when that side is there."""
+        shape = core_schema.typed_dict_schema(
+            {
+                "path": core_schema.typed_dict_field(core_schema.str_schema()),
+                "old": core_schema.typed_dict_field(core_schema.any_schema(), required=False),
+                "new": core_schema.typed_dict_field(core_schema.any_schema(), required=False),
+            }
+        )
+
+        def read(value: Any, check: core_schema.ValidatorFunctionWrapHandler) -> FieldChange:
+            if isinstance(value, cls):
+                return value
+            data = check(value)
+            return cls(data["path"], data.get("old", ABSENT), data.get("new", ABSENT))
+
+        return core_schema.no_info_wrap_validator_function(
+            read,
+            shape,
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                cls.to_json, return_schema=shape
+            ),
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class RuleChange:
-    """A rule to ``create``, ``update``, ``move`` (order only) or ``delete``."""
+    """A rule to ``create``, ``update``, ``move`` (order only) or ``delete``.
 
-    action: str
+    ``limit`` is the policy limit the rule was made from (None for a rule whose limit is
+    gone); ``position`` its place in the rules written (None for a delete).
+    """
+
+    action: RuleAction
     ref: str
-    limit: str | None
-    description: str
+    limit: str | None = None
+    description: str = ""
+    position: StrictInt | None = None
     fields: tuple[FieldChange, ...] = ()
-    position: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """As JSON."""
-        return {
-            "action": self.action,
-            "ref": self.ref,
-            "limit": self.limit,
-            "description": self.description,
-            "position": self.position,
-            "fields": [f.to_json() for f in self.fields],
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> RuleChange:
-        """The inverse of ``to_json``."""
-        data = _json.obj(data, "a rule change")
-        return cls(
-            _json.choice(data.get("action"), RULE_ACTIONS, "a rule change's action"),
-            _json.text(data.get("ref"), "a rule change's ref"),
-            _json.optional_text(data.get("limit"), "a rule change's limit"),
-            _json.text(data.get("description", ""), "a rule change's description"),
-            tuple(
-                FieldChange.from_json(f)
-                for f in _json.objects(data.get("fields", []), "a rule change's fields")
-            ),
-            _json.optional_int(data.get("position"), "a rule change's position"),
-        )
 
 
 @dataclass(frozen=True, slots=True)
 class ForeignRule:
     """A rule edgegen does not manage, kept as it is."""
 
-    position: int
+    position: StrictInt
     ref: str
     description: str
 
@@ -162,72 +167,29 @@ class ForeignRule:
 class WorkerChange:
     """The Worker to ``create`` or ``update`` (upload), and what differs."""
 
-    action: str
+    action: Literal["create", "update"]
     name: str
-    fields: tuple[FieldChange, ...]
-    replaces_foreign: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        """As JSON."""
-        return {
-            "action": self.action,
-            "name": self.name,
-            "replaces_foreign": self.replaces_foreign,
-            "fields": [f.to_json() for f in self.fields],
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> WorkerChange:
-        """The inverse of ``to_json``."""
-        data = _json.obj(data, "the Worker change")
-        return cls(
-            _json.choice(data.get("action"), ("create", "update"), "the Worker change's action"),
-            _json.text(data.get("name"), "the Worker change's name"),
-            tuple(
-                FieldChange.from_json(f)
-                for f in _json.objects(data.get("fields", []), "the Worker change's fields")
-            ),
-            _json.flag(data.get("replaces_foreign"), "the Worker change's replaces_foreign"),
-        )
+    replaces_foreign: Flag = False
+    fields: tuple[FieldChange, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class RouteChange:
     """A route to ``create`` or ``delete``."""
 
-    action: str
+    action: Literal["create", "delete"]
     pattern: str
-    script: str | None
+    script: str | None = None
     route_id: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """As JSON."""
-        return {
-            "action": self.action,
-            "pattern": self.pattern,
-            "script": self.script,
-            "route_id": self.route_id,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> RouteChange:
-        """The inverse of ``to_json``."""
-        data = _json.obj(data, "a route change")
-        return cls(
-            _json.choice(data.get("action"), ("create", "delete"), "a route change's action"),
-            _json.text(data.get("pattern"), "a route change's pattern"),
-            _json.optional_text(data.get("script"), "a route change's script"),
-            _json.optional_text(data.get("route_id"), "a route change's route_id"),
-        )
 
 
 @dataclass(frozen=True, slots=True)
 class Fingerprints:
     """What the remote state looked like: enough to tell whether it changed since."""
 
-    ruleset_version: str | None
-    ruleset_sha256: str | None
-    worker_sha256: str | None
+    ruleset_version: Annotated[str | None, Field(default=None)]
+    ruleset_sha256: Annotated[str | None, Field(default=None)]
+    worker_sha256: Annotated[str | None, Field(default=None)]
     routes_sha256: str
 
     def differences(self, now: Fingerprints) -> list[str]:
@@ -244,34 +206,15 @@ class Fingerprints:
             out.append("the Worker routes")
         return out
 
-    def to_json(self) -> dict[str, Any]:
-        """As JSON."""
-        return {
-            "ruleset_version": self.ruleset_version,
-            "ruleset_sha256": self.ruleset_sha256,
-            "worker_sha256": self.worker_sha256,
-            "routes_sha256": self.routes_sha256,
-        }
-
-    @classmethod
-    def from_json(cls, data: Any) -> Fingerprints:
-        """The inverse of ``to_json``."""
-        data = _json.obj(data, "fingerprints")
-        return cls(
-            _json.optional_text(data.get("ruleset_version"), "fingerprints.ruleset_version"),
-            _json.optional_text(data.get("ruleset_sha256"), "fingerprints.ruleset_sha256"),
-            _json.optional_text(data.get("worker_sha256"), "fingerprints.worker_sha256"),
-            _json.text(data.get("routes_sha256"), "fingerprints.routes_sha256"),
-        )
-
 
 @dataclass(frozen=True)
-class Plan:
-    """What apply would change, and everything it needs to do it.
+class ZonePlan:
+    """What apply would change in a zone, and everything it needs to do it.
 
     ``ruleset_body`` is the PUT body (None: the rules stay as they are); ``worker`` the
     Worker to upload when ``worker_change`` is set; ``route_patterns`` the routes the
-    policy wants (fingerprints cover them and every route of our Worker).
+    policy wants (fingerprints cover them and every route of our Worker);
+    ``limits_by_ref`` the policy limit each generated rule was made from.
     """
 
     scope: Scope
@@ -298,6 +241,16 @@ class Plan:
     def count(self, action: str) -> int:
         """How many rules the plan would ``create``, ``update``, ``move`` or ``delete``."""
         return sum(1 for c in self.rule_changes if c.action == action)
+
+
+@dataclass(frozen=True, slots=True)
+class SavedPlan:
+    """A plan read from a file (``source``), its write hashes checked, but not yet checked
+    against the zone: ``edgegen.apply`` does that (the zone must be as it was when the plan
+    was made, and the plan must write what it shows) before it shows or writes anything."""
+
+    plan: ZonePlan
+    source: str
 
 
 def owned(rule: Mapping[str, Any]) -> bool:
@@ -385,10 +338,18 @@ def fingerprints(state: RemoteState, patterns: Iterable[str]) -> Fingerprints:
 
 
 def limits_by_ref(artifacts: Artifacts) -> dict[str, str]:
-    """Rule ref -> the policy limit it was generated from."""
-    return {
-        _ids.rule_ref(p.limit): p.limit for p in artifacts.placements if p.target is Target.RULE
-    }
+    """Rule ref -> the policy limit it was generated from: each limit placed as a rule, and
+    its second rule (for requests that carry a credential) when it has one."""
+    refs = {r.get("ref") for r in artifacts.ruleset.get("rules", ())}
+    out: dict[str, str] = {}
+    for placement in artifacts.placements:
+        if placement.target is not Target.RULE:
+            continue
+        out[_ids.rule_ref(placement.limit)] = placement.limit
+        second = _compile.credentialed_rule_ref(placement.limit)
+        if second in refs:
+            out[second] = placement.limit
+    return out
 
 
 @dataclass
@@ -457,14 +418,14 @@ def merge_rules(
             rules.append(wanted)
             # A new rule is shown exactly as it is sent, defaults and all.
             fields = tuple(field_changes({}, wanted))
-            changes.append(RuleChange("create", ref, limit, description, fields, position))
+            changes.append(RuleChange("create", ref, limit, description, position, fields))
             continue
         rules.append({"id": existing["id"], **wanted} if "id" in existing else wanted)
         fields = tuple(field_changes(comparable(existing), comparable(wanted)))
         if fields:
-            changes.append(RuleChange("update", ref, limit, description, fields, position))
+            changes.append(RuleChange("update", ref, limit, description, position, fields))
         elif existing_order.index(ref) != remote_order.index(ref):
-            changes.append(RuleChange("move", ref, limit, description, (), position))
+            changes.append(RuleChange("move", ref, limit, description, position))
     for rule in deletes:
         ref = str(rule["ref"])
         changes.append(RuleChange("delete", ref, names.get(ref), str(rule.get("description", ""))))
@@ -494,7 +455,8 @@ def _worker_change(
         "bindings": {b["name"]: b for b in bindings},
     }
     if remote is None:
-        return WorkerChange("create", desired.name, tuple(field_changes({}, wanted))), notes
+        fields = tuple(field_changes({}, wanted))
+        return WorkerChange("create", desired.name, fields=fields), notes
     fingerprint = worker_fingerprint(
         desired.main_module, content, desired.compatibility_date, bindings
     )
@@ -512,7 +474,7 @@ def _worker_change(
             f"the Worker script {remote.name} was not generated by edgegen; apply replaces it "
             "(rename cloudflare.worker.name in the policy to keep it)"
         )
-    change = WorkerChange("update", desired.name, tuple(field_changes(had, wanted)), foreign)
+    change = WorkerChange("update", desired.name, foreign, tuple(field_changes(had, wanted)))
     return change, notes
 
 
@@ -592,7 +554,7 @@ def url_warnings(state: RemoteState, rule_limits: bool) -> tuple[str, ...]:
     return tuple(out)
 
 
-def make_plan(artifacts: Artifacts, state: RemoteState) -> Plan:
+def make_plan(artifacts: Artifacts, state: RemoteState) -> ZonePlan:
     """Compare what the policy builds with the zone; raises SyncError on a route conflict."""
     scope = state.scope
     desired_worker = artifacts.worker
@@ -615,7 +577,7 @@ def make_plan(artifacts: Artifacts, state: RemoteState) -> Plan:
     worker_change, notes = _worker_change(desired_worker, state)
     patterns = desired_worker.routes if desired_worker else ()
     routes = _route_changes(patterns, state)
-    return Plan(
+    return ZonePlan(
         scope=scope,
         fingerprints=fingerprints(state, patterns),
         rule_changes=tuple(merged.changes),
@@ -680,10 +642,20 @@ _RULE_FIELD_SOURCES: Final = (
 )
 
 
-def policy_field(rule_field: str) -> tuple[str, ...]:
-    """The field of a limit that a rule's ``rule_field`` (``ratelimit.period``) comes from."""
+_CREDENTIALED_RATE_FIELDS: Final = ("ratelimit.period", "ratelimit.requests_per_period")
+
+
+def policy_field(rule_field: str, *, credentialed_rate: bool = False) -> tuple[str, ...]:
+    """The field of a limit that a rule's ``rule_field`` (``ratelimit.period``) comes from.
+
+    ``credentialed_rate``: the rule is the limit's second rule, for requests that carry a
+    credential, and the limit writes the ``credentialed_rate`` its rate comes from (one
+    left out is ten times ``rate``, so ``rate`` is where to change it).
+    """
     for prefix, source in _RULE_FIELD_SOURCES:
         if rule_field == prefix or rule_field.startswith(prefix + "."):
+            if credentialed_rate and prefix in _CREDENTIALED_RATE_FIELDS:
+                return ("edge", "credentialed_rate")
             return source
     return ("edge",)
 
@@ -703,121 +675,22 @@ def locate_rejections(found: Iterable[Rejection], source: Policy) -> list[Reject
             except KeyError:
                 index = None
             if index is not None:
-                position = source.locate("limits", index, *policy_field(rejection.field))
+                edge = source.limits[index].edge
+                second = rejection.ref == _compile.credentialed_rule_ref(rejection.limit)
+                written = second and edge is not None and edge.credentialed_rate is not None
+                path = policy_field(rejection.field, credentialed_rate=written)
+                position = source.locate("limits", index, *path)
                 if position is not None:
                     where = f"{position[0]}:{position[1]}:{position[2]}"
         out.append(replace(rejection, where=where) if where else rejection)
     return out
 
 
-# --- plan files ----------------------------------------------------------------------
+# --- saved plans ---------------------------------------------------------------------
 
 
-def _worker_json(worker: WorkerArtifact) -> dict[str, Any]:
-    return {
-        "name": worker.name,
-        "main_module": worker.main_module,
-        "module_source": worker.module_source,
-        "compatibility_date": worker.compatibility_date,
-        "bindings": list(worker.bindings),
-        "routes": list(worker.routes),
-        "wrangler_toml": worker.wrangler_toml,
-    }
-
-
-def plan_to_json(plan: Plan, *, include_writes: bool = True) -> dict[str, Any]:
-    """The plan as JSON: the plan file (with ``writes``), or ``plan --format json``."""
-    out: dict[str, Any] = {
-        "format": PLAN_FORMAT,
-        "format_version": PLAN_VERSION,
-        "has_changes": plan.has_changes,
-        "scope": {
-            "zone_id": plan.scope.zone_id,
-            "account_id": plan.scope.account_id,
-            "worker_name": plan.scope.worker_name,
-        },
-        "fingerprints": plan.fingerprints.to_json(),
-        "ruleset_version": plan.ruleset_version,
-        "rules": [c.to_json() for c in plan.rule_changes],
-        "foreign_rules": [
-            {"position": f.position, "ref": f.ref, "description": f.description}
-            for f in plan.foreign_rules
-        ],
-        "worker": plan.worker_change.to_json() if plan.worker_change else None,
-        "routes": [c.to_json() for c in plan.route_changes],
-        "route_patterns": list(plan.route_patterns),
-        "limits_by_ref": dict(plan.limits_by_ref),
-        "notes": list(plan.notes),
-        "warnings": list(plan.warnings),
-    }
-    if include_writes:
-        out["writes"] = {
-            "ruleset": plan.ruleset_body,
-            "worker": _worker_json(plan.worker) if plan.worker else None,
-        }
-        out["writes_sha256"] = write_hashes(out["writes"], out["routes"])
-    return out
-
-
-def write_hashes(writes: Mapping[str, Any], routes: Sequence[Any]) -> dict[str, Any]:
-    """The hash of each write of a plan file, from its JSON: the rules body, each Worker
-    module, the Worker's settings (bindings, compatibility date, routes), each route."""
-    ruleset = writes.get("ruleset")
-    worker = writes.get("worker")
-    out: dict[str, Any] = {
-        "ruleset": None if ruleset is None else sha256_text(canonical_json(ruleset)),
-        "worker_modules": None,
-        "worker_settings": None,
-        "routes": [sha256_text(canonical_json(r)) for r in routes],
-    }
-    if isinstance(worker, Mapping):
-        source = worker.get("module_source")
-        out["worker_modules"] = {
-            str(worker.get("main_module")): sha256_text(source if isinstance(source, str) else "")
-        }
-        out["worker_settings"] = sha256_text(
-            canonical_json({k: worker.get(k) for k in _WORKER_SETTINGS})
-        )
-    return out
-
-
-# What an upload sets besides its module (the routes are the routes apply adds).
-_WORKER_SETTINGS = ("name", "main_module", "compatibility_date", "bindings", "routes")
-
-
-def _hash_problems(data: Mapping[str, Any]) -> list[str]:
-    """Each write of a plan file's JSON whose hash is not the one recorded with it."""
-    recorded = _json.obj(data.get("writes_sha256"), "writes_sha256")
-    routes = _json.objects(data.get("routes"), "routes")
-    now = write_hashes(_json.obj(data.get("writes"), "writes"), routes)
-    problems = []
-    if recorded.get("ruleset") != now["ruleset"]:
-        problems.append("the rules it writes no longer match the hash recorded with them")
-    modules = recorded.get("worker_modules")
-    for name, digest in (now["worker_modules"] or {}).items():
-        if not isinstance(modules, dict) or modules.get(name) != digest:
-            problems.append(f"the Worker module {name} no longer matches its recorded hash")
-    if now["worker_modules"] is None and modules is not None:
-        problems.append("the Worker module it had is gone")
-    if recorded.get("worker_settings") != now["worker_settings"]:
-        problems.append(
-            "the Worker's bindings and compatibility date no longer match their recorded hash"
-        )
-    hashes = recorded.get("routes")
-    if not isinstance(hashes, list) or len(hashes) != len(now["routes"]):
-        problems.append("the route changes no longer match their recorded hashes")
-    else:
-        for index, (route, old, new) in enumerate(zip(routes, hashes, now["routes"], strict=True)):
-            if old != new:
-                verb = "add" if route.get("action") == "create" else "remove"
-                problems.append(
-                    f"route change {index + 1} ({verb} {route.get('pattern')}) no longer "
-                    "matches its recorded hash"
-                )
-    return problems
-
-
-def _refusal(source: str, problems: Sequence[str]) -> TamperedPlanError:
+def refusal(source: str, problems: Sequence[str]) -> TamperedPlanError:
+    """The error for a saved plan (the file ``source``) that does not write what it shows."""
     return TamperedPlanError(
         f"refusing to apply {source}: it does not write what it shows ("
         + "; ".join(problems)
@@ -827,98 +700,7 @@ def _refusal(source: str, problems: Sequence[str]) -> TamperedPlanError:
     )
 
 
-def plan_from_json(data: Any, source: str) -> Plan:
-    """Read a plan file's content; SyncError naming the file when it is not one."""
-
-    def bad(why: str) -> SyncError:
-        return SyncError(
-            f"{source} is not a usable edgegen plan file ({why}); make a new one with "
-            f"edgegen plan POLICY --out {source}"
-        )
-
-    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
-        raise bad(f"it does not say format: {PLAN_FORMAT}")
-    if data.get("format_version") != PLAN_VERSION:
-        raise bad(f"format_version is {data.get('format_version')!r}, not {PLAN_VERSION}")
-    try:
-        raw_scope = _json.obj(data.get("scope"), "scope")
-        scope = Scope(
-            _json.text(raw_scope.get("zone_id"), "scope.zone_id"),
-            _json.optional_text(raw_scope.get("account_id"), "scope.account_id"),
-            _json.optional_text(raw_scope.get("worker_name"), "scope.worker_name"),
-        )
-        writes = _json.obj(data.get("writes"), "writes")
-        raw_worker = writes.get("worker")
-        worker = None
-        if raw_worker is not None:
-            raw_worker = _json.obj(raw_worker, "writes.worker")
-            worker = WorkerArtifact(
-                name=_json.text(raw_worker.get("name"), "writes.worker.name"),
-                main_module=_json.text(raw_worker.get("main_module"), "writes.worker.main_module"),
-                module_source=_json.text(
-                    raw_worker.get("module_source"), "writes.worker.module_source"
-                ),
-                compatibility_date=_json.text(
-                    raw_worker.get("compatibility_date"), "writes.worker.compatibility_date"
-                ),
-                bindings=_json.objects(raw_worker.get("bindings"), "writes.worker.bindings"),
-                routes=_json.texts(raw_worker.get("routes"), "writes.worker.routes"),
-                wrangler_toml=_json.text(
-                    raw_worker.get("wrangler_toml", ""), "writes.worker.wrangler_toml"
-                ),
-            )
-            if worker.name != scope.worker_name:
-                raise bad(
-                    f"it uploads the Worker {worker.name!r} but was made for {scope.worker_name!r}"
-                )
-        body = writes.get("ruleset")
-        if body is not None:
-            body = _json.obj(body, "writes.ruleset")
-            _json.objects(body.get("rules"), "writes.ruleset.rules")
-        raw_change = data.get("worker")
-        worker_change = WorkerChange.from_json(raw_change) if raw_change is not None else None
-        if (worker_change is None) != (worker is None):
-            raise bad("the Worker change and the Worker to upload do not match")
-        foreign = []
-        for item in _json.objects(data.get("foreign_rules", []), "foreign_rules"):
-            position = _json.optional_int(item.get("position"), "a foreign rule's position")
-            if position is None:
-                raise TypeError("a foreign rule has no position")
-            foreign.append(
-                ForeignRule(
-                    position,
-                    _json.text(item.get("ref"), "a foreign rule's ref"),
-                    _json.text(item.get("description"), "a foreign rule's description"),
-                )
-            )
-        limits = _json.obj(data.get("limits_by_ref", {}), "limits_by_ref")
-        problems = _hash_problems(data)
-        if problems:
-            raise _refusal(source, problems)
-        return Plan(
-            scope=scope,
-            fingerprints=Fingerprints.from_json(data.get("fingerprints")),
-            rule_changes=tuple(
-                RuleChange.from_json(c) for c in _json.objects(data.get("rules"), "rules")
-            ),
-            foreign_rules=tuple(foreign),
-            ruleset_body=body,
-            ruleset_version=_json.optional_text(data.get("ruleset_version"), "ruleset_version"),
-            worker_change=worker_change,
-            worker=worker,
-            route_changes=tuple(
-                RouteChange.from_json(c) for c in _json.objects(data.get("routes"), "routes")
-            ),
-            route_patterns=_json.texts(data.get("route_patterns", []), "route_patterns"),
-            limits_by_ref={k: _json.text(v, f"limits_by_ref[{k!r}]") for k, v in limits.items()},
-            notes=_json.texts(data.get("notes", []), "notes"),
-            warnings=_json.texts(data.get("warnings", []), "warnings"),
-        )
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise bad(f"a field is missing or of the wrong type: {exc}") from None
-
-
-def check_saved(plan: Plan, state: RemoteState, source: str) -> Plan:
+def check_saved(plan: ZonePlan, state: RemoteState, source: str) -> ZonePlan:
     """The plan a saved ``plan`` stands for, made again from its own writes and ``state``
     (the zone as read now, after the fingerprints matched); TamperedPlanError unless it is
     the plan the file lists.
@@ -970,23 +752,10 @@ def check_saved(plan: Plan, state: RemoteState, source: str) -> Plan:
     if routes != plan.route_changes:
         problems.append("the route changes are not those the zone gives for its route patterns")
     if problems:
-        raise _refusal(source, problems)
+        raise refusal(source, problems)
     return replace(
         plan,
         foreign_rules=tuple(foreign),
         ruleset_version=ruleset.version if ruleset else None,
         warnings=url_warnings(state, bool(plan.limits_by_ref)),
     )
-
-
-def is_plan_file(text: str) -> bool:
-    """Whether a file's text is a plan file (JSON naming the plan format), not a policy."""
-    stripped = text.lstrip()
-    if not stripped.startswith("{"):
-        return False
-    try:
-        data = _json.loads(stripped)
-    except ValueError:
-        # Cut short or damaged, but meant as a plan: reading it says what is wrong.
-        return _PLAN_FORMAT_FIELD.search(stripped) is not None
-    return isinstance(data, dict) and data.get("format") == PLAN_FORMAT

@@ -1,4 +1,4 @@
-"""A Plan as text (the terminal) or Markdown (a pull request comment). Pure."""
+"""A ZonePlan as text (the terminal) or Markdown (a pull request comment). Pure."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from ._plan import ABSENT, FieldChange, Plan, RuleChange
+from ._plan import ABSENT, FieldChange, RuleChange, ZonePlan
 
 
 def _value(value: Any) -> str:
@@ -60,7 +60,7 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def summary(plan: Plan) -> str:
+def summary(plan: ZonePlan) -> str:
     """One line: what apply would do."""
     if not plan.has_changes:
         return "No changes: the zone matches the policy."
@@ -101,7 +101,7 @@ def _field_line(change: FieldChange, action: str) -> str:
 _SIGNS = {"create": "+", "update": "~", "move": ">", "delete": "-"}
 
 
-def to_text(plan: Plan) -> str:
+def to_text(plan: ZonePlan) -> str:
     """The plan for a terminal: each rule, then each field that changes."""
     out = [f"edgegen plan for zone {plan.scope.zone_id}", ""]
     version = f"version {plan.ruleset_version}" if plan.ruleset_version else "none yet"
@@ -154,7 +154,7 @@ def _md_field(change: FieldChange, action: str) -> str:
     return f"  - {code(change.path)}: {code(_value(change.old))} → {code(_value(change.new))}"
 
 
-def to_markdown(plan: Plan) -> str:
+def to_markdown(plan: ZonePlan) -> str:
     """The plan for a pull request comment."""
     out = ["### edgegen plan", "", f"**{summary(plan)}**", ""]
     version = f"version {plan.ruleset_version}" if plan.ruleset_version else "none yet"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import gzip
 import json
 import socket
@@ -16,9 +17,18 @@ import pytest
 import respx
 from cloudflare_fake import ACCOUNT_ID, BASE_URL, TOKEN, ZONE_ID, FakeCloudflare
 
-from edgegen import _cloudflare, cli
-from edgegen._cloudflare import Client, RetryPolicy, Token, UrlNormalization, parse_retry_after
-from edgegen.errors import CloudflareAPIError, UsageError
+from edgegen import (
+    Client,
+    CloudflareAPIError,
+    Token,
+    UsageError,
+    _cloudflare,
+    _retry,
+    _transport,
+    cli,
+)
+from edgegen._retry import RetryPolicy, parse_retry_after
+from edgegen._state import UrlNormalization
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "policy.yaml"
 RULE: dict[str, Any] = {
@@ -410,11 +420,11 @@ def test_token_from_env_and_file(tmp_path: Any) -> None:
 
 def test_base_url_from_env() -> None:
     """The base URL comes from CLOUDFLARE_API_BASE_URL and must be http(s)."""
-    assert _cloudflare.base_url_from_env({}) == "https://api.cloudflare.com/client/v4"
+    assert _transport.base_url_from_env({}) == "https://api.cloudflare.com/client/v4"
     proxy = {"CLOUDFLARE_API_BASE_URL": "https://proxy.local:8443/cf/"}
-    assert _cloudflare.base_url_from_env(proxy) == "https://proxy.local:8443/cf"
+    assert _transport.base_url_from_env(proxy) == "https://proxy.local:8443/cf"
     with pytest.raises(UsageError, match="not an http"):
-        _cloudflare.base_url_from_env({"CLOUDFLARE_API_BASE_URL": "ftp://x"})
+        _transport.base_url_from_env({"CLOUDFLARE_API_BASE_URL": "ftp://x"})
 
 
 @pytest.mark.parametrize(
@@ -431,7 +441,7 @@ def test_base_url_from_env() -> None:
 def test_plain_http_only_to_this_machine(url: str) -> None:
     """The token travels in clear text over http://, so only a loopback address may be
     reached that way (a local proxy or test server)."""
-    assert _cloudflare.base_url_from_env({"CLOUDFLARE_API_BASE_URL": url}) == url.rstrip("/")
+    assert _transport.base_url_from_env({"CLOUDFLARE_API_BASE_URL": url}) == url.rstrip("/")
     Client(Token(TOKEN), base_url=url).close()
 
 
@@ -449,7 +459,7 @@ def test_plain_http_only_to_this_machine(url: str) -> None:
 def test_plain_http_elsewhere_is_refused(url: str) -> None:
     """http:// to any other host is refused before any request, saying to use https://."""
     with pytest.raises(UsageError, match="https://") as info:
-        _cloudflare.base_url_from_env({"CLOUDFLARE_API_BASE_URL": url})
+        _transport.base_url_from_env({"CLOUDFLARE_API_BASE_URL": url})
     assert "the API token would travel in clear text" in str(info.value)
     with pytest.raises(UsageError, match="https://"):
         Client(Token(TOKEN), base_url=url)
@@ -465,7 +475,7 @@ def test_requests_go_through_the_configured_base_url(sleeps: Sleeps) -> None:
 
 def test_timeouts_are_explicit() -> None:
     """Every request has connect and read timeouts."""
-    timeout = _cloudflare.DEFAULT_TIMEOUT
+    timeout = _transport.DEFAULT_TIMEOUT
     assert timeout.connect == 10.0
     assert timeout.read == 30.0
 
@@ -587,8 +597,8 @@ def test_the_command_deadline_bounds_every_retry(
 ) -> None:
     """edgegen plan against a trickling server: each try stops at the request deadline,
     and the command gives up at its own deadline (2.5 s) rather than after five tries."""
-    monkeypatch.setattr(_cloudflare, "REQUEST_DEADLINE", 1.0)
-    monkeypatch.setattr(_cloudflare, "COMMAND_DEADLINE", 2.5)
+    monkeypatch.setattr(_transport, "REQUEST_DEADLINE", 1.0)
+    monkeypatch.setattr(_transport, "COMMAND_DEADLINE", 2.5)
     monkeypatch.setattr(_cloudflare, "_sleep", Sleeps())
     with Trickle() as server:
         monkeypatch.setenv("CLOUDFLARE_API_BASE_URL", server.base_url)
@@ -637,7 +647,7 @@ def test_an_endless_answer_stops_at_the_size_cap() -> None:
         client.list_routes(ZONE_ID)
     assert "larger than 1 MiB" in str(info.value)
     assert len(taken) <= 2**20 // len(chunk) + 2
-    assert _cloudflare.MAX_RESPONSE_BYTES == 16 * 2**20
+    assert _transport.MAX_RESPONSE_BYTES == 16 * 2**20
 
 
 def test_a_declared_length_over_the_cap_is_not_read() -> None:
@@ -708,3 +718,69 @@ def test_a_setting_that_is_not_one_is_an_error(result: Any) -> None:
         with Client(Token(TOKEN), sleep=Sleeps()) as c, pytest.raises(CloudflareAPIError) as info:
             c.get_url_normalization(ZONE_ID)
     assert "answered, but not with a" in str(info.value)
+
+
+# --- the retry decision, as a value ----------------------------------------------------
+
+
+def decide(tried: _retry.Tried, *, method: str = "GET", retry: int = 0, done: bool = False) -> Any:
+    """The decision for one try of ``method``; backoff waits are their upper bound."""
+    return _retry.decide(
+        RetryPolicy(),
+        _retry.Request.of(method),
+        retry,
+        tried,
+        maybe_done=done,
+        jitter=lambda low, high: high,
+    )
+
+
+def test_the_retry_decision_is_a_pure_function() -> None:
+    """What a try gave decides what comes next, with no network and no clock: 2xx is done,
+    Retry-After is honoured up to the cap, 5xx backs off, a POST is retried only when
+    Cloudflare certainly did not act, and a write whose answer was lost is ambiguous."""
+    answer = _retry.Tried
+    assert decide(answer("answer", 200)).action == "done"
+    assert decide(answer("answer", 429, 3.0)) == _retry.Decision("retry", 3.0)
+    assert decide(answer("answer", 429, 300.0)).action == "fail"
+    assert decide(answer("answer", 503), retry=2) == _retry.Decision("retry", 2.0)
+    assert decide(answer("answer", 503), retry=4).action == "fail"
+    assert decide(answer("answer", 400)).action == "fail"
+    put = decide(answer("answer", 502), method="PUT")
+    assert put == _retry.Decision("retry", 0.5, maybe_done=True)
+    assert decide(answer("answer", 502), method="POST").action == "fail"
+    assert decide(answer("answer", 429, 1.0), method="POST").action == "retry"
+    assert decide(answer("unsent"), method="POST").action == "retry"
+    assert decide(answer("unsent"), retry=4, done=True) == _retry.Decision(
+        "fail", ambiguous=False, maybe_done=True
+    )
+    lost = decide(answer("unanswered"), method="POST")
+    assert (lost.action, lost.ambiguous) == ("fail", True)
+    assert decide(answer("unanswered"), method="GET").ambiguous is False
+    late = decide(answer("deadline", cut_short=True), method="PUT")
+    assert (late.action, late.ambiguous) == ("give_up", True)
+    assert decide(answer("unusable"), method="DELETE") == _retry.Decision("fail", ambiguous=True)
+
+
+def test_only_the_transport_talks_http() -> None:
+    """httpx is imported, outside type checking, by one module of edgegen only."""
+    importing = []
+    for path in sorted((Path(__file__).resolve().parent.parent / "edgegen").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        checked = {
+            id(node)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+            for node in ast.walk(block)
+        }
+        for node in ast.walk(tree):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            if id(node) not in checked and any(n.split(".")[0] == "httpx" for n in names):
+                importing.append(path.name)
+    assert importing == ["_transport.py"]

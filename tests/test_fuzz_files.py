@@ -26,12 +26,23 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sync_support import EXAMPLE, HAND_MADE, Network, Sleeps, clone, variant
 
+import edgegen
 import policy
-from edgegen import Artifacts, _cloudflare, _plan_format, build, cli
-from edgegen._cloudflare import MAX_RETRY_AFTER, Client, Token, parse_retry_after
-from edgegen._plan import make_plan, plan_to_json
-from edgegen._state import RemoteRuleset, RemoteState, Scope
-from edgegen.errors import CloudflareAPIError
+from edgegen import (
+    Artifacts,
+    Client,
+    CloudflareAPIError,
+    RemoteState,
+    Scope,
+    Token,
+    _cloudflare,
+    _plan_format,
+    build,
+    cli,
+)
+from edgegen._formats import plan_to_json
+from edgegen._retry import MAX_RETRY_AFTER, parse_retry_after
+from edgegen._state import RemoteRuleset
 
 BASE = EXAMPLE.read_text()
 CHANGED = variant(
@@ -526,7 +537,7 @@ def test_planning_against_any_rules_in_the_zone(rules: list[dict[str, Any]], ver
         None,
         (),
     )
-    plan = make_plan(artifacts, state)
+    plan = edgegen.plan(artifacts, state)
     _plan_format.to_text(plan)
     _plan_format.to_markdown(plan)
     json.dumps(plan_to_json(plan))

@@ -1,4 +1,5 @@
-"""Planning as a pure function: merging rules, ownership, fields, Worker, routes, plan files."""
+"""Planning as a pure function (``edgegen.plan``): merging rules, ownership, fields, Worker,
+routes, plan files."""
 
 from __future__ import annotations
 
@@ -8,21 +9,18 @@ from typing import Any
 
 import pytest
 
+import edgegen
 import policy
-from edgegen import Artifacts, Placement, Target, WorkerArtifact, _ids
+from edgegen import Artifacts, Placement, Target, WorkerArtifact, ZonePlan, _compile, _ids
+from edgegen._formats import plan_from_json, plan_to_json, write_hashes
 from edgegen._plan import (
     ABSENT,
     FieldChange,
-    Plan,
     check_saved,
     comparable,
     field_changes,
     locate_rejections,
-    make_plan,
-    plan_from_json,
-    plan_to_json,
     rejections,
-    write_hashes,
 )
 from edgegen._plan_format import summary, to_markdown, to_text
 from edgegen._state import (
@@ -102,7 +100,7 @@ def state(
     return RemoteState(SCOPE, ruleset, worker, routes)
 
 
-def refs(plan: Plan) -> list[str]:
+def refs(plan: ZonePlan) -> list[str]:
     """The refs of the rules the plan would PUT, in order."""
     assert plan.ruleset_body is not None
     return [r["ref"] for r in plan.ruleset_body["rules"]]
@@ -136,7 +134,7 @@ def deployed(artifact: WorkerArtifact, *, edgegen: bool = True) -> RemoteWorker:
 
 def test_first_plan_on_an_empty_zone_creates_every_rule() -> None:
     """No entrypoint: every rule is created, in the policy's order, with the description."""
-    plan = make_plan(artifacts(["a", "b"]), state(None))
+    plan = edgegen.plan(artifacts(["a", "b"]), state(None))
     assert refs(plan) == [_ids.rule_ref("a"), _ids.rule_ref("b")]
     assert [(c.action, c.limit, c.position) for c in plan.rule_changes] == [
         ("create", "a", 0),
@@ -149,7 +147,7 @@ def test_first_plan_on_an_empty_zone_creates_every_rule() -> None:
 
 def test_nothing_to_do_on_an_empty_zone_with_no_rules() -> None:
     """A policy with no rules and a zone with no entrypoint: no change, no empty PUT."""
-    plan = make_plan(artifacts([]), state(None))
+    plan = edgegen.plan(artifacts([]), state(None))
     assert plan.ruleset_body is None
     assert not plan.has_changes
     assert summary(plan) == "No changes: the zone matches the policy."
@@ -159,7 +157,7 @@ def test_foreign_rules_are_kept_exactly_and_in_place() -> None:
     """Hand-made rules keep their place and every field but the response-only ones."""
     a = stored(rule("a"), "id-a")
     remote = [foreign("f1"), a, foreign("f2")]
-    plan = make_plan(artifacts(["a", "c"], a=20), state(remote))
+    plan = edgegen.plan(artifacts(["a", "c"], a=20), state(remote))
     body = plan.ruleset_body
     assert body is not None
     assert refs(plan) == ["id-f1", _ids.rule_ref("a"), _ids.rule_ref("c"), "id-f2"]
@@ -176,21 +174,21 @@ def test_foreign_rules_are_kept_exactly_and_in_place() -> None:
 
 def test_new_rules_go_after_hand_made_ones_in_a_zone_without_ours() -> None:
     """So that rules made by hand keep their precedence."""
-    plan = make_plan(artifacts(["a"]), state([foreign("f")]))
+    plan = edgegen.plan(artifacts(["a"]), state([foreign("f")]))
     assert refs(plan) == ["id-f", _ids.rule_ref("a")]
 
 
 def test_a_new_first_rule_goes_before_our_first_rule() -> None:
     """The policy's order among our rules is kept without moving the hand-made ones."""
     remote = [foreign("f1"), stored(rule("a"), "id-a"), foreign("f2")]
-    plan = make_plan(artifacts(["n", "a"]), state(remote))
+    plan = edgegen.plan(artifacts(["n", "a"]), state(remote))
     assert refs(plan) == ["id-f1", _ids.rule_ref("n"), _ids.rule_ref("a"), "id-f2"]
 
 
 def test_update_is_field_by_field() -> None:
     """An update lists exactly the fields that change, by dotted path."""
     remote = [stored(rule("a"), "id-a")]
-    plan = make_plan(artifacts(["a"], a=20), state(remote))
+    plan = edgegen.plan(artifacts(["a"], a=20), state(remote))
     (change,) = plan.rule_changes
     assert change.action == "update"
     assert change.fields == (
@@ -204,7 +202,7 @@ def test_update_is_field_by_field() -> None:
 def test_delete_removes_only_our_rules() -> None:
     """Our rule gone from the policy is deleted; the hand-made one stays where it was."""
     remote = [stored(rule("a"), "id-a"), foreign("f"), stored(rule("b"), "id-b")]
-    plan = make_plan(artifacts(["b"]), state(remote))
+    plan = edgegen.plan(artifacts(["b"]), state(remote))
     assert refs(plan) == ["id-f", _ids.rule_ref("b")]
     (change,) = plan.rule_changes
     # A deleted rule's limit is gone from the policy: it is named by its ref and description.
@@ -215,7 +213,7 @@ def test_delete_removes_only_our_rules() -> None:
 def test_reordering_keeps_hand_made_rules_in_their_slots() -> None:
     """Our rules take our slots in the policy's order: a move, not a rewrite."""
     remote = [stored(rule("a"), "id-a"), foreign("f"), stored(rule("b"), "id-b")]
-    plan = make_plan(artifacts(["b", "a"]), state(remote))
+    plan = edgegen.plan(artifacts(["b", "a"]), state(remote))
     assert refs(plan) == [_ids.rule_ref("b"), "id-f", _ids.rule_ref("a")]
     assert {c.action for c in plan.rule_changes} == {"move"}
 
@@ -223,7 +221,7 @@ def test_reordering_keeps_hand_made_rules_in_their_slots() -> None:
 def test_a_duplicated_ref_is_cleaned_up() -> None:
     """Two remote rules with our ref: the first is kept, the copy deleted."""
     remote = [stored(rule("a"), "id-a"), stored(rule("a"), "id-a2")]
-    plan = make_plan(artifacts(["a"]), state(remote))
+    plan = edgegen.plan(artifacts(["a"]), state(remote))
     assert [r.get("id") for r in plan.ruleset_body["rules"]] == ["id-a"]  # type: ignore[index]
     assert [c.action for c in plan.rule_changes] == ["delete"]
 
@@ -238,13 +236,13 @@ def test_defaults_filled_in_by_cloudflare_are_not_changes() -> None:
     desired = Artifacts(
         {"description": "", "rules": [ours]}, None, "", (Placement("a", Target.RULE),)
     )
-    assert not make_plan(desired, state([remote])).has_changes
+    assert not edgegen.plan(desired, state([remote])).has_changes
 
 
 def test_unchanged_zone_has_no_changes() -> None:
     """The zone as a previous apply left it: no changes."""
     remote = [foreign("f"), stored(rule("a"), "id-a")]
-    plan = make_plan(artifacts(["a"]), state(remote))
+    plan = edgegen.plan(artifacts(["a"]), state(remote))
     assert plan.ruleset_body is None
     assert plan.rule_changes == ()
     assert "no changes" in to_text(plan)
@@ -262,7 +260,7 @@ def test_field_changes_of_nested_values() -> None:
 
 def test_rejections_name_the_limit() -> None:
     """A 400's pointer /rules/N/... names rule N of the body sent and so its limit."""
-    plan = make_plan(artifacts(["a", "b"]), state([foreign("f")]))
+    plan = edgegen.plan(artifacts(["a", "b"]), state([foreign("f")]))
     assert plan.ruleset_body is not None
     error = CloudflareAPIError(
         "rejected",
@@ -346,16 +344,76 @@ def test_rejections_are_located_at_the_policy_field_they_come_from(tmp_path: Pat
     assert found[7] == rejected(None, "action") and found[8] == rejected("gone", "action")
 
 
+CREDENTIALED_POLICY = """\
+version: 1
+cloudflare: { plan: enterprise, zone_id: 0123456789abcdef0123456789abcdef }
+authenticated_when: { headers: [authorization] }
+limits:
+  - name: api
+    match: { path_prefix: /api/ }
+    edge:
+      rate: 600/1m
+      credentialed_rate: 6000/1m
+  - name: search
+    match: { paths: [/search] }
+    edge: { rate: 60/1m }
+"""
+
+
+def test_a_limits_second_rule_is_named_and_located(tmp_path: Path) -> None:
+    """An unauthenticated-only limit placed as a rule has a second rule, for requests that
+    carry a credential: the plan names its limit, and a rejection of that rule is traced to
+    the policy line its rate comes from (credentialed_rate when written, else rate)."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(CREDENTIALED_POLICY, encoding="utf-8")
+    loaded = policy.load(path)
+    lines = CREDENTIALED_POLICY.splitlines()
+
+    def at(token: str) -> str:
+        (index,) = [i for i, line in enumerate(lines) if token in line]
+        return f"{path}:{index + 1}:{lines[index].index(token) + 1}"
+
+    plan = edgegen.plan(edgegen.build(loaded), state(None))
+    api, search = (_compile.credentialed_rule_ref(n) for n in ("api", "search"))
+    assert refs(plan) == [_ids.rule_ref("api"), api, _ids.rule_ref("search"), search]
+    assert plan.limits_by_ref[api] == "api"
+    assert plan.limits_by_ref[search] == "search"
+    assert [c.limit for c in plan.rule_changes] == ["api", "api", "search", "search"]
+    assert f"+ create api ({api})" in to_text(plan)
+    assert plan_from_json(json.loads(json.dumps(plan_to_json(plan))), "p").limits_by_ref == (
+        plan.limits_by_ref
+    )
+    error = CloudflareAPIError(
+        "rejected",
+        method="PUT",
+        path="/x",
+        status=400,
+        errors=[
+            ErrorDetail(20017, "no", "/rules/1/ratelimit/period"),
+            ErrorDetail(20018, "no", "/rules/3/ratelimit/requests_per_period"),
+            ErrorDetail(20019, "no", "/rules/3/action"),
+        ],
+    )
+    assert plan.ruleset_body is not None
+    found = locate_rejections(rejections(error, plan.ruleset_body, plan.limits_by_ref), loaded)
+    assert [(r.ref, r.limit, r.where) for r in found] == [
+        (api, "api", at("6000/1m")),
+        (search, "search", at("60/1m")),
+        (search, "search", at("{ rate: 60/1m }")),  # no action written: search's edge mapping
+    ]
+    assert found[0].describe().startswith(f"{at('6000/1m')}: limit 'api': Cloudflare rejected")
+
+
 def test_worker_is_uploaded_only_when_content_or_bindings_change() -> None:
     """Same module and bindings: nothing; a binding's limit changed: an update naming it."""
     artifact = worker_artifact()
-    same = make_plan(
+    same = edgegen.plan(
         artifacts([], artifact),
         state([], deployed(artifact), (RemoteRoute("r1", "a.example.com/*", WORKER),)),
     )
     assert same.worker_change is None
     assert not same.has_changes
-    changed = make_plan(
+    changed = edgegen.plan(
         artifacts([], worker_artifact(limit=6)),
         state([], deployed(artifact), (RemoteRoute("r1", "a.example.com/*", WORKER),)),
     )
@@ -387,7 +445,7 @@ def test_namespace_id_spelled_as_a_number_is_the_same_binding() -> None:
         canonical_bindings(remote.bindings),
         True,
     )
-    plan = make_plan(
+    plan = edgegen.plan(
         artifacts([], artifact), state([], remote, (RemoteRoute("r1", "a.example.com/*", WORKER),))
     )
     assert plan.worker_change is None
@@ -397,7 +455,7 @@ def test_replacing_a_worker_not_made_by_edgegen_is_flagged() -> None:
     """A script without edgegen's banner is replaced only with a note saying so."""
     artifact = worker_artifact()
     remote = deployed(worker_artifact(source="export default {}"), edgegen=False)
-    plan = make_plan(artifacts([], artifact), state([], remote))
+    plan = edgegen.plan(artifacts([], artifact), state([], remote))
     assert plan.worker_change is not None
     assert plan.worker_change.replaces_foreign
     assert any("not generated by edgegen" in n for n in plan.notes)
@@ -410,7 +468,7 @@ def test_routes_are_added_and_removed_for_our_worker_only() -> None:
         RemoteRoute("r1", "old.example.com/*", WORKER),
         RemoteRoute("r2", "other.example.com/*", "someone-else"),
     )
-    plan = make_plan(artifacts([], artifact), state([], deployed(artifact), routes))
+    plan = edgegen.plan(artifacts([], artifact), state([], deployed(artifact), routes))
     assert [(r.action, r.pattern) for r in plan.route_changes] == [
         ("create", "a.example.com/*"),
         ("delete", "old.example.com/*"),
@@ -426,14 +484,14 @@ def test_a_route_of_another_worker_is_a_conflict(script: str | None, says: str) 
     artifact = worker_artifact()
     routes = (RemoteRoute("r1", "a.example.com/*", script),)
     with pytest.raises(SyncError, match=says):
-        make_plan(artifacts([], artifact), state([], None, routes))
+        edgegen.plan(artifacts([], artifact), state([], None, routes))
 
 
 def test_a_worker_no_longer_needed_loses_its_routes_only() -> None:
     """No limit in the Worker: its routes go, the script stays (with a note)."""
     artifact = worker_artifact()
     routes = (RemoteRoute("r1", "a.example.com/*", WORKER),)
-    plan = make_plan(artifacts(["a"]), state([], deployed(artifact), routes))
+    plan = edgegen.plan(artifacts(["a"]), state([], deployed(artifact), routes))
     assert plan.worker_change is None
     assert [(r.action, r.route_id) for r in plan.route_changes] == [("delete", "r1")]
     assert any("wrangler delete" in n for n in plan.notes)
@@ -441,12 +499,12 @@ def test_a_worker_no_longer_needed_loses_its_routes_only() -> None:
 
 def test_fingerprints_tell_what_changed() -> None:
     """A new ruleset version and a new route of ours are both named."""
-    before = make_plan(artifacts(["a"]), state([foreign("f")])).fingerprints
+    before = edgegen.plan(artifacts(["a"]), state([foreign("f")])).fingerprints
     later = state([foreign("f"), foreign("g")], None, (RemoteRoute("r9", "x/*", WORKER),))
     later = RemoteState(
         SCOPE, RemoteRuleset("rs", "8", "", later.ruleset.rules), None, later.routes
     )  # type: ignore[union-attr]
-    now = make_plan(artifacts(["a"]), later).fingerprints
+    now = edgegen.plan(artifacts(["a"]), later).fingerprints
     changed = before.differences(now)
     assert changed[0].startswith("the http_ratelimit rules (version 7 when planned, 8 now)")
     assert changed[1] == "the Worker routes"
@@ -456,7 +514,7 @@ def test_fingerprints_tell_what_changed() -> None:
 def test_plan_file_round_trip() -> None:
     """A plan saved and read back is the same plan."""
     artifact = worker_artifact()
-    plan = make_plan(
+    plan = edgegen.plan(
         artifacts(["a", "b"], artifact, a=20), state([foreign("f"), stored(rule("a"), "id-a")])
     )
     text = json.dumps(plan_to_json(plan))
@@ -476,9 +534,9 @@ def saved_state() -> RemoteState:
     return state(rules, old_worker, routes)
 
 
-def saved_plan() -> tuple[Plan, dict[str, Any]]:
+def saved_plan() -> tuple[ZonePlan, dict[str, Any]]:
     """A plan with every kind of change, and its plan file's JSON."""
-    plan = make_plan(artifacts(["a", "b"], worker_artifact(), a=20), saved_state())
+    plan = edgegen.plan(artifacts(["a", "b"], worker_artifact(), a=20), saved_state())
     assert plan.rule_changes and plan.worker_change and len(plan.route_changes) == 2
     return plan, json.loads(json.dumps(plan_to_json(plan)))
 
@@ -487,7 +545,7 @@ def test_a_saved_plan_checks_against_the_zone_it_was_made_from() -> None:
     """Read back and made again from its writes and the same zone, a plan is itself."""
     plan, data = saved_plan()
     assert check_saved(plan_from_json(data, "plan.json"), saved_state(), "plan.json") == plan
-    empty = make_plan(artifacts([]), state(None))
+    empty = edgegen.plan(artifacts([]), state(None))
     again = plan_from_json(json.loads(json.dumps(plan_to_json(empty))), "p")
     assert check_saved(again, state(None), "p") == empty
 
@@ -560,7 +618,7 @@ def test_bad_plan_files_are_refused(data: Any) -> None:
 def test_text_and_markdown_name_every_change() -> None:
     """Both formats name the limit, the ref and each changed field."""
     remote = [stored(rule("a"), "id-a"), stored(rule("old"), "id-old")]
-    plan = make_plan(artifacts(["a", "new"], a=20), state(remote))
+    plan = edgegen.plan(artifacts(["a", "new"], a=20), state(remote))
     text = to_text(plan)
     markdown = to_markdown(plan)
     for out in (text, markdown):

@@ -34,7 +34,16 @@ import pytest
 from cloudflare_fake import ACCOUNT_ID, PERMISSIONS, ZONE_ID, FakeCloudflare, error, respond
 from sync_support import EXAMPLE, HAND_MADE, Fault, Network, Sleeps, Terminal, variant
 
-from edgegen import _cli_build, _cli_sync, _cloudflare, cli
+from edgegen import (
+    Client,
+    CloudflareAPIError,
+    Token,
+    UsageError,
+    _cli_build,
+    _cli_sync,
+    _cloudflare,
+    cli,
+)
 
 # Characters that change under base64, percent- and form-encoding, so every form differs.
 SECRET = secrets.token_urlsafe(30) + "~+/=%"
@@ -299,10 +308,8 @@ def test_a_token_echoed_by_a_proxy_is_removed(seen: Seen) -> None:
         said = f"invalid header Authorization: {request.headers['Authorization']}"
         return respond(400, errors=[error(6003, said, f"/x/{SECRET}")])
 
-    client = _cloudflare.Client(
-        _cloudflare.Token(SECRET), transport=httpx.MockTransport(echo), sleep=Sleeps()
-    )
-    with client, pytest.raises(_cloudflare.CloudflareAPIError) as info:
+    client = Client(Token(SECRET), transport=httpx.MockTransport(echo), sleep=Sleeps())
+    with client, pytest.raises(CloudflareAPIError) as info:
         client.list_routes(ZONE_ID)
     assert "invalid header Authorization: Bearer ***" in str(info.value)
     seen.exception("list_routes", info.value)
@@ -359,14 +366,12 @@ def test_a_token_quoted_in_any_form_is_not_shown(echo: str, seen: Seen) -> None:
             )
         return respond(400, errors=[error(6003, f"bad header: {quoted}", f"/x/{quoted}")])
 
-    client = _cloudflare.Client(
-        _cloudflare.Token(SECRET), transport=httpx.MockTransport(answer), sleep=Sleeps()
-    )
+    client = Client(Token(SECRET), transport=httpx.MockTransport(answer), sleep=Sleeps())
     with client:
-        with pytest.raises(_cloudflare.CloudflareAPIError) as info:
+        with pytest.raises(CloudflareAPIError) as info:
             client.list_routes(ZONE_ID)
         seen.exception("list_routes", info.value)
-        with pytest.raises(_cloudflare.CloudflareAPIError) as content:
+        with pytest.raises(CloudflareAPIError) as content:
             client.get_script_content(ACCOUNT_ID, "w")
         seen.exception("get_script_content", content.value)
     assert "HTTP 400" in str(info.value)
@@ -386,15 +391,13 @@ def test_a_long_message_is_cut_short(seen: Seen) -> None:
             return respond(400, errors=[error(6003, f"e{i}") for i in range(100_000)])
         return respond(400, errors=[error(6003, "x" * 2**20)])
 
-    client = _cloudflare.Client(
-        _cloudflare.Token(SECRET), transport=httpx.MockTransport(answer), sleep=Sleeps()
-    )
+    client = Client(Token(SECRET), transport=httpx.MockTransport(answer), sleep=Sleeps())
     with client:
-        with pytest.raises(_cloudflare.CloudflareAPIError) as info:
+        with pytest.raises(CloudflareAPIError) as info:
             client.list_routes(ZONE_ID)
         assert len(str(info.value)) < 1000
         assert "xxx..." in str(info.value)
-        with pytest.raises(_cloudflare.CloudflareAPIError) as many:
+        with pytest.raises(CloudflareAPIError) as many:
             client.send(client.put_entrypoint_write(ZONE_ID, {"rules": []}))
     assert len(many.value.errors) == 101
     assert str(many.value).endswith("e99; and 99,900 more errors); fix what it names and run again")
@@ -452,8 +455,8 @@ def test_token_file_problems(
     its content."""
     path = tmp_path / "token"
     make(path)
-    with pytest.raises(_cloudflare.UsageError) as info:
-        _cloudflare.Token.from_env({}, str(path))
+    with pytest.raises(UsageError) as info:
+        Token.from_env({}, str(path))
     message = str(info.value)
     assert str(path) in message
     assert says in message
@@ -476,8 +479,8 @@ def test_an_unreadable_token_file(
         return real_open(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "open", refuse)
-    with pytest.raises(_cloudflare.UsageError, match="Permission denied") as info:
-        _cloudflare.Token.from_env({}, str(path))
+    with pytest.raises(UsageError, match="Permission denied") as info:
+        Token.from_env({}, str(path))
     seen.exception("Token.from_env", info.value)
     seen.check()
 
@@ -487,7 +490,7 @@ def test_the_token_cannot_be_copied_out() -> None:
     import copy
     import pickle
 
-    token = _cloudflare.Token(SECRET)
+    token = Token(SECRET)
     for text in (repr(token), str(token), f"{token}", f"{token!r:>20}", "{}".format(token)):  # noqa: UP032 (format is a way tested)
         assert SECRET not in text
     for attempt in (pickle.dumps, copy.copy, copy.deepcopy, json.dumps):

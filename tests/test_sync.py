@@ -13,7 +13,7 @@ from cloudflare_fake import ACCOUNT_ID, PERMISSIONS, TOKEN, ZONE_ID, FakeCloudfl
 from sync_support import HAND_MADE, Sleeps
 
 from edgegen import _cloudflare, _ids, cli
-from edgegen._plan import write_hashes
+from edgegen._formats import write_hashes
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "policy.yaml"
