@@ -1,14 +1,12 @@
 """``AsyncLimiter``: the asyncio shell around the core, for ASGI apps.
 
-It never blocks the event loop: every call is awaited on a ``redis.asyncio`` client and
-the whole decision (all its script calls) runs under ``asyncio.timeout(app.timeout)``,
-which bounds it even when a connection has to be made first.
-
-On a standalone or Sentinel-managed server, the script calls of decisions made
-concurrently (in the same turn of the event loop) are sent together in one pipeline:
-each decision is still one EVALSHA and one round trip, but hundreds of concurrent
-requests no longer queue for connections one command at a time, which is what made
-limiters time out (and fail open) under load when Redis itself was fine.
+It only drives the decision flow (``_flow.py``): each call the flow asks for is awaited on
+the limiter's wire (``_awire.py``), and the outcomes are sent back into it. It never
+blocks the event loop, and every decision keeps to ``app.timeout``: on a standalone or
+Sentinel-managed server the script calls of the decisions made in one turn of the event
+loop are sent together, under one deadline for the batch; on Redis Cluster each
+decision's calls run under ``asyncio.timeout(app.timeout)``, which bounds them even when a
+connection has to be made first.
 """
 
 from __future__ import annotations
@@ -19,23 +17,18 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
 
-import redis.asyncio
-import redis.asyncio.cluster
-from redis.exceptions import NoScriptError, RedisClusterException
-
 from policy import Policy
 
-from . import _clients, _script
-from ._breaker import CircuitBreaker
-from ._clients import AsyncClient
-from ._core import Prepared, ScriptCall
+from . import _clients
+from ._awire import AsyncTransport, open_async
+from ._clients import AsyncClient, Target
+from ._core import Prepared
 from ._decision import Decision
-from ._errors import REDIS_FAILURES, ApplimitError
-from ._shell import UNLIMITED, LimiterBase, load_policy
-from ._wire import AsyncWire
+from ._errors import REDIS_FAILURES
+from ._shell import LimiterBase, load_policy
 
 
-class AsyncLimiter(LimiterBase):
+class AsyncLimiter(LimiterBase[AsyncTransport]):
     """The asyncio twin of :class:`~applimit.Limiter`: the same methods, as coroutines.
 
     Build it with :meth:`from_policy` and close it with ``await limiter.aclose()`` (or use
@@ -62,7 +55,7 @@ class AsyncLimiter(LimiterBase):
         """
         super().__init__(
             policy,
-            has_client=redis is not None,
+            client=redis,
             redis_url=redis_url,
             cluster=cluster,
             max_connections=max_connections,
@@ -70,25 +63,16 @@ class AsyncLimiter(LimiterBase):
             recovery_time=recovery_time,
             test_clock=test_clock,
         )
-        factory: Callable[[], AsyncClient]
-        if redis is not None:
-            factory, is_cluster = _clients.async_from_client(
-                redis, timeout=self.timeout, max_connections=max_connections
-            )
-            self._set_cluster(is_cluster)
-        else:
-            factory = _clients.async_from_url(
-                self.url, timeout=self.timeout, cluster=cluster, max_connections=max_connections
-            )
-        self._factory = factory
+
+    def _resolve(self, client: object | None, url: str, cluster: bool) -> Target[AsyncClient]:
+        return _clients.async_target(
+            client, url, cluster=cluster, timeout=self.timeout, max_connections=self.max_connections
+        )
+
+    def _open(self, target: Target[AsyncClient]) -> AsyncTransport:
         # On a standalone or Sentinel-managed server, calls go through the wire (batched
-        # per event-loop turn, see _wire.py); Redis Cluster keeps redis-py's client.
-        self._wire: AsyncWire | None = None
-        # Sentinel clients the limiter made from a redis+sentinel:// URL are its to close;
-        # a Sentinel behind a client you passed is yours.
-        self._owns_sentinels = redis is None and self.url.startswith(_clients.SENTINEL_SCHEME)
-        self._client: AsyncClient | None = None
-        self._closed = False
+        # per event-loop turn, see _awire.py); Redis Cluster keeps redis-py's client.
+        return open_async(target, self.breakers.main, timeout=self.timeout)
 
     @classmethod
     def from_policy(cls, source: str | os.PathLike[str] | Policy, **options: Any) -> Self:
@@ -149,13 +133,9 @@ class AsyncLimiter(LimiterBase):
         self._forget(keys)
         try:
             async with asyncio.timeout(self.timeout):
-                client = self._connection()
-                if self._wire is not None:
-                    await self._wire.command("DEL", *keys)
-                else:
-                    await client.delete(*keys)
+                await self._wire.delete(keys)
         except REDIS_FAILURES as error:
-            self._note_failure(error, self.breaker)
+            self.decider.note_failure(error, self.breaker)
             return False
         return True
 
@@ -163,11 +143,7 @@ class AsyncLimiter(LimiterBase):
 
     async def aclose(self) -> None:
         """Close the limiter's own connections (a client you passed stays open)."""
-        client, self._client = self._client, None
-        self._wire = None
-        self._closed = True
-        if client is not None:
-            await _clients.close_async(client, own_sentinels=self._owns_sentinels)
+        await self._wire.close()
 
     async def __aenter__(self) -> Self:
         """Use as ``async with AsyncLimiter.from_policy(...) as limiter:``."""
@@ -184,120 +160,14 @@ class AsyncLimiter(LimiterBase):
 
     # -- running calls --------------------------------------------------------------------
 
-    def _connection(self) -> AsyncClient:
-        if self._client is None:
-            if self._closed:
-                raise ApplimitError("this limiter is closed; build a new one to keep deciding.")
-            # Creating the client does no I/O; it connects on its first command.
-            client = self._factory()
-            if isinstance(client, redis.asyncio.Redis):
-                self._wire = AsyncWire(client, self.breaker, timeout=self.timeout)
-            self._client = client
-        return self._client
-
     async def _decide(self, prepared: Prepared) -> Decision:
-        if not prepared.checks:
-            return UNLIMITED
-        step = self._approx_begin(prepared) if not self._closed else None
-        if step is None:
-            return await self._exact(prepared)
-        if isinstance(step, Decision):
-            return step
-        # Approximate mode: the batch, then (when it is denied) the pending requests that
-        # still fit, then the request alone, so a denial is Redis' own (see _approx.py).
-        assert self.approx is not None
-        decision = await self._exact(step.batch)
-        flush = self._approx_settle(step, decision)
-        if flush is None:
-            return decision
-        flushed = await self._exact(flush.prepared) if flush.prepared is not None else None
-        if not self.approx.flushed(flush, flushed):
-            return decision
-        final = await self._exact(prepared)
-        self.approx.learn(prepared, final)
-        return final
-
-    async def _exact(self, prepared: Prepared) -> Decision:
-        # A closed limiter raises, as it would without the cache.
-        if self.denials is not None and not self._closed:
-            local = self.denials.answer(prepared)
-            if local is not None:
-                return local
-        sent = self._clock()
-        try:
-            client = self._connection()
-        except REDIS_FAILURES as error:
-            return self._failed(prepared, error, self.breaker)
+        """Drive the decision's flow: await each Send on the wire, send back its outcomes."""
+        flow = self.decider.decide_flow(prepared)
         wire = self._wire
-        if wire is not None:
-            # Not a cluster: one call, batched with the others of this event-loop turn
-            # under one deadline for the batch (the wire's), not a timer per decision.
-            if not self.breaker.allow():
-                return self._skipped(prepared, self.breaker)
-            try:
-                reply = await wire.submit(prepared.calls[0])
-            except REDIS_FAILURES as error:
-                # The batch reported its own failure to the breaker, once for all of its
-                # calls; a caller that ran out of time behind a busy loop is not an outage.
-                return self._failed(prepared, error, self.breaker, report=False)
-            # The batch told the breaker how Redis answered.
-            decision, _ = self._succeeded(prepared, [reply], (), sent)
+        try:
+            send = next(flow)
+            while True:
+                send = flow.send(await wire.run(send.calls))
+        except StopIteration as done:
+            decision: Decision = done.value
             return decision
-        breakers = [self._breaker_for(_node(client, call)) for call in prepared.calls]
-        closed = self._admit(breakers)
-        if closed is not None:
-            return self._skipped(prepared, closed)
-        failed: CircuitBreaker = breakers[0]
-        try:
-            async with asyncio.timeout(self.timeout):
-                if len(prepared.calls) == 1:
-                    replies: list[object] = [await _run(client, prepared.calls[0])]
-                else:
-                    # One call per cluster slot, concurrently: still one round trip of time.
-                    outcomes = await asyncio.gather(
-                        *(_run(client, call) for call in prepared.calls),
-                        return_exceptions=True,
-                    )
-                    for outcome, breaker in zip(outcomes, breakers, strict=True):
-                        if isinstance(outcome, BaseException):
-                            failed = breaker
-                            raise outcome
-                    replies = list(outcomes)
-        except REDIS_FAILURES as error:
-            return self._failed(prepared, error, failed)
-        decision, refunds = self._succeeded(prepared, replies, breakers, sent)
-        if refunds:
-            await self._refund(client, refunds)
-        return decision
-
-    async def _refund(self, client: AsyncClient, refunds: tuple[ScriptCall, ...]) -> None:
-        try:
-            async with asyncio.timeout(self.timeout):
-                await asyncio.gather(*(_run(client, call) for call in refunds))
-        except REDIS_FAILURES as error:
-            self._refund_failed(error)
-
-
-def _node(client: AsyncClient, call: ScriptCall) -> str | None:
-    """The name of the cluster node serving the call's slot (None: not a cluster)."""
-    if call.slot is None or not isinstance(client, redis.asyncio.cluster.RedisCluster):
-        return None
-    try:
-        return str(client.nodes_manager.get_node_from_slot(call.slot).name)
-    except (RedisClusterException, LookupError, TypeError):
-        # Not connected yet, or the slot map is being rebuilt: count the call against the
-        # cluster as a whole.
-        return None
-
-
-async def _run(client: AsyncClient, call: ScriptCall) -> object:
-    """EVALSHA the script; on NOSCRIPT (restarted or flushed server) EVAL it once."""
-    try:
-        return await client.execute_command(
-            "EVALSHA", _script.SHA, len(call.keys), *call.keys, *call.args
-        )
-    except NoScriptError:
-        # EVAL runs the script and caches it again, so the next call's EVALSHA finds it.
-        return await client.execute_command(
-            "EVAL", _script.SOURCE, len(call.keys), *call.keys, *call.args
-        )

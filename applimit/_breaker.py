@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 
 from ._errors import refuses_writes
@@ -184,3 +184,73 @@ class CircuitBreaker:
         if self._state is not BreakerState.OPEN:
             return 0.0
         return max(0.0, self._open_until - self._clock())
+
+
+class Breakers:
+    """The limiter's circuit breakers: its own, and on Redis Cluster one per master.
+
+    One dead master must not take down decisions whose keys live on the others, so each
+    node (by name, ``host:port``) has a breaker of its own, made on first use. The
+    limiter's own breaker (``main``) answers for calls no node can be named for yet (no
+    slot map, or one being rebuilt) and for a standalone or Sentinel-managed server.
+    """
+
+    def __init__(self, *, threshold: int, cooldown: float, probe_timeout: float) -> None:
+        """Every breaker opens after ``threshold`` failures and probes after ``cooldown``."""
+        self._threshold = threshold
+        self._cooldown = cooldown
+        self._probe_timeout = probe_timeout
+        self.main = self._new("Redis (applimit)")
+        self._nodes: dict[str, CircuitBreaker] = {}
+        self._lock = threading.Lock()
+
+    def _new(self, describe: str) -> CircuitBreaker:
+        return CircuitBreaker(
+            threshold=self._threshold,
+            cooldown=self._cooldown,
+            probe_timeout=self._probe_timeout,
+            describe=describe,
+        )
+
+    def of(self, node: str | None) -> CircuitBreaker:
+        """The breaker of a cluster node (by name), or ``main`` for None."""
+        if node is None:
+            return self.main
+        breaker = self._nodes.get(node)
+        if breaker is None:
+            with self._lock:
+                breaker = self._nodes.get(node)
+                if breaker is None:
+                    breaker = self._new(f"Redis node {node} (applimit)")
+                    self._nodes[node] = breaker
+        return breaker
+
+    @staticmethod
+    def admit(breakers: Sequence[CircuitBreaker]) -> CircuitBreaker | None:
+        """None when every breaker lets the call through (each asked once); else the
+        first that does not."""
+        seen: set[int] = set()
+        for breaker in breakers:
+            if id(breaker) in seen:
+                continue
+            seen.add(id(breaker))
+            if not breaker.allow():
+                return breaker
+        return None
+
+    def state(self, serving: set[str] | None) -> BreakerState:
+        """The worst state over the breakers that matter: those of the masters in
+        ``serving`` (the slot map's), or, without a slot map (None or empty), ``main``
+        and every node's."""
+        # No slot map yet (never connected, or every node unknown): only the limiter's own
+        # breaker knows whether Redis answers.
+        states = [self.main.state] if not serving else []
+        states += [
+            breaker.state
+            for node, breaker in list(self._nodes.items())
+            if not serving or node in serving
+        ]
+        for state in (BreakerState.OPEN, BreakerState.HALF_OPEN):
+            if state in states:
+                return state
+        return BreakerState.CLOSED

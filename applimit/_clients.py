@@ -15,12 +15,18 @@ sentinels, the cluster's nodes) with:
 Your client is left as it is and stays yours to close. Cluster clients connect when they
 are created, so they are built lazily, on the first decision, where a failure is answered
 by the failure policy rather than raised.
+
+What this module resolves, before the limiter builds anything else, is a :class:`Target`:
+how to make the client, whether it is a Redis Cluster, and whether the Sentinel clients
+behind it are the limiter's to close. URLs are shown with their password as ``***``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
-from typing import Any, TypeAlias, cast
+from dataclasses import dataclass
+from typing import Any, Generic, TypeAlias, TypeVar, cast
 from urllib.parse import unquote
 
 import redis
@@ -32,13 +38,17 @@ import redis.asyncio.sentinel
 import redis.cluster
 import redis.connection
 import redis.sentinel
+from pydantic import ValidationError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+import policy
 
 from ._errors import ConfigurationError
 
 SyncClient: TypeAlias = "redis.Redis | redis.cluster.RedisCluster"
 AsyncClient: TypeAlias = "redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster"
+ClientT = TypeVar("ClientT")
 
 SENTINEL_SCHEME = "redis+sentinel://"
 DEFAULT_SENTINEL_PORT = 26379
@@ -52,6 +62,63 @@ _IDENTITY_KEYS = (
     "socket_keepalive",
     "socket_keepalive_options",
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Target(Generic[ClientT]):
+    """Where the limiter's connections go, resolved before the limiter is built.
+
+    ``factory`` makes the limiter's own client (a cluster client connects when made);
+    ``cluster`` says whether it is a Redis Cluster (plans are then split by hash slot);
+    ``owns_sentinels``, whether the Sentinel clients behind it are the limiter's to close
+    (made from a ``redis+sentinel://`` URL; a Sentinel behind a client you passed is
+    yours).
+    """
+
+    factory: Callable[[], ClientT]
+    cluster: bool
+    owns_sentinels: bool = False
+
+
+def shown_url(url: str) -> str:
+    """``url`` as it may be shown: its password (and a password query argument) as
+    ``***``, like ``redis://:***@host:6379/0``."""
+    head, at, tail = url.rpartition("@")
+    shown = url
+    if at:
+        # Everything before the last "@" is user information (a password may hold "/").
+        prefix, sep, userinfo = head.rpartition("://") if "://" in head else ("", "", head)
+        user, colon, _ = userinfo.partition(":")
+        shown = f"{prefix}{sep}{user + ':***' if colon else '***'}@{tail}"
+    return re.sub(r"(?i)([?&;](?:password|pass|pwd)=)[^&;#]*", r"\1***", shown)
+
+
+def check_url(url: object) -> None:
+    """A ``redis_url=`` given to the limiter, checked as the policy checks
+    ``app.redis_url`` (scheme, port, database, query arguments, Sentinel form), so that a
+    URL that passes connects; ConfigurationError (password shown as ``***``) if not."""
+    if not isinstance(url, str):
+        raise ConfigurationError(
+            f"redis_url must be a str such as 'redis://host:6379/0', not {type(url).__name__}."
+        )
+    problem = _url_problem(url)
+    if problem is not None:
+        # Raised here, outside the handler: the validation error holds the URL as given,
+        # which must not ride along as the ConfigurationError's context.
+        raise ConfigurationError(f"redis_url= {problem}")
+
+
+def _url_problem(url: str) -> str | None:
+    """What the policy's check says about ``url`` (its password shown as ``***``)."""
+    try:
+        policy.App.model_validate({"redis_url": url})
+    except ValidationError as error:
+        found = error.errors(include_url=False, include_input=False, include_context=True)
+        cause = found[0].get("ctx", {}).get("error") if found else None
+        if cause is not None:
+            return str(cause)
+        return f"{shown_url(url)!r} is not a Redis URL; write it like redis://host:6379/0"
+    return None
 
 
 def _settings(kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -103,7 +170,7 @@ def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, dict[str, 
     rest = url[len(SENTINEL_SCHEME) :]
     if "?" in rest or "#" in rest:
         raise ConfigurationError(
-            f"{url!r}: a Sentinel URL takes no query or fragment; write it like "
+            f"{shown_url(url)!r}: a Sentinel URL takes no query or fragment; write it like "
             "redis+sentinel://host:26379,host2:26379/mymaster/0"
         )
     netloc, _, path = rest.partition("/")
@@ -127,16 +194,17 @@ def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, dict[str, 
             host, port_text = part.rsplit(":", 1)
             port = int(port_text)
         if not host:
-            raise ConfigurationError(f"{url!r}: a sentinel address is empty")
+            raise ConfigurationError(f"{shown_url(url)!r}: a sentinel address is empty")
         sentinels.append((host, port))
     service, _, db = path.partition("/")
     if not service:
         raise ConfigurationError(
-            f"{url!r} names no service; write it like redis+sentinel://host:26379/mymaster/0"
+            f"{shown_url(url)!r} names no service; write it like "
+            "redis+sentinel://host:26379/mymaster/0"
         )
     if db:
         if not db.isdigit():
-            raise ConfigurationError(f"{url!r}: database {db!r} is not a number")
+            raise ConfigurationError(f"{shown_url(url)!r}: database {db!r} is not a number")
         options["db"] = int(db)
     return sentinels, unquote(service), options
 
@@ -181,7 +249,7 @@ def sync_from_url(
     options = _url_options(redis.connection.parse_url(url))  # type: ignore[no-untyped-call]
     if cluster:
         if options.pop("db", 0):
-            raise ConfigurationError(f"{url!r}: Redis Cluster has only database 0.")
+            raise ConfigurationError(f"{shown_url(url)!r}: Redis Cluster has only database 0.")
 
         def cluster_client() -> SyncClient:
             return redis.cluster.RedisCluster(
@@ -306,7 +374,7 @@ def async_from_url(
     options: dict[str, Any] = _url_options(redis.asyncio.connection.parse_url(url))
     if cluster:
         if options.pop("db", 0):
-            raise ConfigurationError(f"{url!r}: Redis Cluster has only database 0.")
+            raise ConfigurationError(f"{shown_url(url)!r}: Redis Cluster has only database 0.")
         # The asyncio cluster client takes ssl=True rather than a connection class.
         connection_class = options.pop("connection_class", None)
         ssl = connection_class is not None and issubclass(
@@ -403,6 +471,36 @@ def async_from_client(
         f"client, not {type(client).__module__}.{type(client).__qualname__}; for sync "
         "clients use Limiter."
     )
+
+
+# --- targets -------------------------------------------------------------------------------
+
+
+def sync_target(
+    client: object | None, url: str, *, cluster: bool, timeout: float, max_connections: int
+) -> Target[SyncClient]:
+    """The sync limiter's target: from ``client``'s settings if given, else from ``url``
+    (``cluster`` says whether that is a cluster node's)."""
+    if client is not None:
+        factory, is_cluster = sync_from_client(
+            client, timeout=timeout, max_connections=max_connections
+        )
+        return Target(factory, is_cluster)
+    factory = sync_from_url(url, timeout=timeout, cluster=cluster, max_connections=max_connections)
+    return Target(factory, cluster, owns_sentinels=url.startswith(SENTINEL_SCHEME))
+
+
+def async_target(
+    client: object | None, url: str, *, cluster: bool, timeout: float, max_connections: int
+) -> Target[AsyncClient]:
+    """The async limiter's target, as :func:`sync_target`."""
+    if client is not None:
+        factory, is_cluster = async_from_client(
+            client, timeout=timeout, max_connections=max_connections
+        )
+        return Target(factory, is_cluster)
+    factory = async_from_url(url, timeout=timeout, cluster=cluster, max_connections=max_connections)
+    return Target(factory, cluster, owns_sentinels=url.startswith(SENTINEL_SCHEME))
 
 
 # --- closing -------------------------------------------------------------------------------

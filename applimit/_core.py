@@ -22,7 +22,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Literal
+from typing import Literal, cast
 
 from redis.crc import key_slot
 
@@ -266,10 +266,16 @@ def wrote(call: ScriptCall, reply: object) -> bool:
 def _script_call(
     mode: str, checks: Sequence[Check], *, now: str, nonce: str, slack: str, slot: int | None
 ) -> ScriptCall:
+    if len(checks) == 1:
+        # One rate of one limit (most decisions): no list to build.
+        check = checks[0]
+        block = check.block
+        tail = block.args_cost_1 if check.cost == 1 else check.args()
+        return ScriptCall((check.key,), (mode, now, nonce, slack, "1", *tail), slot)
     args: list[str] = [mode, now, nonce, slack, str(len(checks))]
     for check in checks:
         args.extend(check.args())
-    return ScriptCall(keys=tuple(c.key for c in checks), args=tuple(args), slot=slot)
+    return ScriptCall(tuple([c.key for c in checks]), tuple(args), slot)
 
 
 @dataclass(slots=True)
@@ -300,7 +306,10 @@ class Prepared:
         if len(replies) == 1:
             # One call (every decision but a cluster's that spans identities): its checks
             # in order, no refunds.
-            values = _int_list(replies[0], _REPLY_HEAD + _REPLY_FIELDS * len(self.checks))
+            checks = self.checks
+            values = _int_list(replies[0], _REPLY_HEAD + _REPLY_FIELDS * len(checks))
+            if len(checks) == 1:
+                return combine((self._result(checks[0], values, _REPLY_HEAD),)), ()
             make = self._result
             return combine(
                 [
@@ -329,10 +338,14 @@ class Prepared:
                 spent = [i for i in group if final[i].consumed]
                 if not spent:
                     continue
-                checks = [self.checks[i] for i in spent]
                 refunds.append(
                     _script_call(
-                        "refund", checks, now=str(now), nonce=self.nonce, slack="0", slot=call.slot
+                        "refund",
+                        [self.checks[i] for i in spent],
+                        now=str(now),
+                        nonce=self.nonce,
+                        slack="0",
+                        slot=call.slot,
                     )
                 )
                 for i in spent:
@@ -402,9 +415,9 @@ def _one_group(count: int) -> tuple[tuple[int, ...], ...]:
     return (tuple(range(count)),)
 
 
-def _int_list(reply: object, length: int) -> list[int]:
+def _int_list(reply: object, length: int) -> Sequence[int]:
     """The script's reply as integers; ValueError when it is not the expected shape."""
-    if not isinstance(reply, list | tuple) or len(reply) != length:
+    if not isinstance(reply, (list, tuple)) or len(reply) != length:
         raise ValueError(f"the limiter script replied {reply!r}; expected {length} integers")
     try:
         # One C loop: sum() refuses the bytes, None and lists a reply might hold instead
@@ -412,7 +425,8 @@ def _int_list(reply: object, length: int) -> list[int]:
         sum(reply)
     except TypeError:
         raise ValueError(f"the limiter script replied {reply!r}; expected integers") from None
-    return list(reply)
+    # Read, never changed: no copy.
+    return cast("Sequence[int]", reply)
 
 
 class Core:

@@ -74,6 +74,10 @@ class InvalidArgumentError(ApplimitError, ValueError):
         super().__init__(message)
 
 
+# What a closed limiter raises when asked to decide (not a Redis failure: a bug in the app).
+CLOSED = "this limiter is closed; build a new one to keep deciding."
+
+
 class PoolExhausted(Exception):
     """Every connection of the limiter's own pool stayed busy for the whole timeout.
 

@@ -165,10 +165,10 @@ def server_cpu_seconds(client: redis.Redis) -> float:
 def limiter_client(limiter: Any) -> redis.Redis:
     """The limiter's own sync client, so a reference loop can run on the same connection.
 
-    This reaches into the limiter (``_connection``) on purpose: the floor of a decision is
-    one round trip on *its* connection, with its pool and socket settings.
+    This reaches into the limiter (its wire's client) on purpose: the floor of a decision
+    is one round trip on *its* connection, with its pool and socket settings.
     """
-    client: redis.Redis = limiter._connection()
+    client: redis.Redis = limiter._wire.client()
     return client
 
 
@@ -177,7 +177,6 @@ def wire_ping(limiter: Any) -> Callable[[], object]:
     applimit/_wire.py): packed once, on a connection the limiter holds. The strictest
     floor: one round trip with none of redis-py's per-command work. Reaches into the
     limiter on purpose, like :func:`limiter_client`."""
-    limiter_client(limiter)  # connects, which builds the wire
     wire = limiter._wire
     packed = b"*1\r\n$4\r\nPING\r\n"
 

@@ -1,0 +1,312 @@
+"""The decision flow (applimit/_flow.py) and the wire protocol (applimit/_protocol.py),
+driven by hand: both do no I/O, so whoever runs their calls can drive them.
+
+Here the calls a flow asks for are run with a plain redis-py client of the harness's real
+server (or cluster), never the limiter's own wire: the decisions come out the same as the
+limiters', which only drive these flows. The protocol's recovery is fed the error replies
+redis-py's parser makes of what servers say.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import redis
+from harness import RedisCluster
+from limiter_support import TestClock
+from redis._parsers.base import BaseParser
+
+import policy
+from applimit import ApplimitError, BreakerState, Decision, Limiter, _script
+from applimit._core import ScriptCall
+from applimit._flow import Flow, Send
+from applimit._protocol import EVAL, EVALSHA, FCALL, LOAD, ScriptProtocol, Step, redirection
+
+POLICY = """
+version: 1
+app: {key_prefix: fl, timeout: 2s, on_redis_error: deny}
+limits:
+  - name: log
+    match: {path_prefix: /log/}
+    app: {algorithm: sliding_log, tiers: {default: 2/1m}}
+  - name: events
+    match: {path_prefix: /events/}
+    app: {algorithm: gcra, mode: approximate, sync_every: 5, sync_interval: 1m,
+          tiers: {default: 100/1m}}
+  - name: per-ip
+    match: {path_prefix: /both/}
+    app: {per: ip, algorithm: gcra, tiers: {default: 100/1m}}
+  - name: per-user
+    match: {path_prefix: /both/}
+    app: {algorithm: gcra, tiers: {default: 1/1m}}
+"""
+# Nothing listens here: a limiter pointed at it shows that driving its flows by hand
+# never uses its own wire.
+NOWHERE = "redis://127.0.0.1:1/0"
+
+
+def _run(client: Any, calls: Sequence[ScriptCall]) -> list[object]:
+    """The outcomes of ``calls``, run with EVAL on a plain redis-py client."""
+    outcomes: list[object] = []
+    for call in calls:
+        try:
+            outcomes.append(client.eval(_script.SOURCE, len(call.keys), *call.keys, *call.args))
+        except redis.exceptions.RedisError as error:
+            outcomes.append(error)
+    return outcomes
+
+
+def _drive(flow: Flow, answer: Any) -> tuple[Decision, list[Send]]:
+    """Run ``flow`` to its decision, answering each Send with ``answer(send)``."""
+    sends: list[Send] = []
+    try:
+        send = next(flow)
+        while True:
+            sends.append(send)
+            send = flow.send(answer(send))
+    except StopIteration as done:
+        return done.value, sends
+
+
+def _limiter(**options: Any) -> Limiter:
+    return Limiter(policy.loads(POLICY), redis_url=NOWHERE, **options)
+
+
+def test_a_decision_is_one_send_answered_by_anyone(redis_client: redis.Redis) -> None:
+    """A hit's flow asks for the plan's one call; answered by another client, it gives
+    the decision the limiter would (the quota counts down), and nothing else happens."""
+    limiter = _limiter(test_clock=TestClock())
+    admin = redis_client
+    try:
+        for remaining in (1, 0):
+            prepared = limiter.core.for_limit("hit", "log", "alice", None, 1)
+            decision, sends = _drive(
+                limiter.decider.decide_flow(prepared), lambda send: _run(admin, send.calls)
+            )
+            assert [s.calls for s in sends] == [prepared.calls]
+            assert not sends[0].refund
+            assert decision.allowed and not decision.degraded
+            assert decision.remaining == remaining
+    finally:
+        limiter.close()
+
+
+def test_a_repeated_denial_needs_no_send(redis_client: redis.Redis) -> None:
+    """Once a cost-1 request is denied, the next flow for that identity ends without
+    asking for a call: the denial cache answers."""
+    limiter = _limiter(test_clock=TestClock())
+    admin = redis_client
+
+    def hit() -> tuple[Decision, list[Send]]:
+        prepared = limiter.core.for_limit("hit", "log", "bob", None, 1)
+        return _drive(limiter.decider.decide_flow(prepared), lambda s: _run(admin, s.calls))
+
+    try:
+        assert [len(hit()[1]) for _ in range(2)] == [1, 1]
+        denied, sends = hit()
+        assert not denied.allowed and len(sends) == 1
+        again, sends = hit()
+        assert not again.allowed and not again.degraded and sends == []
+    finally:
+        limiter.close()
+
+
+def test_failed_calls_follow_the_failure_policy_and_open_the_breaker() -> None:
+    """A call that failed gives the limit's failure policy (here: deny), degraded; after
+    three, the breaker is open and the flow ends at once, without a Send."""
+    limiter = _limiter()
+    down = redis.exceptions.ConnectionError("Connection refused")
+    for _ in range(3):
+        prepared = limiter.core.for_limit("hit", "log", "carol", None, 1)
+        decision, sends = _drive(limiter.decider.decide_flow(prepared), lambda s: [down])
+        assert decision.degraded and not decision.allowed and len(sends) == 1
+    assert limiter.breaker_state is BreakerState.OPEN
+    prepared = limiter.core.for_limit("hit", "log", "carol", None, 1)
+    decision, sends = _drive(limiter.decider.decide_flow(prepared), lambda s: [down])
+    assert decision.degraded and sends == []
+    limiter.close()
+
+
+def test_approximate_mode_syncs_then_answers_locally(redis_client: redis.Redis) -> None:
+    """An approximate limit's first request syncs (one Send); the next ones, within
+    sync_every and sync_interval, are answered by the flow alone."""
+    limiter = _limiter(test_clock=TestClock())
+    admin = redis_client
+    try:
+        counts = []
+        for _ in range(4):
+            prepared = limiter.core.for_limit("hit", "events", "dave", None, 1)
+            decision, sends = _drive(
+                limiter.decider.decide_flow(prepared), lambda s: _run(admin, s.calls)
+            )
+            assert decision.allowed
+            counts.append(len(sends))
+        assert counts == [1, 0, 0, 0]
+    finally:
+        limiter.close()
+
+
+@pytest.mark.cluster
+def test_a_denied_multi_slot_request_asks_for_its_refund(
+    redis_cluster: RedisCluster, cluster_client: Any
+) -> None:
+    """On Redis Cluster a request counted by address and by user is one call per slot;
+    when the user's limit denies it, the flow asks for a second Send, the refund of what
+    the address's limit consumed, and reports that limit as not consumed."""
+    limiter = Limiter(policy.loads(POLICY), redis_url=redis_cluster.url, cluster=True)
+    try:
+
+        def request() -> tuple[Decision, list[Send]]:
+            prepared = limiter.core.for_request(
+                "hit", "GET", "/both/x", "erin", tier=None, cost=1, ip="192.0.2.7", host=None
+            )
+            assert len(prepared.calls) == 2
+            return _drive(
+                limiter.decider.decide_flow(prepared), lambda s: _run(cluster_client, s.calls)
+            )
+
+        first, sends = request()
+        assert first.allowed and len(sends) == 1
+        second, sends = request()
+        assert not second.allowed
+        assert [s.refund for s in sends] == [False, True]
+        (refund,) = sends[1].calls
+        assert refund.args[0] == "refund"
+        by_name = {r.name: r for r in second.results}
+        assert not by_name["per-ip"].consumed and by_name["per-ip"].remaining == 99
+    finally:
+        limiter.close()
+
+
+def test_a_closed_limiters_flow_raises() -> None:
+    """After close(), a flow raises at its first step, whatever its caches hold."""
+    limiter = _limiter()
+    limiter.close()
+    flow = limiter.decider.decide_flow(limiter.core.for_limit("hit", "log", "x", None, 1))
+    with pytest.raises(ApplimitError, match="closed"):
+        next(flow)
+
+
+# --- the wire protocol -------------------------------------------------------------------
+
+
+def _error(text: str) -> BaseException:
+    """The exception redis-py's parser makes of an error reply ``text``."""
+    error: BaseException = BaseParser.parse_error(text)
+    return error
+
+
+CALLS = [ScriptCall(("k1",), ("hit",)), ScriptCall(("k2",), ("hit",))]
+
+
+def _recover(
+    protocol: ScriptProtocol, how: bytes, replies: list[object], answers: list[list[object]]
+) -> list[Step]:
+    """Run the protocol's recovery, answering its steps with ``answers`` in turn."""
+    steps: list[Step] = []
+    recovery = protocol.recover(how, replies)
+    try:
+        step = next(recovery)
+        while True:
+            steps.append(step)
+            step = recovery.send(answers[len(steps) - 1])
+    except StopIteration:
+        return steps
+
+
+def test_a_missing_library_is_loaded_with_the_calls_again() -> None:
+    """FCALL answered "Function not found": one step sends FUNCTION LOAD and those calls
+    (only those) again in one write; their new replies take the old ones' places."""
+    protocol = ScriptProtocol()
+    replies: list[object] = [_error("ERR Function not found"), [1]]
+    assert not protocol.settled(replies)
+    steps = _recover(protocol, FCALL, replies, [[b"applimit_x", [7]]])
+    assert [(s.how, s.indices, s.load) for s in steps] == [(FCALL, [0], True)]
+    packed, count = steps[0].write(CALLS)
+    assert packed.startswith(LOAD) and count == 2
+    assert replies == [[7], [1]] and protocol.how is FCALL
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        "NOPERM User scripts has no permissions to run the 'fcall' command",
+        "ERR unknown command 'FCALL', with args beginning with: ",
+    ],
+)
+def test_a_refusal_of_functions_is_evalsha_for_good(
+    refusal: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """FCALL refused (an ACL, a Redis before 7): the calls go again as EVAL, and the
+    protocol uses EVALSHA from then on; it says so once."""
+    caplog.set_level(logging.INFO, logger="applimit")
+    protocol = ScriptProtocol()
+    replies: list[object] = [_error(refusal), _error(refusal)]
+    steps = _recover(protocol, FCALL, replies, [[[1], [2]]])
+    assert [(s.how, s.indices, s.load) for s in steps] == [(EVAL, [0, 1], False)]
+    assert replies == [[1], [2]] and protocol.how is EVALSHA
+    protocol.refuse(_error(refusal))
+    assert sum("refused Redis Functions" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_refused_load_is_evalsha_and_a_failed_load_fails_the_calls() -> None:
+    """FUNCTION LOAD refused: EVAL for the calls, EVALSHA from then on. FUNCTION LOAD
+    failing for another reason (out of memory): the calls fail with that error, and the
+    protocol keeps FCALL (an OOM is no refusal of Functions)."""
+    protocol = ScriptProtocol()
+    missing = _error("ERR Function not found")
+    refused = _error("NOPERM User scripts has no permissions to run the 'function|load' command")
+    replies: list[object] = [missing]
+    steps = _recover(protocol, FCALL, replies, [[refused, missing], [[3]]])
+    assert [(s.how, s.load) for s in steps] == [(FCALL, True), (EVAL, False)]
+    assert replies == [[3]] and protocol.how is EVALSHA
+
+    protocol = ScriptProtocol()
+    oom = _error("OOM command not allowed when used memory > 'maxmemory'.")
+    replies = [missing]
+    _recover(protocol, FCALL, replies, [[oom, missing]])
+    assert replies == [oom] and protocol.how is FCALL
+
+
+def test_noscript_is_eval_and_state_errors_are_final() -> None:
+    """EVALSHA answered NOSCRIPT (a restarted server): EVAL for that call. Errors about
+    the server's state or a key (OOM, READONLY, WRONGTYPE) call for nothing more: they
+    are the decision's, and never a refusal of Functions."""
+    protocol = ScriptProtocol(functions=False)
+    replies: list[object] = [[1], _error("NOSCRIPT No matching script. Please use EVAL.")]
+    steps = _recover(protocol, EVALSHA, replies, [[[2]]])
+    assert [(s.how, s.indices) for s in steps] == [(EVAL, [1])]
+    assert replies == [[1], [2]]
+    for text in (
+        "OOM command not allowed when used memory > 'maxmemory'.",
+        "READONLY You can't write against a read only replica.",
+        "WRONGTYPE Operation against a key holding the wrong kind of value",
+        "ERR user_function:12: Script attempted to access a non local key, script: x",
+    ):
+        assert ScriptProtocol().settled([_error(text)]), text
+
+
+def test_asking_replies_are_paired_off() -> None:
+    """A call sent after ASKING has two replies; the call's own is kept, or ASKING's
+    error when that was refused."""
+    step = Step(EVAL, [0, 1])
+    packed, count = step.write(CALLS, asking=True)
+    assert count == 4 and packed.count(b"ASKING") == 2
+    refused = _error("ERR ASKING is not allowed")
+    assert step.replies([b"OK", [1], refused, [2]], asking=True) == [[1], refused]
+
+
+def test_redirections_say_what_a_cluster_error_means() -> None:
+    """MOVED, ASK and TRYAGAIN are followed; a CLUSTERDOWN or a dead connection means
+    the slot map may be out of date; anything else is the call's own failure."""
+    assert redirection(_error("MOVED 3999 127.0.0.1:6381")).value == "moved"
+    assert redirection(_error("ASK 3999 127.0.0.1:6381")).value == "ask"
+    assert redirection(_error("TRYAGAIN Multiple keys request during rehashing")).value == (
+        "tryagain"
+    )
+    assert redirection(_error("CLUSTERDOWN The cluster is down")).value == "refresh"
+    assert redirection(redis.exceptions.ConnectionError("refused")).value == "refresh"
+    assert redirection(_error("WRONGTYPE Operation against a key")).value == "fail"
