@@ -35,6 +35,7 @@ L207    info             the plan's rule quota is used up, so a limit goes to th
 L208    info             a limit in the Worker has a timeout the Worker cannot honour
 L209    warning          the Worker carries limits but has no routes
 L210    warning          a rule counts each IPv6 address, the policy counts IPv6 per network
+L211    warning          a limit in the Worker names hosts no route of the Worker covers
                          (info when only a rule can carry the limit)
 ======  ========  =====  ==========================================================
 """
@@ -640,6 +641,11 @@ def placement_diagnostics(
                     stops={Layer.EDGE},
                 )
             )
+        elif cloudflare.worker.routes:
+            for placed in in_worker:
+                covered = _route_coverage(policy, placed.limit, cloudflare.worker.routes)
+                if covered is not None:
+                    out.append(covered)
         elif not cloudflare.worker.routes:
             out.append(
                 diagnostic_at(
@@ -654,6 +660,89 @@ def placement_diagnostics(
                 )
             )
     return out
+
+
+def _route_parts(route: str) -> tuple[str, str]:
+    """A route pattern's host and path (``api.example.com/*`` -> ``api.example.com``, ``/*``)."""
+    host, slash, path = route.partition("/")
+    return host.lower(), (slash + path) if slash else "/*"
+
+
+def _host_covered(route_host: str, host: str) -> bool:
+    """Whether a route's host pattern (a leading ``*`` matches any prefix) covers a policy
+    host (``*.example.com`` needs a route host that covers every subdomain)."""
+    if route_host.startswith("*"):
+        suffix = route_host[1:]
+        return host.endswith(suffix) if not host.startswith("*.") else host[1:].endswith(suffix)
+    return route_host == host
+
+
+def _path_covered(route_path: str, limit: Limit) -> bool:
+    """Whether a route's path pattern (a trailing ``*`` matches any rest) covers every path
+    the limit matches."""
+    if route_path.endswith("*"):
+        stem = route_path[:-1]
+        wanted = (*limit.match.paths, *limit.match.path_prefix)
+        return stem == "/" or (bool(wanted) and all(p.startswith(stem) for p in wanted))
+    return (
+        bool(limit.match.paths)
+        and not limit.match.path_prefix
+        and all(p == route_path for p in limit.match.paths)
+    )
+
+
+def _route_coverage(policy: Policy, name: str, routes: tuple[str, ...]) -> Diagnostic | None:
+    """L211: a limit placed in the Worker, on hosts or paths the Worker's routes never run on.
+
+    A rule applies to the whole zone; the Worker runs only where a route sends requests to
+    it. A limit that moves from a rule to the Worker would silently stop covering every
+    host name (and path) outside the routes. A warning when the limit names hosts that no
+    route covers (a warning, not an error: a Custom Domain may reach the Worker too, which
+    edgegen does not manage); info when the limit names no host (it means every host of the
+    zone, and only the routes' hosts are covered: edgegen cannot know the zone's names).
+    """
+    limit = policy.limit(name)
+    parts = [_route_parts(r) for r in routes]
+    hosts = limit.match.hosts
+    path = ("limits", policy.limit_index(name), "match")
+    if not hosts:
+        if any(h == "*" for h, _ in parts):
+            return None
+        shown = _list_text((r for r in routes), "and")
+        return diagnostic_at(
+            policy,
+            path,
+            "L211",
+            Severity.INFO,
+            f"limit {name!r} runs in the Worker and names no host, but the Worker runs only on "
+            f"its routes ({shown}): requests to other host names of the zone are not limited "
+            "by it",
+            limit=name,
+            fix="list the limit's hosts, or add a route for every host the limit must cover",
+        )
+    uncovered = [
+        h
+        for h in hosts
+        if not any(_host_covered(rh, h) and _path_covered(rp, limit) for rh, rp in parts)
+    ]
+    if not uncovered:
+        return None
+    host = uncovered[0]
+    route_host = f"*{host[1:]}" if host.startswith("*.") else host
+    prefixes = limit.match.path_prefix
+    route_path = f"{prefixes[0]}*" if len(prefixes) == 1 and not limit.match.paths else "/*"
+    example = f"{route_host}{route_path}"
+    return diagnostic_at(
+        policy,
+        path,
+        "L211",
+        Severity.WARNING,
+        f"limit {name!r} runs in the Worker for {_list_text(repr(h) for h in uncovered)}, "
+        "but no route of cloudflare.worker sends those requests to the Worker, so the limit "
+        f"never applies there; add a route such as {example!r}",
+        limit=name,
+        fix=f"add the route {example} to cloudflare.worker.routes",
+    )
 
 
 # What edgegen contributes to policy.lint and policy.check.

@@ -171,6 +171,49 @@ def test_lint_worker_section_missing_or_without_routes() -> None:
     assert "L209" in codes
 
 
+@pytest.mark.parametrize(
+    ("routes", "match", "expected"),
+    [
+        # The limit's host has no route: the Worker never sees its requests.
+        ('["api.example.com/*"]', "{ hosts: [hooks.example.com] }", Severity.WARNING),
+        ('["api.example.com/*", "hooks.example.com/*"]', "{ hosts: [hooks.example.com] }", None),
+        # A route on the right host but another path does not cover the limit's prefix.
+        (
+            '["hooks.example.com/other/*"]',
+            "{ hosts: [hooks.example.com], path_prefix: /webhooks/ }",
+            Severity.WARNING,
+        ),
+        (
+            '["hooks.example.com/webhooks/*"]',
+            "{ hosts: [hooks.example.com], path_prefix: /webhooks/ }",
+            None,
+        ),
+        # A leading * in the route's host covers subdomains, and *.example.com in the policy.
+        ('["*example.com/*"]', "{ hosts: ['*.example.com'] }", None),
+        ('["a.example.com/*"]', "{ hosts: ['*.example.com'] }", Severity.WARNING),
+        # No host in the policy: every host of the zone, but only the routes' hosts run it.
+        ('["api.example.com/*"]', "{ path_prefix: /api/ }", Severity.INFO),
+        ('["*/*"]', "{ path_prefix: /api/ }", None),
+    ],
+)
+def test_lint_worker_routes_must_cover_worker_limits(
+    routes: str, match: str, expected: Severity | None
+) -> None:
+    """L211: a limit placed in the Worker applies only where a route sends requests to the
+    Worker; a limit whose hosts or paths no route covers never applies there."""
+    text = (
+        f"version: 1\ncloudflare: {{ plan: business, worker: {{ name: w, routes: {routes} }} }}\n"
+        f"limits:\n  - name: x\n    match: {match}\n"
+        "    edge: { rate: 5/1m, unauthenticated_only: false, target: worker }\n"
+    )
+    found = [d for d in lint(policy.loads(text)) if d.code == "L211"]
+    if expected is None:
+        assert found == []
+    else:
+        assert [d.severity for d in found] == [expected]
+        assert found[0].path == "limits[0].match"
+
+
 def test_lint_and_build_agree() -> None:
     """Every limit lint calls impossible fails the build, with the same sentence."""
     text = (

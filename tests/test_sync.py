@@ -87,7 +87,8 @@ def test_first_apply_on_an_empty_zone(zone: FakeCloudflare, run: Any) -> None:
     assert "done: update the http_ratelimit rules" in out
     assert "done: upload the Worker api-edge-limits" in out
     assert "done: add the route api.example.com/* -> api-edge-limits" in out
-    assert "Apply complete: 3 write(s) made." in out
+    assert "done: add the route hooks.example.com/webhooks/* -> api-edge-limits" in out
+    assert "Apply complete: 4 write(s) made." in out
     assert list(by_ref(zone)) == [LOGIN]
     assert zone.version == "1"
     script = zone.scripts[WORKER]
@@ -97,7 +98,8 @@ def test_first_apply_on_an_empty_zone(zone: FakeCloudflare, run: Any) -> None:
         "RL_WEBHOOKS_A58F0473",
     ]
     assert [(r["pattern"], r["script"]) for r in zone.routes.values()] == [
-        ("api.example.com/*", WORKER)
+        ("api.example.com/*", WORKER),
+        ("hooks.example.com/webhooks/*", WORKER),
     ]
 
 
@@ -201,7 +203,7 @@ def test_saved_plan_applies_without_asking(zone: FakeCloudflare, run: Any, tmp_p
     assert f"Saved the plan to {planfile}" in err
     code, out, err = run("apply", planfile)
     assert code == 0, err
-    assert "Apply complete: 3 write(s) made." in out
+    assert "Apply complete: 4 write(s) made." in out
     assert run("plan", EXAMPLE, "--detailed-exitcode")[0] == 0
 
 
@@ -235,7 +237,7 @@ def test_dry_run_sends_only_gets(zone: FakeCloudflare, run: Any) -> None:
     assert code == 0
     assert {r.method for r in zone.log} == {"GET"}
     assert zone.entrypoint is None and not zone.scripts and not zone.routes
-    assert "Dry run: apply would send 3 request(s), in this order:" in out
+    assert "Dry run: apply would send 4 request(s), in this order:" in out
     assert (
         f"PUT https://api.cloudflare.com/client/v4/zones/{ZONE_ID}/rulesets/phases/http_ratelimit/entrypoint"
         in out
@@ -328,7 +330,7 @@ def test_failure_mid_apply_says_what_was_written(zone: FakeCloudflare, run: Any)
     assert "apply stopped: add the route api.example.com/* -> api-edge-limits failed" in err
     assert "Written: update the http_ratelimit rules of zone" in err
     assert "upload the Worker api-edge-limits." in err
-    assert "Not written: nothing." in err
+    assert "Not written: add the route hooks.example.com/webhooks/*" in err
     assert "may or may not have been made" in err
     assert "Run edgegen plan to see what the zone holds now" in err
     code, out, _ = run("plan", EXAMPLE, "--detailed-exitcode")
@@ -757,7 +759,9 @@ def test_an_unedited_plan_applies_what_it_shows(
         tmp_path,
         **{
             "rate: 20/1m, action: managed_challenge": "rate: 10/1m, action: managed_challenge",
-            'routes: ["api.example.com/*"]': 'routes: ["api.example.com/v2/*"]',
+            'routes: ["api.example.com/*", "hooks.example.com/webhooks/*"]': (
+                'routes: ["api.example.com/v2/*", "hooks.example.com/webhooks/*"]'
+            ),
             "rate: 100/10s": "rate: 50/10s",
         },
     )

@@ -104,6 +104,7 @@ def test_pull_plan_apply(zone: FakeCloudflare, client: edgegen.Client) -> None:
         ("written", "update"),
         ("written", "upload"),
         ("written", "add"),
+        ("written", "add"),
     ]
     assert events[0].plan is made
     assert result.written == tuple(e.write for e in events[1:])
@@ -171,7 +172,7 @@ def test_a_dry_run_returns_the_requests_it_would_send(
         output=lambda event: kinds.append(event.kind),
     )
     assert result.outcome == "dry_run"
-    assert [w.method for w in result.requests] == ["PUT", "PUT", "POST"]
+    assert [w.method for w in result.requests] == ["PUT", "PUT", "POST", "POST"]
     assert kinds == ["plan", "validated"]
     assert [(r.method, r.query) for r in zone.writes] == [("PUT", "dry_run=true")]
     assert zone.entrypoint is None
