@@ -18,16 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import policy
-from policy import Policy, Severity
+from policy import Policy
 
 from . import _apply, _diff, _formats, _plan_format
 from ._artifacts import Artifacts
 from ._cloudflare import Client, Write
-from ._compile import build
+from ._pipeline import load_and_build
 from ._plan import SavedPlan, ZonePlan
 from ._state import RemoteState, Scope
 from ._zone import ApplyEvent, apply, plan, pull
-from .errors import EdgegenError, SyncError, UsageError
+from .errors import SyncError, UsageError
 
 
 def _token_option(parser: argparse.ArgumentParser) -> None:
@@ -125,24 +125,6 @@ def register(sub: Any) -> None:
 
 
 # --- shared steps --------------------------------------------------------------------
-
-
-def load_and_build(path: str) -> tuple[Policy, Artifacts]:
-    """Load, lint and compile a policy; lint errors are printed and stop the command."""
-    loaded = policy.load(path)
-    found = policy.lint(loaded)
-    errors = [d for d in found if d.severity is Severity.ERROR]
-    for diagnostic in found:
-        if diagnostic.severity is not Severity.INFO:
-            sys.stderr.write(
-                f"{diagnostic.format()} [{diagnostic.severity.value} {diagnostic.code}]\n"
-            )
-    if errors:
-        raise EdgegenError(
-            f"{path} has {len(errors)} error(s), so there is nothing to plan; fix them "
-            f"(edgegen validate {path} lists them) and run again"
-        )
-    return loaded, build(loaded)
 
 
 def scope_of(loaded: Policy, artifacts: Artifacts, path: str) -> Scope:

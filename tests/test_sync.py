@@ -898,3 +898,22 @@ def test_pulled_state_carries_the_setting(
     example = ROOT / "examples" / "zone-state.json"
     assert "url_normalization" not in json.loads(example.read_text())
     assert run("plan", EXAMPLE, "--state", example)[0] in (0, 1)
+
+
+def test_plan_prints_the_edges_lint_findings(
+    zone: FakeCloudflare, run: Any, tmp_path: Path
+) -> None:
+    """plan runs the same validity gate as validate, edge checks included: a Worker limit
+    whose host no route covers (L211) is a warning on stderr, and the plan still shows."""
+    path = variant(
+        tmp_path,
+        **{
+            'routes: ["api.example.com/*", "hooks.example.com/webhooks/*"]': (
+                'routes: ["api.example.com/*"]'
+            )
+        },
+    )
+    code, out, err = run("plan", path)
+    assert code == 0, err
+    assert "[warning L211]" in err and "hooks.example.com" in err
+    assert out.startswith(f"edgegen plan for zone {ZONE_ID}")
