@@ -21,7 +21,7 @@ import atheris
 import httpx
 
 with atheris.instrument_imports():
-    from edgegen import _cloudflare, _json, _plan, _state
+    from edgegen import _cloudflare, _formats, _json, _retry, _token
     from edgegen.errors import CloudflareAPIError, SyncError
 
 _HEADERS = (b"Retry-After", b"Content-Type", b"CF-Entrypoint", b"Content-Encoding")
@@ -36,16 +36,16 @@ _CALLS = (
 
 def _state_file(data: bytes) -> None:
     with contextlib.suppress(SyncError):
-        _state.RemoteState.from_json(
-            _state.parse_json(data.decode("utf-8", "replace"), "s", "state"), "s"
+        _formats.state_from_json(
+            _formats.parse_json(data.decode("utf-8", "replace"), "s", "state"), "s"
         )
 
 
 def _plan_file(data: bytes) -> None:
     text = data.decode("utf-8", "replace")
-    _plan.is_plan_file(text)
+    _formats.is_plan_file(text)
     with contextlib.suppress(SyncError):
-        _plan.plan_from_json(_state.parse_json(text, "p", "plan"), "p")
+        _formats.plan_from_json(_formats.parse_json(text, "p", "plan"), "p")
 
 
 def _answer(data: bytes) -> None:
@@ -63,10 +63,10 @@ def _answer(data: bytes) -> None:
         return httpx.Response(status, headers=headers, content=body, request=request)
 
     client = _cloudflare.Client(
-        _cloudflare.Token("fuzz-token"),
+        _token.Token("fuzz-token"),
         transport=httpx.MockTransport(answer),
         sleep=lambda seconds: None,
-        retry=_cloudflare.RetryPolicy(attempts=2),
+        retry=_retry.RetryPolicy(attempts=2),
     )
     with client:
         with contextlib.suppress(CloudflareAPIError):
@@ -74,8 +74,8 @@ def _answer(data: bytes) -> None:
 
 
 def _retry_after(data: bytes) -> None:
-    seconds = _cloudflare.parse_retry_after(data.decode("latin-1"))
-    assert seconds is None or 0 <= seconds <= _cloudflare.MAX_RETRY_AFTER
+    seconds = _retry.parse_retry_after(data.decode("latin-1"))
+    assert seconds is None or 0 <= seconds <= _retry.MAX_RETRY_AFTER
 
 
 def _json_text(data: bytes) -> None:
