@@ -17,6 +17,7 @@ FUZZ = Path(__file__).parent / "fuzz"
 
 
 class _Provider:
+    # Method names are atheris's own (camel case), so the targets call them unchanged.
     """The part of atheris.FuzzedDataProvider the targets use, reading bytes in order."""
 
     def __init__(self, data: bytes) -> None:
@@ -26,14 +27,14 @@ class _Provider:
         taken, self._data = self._data[:count], self._data[count:]
         return taken
 
-    def ConsumeIntInRange(self, low: int, high: int) -> int:  # noqa: N802 (atheris's name)
+    def ConsumeIntInRange(self, low: int, high: int) -> int:
         raw = int.from_bytes(self._take(2) or b"\0", "big")
         return low + raw % (high - low + 1)
 
-    def ConsumeBool(self) -> bool:  # noqa: N802
+    def ConsumeBool(self) -> bool:
         return bool((self._take(1) or b"\0")[0] & 1)
 
-    def ConsumeBytes(self, count: int) -> bytes:  # noqa: N802
+    def ConsumeBytes(self, count: int) -> bytes:
         return self._take(count)
 
     def remaining_bytes(self) -> int:
