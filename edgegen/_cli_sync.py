@@ -104,6 +104,12 @@ def register(sub: Any) -> None:
         help="do everything up to the first write, print each request, write nothing",
     )
     apply.add_argument(
+        "--policy",
+        metavar="POLICY",
+        help="with a saved plan: the reviewed policy it was made from; apply refuses unless "
+        "the plan writes exactly what this policy builds for the zone",
+    )
+    apply.add_argument(
         "--validate-remote",
         action="store_true",
         help="send the rules to Cloudflare with ?dry_run=true before writing anything",
@@ -313,11 +319,19 @@ def _show(event: ApplyEvent, dry_run: bool) -> None:
         _echo(f"done: {event.write}")
 
 
-def _target(text: str, path: str, client: Client) -> tuple[ZonePlan | SavedPlan, Policy | None]:
-    """What ``apply`` was given: a saved plan, or a policy to plan from (and the policy,
-    so that rejected rules are reported at its lines)."""
+def _target(
+    text: str, path: str, client: Client, bound: str | None
+) -> tuple[ZonePlan | SavedPlan, Policy | None]:
+    """What ``apply`` was given: a saved plan (with the policy of ``--policy``, which it must
+    match), or a policy to plan from (and the policy, so that rejected rules are reported at
+    its lines)."""
     if _formats.is_plan_file(text):
-        return _formats.read_plan(text, path), None
+        return _formats.read_plan(text, path), load_and_build(bound)[0] if bound else None
+    if bound is not None:
+        raise UsageError(
+            f"--policy goes with a saved plan, and {path} is a policy; run edgegen apply "
+            f"{path}, or edgegen apply PLANFILE --policy {path}"
+        )
     source, artifacts = load_and_build(path)
     scope = scope_of(source, artifacts, path)
     return plan(artifacts, pull(client, scope)), source
@@ -340,7 +354,7 @@ def run_apply(args: argparse.Namespace) -> int:
     with make_client(args) as client:
         # Every failure up to the first write says that nothing was written.
         with _apply.nothing_written():
-            made, source = _target(text, args.target, client)
+            made, source = _target(text, args.target, client, args.policy)
         # A saved plan was reviewed when it was made: it is applied without asking.
         ask = not isinstance(made, SavedPlan) and not args.auto_approve
         result = apply(

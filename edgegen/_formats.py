@@ -348,6 +348,12 @@ def plan_to_json(plan: ZonePlan, *, include_writes: bool = True) -> dict[str, An
     return out
 
 
+def write_hashes_of(plan: ZonePlan) -> dict[str, Any]:
+    """:func:`write_hashes` of a plan as it would be saved."""
+    saved = plan_to_json(plan)
+    return dict(saved["writes_sha256"])
+
+
 # What an upload sets besides its module (the routes are the routes apply adds).
 _WORKER_SETTINGS = ("name", "main_module", "compatibility_date", "bindings", "routes")
 

@@ -23,6 +23,8 @@ from policy import Policy
 from . import _apply
 from ._artifacts import Artifacts
 from ._cloudflare import Client, Write
+from ._compile import build as _build
+from ._formats import write_hashes_of
 from ._plan import SavedPlan, ZonePlan, check_saved, fingerprints, make_plan
 from ._state import (
     EDGEGEN_BANNER,
@@ -33,7 +35,7 @@ from ._state import (
     canonical_bindings,
     content_sha256,
 )
-from .errors import CloudflareAPIError, StalePlanError, SyncError
+from .errors import CloudflareAPIError, StalePlanError, SyncError, TamperedPlanError
 
 
 def pull(client: Client, scope: Scope, *, zone_settings: bool = True) -> RemoteState:
@@ -111,12 +113,54 @@ def verify(client: Client, plan: ZonePlan, *, settings: bool = False) -> RemoteS
     return now
 
 
-def verify_saved(client: Client, saved: SavedPlan) -> ZonePlan:
+def verify_saved(
+    client: Client, saved: SavedPlan, *, source: tuple[Policy, Artifacts] | None = None
+) -> ZonePlan:
     """A saved plan, checked before anything is written: the zone must be as it was when
     the plan was made (StalePlanError), and the plan's writes must be what it shows, made
-    again from them and the zone (TamperedPlanError). Returns the plan to show and apply."""
+    again from them and the zone (TamperedPlanError). Returns the plan to show and apply.
+
+    ``source`` (the reviewed policy and its build) binds the plan to it: the plan must be for
+    the policy's zone and Worker, and must write exactly what planning that build against
+    the zone writes. Hashes alone cannot tell a consistent edit (the rules, the Worker's
+    code and the hashes all changed together) from the plan as made; the policy can.
+    """
     now = verify(client, saved.plan, settings=True)
-    return check_saved(saved.plan, now, saved.source)
+    shown = check_saved(saved.plan, now, saved.source)
+    if source is not None:
+        bound_to(shown, now, source, saved.source)
+    return shown
+
+
+def bound_to(
+    shown: ZonePlan, now: RemoteState, source: tuple[Policy, Artifacts], path: str
+) -> None:
+    """TamperedPlanError unless ``shown`` writes what ``source`` builds against ``now``."""
+    loaded, artifacts = source
+    problems: list[str] = []
+    cloudflare = loaded.cloudflare
+    worker = cloudflare.worker.name if cloudflare and cloudflare.worker else None
+    wanted = (cloudflare.zone_id if cloudflare else None, worker)
+    if (shown.scope.zone_id, shown.scope.worker_name) != wanted:
+        problems.append(
+            f"it is for zone {shown.scope.zone_id} and Worker {shown.scope.worker_name}, "
+            f"the policy for zone {wanted[0]} and Worker {wanted[1]}"
+        )
+    else:
+        fresh = make_plan(artifacts, now)
+        made = write_hashes_of(shown)
+        built = write_hashes_of(fresh)
+        for part in ("ruleset", "worker_modules", "worker_settings", "routes"):
+            if made.get(part) != built.get(part):
+                problems.append(f"its {part.replace('_', ' ')} differ from what the policy builds")
+    if problems:
+        raise TamperedPlanError(
+            f"refusing to apply {path}: it does not write what the policy builds ("
+            + "; ".join(problems)
+            + "). Nothing was written: make the plan again from the reviewed policy with "
+            f"edgegen plan POLICY --out {path}",
+            problems,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +210,8 @@ def apply(
     True goes on, and then the zone is read again to make sure it did not change meanwhile
     (leave it out to apply without asking, as for a reviewed saved plan). ``output`` gets
     an ApplyEvent for the plan, the dry run's verdict and each write. ``policy`` is the
-    policy the plan was made from: rules Cloudflare rejects are reported at its lines.
+    policy the plan was made from: rules Cloudflare rejects are reported at its lines, and a
+    saved plan must write exactly what it builds (TamperedPlanError otherwise).
     ``dry_run`` stops before the first write and returns the writes it would send;
     ``validate_remote`` first sends the rules with Cloudflare's ``?dry_run=true``.
 
@@ -181,7 +226,11 @@ def apply(
     with _apply.nothing_written():
         # A saved plan is applied only to the zone it was made from, and only if it writes
         # exactly what it shows.
-        shown = verify_saved(client, plan) if isinstance(plan, SavedPlan) else plan
+        if isinstance(plan, SavedPlan):
+            source = (policy, _build(policy)) if policy is not None else None
+            shown = verify_saved(client, plan, source=source)
+        else:
+            shown = plan
         report(ApplyEvent("plan", shown))
         if not shown.has_changes:
             return ApplyResult("no_changes", shown)

@@ -50,7 +50,9 @@ CHANGED = variant(
     **{
         "rate: 20/1m,": "rate: 10/1m,",
         "rate: 100/10s": "rate: 50/10s",
-        'routes: ["api.example.com/*"]': 'routes: ["api.example.com/v2/*"]',
+        'routes: ["api.example.com/*", "hooks.example.com/webhooks/*"]': (
+            'routes: ["api.example.com/v2/*", "hooks.example.com/webhooks/*"]'
+        ),
     },
 )
 FUZZ = settings(

@@ -653,6 +653,57 @@ def test_a_body_and_change_list_edited_to_match_are_refused(
     assert by_ref(zone)[LOGIN]["ratelimit"]["requests_per_period"] == 1_000_000
 
 
+def test_a_consistent_edit_is_refused_against_the_reviewed_policy(
+    zone: FakeCloudflare, run: Any, tmp_path: Path
+) -> None:
+    """Hashes cannot tell a careful edit (body, change list and hashes changed together)
+    from the plan as made; ``--policy`` can: the plan must write what the reviewed policy
+    builds for the zone, or nothing is written."""
+    planfile, data = saved(run, tmp_path)
+    login_rule(data)["ratelimit"]["requests_per_period"] = 1_000_000
+    change = next(c for c in data["rules"] if c["ref"] == LOGIN)
+    field = next(f for f in change["fields"] if f["path"] == "ratelimit.requests_per_period")
+    field["new"] = 1_000_000
+    planfile.write_text(json.dumps(rehash(data)))
+    before = len(zone.log)
+    code, out, err = run("apply", planfile, "--policy", EXAMPLE)
+    assert code == 1, out
+    assert "does not write what the policy builds" in err
+    assert "ruleset differ" in err and "Nothing was written" in err
+    assert "Traceback" not in err
+    assert all(r.method == "GET" for r in zone.log[before:])
+    assert zone.entrypoint is None and not zone.scripts and not zone.routes
+
+
+def test_a_plan_made_from_the_policy_applies_with_it(
+    zone: FakeCloudflare, run: Any, tmp_path: Path
+) -> None:
+    """The unedited plan passes the check against its own policy and applies."""
+    planfile, _ = saved(run, tmp_path)
+    code, out, err = run("apply", planfile, "--policy", EXAMPLE)
+    assert code == 0, err
+    assert "Apply complete: 4 write(s) made." in out
+
+
+def test_a_plan_for_another_zone_is_refused_against_the_policy(
+    zone: FakeCloudflare, run: Any, tmp_path: Path
+) -> None:
+    """A plan whose zone or Worker is not the policy's is refused before any write."""
+    planfile, _ = saved(run, tmp_path)
+    other = variant(tmp_path, "other.yaml", **{"name: api-edge-limits": "name: other-limits"})
+    code, _, err = run("apply", planfile, "--policy", other)
+    assert code == 1
+    assert "Worker api-edge-limits, the policy for zone" in err and "other-limits" in err
+    assert not zone.scripts
+
+
+def test_policy_option_goes_with_a_saved_plan(zone: FakeCloudflare, run: Any) -> None:
+    """``apply POLICY --policy POLICY`` is a usage error that says what to run instead."""
+    code, _, err = run("apply", EXAMPLE, "--policy", EXAMPLE)
+    assert code == 2
+    assert "--policy goes with a saved plan" in err
+
+
 def test_a_body_edited_with_its_hash_but_not_its_change_list_is_refused(
     zone: FakeCloudflare, run: Any, tmp_path: Path
 ) -> None:
