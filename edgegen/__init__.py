@@ -22,7 +22,7 @@ Public surface::
 ``Artifacts.ruleset`` is exactly the body of
 ``PUT /zones/{zone_id}/rulesets/phases/http_ratelimit/entrypoint``; ``Artifacts.worker`` is
 None when no limit runs in the Worker. A ZonePlan is a change plan for one zone, not the
-zone's Cloudflare plan tier (``policy.Plan``).
+zone's Cloudflare plan tier (``policy.CloudflarePlan``).
 
 A Terraform-style run::
 

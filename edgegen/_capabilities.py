@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from policy import Action, Plan
+from policy import Action, CloudflarePlan
 
 T = TypeVar("T")
 
@@ -110,7 +110,7 @@ _ENTERPRISE_ACTIONS = (*_BELOW_ENTERPRISE_ACTIONS, Action.LOG)
 class PlanCapabilities:
     """What rate limiting rules can express on one plan; every value carries its source."""
 
-    plan: Plan
+    plan: CloudflarePlan
     label: str
     max_rules: Sourced[int]
     periods: Sourced[tuple[int, ...]]
@@ -143,7 +143,7 @@ class WorkerCapabilities:
 
 
 def _plan(
-    plan: Plan,
+    plan: CloudflarePlan,
     label: str,
     *,
     rules: int,
@@ -185,9 +185,9 @@ def _plan(
     )
 
 
-PLANS: dict[Plan, PlanCapabilities] = {
-    Plan.FREE: _plan(
-        Plan.FREE,
+PLANS: dict[CloudflarePlan, PlanCapabilities] = {
+    CloudflarePlan.FREE: _plan(
+        CloudflarePlan.FREE,
         "Free",
         rules=1,
         periods=(10,),
@@ -199,8 +199,8 @@ PLANS: dict[Plan, PlanCapabilities] = {
         counting=False,
         custom=False,
     ),
-    Plan.PRO: _plan(
-        Plan.PRO,
+    CloudflarePlan.PRO: _plan(
+        CloudflarePlan.PRO,
         "Pro",
         rules=2,
         periods=(10, 60),
@@ -212,8 +212,8 @@ PLANS: dict[Plan, PlanCapabilities] = {
         counting=False,
         custom=True,
     ),
-    Plan.BUSINESS: _plan(
-        Plan.BUSINESS,
+    CloudflarePlan.BUSINESS: _plan(
+        CloudflarePlan.BUSINESS,
         "Business",
         rules=5,
         periods=(10, 60, 120, 300, 600),
@@ -225,8 +225,8 @@ PLANS: dict[Plan, PlanCapabilities] = {
         counting=True,
         custom=True,
     ),
-    Plan.ENTERPRISE: _plan(
-        Plan.ENTERPRISE,
+    CloudflarePlan.ENTERPRISE: _plan(
+        CloudflarePlan.ENTERPRISE,
         "Enterprise",
         rules=100,
         rules_note="the number of rules depends on the contract; 100 is the documented default",
@@ -239,8 +239,8 @@ PLANS: dict[Plan, PlanCapabilities] = {
         counting=True,
         custom=True,
     ),
-    Plan.ENTERPRISE_ARL: _plan(
-        Plan.ENTERPRISE_ARL,
+    CloudflarePlan.ENTERPRISE_ARL: _plan(
+        CloudflarePlan.ENTERPRISE_ARL,
         "Enterprise with Advanced Rate Limiting",
         rules=100,
         periods=(10, 60, 120, 300, 600, 3600),
@@ -289,7 +289,7 @@ WORKER = WorkerCapabilities(
 )
 
 
-def plan_capabilities(plan: Plan) -> PlanCapabilities:
+def plan_capabilities(plan: CloudflarePlan) -> PlanCapabilities:
     """The capabilities of a plan."""
     return PLANS[plan]
 

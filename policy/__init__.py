@@ -10,7 +10,7 @@ Public surface::
     diagnostic_line / _terminal / _json, diagnostics_markdown, write_diagnostics
                                              its one formatter
     policy.json_schema()                     -> dict
-    Rate, Duration, Algorithm, Action, Plan, ...   the shared vocabulary
+    Rate, Duration, Algorithm, Action, CloudflarePlan, ...   the shared vocabulary
     Matcher, request_paths, canonical_path   request matching, the same at edge and app
     ip_bucket                                the key a client address is counted under
     credentialed_rate                        an edge limit's rate for credentialed requests
@@ -61,12 +61,12 @@ from ._vocab import (
     Action,
     Algorithm,
     AppKey,
+    CloudflarePlan,
     Duration,
     EdgeKey,
     EdgeTarget,
     Mode,
     OnRedisError,
-    Plan,
     Rate,
 )
 
@@ -92,6 +92,7 @@ __all__ = [
     "Checked",
     "Clients",
     "Cloudflare",
+    "CloudflarePlan",
     "Diagnostic",
     "Duration",
     "EdgeKey",
@@ -103,7 +104,6 @@ __all__ = [
     "Matcher",
     "Mode",
     "OnRedisError",
-    "Plan",
     "Policy",
     "PolicyError",
     "PolicyLoadError",

@@ -29,12 +29,12 @@ from ._vocab import (
     Action,
     Algorithm,
     AppKey,
+    CloudflarePlan,
     Duration,
     EdgeKey,
     EdgeTarget,
     Mode,
     OnRedisError,
-    Plan,
     Rate,
 )
 
@@ -312,7 +312,7 @@ class Worker(_Model):
 class Cloudflare(_Model):
     """The zone the edge part is applied to, and its plan."""
 
-    plan: Plan = Field(description="The zone's plan: it decides what rules can express.")
+    plan: CloudflarePlan = Field(description="The zone's plan: it decides what rules can express.")
     zone_id: str | None = Field(default=None, description="32 hex digits; needed by plan/apply.")
     account_id: str | None = Field(default=None, description="32 hex digits; for the Worker.")
     worker: Worker | None = Field(default=None)

@@ -206,7 +206,7 @@ class Action(StrEnum):
     LOG = "log"
 
 
-class Plan(StrEnum):
+class CloudflarePlan(StrEnum):
     """The Cloudflare plan of the zone, which decides what edge rules can express."""
 
     FREE = "free"

@@ -18,7 +18,7 @@ import pytest
 
 import edgegen
 import policy
-from policy import Plan, Policy
+from policy import CloudflarePlan, Policy
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "edge"
@@ -26,7 +26,7 @@ GOLDEN_POLICY = GOLDEN / "policy.yaml"
 WORKERS = ROOT / "workers"
 NODE_MODULES = WORKERS / "node_modules"
 HARNESS = WORKERS / "harness"
-PLANS = [plan.value for plan in Plan]
+PLANS = [plan.value for plan in CloudflarePlan]
 
 
 def update_golden() -> bool:

@@ -19,7 +19,7 @@ from edgegen import _capabilities as capabilities
 from edgegen import _placement
 from edgegen._capabilities import PLANS, WORKER, Sourced
 from edgegen._placement import EDGE_CHECKS
-from policy import Action, Plan, Severity
+from policy import Action, CloudflarePlan, Severity
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "edge.md"
 # The marker names the function that renders the table (its module has moved before).
@@ -36,7 +36,7 @@ def lint(loaded: policy.Policy) -> list[policy.Diagnostic]:
 
 def test_every_plan_has_a_row() -> None:
     """One entry per plan, and every value carries a source with a title and a URL."""
-    assert set(PLANS) == set(Plan)
+    assert set(PLANS) == set(CloudflarePlan)
     for caps in [*PLANS.values()]:
         for name in caps.__dataclass_fields__:
             value = getattr(caps, name)
@@ -61,22 +61,22 @@ def test_plans_only_grow() -> None:
 def test_documented_values() -> None:
     """The values the reference states: rule counts, periods, fields, custom responses."""
     assert [c.max_rules.value for c in PLANS.values()] == [1, 2, 5, 100, 100]
-    assert PLANS[Plan.FREE].periods.value == (10,)
-    assert PLANS[Plan.PRO].periods.value == (10, 60)
-    assert max(PLANS[Plan.BUSINESS].periods.value) == 600
-    assert max(PLANS[Plan.ENTERPRISE].periods.value) == 3600
-    assert not PLANS[Plan.FREE].custom_response.value
-    assert PLANS[Plan.PRO].custom_response.value
-    assert not PLANS[Plan.BUSINESS].has_field(capabilities.HEADERS)
-    assert PLANS[Plan.ENTERPRISE].has_field(capabilities.HEADERS)
-    assert PLANS[Plan.ENTERPRISE].has_field(capabilities.COOKIES)
-    assert not PLANS[Plan.PRO].has_field(capabilities.METHOD)
-    assert PLANS[Plan.PRO].has_field(capabilities.HOST)
-    assert Action.LOG not in PLANS[Plan.BUSINESS].actions.value
-    assert Action.LOG in PLANS[Plan.ENTERPRISE].actions.value
+    assert PLANS[CloudflarePlan.FREE].periods.value == (10,)
+    assert PLANS[CloudflarePlan.PRO].periods.value == (10, 60)
+    assert max(PLANS[CloudflarePlan.BUSINESS].periods.value) == 600
+    assert max(PLANS[CloudflarePlan.ENTERPRISE].periods.value) == 3600
+    assert not PLANS[CloudflarePlan.FREE].custom_response.value
+    assert PLANS[CloudflarePlan.PRO].custom_response.value
+    assert not PLANS[CloudflarePlan.BUSINESS].has_field(capabilities.HEADERS)
+    assert PLANS[CloudflarePlan.ENTERPRISE].has_field(capabilities.HEADERS)
+    assert PLANS[CloudflarePlan.ENTERPRISE].has_field(capabilities.COOKIES)
+    assert not PLANS[CloudflarePlan.PRO].has_field(capabilities.METHOD)
+    assert PLANS[CloudflarePlan.PRO].has_field(capabilities.HOST)
+    assert Action.LOG not in PLANS[CloudflarePlan.BUSINESS].actions.value
+    assert Action.LOG in PLANS[CloudflarePlan.ENTERPRISE].actions.value
     assert WORKER.periods.value == (10, 60)
     # Where sources disagree the table says so.
-    assert "disagree" in PLANS[Plan.BUSINESS].periods.note
+    assert "disagree" in PLANS[CloudflarePlan.BUSINESS].periods.note
 
 
 def _lint(plan: str, limits: str, worker: bool = True) -> list[policy.Diagnostic]:

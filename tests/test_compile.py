@@ -84,7 +84,7 @@ def test_placements_follow_the_plan() -> None:
             for p in artifacts.placements
             if p.target is Target.RULE
         )
-        assert rules <= CAPABILITIES[policy.Plan(plan)].max_rules.value
+        assert rules <= CAPABILITIES[policy.CloudflarePlan(plan)].max_rules.value
 
 
 @pytest.mark.parametrize("plan", PLANS)
@@ -93,7 +93,7 @@ def test_ruleset_is_the_put_body(plan: str) -> None:
     artifacts = edgegen.build(load_golden(plan))
     body = json.loads(artifacts.files()["cloudflare/http_ratelimit.json"])
     assert set(body) == {"description", "rules"}
-    caps = CAPABILITIES[policy.Plan(plan)]
+    caps = CAPABILITIES[policy.CloudflarePlan(plan)]
     refs = [rule["ref"] for rule in body["rules"]]
     assert len(set(refs)) == len(refs)
     for rule in body["rules"]:
