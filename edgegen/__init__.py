@@ -16,7 +16,7 @@ Public surface::
     Client, Token, Scope, RemoteState, ZonePlan, SavedPlan   the Cloudflare client and values
 
     EdgegenError, UsageError, CompileError, BuildProblem   the errors
-    CloudflareAPIError, SyncError, StalePlanError, TamperedPlanError, ApplyError
+    CloudflareAPIError, ZoneError, StalePlanError, TamperedPlanError, ApplyError
                                               errors of pull, plan and apply
 
 ``Artifacts.ruleset`` is exactly the body of
@@ -52,9 +52,9 @@ from .errors import (
     CompileError,
     EdgegenError,
     StalePlanError,
-    SyncError,
     TamperedPlanError,
     UsageError,
+    ZoneError,
 )
 
 __all__ = [
@@ -72,12 +72,12 @@ __all__ = [
     "SavedPlan",
     "Scope",
     "StalePlanError",
-    "SyncError",
     "TamperedPlanError",
     "Target",
     "Token",
     "UsageError",
     "WorkerArtifact",
+    "ZoneError",
     "ZonePlan",
     "apply",
     "build",

@@ -19,7 +19,7 @@ from policy import Policy
 
 from ._cloudflare import Client, Write
 from ._plan import ZonePlan, locate_rejections, rejections
-from .errors import ApplyError, CloudflareAPIError, EdgegenError, Rejection, SyncError
+from .errors import ApplyError, CloudflareAPIError, EdgegenError, Rejection, ZoneError
 
 
 def writes(client: Client, plan: ZonePlan) -> list[Write]:
@@ -31,7 +31,7 @@ def writes(client: Client, plan: ZonePlan) -> list[Write]:
     worker: list[Write] = []
     if plan.worker_change is not None and plan.worker is not None:
         if scope.account_id is None:
-            raise SyncError(
+            raise ZoneError(
                 "the plan uploads a Worker but names no account; set cloudflare.account_id "
                 "in the policy (or CLOUDFLARE_ACCOUNT_ID if the policy reads it) and plan again"
             )
@@ -52,7 +52,7 @@ def writes(client: Client, plan: ZonePlan) -> list[Write]:
     for route in plan.route_changes:
         # Only routes of the policy's Worker are ever added or removed.
         if route.script != scope.worker_name or (route.action == "delete" and not route.route_id):
-            raise SyncError(
+            raise ZoneError(
                 f"the plan would {'add' if route.action == 'create' else 'remove'} the route "
                 f"{route.pattern}, which does not run the Worker {scope.worker_name!r}; "
                 "edgegen only manages routes of its own Worker: make the plan again"
@@ -73,7 +73,7 @@ def writes(client: Client, plan: ZonePlan) -> list[Write]:
 
 
 def validate_remote(client: Client, plan: ZonePlan, source: Policy | None = None) -> bool:
-    """Send the ruleset with ``?dry_run=true``; SyncError naming each limit Cloudflare rejects
+    """Send the ruleset with ``?dry_run=true``; ZoneError naming each limit Cloudflare rejects
     (at its line in ``source``, the policy the plan was made from, when given).
 
     Returns False when there is no ruleset change to validate.
@@ -87,7 +87,7 @@ def validate_remote(client: Client, plan: ZonePlan, source: Policy | None = None
         found = _rejected(exc, plan, source)
         if not found:
             raise
-        raise SyncError(
+        raise ZoneError(
             "Cloudflare's dry run rejected the rules; nothing was written:\n"
             + "\n".join(f"  {r.describe()}" for r in found),
             found,

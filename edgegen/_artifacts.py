@@ -1,4 +1,4 @@
-"""What ``edgegen build`` produces: plain values shared by the compiler and the sync.
+"""What ``edgegen build`` produces: plain values shared by the compiler and zone plan and apply.
 
 The compiler (``edgegen.build``) fills these in from a policy; ``edgegen plan`` and
 ``apply`` compare them with the live zone; ``write`` turns them into files. Keeping them as

@@ -46,8 +46,9 @@ CREDENTIALED_REF_SUFFIX = "-credentialed"
 def credentialed_rule_ref(name: str) -> str:
     """The ref of a limit's second rule, for requests that carry a credential.
 
-    The limit's own ref plus ``-credentialed``: it keeps the ``edgegen:`` prefix the sync
-    owns rules by, and never equals a limit's own ref (those end in eight hex digits).
+    The limit's own ref plus ``-credentialed``: it keeps the ``edgegen:`` prefix by which
+    zone plan and apply own rules, and never equals a limit's own ref (those end in eight
+    hex digits).
     """
     return _ids.rule_ref(name) + CREDENTIALED_REF_SUFFIX
 

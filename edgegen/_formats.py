@@ -65,7 +65,7 @@ from ._state import (
     canonical_json,
     sha256_text,
 )
-from .errors import SyncError
+from .errors import ZoneError
 
 PLAN_FORMAT: Final = "edgegen-plan"
 PLAN_VERSION: Final = 2
@@ -95,21 +95,21 @@ def read_bounded(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
         return handle.read(limit + 1)
 
 
-def too_large(path: Path | str, what: str) -> SyncError:
+def too_large(path: Path | str, what: str) -> ZoneError:
     """The error for a file over ``MAX_FILE_BYTES``."""
-    return SyncError(
+    return ZoneError(
         f"{path} is larger than {MAX_FILE_BYTES // 2**20} MiB, so it is not a {what} file "
         "edgegen wrote; check the path"
     )
 
 
 def read_json(path: Path, what: str) -> Any:
-    """Parse a JSON file; SyncError with the fix when it is missing or not JSON."""
+    """Parse a JSON file; ZoneError with the fix when it is missing or not JSON."""
     try:
         data = read_bounded(path)
         text = data.decode("utf-8")
     except FileNotFoundError:
-        raise SyncError(f"the {what} file {path} does not exist; check the path") from None
+        raise ZoneError(f"the {what} file {path} does not exist; check the path") from None
     except (OSError, ValueError) as exc:
         if isinstance(exc, UnicodeDecodeError):
             reason = "it is not UTF-8 text"
@@ -117,23 +117,23 @@ def read_json(path: Path, what: str) -> Any:
             reason = exc.strerror or type(exc).__name__
         else:
             reason = "the path holds a NUL byte"
-        raise SyncError(f"cannot read the {what} file {path} ({reason}); check the path") from None
+        raise ZoneError(f"cannot read the {what} file {path} ({reason}); check the path") from None
     if len(data) > MAX_FILE_BYTES:
         raise too_large(path, what)
     return parse_json(text, str(path), what)
 
 
 def parse_json(text: str, source: str, what: str) -> Any:
-    """Parse the text of a state or plan file; SyncError with the fix when it is not JSON
+    """Parse the text of a state or plan file; ZoneError with the fix when it is not JSON
     edgegen can use (see ``_json``)."""
     try:
         return _json.loads(text)
     except _json.UnusableJSONError as exc:
-        raise SyncError(
+        raise ZoneError(
             f"the {what} file {source} is not one edgegen wrote ({exc}); make it again"
         ) from None
     except ValueError as exc:
-        raise SyncError(
+        raise ZoneError(
             f"the {what} file {source} is not JSON (line {getattr(exc, 'lineno', '?')}); "
             "it may have been cut short or edited: make it again"
         ) from None
@@ -193,10 +193,10 @@ def state_to_json(state: RemoteState) -> dict[str, Any]:
 
 
 def state_from_json(data: Any, source: str) -> RemoteState:
-    """Read a state file's content; SyncError naming the file when it is not one."""
+    """Read a state file's content; ZoneError naming the file when it is not one."""
 
-    def bad(why: str) -> SyncError:
-        return SyncError(
+    def bad(why: str) -> ZoneError:
+        return ZoneError(
             f"{source} is not a usable edgegen state file ({why}); make a new one with "
             f"edgegen pull POLICY --out {source}"
         )
@@ -230,7 +230,7 @@ def save_state(state: RemoteState, path: str | os.PathLike[str]) -> None:
 
 
 def load_state(path: str | os.PathLike[str]) -> RemoteState:
-    """Read a state file written by ``save_state``; SyncError saying what is wrong."""
+    """Read a state file written by ``save_state``; ZoneError saying what is wrong."""
     return state_from_json(read_json(Path(path), "state"), str(path))
 
 
@@ -416,11 +416,11 @@ def hash_problems(data: Mapping[str, Any]) -> list[str]:
 
 
 def plan_from_json(data: Any, source: str) -> ZonePlan:
-    """Read a plan file's content; SyncError naming the file when it is not one, and
+    """Read a plan file's content; ZoneError naming the file when it is not one, and
     TamperedPlanError when a write does not match the hash recorded with it."""
 
-    def bad(why: str) -> SyncError:
-        return SyncError(
+    def bad(why: str) -> ZoneError:
+        return ZoneError(
             f"{source} is not a usable edgegen plan file ({why}); make a new one with "
             f"edgegen plan POLICY --out {source}"
         )
@@ -495,7 +495,7 @@ def save_plan(plan: ZonePlan, path: str | os.PathLike[str]) -> None:
 
 
 def load_plan(path: str | os.PathLike[str]) -> SavedPlan:
-    """Read a plan file written by ``save_plan``: SyncError when it is not one,
+    """Read a plan file written by ``save_plan``: ZoneError when it is not one,
     TamperedPlanError when a write no longer matches its recorded hash."""
     data = read_json(Path(path), "plan")
     return SavedPlan(plan_from_json(data, str(path)), str(path))

@@ -1,8 +1,8 @@
 """Stable identifiers derived from the policy: rule refs, binding names, namespace ids.
 
-All are pure functions of names in the policy, so rebuilding gives the same ids and the
-sync can recognise its own rules and counters. Each pairs a readable slug with a short
-SHA-256 of the exact name: hostile names (quotes, ``${}``, unicode) map to safe ASCII, and
+All are pure functions of names in the policy, so rebuilding gives the same ids and zone
+plan and apply can recognise their own rules and counters. Each pairs a readable slug with a
+short SHA-256 of the exact name: hostile names (quotes, ``${}``, unicode) map to safe ASCII, and
 two different names never share an id even when their slugs agree.
 """
 

@@ -54,7 +54,7 @@ from ._state import (
     sha256_text,
     worker_fingerprint,
 )
-from .errors import CloudflareAPIError, Rejection, SyncError, TamperedPlanError
+from .errors import CloudflareAPIError, Rejection, TamperedPlanError, ZoneError
 
 RuleAction = Literal["create", "update", "move", "delete"]
 OWNED_PREFIX = _ids.RULE_REF_PREFIX
@@ -480,7 +480,7 @@ def _worker_change(
 
 def _route_changes(patterns: Sequence[str], state: RemoteState) -> list[RouteChange]:
     """Routes to add for ``patterns`` (to the policy's Worker) and routes of that Worker to
-    remove; SyncError when a wanted pattern runs another Worker."""
+    remove; ZoneError when a wanted pattern runs another Worker."""
     name = state.scope.worker_name
     by_pattern = {r.pattern: r for r in state.routes}
     conflicts = []
@@ -493,7 +493,7 @@ def _route_changes(patterns: Sequence[str], state: RemoteState) -> list[RouteCha
             runs = f"runs the Worker {route.script!r}" if route.script else "runs no Worker"
             conflicts.append(f"the route {pattern} already exists and {runs}")
     if conflicts:
-        raise SyncError(
+        raise ZoneError(
             "; ".join(conflicts)
             + ". edgegen only manages routes of its own Worker: remove or change that route "
             "in the Cloudflare dashboard, or change cloudflare.worker.routes in the policy"
@@ -555,11 +555,11 @@ def url_warnings(state: RemoteState, rule_limits: bool) -> tuple[str, ...]:
 
 
 def make_plan(artifacts: Artifacts, state: RemoteState) -> ZonePlan:
-    """Compare what the policy builds with the zone; raises SyncError on a route conflict."""
+    """Compare what the policy builds with the zone; raises ZoneError on a route conflict."""
     scope = state.scope
     desired_worker = artifacts.worker
     if desired_worker is not None and desired_worker.name != scope.worker_name:
-        raise SyncError(
+        raise ZoneError(
             f"the state was read for the Worker {scope.worker_name!r} but the policy's Worker "
             f"is {desired_worker.name!r}; pull the state again with this policy"
         )
@@ -747,7 +747,7 @@ def check_saved(plan: ZonePlan, state: RemoteState, source: str) -> ZonePlan:
         problems.append("it leaves out a note about the Worker")
     try:
         routes: tuple[RouteChange, ...] | None = tuple(_route_changes(plan.route_patterns, state))
-    except SyncError:
+    except ZoneError:
         routes = None
     if routes != plan.route_changes:
         problems.append("the route changes are not those the zone gives for its route patterns")

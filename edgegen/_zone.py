@@ -1,5 +1,5 @@
 """The zone, as a library: ``pull`` reads it, ``plan`` compares it with a policy's
-artifacts, ``apply`` makes it match. The CLI (``_cli_sync``) only adds the terminal and
+artifacts, ``apply`` makes it match. The CLI (``_cli_zone``) only adds the terminal and
 exit codes.
 
 ``apply`` runs the whole safe sequence. For a plan made just now: show it (an ``output``
@@ -35,7 +35,7 @@ from ._state import (
     canonical_bindings,
     content_sha256,
 )
-from .errors import CloudflareAPIError, StalePlanError, SyncError, TamperedPlanError
+from .errors import CloudflareAPIError, StalePlanError, TamperedPlanError, ZoneError
 
 
 def pull(client: Client, scope: Scope, *, zone_settings: bool = True) -> RemoteState:
@@ -56,7 +56,7 @@ def pull(client: Client, scope: Scope, *, zone_settings: bool = True) -> RemoteS
             else None
         )
         if settings is not None and content is None:
-            raise SyncError(
+            raise ZoneError(
                 f"the Worker {scope.worker_name!r} disappeared while it was being read "
                 "(its settings were there, its content was not); run the command again"
             )
@@ -90,7 +90,7 @@ def pull(client: Client, scope: Scope, *, zone_settings: bool = True) -> RemoteS
 def plan(artifacts: Artifacts, state: RemoteState) -> ZonePlan:
     """What apply would change to make the zone (``state``) hold ``artifacts``. Pure.
 
-    Raises SyncError when a route the policy wants runs another Worker, or the state was
+    Raises ZoneError when a route the policy wants runs another Worker, or the state was
     read for another Worker.
     """
     return make_plan(artifacts, state)
@@ -215,7 +215,7 @@ def apply(
     ``dry_run`` stops before the first write and returns the writes it would send;
     ``validate_remote`` first sends the rules with Cloudflare's ``?dry_run=true``.
 
-    Raises StalePlanError, TamperedPlanError, SyncError or CloudflareAPIError, each saying
+    Raises StalePlanError, TamperedPlanError, ZoneError or CloudflareAPIError, each saying
     that nothing was written, or ApplyError when it stopped part-way.
     """
 

@@ -15,7 +15,7 @@ from typing import TextIO
 
 from policy import PolicyLoadError, write_diagnostics
 
-from . import _cli_build, _cli_policy, _cli_sync
+from . import _cli_build, _cli_policy, _cli_zone
 from ._plan_format import terminal_text
 from .errors import EdgegenError
 
@@ -23,7 +23,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 # Modules that add subcommands; each has ``register(subparsers) -> None`` and sets
 # ``func`` on its parsers. Order here is the order of ``edgegen --help``.
-COMMAND_MODULES = (_cli_policy, _cli_build, _cli_sync)
+COMMAND_MODULES = (_cli_policy, _cli_build, _cli_zone)
 
 
 class _Parser(argparse.ArgumentParser):

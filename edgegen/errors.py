@@ -8,7 +8,7 @@ Exception tree (each class carries the CLI exit code it maps to)::
     │                            carries one BuildProblem per limit at fault
     ├── CloudflareAPIError       the Cloudflare API refused or failed a request: HTTP status,
     │                            Cloudflare's codes, messages, JSON pointers, Retry-After
-    ├── SyncError                plan or apply cannot go ahead safely (a route owned by
+    ├── ZoneError                plan or apply cannot go ahead safely (a route owned by
     │   │                        another Worker, a bad state or plan file, a rejected rule)
     │   ├── StalePlanError       the zone changed since the plan was made
     │   └── TamperedPlanError    a saved plan's writes are not what it shows
@@ -160,7 +160,7 @@ class Rejection:
         return f"Cloudflare rejected the ruleset: {said}; check the plan's rule quota"
 
 
-class SyncError(EdgegenError):
+class ZoneError(EdgegenError):
     """Plan or apply cannot go ahead without risking the zone; the message says why."""
 
     def __init__(self, message: str, rejections: Sequence[Rejection] = ()) -> None:
@@ -168,7 +168,11 @@ class SyncError(EdgegenError):
         self.rejections = tuple(rejections)
 
 
-class StalePlanError(SyncError):
+# The name of 0.1, kept so that code catching it keeps working; ZoneError is the name.
+SyncError = ZoneError
+
+
+class StalePlanError(ZoneError):
     """The zone changed since the plan was made; ``changed`` names what differs."""
 
     def __init__(self, message: str, changed: Sequence[str]) -> None:
@@ -176,7 +180,7 @@ class StalePlanError(SyncError):
         self.changed = tuple(changed)
 
 
-class TamperedPlanError(SyncError):
+class TamperedPlanError(ZoneError):
     """A saved plan would write something other than what it shows (its writes do not match
     their recorded hashes, or the changes its writes and the zone give are not the changes
     it lists); ``problems`` names each difference."""

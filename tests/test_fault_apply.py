@@ -39,7 +39,7 @@ from typing import Any
 
 import pytest
 from cloudflare_fake import ACCOUNT_ID, TOKEN, ZONE_ID, FakeCloudflare
-from sync_support import (
+from zone_support import (
     EXAMPLE,
     HAND_MADE,
     Fault,

@@ -17,7 +17,7 @@ import pytest
 import edgegen
 import policy
 from edgegen import _formats
-from edgegen.errors import SyncError
+from edgegen.errors import ZoneError
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = ROOT / "docs" / "schemas"
@@ -103,7 +103,7 @@ def test_a_plan_file_is_read_by_its_model(edit: Any, says: str) -> None:
     data = example_plan()
     edit(data)
     data["writes_sha256"] = _formats.write_hashes(data["writes"], data["routes"])
-    with pytest.raises(SyncError, match=r"plan\.json is not a usable edgegen plan file") as info:
+    with pytest.raises(ZoneError, match=r"plan\.json is not a usable edgegen plan file") as info:
         _formats.plan_from_json(json.loads(json.dumps(data)), "plan.json")
     assert says in str(info.value)
 
@@ -114,11 +114,11 @@ def test_a_state_file_is_read_by_its_model() -> None:
     a null generated_by_edgegen is false, as such files always were read."""
     data = json.loads(ZONE_STATE.read_text())
     data["routes"] = [{"id": "r1", "pattern": "a.example.com/*", "script": 5}]
-    with pytest.raises(SyncError, match=r"routes\[0\]\.script is 5"):
+    with pytest.raises(ZoneError, match=r"routes\[0\]\.script is 5"):
         _formats.state_from_json(data, "s")
     data = json.loads(ZONE_STATE.read_text())
     data["worker"]["generated_by_edgegen"] = "true"
-    with pytest.raises(SyncError, match=r"worker\.generated_by_edgegen"):
+    with pytest.raises(ZoneError, match=r"worker\.generated_by_edgegen"):
         _formats.state_from_json(data, "s")
     data["worker"]["generated_by_edgegen"] = None
     del data["worker"]["bindings"]

@@ -24,7 +24,7 @@ import pytest
 from cloudflare_fake import ACCOUNT_ID, TOKEN, ZONE_ID, FakeCloudflare, envelope
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from sync_support import EXAMPLE, HAND_MADE, Network, Sleeps, clone, variant
+from zone_support import EXAMPLE, HAND_MADE, Network, Sleeps, clone, variant
 
 import edgegen
 import policy

@@ -35,8 +35,8 @@ from edgegen.errors import (
     CloudflareAPIError,
     ErrorDetail,
     Rejection,
-    SyncError,
     TamperedPlanError,
+    ZoneError,
 )
 
 ZONE = "0123456789abcdef0123456789abcdef"
@@ -483,7 +483,7 @@ def test_a_route_of_another_worker_is_a_conflict(script: str | None, says: str) 
     """edgegen never takes over a route that runs another Worker, or that disables Workers."""
     artifact = worker_artifact()
     routes = (RemoteRoute("r1", "a.example.com/*", script),)
-    with pytest.raises(SyncError, match=says):
+    with pytest.raises(ZoneError, match=says):
         edgegen.plan(artifacts([], artifact), state([], None, routes))
 
 
@@ -595,7 +595,7 @@ def test_plans_from_older_versions_are_refused() -> None:
     _, data = saved_plan()
     data["format_version"] = 1
     del data["writes_sha256"]
-    with pytest.raises(SyncError, match="format_version is 1, not 2"):
+    with pytest.raises(ZoneError, match="format_version is 1, not 2"):
         plan_from_json(data, "plan.json")
 
 
@@ -610,8 +610,8 @@ def test_plans_from_older_versions_are_refused() -> None:
     ],
 )
 def test_bad_plan_files_are_refused(data: Any) -> None:
-    """Anything that is not a complete plan file is a SyncError naming the file."""
-    with pytest.raises(SyncError, match=r"plan\.json is not a usable edgegen plan file"):
+    """Anything that is not a complete plan file is a ZoneError naming the file."""
+    with pytest.raises(ZoneError, match=r"plan\.json is not a usable edgegen plan file"):
         plan_from_json(data, "plan.json")
 
 

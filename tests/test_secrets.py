@@ -32,7 +32,7 @@ from urllib.parse import quote, quote_plus
 import httpx
 import pytest
 from cloudflare_fake import ACCOUNT_ID, PERMISSIONS, ZONE_ID, FakeCloudflare, error, respond
-from sync_support import EXAMPLE, HAND_MADE, Fault, Network, Sleeps, Terminal, variant
+from zone_support import EXAMPLE, HAND_MADE, Fault, Network, Sleeps, Terminal, variant
 
 from edgegen import (
     Client,
@@ -40,7 +40,7 @@ from edgegen import (
     Token,
     UsageError,
     _cli_build,
-    _cli_sync,
+    _cli_zone,
     _cloudflare,
     cli,
 )
@@ -121,10 +121,10 @@ def seen(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> S
     for name in LOGGERS:
         caplog.set_level(logging.DEBUG, logger=name or None)
     for module, handler in (
-        (_cli_sync, "run_plan"),
-        (_cli_sync, "run_pull"),
-        (_cli_sync, "run_apply"),
-        (_cli_sync, "run_diff"),
+        (_cli_zone, "run_plan"),
+        (_cli_zone, "run_pull"),
+        (_cli_zone, "run_apply"),
+        (_cli_zone, "run_diff"),
         (_cli_build, "run_build"),
     ):
         monkeypatch.setattr(module, handler, recording(getattr(module, handler), found))

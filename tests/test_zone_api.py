@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from cloudflare_fake import ACCOUNT_ID, TOKEN, ZONE_ID, FakeCloudflare
-from sync_support import EXAMPLE, HAND_MADE, Sleeps
+from zone_support import EXAMPLE, HAND_MADE, Sleeps
 
 import edgegen
 import policy
@@ -34,7 +34,7 @@ PUBLIC = [
     "SavedPlan",
     "Scope",
     "StalePlanError",
-    "SyncError",
+    "ZoneError",
     "TamperedPlanError",
     "Target",
     "Token",
@@ -60,8 +60,8 @@ def test_the_public_surface_is_pinned() -> None:
     for name in PUBLIC:
         value = getattr(edgegen, name)
         assert (value.__doc__ or "").strip(), name
-    assert issubclass(edgegen.TamperedPlanError, edgegen.SyncError)
-    assert issubclass(edgegen.StalePlanError, edgegen.SyncError)
+    assert issubclass(edgegen.TamperedPlanError, edgegen.ZoneError)
+    assert issubclass(edgegen.StalePlanError, edgegen.ZoneError)
 
 
 @pytest.fixture
@@ -219,7 +219,7 @@ def test_a_rejected_rule_is_reported_at_the_policy_line(
         EXAMPLE, env={"CLOUDFLARE_ZONE_ID": ZONE_ID, "CLOUDFLARE_ACCOUNT_ID": ACCOUNT_ID}
     )
     made = edgegen.plan(edgegen.build(loaded), edgegen.pull(client, SCOPE))
-    with pytest.raises(edgegen.SyncError, match="nothing was written") as info:
+    with pytest.raises(edgegen.ZoneError, match="nothing was written") as info:
         edgegen.apply(client, made, policy=loaded, validate_remote=True)
     (rejected,) = info.value.rejections
     assert rejected.limit == "login"

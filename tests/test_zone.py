@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from cloudflare_fake import ACCOUNT_ID, PERMISSIONS, TOKEN, ZONE_ID, FakeCloudflare
-from sync_support import HAND_MADE, Sleeps
+from zone_support import HAND_MADE, Sleeps
 
 from edgegen import _cloudflare, _ids, cli
 from edgegen._formats import write_hashes

@@ -27,7 +27,7 @@ from ._pipeline import load_and_build
 from ._plan import SavedPlan, ZonePlan
 from ._state import RemoteState, Scope
 from ._zone import ApplyEvent, apply, plan, pull
-from .errors import SyncError, UsageError
+from .errors import UsageError, ZoneError
 
 
 def _token_option(parser: argparse.ArgumentParser) -> None:
@@ -165,13 +165,13 @@ def _state_for_policy(loaded: Policy, state: RemoteState, path: str, state_path:
     """A state file must be of the zone and Worker the policy manages."""
     cloudflare = loaded.cloudflare
     if cloudflare is not None and cloudflare.zone_id and cloudflare.zone_id != state.scope.zone_id:
-        raise SyncError(
+        raise ZoneError(
             f"{state_path} holds zone {state.scope.zone_id}, but {path} is for zone "
             f"{cloudflare.zone_id}; pull the state of that zone"
         )
     wanted = cloudflare.worker.name if cloudflare and cloudflare.worker else None
     if wanted != state.scope.worker_name:
-        raise SyncError(
+        raise ZoneError(
             f"{state_path} was pulled for the Worker {state.scope.worker_name!r}, but {path} "
             f"names {wanted!r}; pull again with this policy"
         )
@@ -215,7 +215,7 @@ def run_plan(args: argparse.Namespace) -> int:
         state = _formats.load_state(args.state)
         _state_for_policy(loaded, state, args.policy, args.state)
         if artifacts.worker is not None and state.scope.account_id is None:
-            raise SyncError(
+            raise ZoneError(
                 f"{args.state} holds no Worker account, but limits of {args.policy} run in the "
                 "Worker; pull the state again with the account id set"
             )

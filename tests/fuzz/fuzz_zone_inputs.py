@@ -3,13 +3,13 @@
 Each input is split into a selector byte and data, and goes to one reader: a state file,
 a plan file (and the check whether a file is a plan), an answer from the Cloudflare API
 (status, headers and body, through the real client), or a Retry-After header. A reader
-may return a value or raise the error it documents (SyncError, CloudflareAPIError);
+may return a value or raise the error it documents (ZoneError, CloudflareAPIError);
 anything else is a crash that atheris reports with the input.
 
 The hypothesis tests in tests/test_fuzz_files.py run in the suite; this target is for
 longer runs, with atheris installed (``pip install atheris``)::
 
-    .venv/bin/python tests/fuzz/fuzz_sync_inputs.py -runs=200000 -max_len=4096
+    .venv/bin/python tests/fuzz/fuzz_zone_inputs.py -runs=200000 -max_len=4096
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import httpx
 
 with atheris.instrument_imports():
     from edgegen import _cloudflare, _formats, _json, _retry, _token
-    from edgegen.errors import CloudflareAPIError, SyncError
+    from edgegen.errors import CloudflareAPIError, ZoneError
 
 _HEADERS = (b"Retry-After", b"Content-Type", b"CF-Entrypoint", b"Content-Encoding")
 _CALLS = (
@@ -35,7 +35,7 @@ _CALLS = (
 
 
 def _state_file(data: bytes) -> None:
-    with contextlib.suppress(SyncError):
+    with contextlib.suppress(ZoneError):
         _formats.state_from_json(
             _formats.parse_json(data.decode("utf-8", "replace"), "s", "state"), "s"
         )
@@ -44,7 +44,7 @@ def _state_file(data: bytes) -> None:
 def _plan_file(data: bytes) -> None:
     text = data.decode("utf-8", "replace")
     _formats.is_plan_file(text)
-    with contextlib.suppress(SyncError):
+    with contextlib.suppress(ZoneError):
         _formats.plan_from_json(_formats.parse_json(text, "p", "plan"), "p")
 
 
