@@ -318,7 +318,7 @@ def documented_rule_gap(
     spelling (not one of the policy path's own first three slashes), ``%2F`` around dot
     segments and ``%5C`` in place of a slash; a miss is in that gap when the path holds such
     an escape and the rules match once every ``%2F`` and ``%5C`` is written ``/`` (the
-    spellings the expressions do list are pinned by tests/test_expr.py). And dot segments
+    spellings the expressions do list are pinned by tests/edgegen/test_expr.py). And dot segments
     the zone resolves while a catch-all route serves the path as sent (:func:`dot_segment_gap`).
     Only while the docs state all of them; any other miss is a mismatch.
     """

@@ -257,7 +257,7 @@ def test_wrangler_dry_run_accepts_every_generated_worker(tmp_path: Path) -> None
             edgegen.write(artifacts, tmp_path / plan)
             workers.append((plan, artifacts.worker))
     example = edgegen.build(
-        policy.load(Path(__file__).parent.parent / "examples" / "policy.yaml", env={})
+        policy.load(Path(__file__).resolve().parents[2] / "examples" / "policy.yaml", env={})
     )
     assert example.worker is not None
     edgegen.write(example, tmp_path / "example")

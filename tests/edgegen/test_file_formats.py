@@ -19,7 +19,7 @@ import policy
 from edgegen import _formats
 from edgegen.errors import ZoneError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "docs" / "schemas"
 EXAMPLE = ROOT / "examples" / "policy.yaml"
 ZONE_STATE = ROOT / "examples" / "zone-state.json"

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import policy
 from policy import Duration, Matcher, Rate, Severity
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "policy.yaml"
 
 

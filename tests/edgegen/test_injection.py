@@ -584,7 +584,7 @@ def test_what_the_zone_says_reaches_the_terminal_escaped(
     monkeypatch.setenv("CLOUDFLARE_ZONE_ID", ZONE)
     monkeypatch.setenv("CLOUDFLARE_ACCOUNT_ID", ACCOUNT)
     monkeypatch.setattr(_cloudflare, "_sleep", lambda seconds: None)
-    example = Path(__file__).resolve().parent.parent / "examples" / "policy.yaml"
+    example = Path(__file__).resolve().parents[2] / "examples" / "policy.yaml"
     fake = FakeCloudflare(zone_id=ZONE, account_id=ACCOUNT)
     fake.seed_rules(
         [

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-FUZZ = Path(__file__).parent / "fuzz"
+FUZZ = Path(__file__).resolve().parents[1] / "fuzz"
 
 
 class _Provider:

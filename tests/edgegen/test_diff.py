@@ -16,7 +16,7 @@ from edgegen import _diff, cli
 from edgegen._diff import load_version, to_markdown, to_text
 from edgegen.errors import UsageError
 
-GOLDEN = Path(__file__).resolve().parent / "golden" / "diff"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "diff"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir())
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 

@@ -15,7 +15,7 @@ from zone_support import HAND_MADE, Sleeps
 from edgegen import _cloudflare, _ids, cli
 from edgegen._formats import write_hashes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "policy.yaml"
 LOGIN = _ids.rule_ref("login")
 WORKER = "api-edge-limits"

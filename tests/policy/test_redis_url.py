@@ -19,7 +19,7 @@ import policy
 from applimit import Limiter
 from edgegen import cli
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "policy.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "policy.yaml"
 PASSWORD = "hunter2-Sekr1t"
 URL_LINE = re.compile(r"^  redis_url: .*$", re.M)
 

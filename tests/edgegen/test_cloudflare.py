@@ -30,7 +30,7 @@ from edgegen import (
 from edgegen._retry import RetryPolicy, parse_retry_after
 from edgegen._state import UrlNormalization
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "policy.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "policy.yaml"
 RULE: dict[str, Any] = {
     "ref": "edgegen:login-1",
     "description": "login",
@@ -765,7 +765,7 @@ def test_the_retry_decision_is_a_pure_function() -> None:
 def test_only_the_transport_talks_http() -> None:
     """httpx is imported, outside type checking, by one module of edgegen only."""
     importing = []
-    for path in sorted((Path(__file__).resolve().parent.parent / "edgegen").glob("*.py")):
+    for path in sorted((Path(__file__).resolve().parents[2] / "edgegen").glob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         checked = {
             id(node)

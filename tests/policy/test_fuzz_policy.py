@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import policy
 from edgegen.cli import main
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "policy.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "policy.yaml"
 EXAMPLE_DATA: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
 
 # Scalars that look like what users write, plus hostile ones.
