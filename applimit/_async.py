@@ -2,11 +2,9 @@
 
 It only drives the decision flow (``_flow.py``): each call the flow asks for is awaited on
 the limiter's wire (``_awire.py``), and the outcomes are sent back into it. It never
-blocks the event loop, and every decision keeps to ``app.timeout``: on a standalone or
-Sentinel-managed server the script calls of the decisions made in one turn of the event
-loop are sent together, under one deadline for the batch; on Redis Cluster each
-decision's calls run under ``asyncio.timeout(app.timeout)``, which bounds them even when a
-connection has to be made first.
+blocks the event loop, and every decision keeps to ``app.timeout``: the script calls of
+the decisions made in one turn of the event loop are sent together (per master on Redis
+Cluster), under one deadline for the batch.
 """
 
 from __future__ import annotations
@@ -70,9 +68,11 @@ class AsyncLimiter(LimiterBase[AsyncTransport]):
         )
 
     def _open(self, target: Target[AsyncClient]) -> AsyncTransport:
-        # On a standalone or Sentinel-managed server, calls go through the wire (batched
-        # per event-loop turn, see _awire.py); Redis Cluster keeps redis-py's client.
-        return open_async(target, self.breakers.main, timeout=self.timeout)
+        # Calls go through the limiter's own wire, batched per event-loop turn (per master
+        # on Redis Cluster), see _awire.py.
+        return open_async(
+            target, self.breakers, max_connections=self.max_connections, timeout=self.timeout
+        )
 
     @classmethod
     def from_policy(cls, source: str | os.PathLike[str] | Policy, **options: Any) -> Self:

@@ -9,9 +9,9 @@ under load when Redis itself was fine. The command is packed by hiredis; which c
 (FCALL, EVALSHA, EVAL, FUNCTION LOAD first) and what an error reply means is the wire
 protocol's (``_protocol.py``): the wire only writes and reads.
 
-On Redis Cluster :class:`AsyncClusterClient` goes through redis-py's asyncio cluster
-client, which follows MOVED and ASK redirections, with EVALSHA (and EVAL after NOSCRIPT,
-as the same protocol says), every decision under ``asyncio.timeout(app.timeout)``.
+On Redis Cluster :class:`AsyncClusterWire` runs one such wire per master, on the slot map
+of redis-py's asyncio cluster client, and follows MOVED, ASK and TRYAGAIN itself, within
+the decision's deadline, as the sync limiter's wire does.
 
 Both are the async limiter's transports: built without I/O, they make the client on
 first use, and run a decision's calls (``run``) returning one outcome per call, a reply
@@ -21,6 +21,7 @@ or the failure, as the decision flow (``_flow.py``) takes them.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -30,11 +31,23 @@ import redis.asyncio
 import redis.asyncio.cluster
 
 from . import _clients
-from ._breaker import CircuitBreaker
+from ._breaker import Breakers, CircuitBreaker
 from ._clients import AsyncClient, Target
 from ._core import ScriptCall, wrote
 from ._errors import CLOSED, REDIS_FAILURES, ApplimitError, PoolExhausted, is_outage
-from ._protocol import Replies, ScriptProtocol, command_args, pack_calls, pack_command
+from ._protocol import (
+    MAX_REDIRECTIONS,
+    TRYAGAIN_PAUSE,
+    Redirect,
+    Replies,
+    ScriptProtocol,
+    pack_calls,
+    pack_command,
+    redirected,
+    redirection,
+    too_many_redirections,
+    unpair,
+)
 
 # Answer this many callers of a batch, then let them run before answering the rest: the
 # first ones send their next calls (a new batch) while this one is still being answered,
@@ -42,6 +55,8 @@ from ._protocol import Replies, ScriptProtocol, command_args, pack_calls, pack_c
 # of a batch's callers wake at once, and Redis and the loop take turns idling. 32 is in
 # the middle of the range that measured best (16 to 64 calls) in bench/bench_async.py.
 _YIELD_EVERY = 32
+
+logger = logging.getLogger("applimit")
 
 
 class AsyncWire:
@@ -58,20 +73,28 @@ class AsyncWire:
     each call with that error, and the breaker hears of it once. An error reply (unless
     the protocol recovers from it) fails only its own call.
 
-    The client is made from the target on first use, and closed with the limiter.
+    As the transport of a standalone or Sentinel-managed server it makes the client from
+    its target on first use and closes it with the limiter; as one master's wire in an
+    :class:`AsyncClusterWire` it is given a pool of its own for that node.
     """
 
     # Each batch tells the breaker how Redis answered, once for all its calls.
     reports = True
 
     def __init__(
-        self, target: Target[AsyncClient], breaker: CircuitBreaker, *, timeout: float
+        self,
+        source: Target[AsyncClient] | redis.asyncio.ConnectionPool,
+        breaker: CircuitBreaker,
+        *,
+        timeout: float,
+        protocol: ScriptProtocol | None = None,
     ) -> None:
-        """Send to ``target``, telling ``breaker`` of each batch's outcome."""
-        self._target = target
+        """Send to ``source`` (a target, whose client is made on first use, or a pool),
+        telling ``breaker`` of each batch's outcome."""
+        self._target = source if isinstance(source, Target) else None
         self._client: redis.asyncio.Redis | None = None
-        self._pool: Any = None
-        self.protocol = ScriptProtocol()
+        self._pool: Any = None if isinstance(source, Target) else source
+        self.protocol = protocol if protocol is not None else ScriptProtocol()
         self._breaker = breaker
         self._timeout = timeout
         self.closed = False
@@ -116,7 +139,7 @@ class AsyncWire:
     def client(self) -> redis.asyncio.Redis:
         """The client the connections come from (made now if not yet: no I/O)."""
         if self._client is None:
-            if self.closed:
+            if self.closed or self._target is None:
                 raise redis.exceptions.ConnectionError("the limiter was closed")
             client = self._target.factory()
             assert isinstance(client, redis.asyncio.Redis)
@@ -125,11 +148,30 @@ class AsyncWire:
         return self._client
 
     async def close(self) -> None:
-        """Close the client (and the Sentinel clients the limiter made for it)."""
+        """Close the client (and the Sentinel clients the limiter made for it), or the
+        node's pool."""
         self.closed = True
         client, self._client = self._client, None
-        if client is not None:
+        if self._target is None:
+            await self._pool.disconnect()
+        elif client is not None:
             await _clients.close_async(client, own_sentinels=self._target.owns_sentinels)
+
+    async def alone(self, call: ScriptCall, *, asking: bool = False) -> object:
+        """The call's reply (its error reply raised), sent on its own, outside the
+        batches: with ASKING first when ``asking`` (an ASK redirection)."""
+        calls = [call]
+        try:
+            replies = await self._round_trip(calls, asking=asking)
+        except REDIS_FAILURES as error:
+            if is_outage(error):
+                self._breaker.failure(error)
+            raise
+        self._report(calls, replies)
+        reply = replies[0]
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
 
     # -- batches --------------------------------------------------------------------------
 
@@ -190,15 +232,7 @@ class AsyncWire:
             if is_outage(error):
                 self._breaker.failure(error)
             raise
-        # An error reply about the server (out of memory, read-only...) fails the batch
-        # for the breaker, once; one about a key (WRONGTYPE) is its call's alone.
-        failed = next((r for r in replies if isinstance(r, BaseException) and is_outage(r)), None)
-        if failed is not None:
-            self._breaker.failure(failed)
-        elif self._breaker.in_outage:
-            self._breaker.success(wrote=any(map(wrote, calls, replies)))
-        else:
-            self._breaker.success()
+        self._report(calls, replies)
         for index, ((_, future), reply) in enumerate(zip(live, replies, strict=True), 1):
             if future.done():
                 continue
@@ -208,6 +242,28 @@ class AsyncWire:
                 future.set_result(reply)
             if index % _YIELD_EVERY == 0 and index < len(live):
                 await asyncio.sleep(0)
+
+    def _report(self, calls: list[ScriptCall], replies: Replies) -> None:
+        """Tell the breaker how Redis answered a batch, once for all its calls.
+
+        An error reply about the server (out of memory, read-only...) fails the batch for
+        the breaker; one about a key (WRONGTYPE) is its call's alone, and a cluster's
+        redirection (MOVED, ASK, TRYAGAIN) is an answer: the call goes on elsewhere.
+        """
+        failed = next(
+            (
+                r
+                for r in replies
+                if isinstance(r, BaseException) and is_outage(r) and not redirected(r)
+            ),
+            None,
+        )
+        if failed is not None:
+            self._breaker.failure(failed)
+        elif self._breaker.in_outage:
+            self._breaker.success(wrote=any(map(wrote, calls, replies)))
+        else:
+            self._breaker.success()
 
     async def _connection(self) -> Any:
         """A connection of the pool; PoolExhausted when none came free within the pool's
@@ -248,12 +304,12 @@ class AsyncWire:
                     )
                 )
 
-    async def _round_trip(self, calls: list[ScriptCall]) -> Replies:
+    async def _round_trip(self, calls: list[ScriptCall], *, asking: bool = False) -> Replies:
         connection = await self._connection()
         try:
             protocol = self.protocol
             how = protocol.how
-            packed, count = pack_calls(calls, how)
+            packed, count = pack_calls(calls, how, asking=asking)
             try:
                 replies = await self._exchange(connection, packed, count)
             except _ClosedUnread:
@@ -262,14 +318,16 @@ class AsyncWire:
                 # that the event loop has not yet read passes the check. Nothing was
                 # answered; the connection is disconnected, and sending connects afresh.
                 replies = await self._exchange(connection, packed, count)
+            if asking:
+                replies = unpair(replies)
             if not protocol.settled(replies):
                 # The recovery's writes go on the same connection, in turn.
                 steps = protocol.recover(how, replies)
                 try:
                     step = next(steps)
                     while True:
-                        again = await self._exchange(connection, *step.write(calls))
-                        step = steps.send(again)
+                        raw = await self._exchange(connection, *step.write(calls, asking=asking))
+                        step = steps.send(step.replies(raw, asking=asking))
                 except StopIteration:
                     pass
             return replies
@@ -317,6 +375,13 @@ class _ClosedUnread(redis.exceptions.ConnectionError):
     """The connection was closed before any reply of the batch was read."""
 
 
+def _retrieved(task: asyncio.Task[None]) -> None:
+    """Take a background task's outcome, so that a failure nobody awaited any more is not
+    reported by the event loop as never retrieved (the callers saw it, or timed out)."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _failures_only(outcomes: Sequence[object]) -> Replies:
     """Gathered outcomes as the flow takes them; an exception that is no Redis failure (a
     bug) is raised, as it would be without the gather."""
@@ -326,46 +391,76 @@ def _failures_only(outcomes: Sequence[object]) -> Replies:
     return list(outcomes)
 
 
-class AsyncClusterClient:
-    """Runs script calls on Redis Cluster through redis-py's asyncio cluster client.
+class AsyncClusterWire:
+    """Runs script calls on Redis Cluster: each in the batches of an :class:`AsyncWire` of
+    the master that serves its slot, as FCALL (the same protocol for every master).
 
-    The client follows MOVED and ASK redirections and keeps the slot map; the calls are
-    EVALSHA (the protocol starts there: the client cannot send FUNCTION LOAD where a call
-    goes), EVAL after NOSCRIPT. A decision's calls (one per hash slot) run concurrently,
-    together under ``asyncio.timeout(app.timeout)``.
+    redis-py's asyncio cluster client keeps the topology (the slot map, each node's
+    settings); it reads the slot map on the first call, under the decision's timeout.
+    Its command path is not used: its CLUSTERDOWN handling waits and re-reads the slot
+    map inline, which can hold a decision past its timeout. What a redirection means is
+    the protocol's (``_protocol.redirection``); here:
+
+    - MOVED updates the slot map and the call goes to the new owner's batch; ASK sends
+      ASKING and the call, on their own, to the importing node; both count against the
+      decision's deadline;
+    - TRYAGAIN (the call's keys split between two nodes mid-migration) is retried until
+      the deadline, with short pauses, then raised;
+    - CLUSTERDOWN, a failed connection and a timeout are raised at once, and the slot map
+      is read again in the background, so that the calls after a failover find the new
+      master while the breaker answers for the old one.
+
+    Each master's batches tell that master's breaker how it answered (a redirection is
+    an answer). What fails here instead (reading the slot map: the limiter's own
+    breaker; a call redirected past its deadline or too often: the breaker of the master
+    it was first sent to), this wire tells the breaker of itself.
     """
 
-    # The flow tells the breakers of each call's outcome.
-    reports = False
+    # The batches, and this wire for what fails outside them, tell the breakers.
+    reports = True
 
-    def __init__(self, target: Target[AsyncClient], *, timeout: float) -> None:
-        """Send to the cluster of ``target``, whose client is made on first use."""
+    def __init__(
+        self,
+        target: Target[AsyncClient],
+        breakers: Breakers,
+        *,
+        max_connections: int,
+        timeout: float,
+    ) -> None:
+        """Send to the cluster of ``target``, whose slot map is read on the first call."""
         self._factory = target.factory
         self._client: redis.asyncio.cluster.RedisCluster | None = None
-        self.protocol = ScriptProtocol(functions=False)
+        self._nodes: Any = None
+        self.protocol = ScriptProtocol()
+        self._breakers = breakers
+        self._max = max_connections
         self._timeout = timeout
+        self._wires: dict[str, AsyncWire] = {}
+        self._connecting: asyncio.Task[None] | None = None
+        self._refreshing: asyncio.Task[None] | None = None
         self.closed = False
 
+    # -- the transport --------------------------------------------------------------------
+
     def route(self, slot: int) -> str | None:
-        """The name of the master serving ``slot``; None before the client has read the
-        slot map, or while it rebuilds it."""
-        client = self._client
-        if client is None:
+        """The name of the master serving ``slot``; None before the slot map was read,
+        or while it is being rebuilt."""
+        if self._nodes is None:
             return None
         try:
-            return str(client.nodes_manager.get_node_from_slot(slot).name)
+            return str(self._master(slot).name)
         except (redis.exceptions.RedisClusterException, LookupError, TypeError):
             return None
 
     def serving_nodes(self) -> set[str] | None:
-        """The masters in the client's slot map (None before the client is made)."""
-        client = self._client
-        if client is None:
+        """The masters in the slot map (None before it was read)."""
+        nodes = self._nodes
+        if nodes is None:
             return None
-        return {str(node.name) for node in client.nodes_manager.get_nodes_by_server_type("primary")}
+        return {str(node.name) for node in nodes.get_nodes_by_server_type("primary")}
 
     def client(self) -> redis.asyncio.cluster.RedisCluster:
-        """The cluster client (made now if not yet: it connects on its first command)."""
+        """The cluster client (made now if not yet: it reads the slot map when told to)."""
         if self._client is None:
             if self.closed:
                 raise ApplimitError(CLOSED)
@@ -375,48 +470,24 @@ class AsyncClusterClient:
         return self._client
 
     async def run(self, calls: Sequence[ScriptCall]) -> Replies:
-        """The outcome of each call, in order; a timeout is the first call's."""
+        """The outcome of each call, in order; together they keep to the timeout."""
         if self.closed:
             raise ApplimitError(CLOSED)
-        client = self.client()
-        try:
-            async with asyncio.timeout(self._timeout):
-                if len(calls) == 1:
-                    return [await self._call(client, calls[0])]
-                # One call per cluster slot, concurrently: still one round trip of time.
-                outcomes = await asyncio.gather(
-                    *(self._call(client, call) for call in calls), return_exceptions=True
-                )
-        except REDIS_FAILURES as error:
-            return [error]
-        return _failures_only(outcomes)
-
-    async def _call(self, client: redis.asyncio.cluster.RedisCluster, call: ScriptCall) -> object:
-        """The call's reply (its error reply raised), recovering as the protocol says."""
-        protocol = self.protocol
-        how = protocol.how
-        replies: Replies = [await self._send(client, call, how)]
-        if not protocol.settled(replies):
-            steps = protocol.recover(how, replies, load=False)
+        if self._nodes is None:
+            failure = await self._connect()
+            if failure is not None:
+                return [failure]
+        deadline = asyncio.get_running_loop().time() + self._timeout
+        if len(calls) == 1:
             try:
-                step = next(steps)
-                while True:
-                    step = steps.send([await self._send(client, call, step.how)])
-            except StopIteration:
-                pass
-        reply = replies[0]
-        if isinstance(reply, BaseException):
-            raise reply
-        return reply
-
-    @staticmethod
-    async def _send(
-        client: redis.asyncio.cluster.RedisCluster, call: ScriptCall, how: bytes
-    ) -> object:
-        try:
-            return await client.execute_command(*command_args(call, how))
-        except redis.exceptions.ResponseError as error:
-            return error
+                return [await self._call(calls[0], deadline)]
+            except REDIS_FAILURES as error:
+                return [error]
+        # One call per cluster slot, concurrently: still one round trip of time.
+        outcomes = await asyncio.gather(
+            *(self._call(call, deadline) for call in calls), return_exceptions=True
+        )
+        return _failures_only(outcomes)
 
     async def delete(self, keys: Sequence[str]) -> None:
         """DEL ``keys`` (a reset; one hash tag, so one slot) through the cluster client."""
@@ -425,21 +496,189 @@ class AsyncClusterClient:
         await self.client().delete(*keys)
 
     async def close(self) -> None:
-        """Close the cluster client."""
+        """Close every master's pool and the cluster client."""
         self.closed = True
+        wires, self._wires = list(self._wires.values()), {}
+        for task in (self._connecting, self._refreshing):
+            if task is not None:
+                task.cancel()
+        for wire in wires:
+            await wire.close()
         client, self._client = self._client, None
         if client is not None:
             await _clients.close_async(client, own_sentinels=False)
 
+    # -- calls ----------------------------------------------------------------------------
 
-AsyncTransport = AsyncWire | AsyncClusterClient
+    async def _connect(self) -> BaseException | None:
+        """Read the slot map (the first call): None when done, else the failure, which
+        the limiter's own breaker is told of.
+
+        The reading is one task, which the callers await within their timeout: one that
+        takes longer goes on for the next callers rather than starting over for each.
+        """
+        main = self._breakers.main
+        task = self._connecting
+        if task is None:
+            task = self._connecting = asyncio.get_running_loop().create_task(self._read_map())
+            task.add_done_callback(_retrieved)
+        try:
+            async with asyncio.timeout(self._timeout):
+                await asyncio.shield(task)
+        except REDIS_FAILURES as error:
+            if is_outage(error):
+                main.failure(error)
+            return error
+        main.success()
+        return None
+
+    async def _read_map(self) -> None:
+        try:
+            client = self.client()
+            await client.initialize()
+            self._nodes = client.nodes_manager
+        finally:
+            # Done, or failed: the next caller reads it again (or finds it read).
+            self._connecting = None
+
+    async def _call(self, call: ScriptCall, deadline: float) -> object:
+        """The call's reply, from the master of its slot, following redirections until
+        ``deadline`` (the event loop's time)."""
+        assert call.slot is not None
+        loop = asyncio.get_running_loop()
+        node = first = self._own(None, self._master, call.slot)
+        asking = False
+        for attempt in range(MAX_REDIRECTIONS):
+            try:
+                wire = self._wire(node)
+                if not attempt:
+                    # The batch's deadline is the decision's.
+                    return await wire.submit(call)
+                async with asyncio.timeout_at(deadline):
+                    if asking:
+                        return await wire.alone(call, asking=True)
+                    return await wire.submit(call)
+            except REDIS_FAILURES as error:
+                node, asking = await self._follow(error, call.slot, node, first, deadline)
+            if loop.time() > deadline:
+                raise self._failed(
+                    first,
+                    TimeoutError("the decision's deadline passed following cluster redirections"),
+                )
+        raise self._failed(first, too_many_redirections())
+
+    async def _follow(
+        self, error: BaseException, slot: int, node: Any, first: Any, deadline: float
+    ) -> tuple[Any, bool]:
+        """Where a call goes after ``error`` met it at ``node`` (and whether with ASKING);
+        raises when it goes nowhere. Failures no batch saw go to the breaker of ``first``,
+        the master the call was sent to first."""
+        if isinstance(error, TimeoutError):
+            # The callers' deadline, or the decision's after a redirection: the node's
+            # batch tells its breaker whether Redis answered.
+            raise error
+        step = redirection(error)
+        if step is Redirect.MOVED:
+            assert isinstance(error, redis.exceptions.MovedError)
+            await self._nodes.move_slot(error)
+            return self._own(first, self._master, slot), False
+        if step is Redirect.ASK:
+            assert isinstance(error, redis.exceptions.AskError)
+            found = self._nodes.get_node(host=error.host, port=error.port)
+            if found is None:
+                self.refresh()
+                raise self._failed(first, error)
+            return found, True
+        if step is Redirect.TRYAGAIN:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                raise self._failed(first, error)
+            # The slot's keys are moving one by one; wait a little for this call's.
+            await asyncio.sleep(min(TRYAGAIN_PAUSE, left))
+            return self._own(first, self._master, slot), False
+        # The call's own failure, which the batch told the breaker of.
+        if step is Redirect.REFRESH:
+            self.refresh(node.name)
+        raise error
+
+    def _failed(self, node: Any, error: BaseException) -> BaseException:
+        """``error``, a call's failure no batch saw, told to the breaker of ``node``."""
+        if is_outage(error):
+            self._breakers.of(None if node is None else str(node.name)).failure(error)
+        return error
+
+    def _own(self, node: Any, find: Any, slot: int) -> Any:
+        """``find(slot)``, whose failure is told to the breaker of ``node``."""
+        try:
+            return find(slot)
+        except REDIS_FAILURES as error:
+            raise self._failed(node, error) from None
+
+    def _master(self, slot: int) -> Any:
+        try:
+            return self._nodes.get_node_from_slot(slot)
+        except redis.exceptions.SlotNotCoveredError:
+            self.refresh()
+            raise
+
+    def _wire(self, node: Any) -> AsyncWire:
+        wire = self._wires.get(node.name)
+        if wire is None:
+            if self.closed:
+                raise redis.exceptions.ConnectionError("the limiter was closed")
+            settings = dict(node.connection_kwargs)
+            settings.pop("retry", None)
+            # The node's settings (address, credentials, TLS, timeouts) in a pool of the
+            # limiter's own, which waits for a free connection at most the timeout.
+            pool = redis.asyncio.BlockingConnectionPool(
+                connection_class=node.connection_class,
+                max_connections=self._max,
+                timeout=self._timeout,
+                retry=_clients.async_retry(),
+                **settings,
+            )
+            wire = AsyncWire(
+                pool,
+                self._breakers.of(str(node.name)),
+                timeout=self._timeout,
+                protocol=self.protocol,
+            )
+            self._wires[node.name] = wire
+        return wire
+
+    # -- topology -------------------------------------------------------------------------
+
+    def refresh(self, failed: str | None = None) -> None:
+        """Read the slot map again, in the background (one refresh at a time); ``failed``
+        names a node that just failed, asked last."""
+        if self._refreshing is not None or self.closed or self._nodes is None:
+            return
+        self._refreshing = asyncio.get_running_loop().create_task(self._refresh(failed))
+
+    async def _refresh(self, failed: str | None) -> None:
+        try:
+            try:
+                await self._nodes.initialize(last_failed_node_name=failed)
+            except Exception as error:
+                # A cluster still failing over: the next failed call asks again, and the
+                # breaker answers meanwhile.
+                logger.debug("reading the cluster's slot map failed: %s", error)
+            known = self._nodes.nodes_cache
+            gone = [name for name in self._wires if name not in known]
+            for name in gone:
+                await self._wires.pop(name).close()
+        finally:
+            self._refreshing = None
+
+
+AsyncTransport = AsyncWire | AsyncClusterWire
 """The async limiter's wire: one server, or a cluster."""
 
 
 def open_async(
-    target: Target[AsyncClient], breaker: CircuitBreaker, *, timeout: float
+    target: Target[AsyncClient], breakers: Breakers, *, max_connections: int, timeout: float
 ) -> AsyncTransport:
-    """The async wire to ``target``, built without I/O (``breaker``: the limiter's own)."""
+    """The async wire to ``target``, built without I/O."""
     if target.cluster:
-        return AsyncClusterClient(target, timeout=timeout)
-    return AsyncWire(target, breaker, timeout=timeout)
+        return AsyncClusterWire(target, breakers, max_connections=max_connections, timeout=timeout)
+    return AsyncWire(target, breakers.main, timeout=timeout)

@@ -345,7 +345,7 @@ def sync_from_client(
 # --- async -------------------------------------------------------------------------------
 
 
-def _async_retry() -> redis.asyncio.retry.Retry:
+def async_retry() -> redis.asyncio.retry.Retry:
     return redis.asyncio.retry.Retry(NoBackoff(), 0)
 
 
@@ -359,11 +359,11 @@ def async_from_url(
 
         def sentinel_master() -> AsyncClient:
             sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
-                sentinels, sentinel_kwargs={**timing, "retry": _async_retry()}
+                sentinels, sentinel_kwargs={**timing, "retry": async_retry()}
             )
             master = sentinel.master_for(
                 service,
-                retry=_async_retry(),
+                retry=async_retry(),
                 max_connections=max_connections,
                 **timing,
                 **sentinel_options,
@@ -383,7 +383,7 @@ def async_from_url(
 
         def cluster_client() -> AsyncClient:
             return redis.asyncio.cluster.RedisCluster(
-                retry=_async_retry(),
+                retry=async_retry(),
                 max_connections=max_connections,
                 ssl=ssl,
                 **options,
@@ -396,7 +396,7 @@ def async_from_url(
         pool = redis.asyncio.BlockingConnectionPool(
             max_connections=max_connections,
             timeout=timeout,
-            retry=_async_retry(),
+            retry=async_retry(),
             **options,
             **timing,
         )
@@ -423,7 +423,7 @@ def async_from_client(
         def cluster_clone() -> AsyncClient:
             return redis.asyncio.cluster.RedisCluster(
                 startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in nodes],
-                retry=_async_retry(),
+                retry=async_retry(),
                 max_connections=max_connections,
                 ssl=ssl,
                 **{k: v for k, v in _settings(kwargs).items() if k != "socket_keepalive_options"},
@@ -442,7 +442,7 @@ def async_from_client(
                 master = manager.master_for(
                     service,
                     connection_class=pool.connection_class,
-                    retry=_async_retry(),
+                    retry=async_retry(),
                     max_connections=max_connections,
                     db=db,
                     **_settings(kwargs),
@@ -458,7 +458,7 @@ def async_from_client(
                 connection_class=connection_class,
                 max_connections=max_connections,
                 timeout=timeout,
-                retry=_async_retry(),
+                retry=async_retry(),
                 **_address(kwargs),
                 **_settings(kwargs),
                 **timing,

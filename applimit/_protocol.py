@@ -57,12 +57,6 @@ def pack_command(args: tuple[str | bytes | int, ...]) -> bytes:
     return bytes(hiredis.pack_command(args))  # type: ignore[arg-type]
 
 
-def command_args(call: ScriptCall, how: bytes) -> tuple[bytes | str | int, ...]:
-    """``call`` as the arguments of one command, for a client that packs its own (and
-    reads the command's name as a str)."""
-    return (how.decode(), _HEADS[how][1], len(call.keys), *call.keys, *call.args)
-
-
 def pack(call: ScriptCall, how: bytes) -> bytes:
     """``call`` as one RESP command: FCALL of the library's function, EVALSHA by the
     script's SHA, or EVAL with the script's text."""
@@ -206,9 +200,7 @@ class ScriptProtocol:
                 return False
         return True
 
-    def recover(
-        self, how: bytes, replies: Replies, *, load: bool = True
-    ) -> Generator[Step, Replies, None]:
+    def recover(self, how: bytes, replies: Replies) -> Generator[Step, Replies, None]:
         """After calls were sent with ``how`` and got ``replies``: yields each
         :class:`Step` that redoes the calls whose replies asked for another command,
         receiving that step's replies (:meth:`Step.write` says which), and puts the new
@@ -219,14 +211,11 @@ class ScriptProtocol:
           fails otherwise, the calls fail with its error.
         - FCALL refused: EVALSHA from now on, those calls with EVAL.
         - NOSCRIPT after EVALSHA: those calls with EVAL, which caches the script again.
-
-        ``load`` False is for a client that cannot send FUNCTION LOAD where the calls go
-        (it only ever uses EVALSHA).
         """
         if how is FCALL:
             redo = [i for i, r in enumerate(replies) if function_missing(r) or refused(r)]
             refusal = next((replies[i] for i in redo if refused(replies[i])), None)
-            if redo and refusal is None and load:
+            if redo and refusal is None:
                 again = yield Step(FCALL, redo, load=True)
                 outcome = loaded(again[0])
                 if outcome is None:
@@ -319,6 +308,15 @@ def redirection(error: BaseException) -> Redirect:
     if isinstance(error, _TOPOLOGY_ERRORS):
         return Redirect.REFRESH
     return Redirect.FAIL
+
+
+def redirected(error: BaseException) -> bool:
+    """True when ``error`` sends the call elsewhere (MOVED, ASK, TRYAGAIN): the node
+    answered, so it says nothing of the node's health."""
+    return isinstance(
+        error,
+        (redis.exceptions.AskError, redis.exceptions.TryAgainError),  # MovedError is an AskError
+    )
 
 
 def too_many_redirections() -> redis.exceptions.ClusterError:

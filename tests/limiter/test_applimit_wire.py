@@ -1,8 +1,8 @@
-"""The limiter's own wire (applimit/_wire.py) on a standalone server: connections it holds
+"""The limiter's own wires (applimit/_wire.py, applimit/_awire.py): connections they hold
 between decisions, batches of concurrent async calls, and what happens to both when
 connections die, a process forks, one call of a batch fails, or callers outnumber the
-pool. The contract, fault and deployment suites run over the same wire; these tests are
-about its own mechanics."""
+pool; and on Redis Cluster, a wire per master. The contract, fault and deployment suites
+run over the same wires; these tests are about their own mechanics."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import redis
-from harness import RedisServer
+from harness import RedisCluster, RedisServer
 from limiter_support import Driver
 
 import policy
@@ -444,3 +444,39 @@ async def test_a_wait_for_the_async_limiters_own_connections_is_not_a_redis_fail
         assert len(said) == 1
     finally:
         await limiter.aclose()
+
+
+# --- Redis Cluster -------------------------------------------------------------------------
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_on_a_cluster_each_master_is_called_by_name(
+    redis_cluster: RedisCluster, cluster_client: Any, flavour: str
+) -> None:
+    """Both limiters send their calls to each master themselves, as FCALL: a master
+    without the library is sent FUNCTION LOAD once, and no call is an EVALSHA."""
+    masters = redis_cluster.masters()
+    for master in masters:
+        with master.client() as node:
+            node.function_flush()
+            node.config_resetstat()
+    loaded = policy.loads(POLICY)
+    made: Limiter | AsyncLimiter
+    if flavour == "sync":
+        made = Limiter(loaded, redis_url=redis_cluster.url, cluster=True)
+    else:
+        made = AsyncLimiter(loaded, redis_url=redis_cluster.url, cluster=True)
+    driver = Driver(made)
+    who = [f"user-{i}" for i in range(30)]
+    try:
+        for _ in range(2):
+            decisions = [await driver.hit("log", w) for w in who]
+            assert all(d.allowed and not d.degraded for d in decisions)
+        for master in masters:
+            with master.client() as node:
+                assert _calls(node, "function|load") == 1, master.port
+                assert _calls(node, "fcall") >= 2
+                assert _calls(node, "evalsha") == _calls(node, "eval") == 0
+    finally:
+        await driver.close()
