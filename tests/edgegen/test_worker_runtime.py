@@ -488,8 +488,7 @@ def test_js_matcher_agrees_with_python(tmp_path: Path) -> None:
     assert len(CORPUS) >= 80
     loaded = policy.loads(CORPUS_POLICY)
     limits = [
-        _worker.WorkerLimit(limit, 60, credentialed_rate(loaded, limit))
-        for limit in loaded.limits
+        _worker.WorkerLimit(limit, 60, credentialed_rate(loaded, limit)) for limit in loaded.limits
     ]
     blob = _worker.script_json(_worker.config(loaded, limits))
     module = tmp_path / "matcher.js"
