@@ -79,7 +79,7 @@ class ApproxCache:
     def applies(prepared: Prepared) -> bool:
         """True for a ``hit`` whose every check is of an approximate limit."""
         return (
-            prepared.mode == "hit"
+            prepared.operation == "hit"
             and bool(prepared.checks)
             and all(c.rule.approximate for c in prepared.checks)
         )
@@ -109,7 +109,7 @@ class ApproxCache:
         if not any(taken):
             return Sync(prepared, prepared, taken, now)
         checks = [replace(c, cost=c.cost + p) for c, p in zip(prepared.checks, taken, strict=True)]
-        return Sync(prepared, self.core.plan("hit", checks), taken, now)
+        return Sync(prepared, self.core.prepare("hit", checks), taken, now)
 
     def settle(self, sync: Sync, decision: Decision) -> Flush | None:
         """Take in the batch's decision; a Flush when pending requests are left to count."""
@@ -128,7 +128,7 @@ class ApproxCache:
         checks = [
             replace(c, cost=n) for c, n in zip(sync.prepared.checks, fits, strict=True) if n > 0
         ]
-        flush = self.core.plan("hit", checks) if checks else None
+        flush = self.core.prepare("hit", checks) if checks else None
         return Flush(sync, flush, tuple(left))
 
     def flushed(self, flush: Flush, decision: Decision | None) -> bool:

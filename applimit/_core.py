@@ -26,14 +26,26 @@ from typing import Literal, cast
 
 from redis.crc import key_slot
 
-from policy import Algorithm, AppKey, Matcher, OnRedisError, Policy, ip_bucket, request_paths
-from policy import Mode as LimitMode
+from policy import (
+    Algorithm,
+    AppKey,
+    Layer,
+    Matcher,
+    Mode,
+    OnRedisError,
+    Policy,
+    ip_bucket,
+    request_paths,
+)
+from policy import check as check_policy
 
 from . import _keys
 from ._decision import Decision, LimitResult, combine, make_result
 from ._errors import ConfigurationError, InvalidArgumentError, UnknownLimitError, UnknownTierError
 
-Mode = Literal["hit", "peek"]
+# What a decision does: hit consumes, peek only reads (the script also knows "refund",
+# which only a denied decision's follow-up calls use).
+Operation = Literal["hit", "peek"]
 
 # The key suffix of each algorithm: a policy that switches a limit's algorithm starts on
 # fresh keys instead of reading another algorithm's state (which would be WRONGTYPE).
@@ -121,28 +133,21 @@ def _rates(rates: Iterable[tuple[int, int, str]]) -> tuple[RateSpec, ...]:
 
 def compile_policy(policy: Policy) -> CompiledPolicy:
     """Convert the policy into plain frozen values; ConfigurationError when it cannot work."""
+    # The one validity gate (policy.check): what stops the app is decided there, for
+    # edgegen validate and for the limiter alike (duplicate names, unknown tiers, ...).
+    stopping = check_policy(policy).stopping(Layer.APP)
+    if stopping:
+        raise ConfigurationError(
+            "the policy cannot be enforced by the app: " + "; ".join(d.format() for d in stopping)
+        )
     rules: list[AppRule] = []
-    seen: set[str] = set()
     edge_only: set[str] = set()
     known_tiers = tuple(policy.tiers)
     for limit in policy.limits:
-        if limit.name in seen:
-            raise ConfigurationError(
-                f"the policy defines limit {limit.name!r} twice; limit names name the Redis "
-                "keys, so each must be unique: rename one of them."
-            )
-        seen.add(limit.name)
         app = limit.app
         if app is None:
             edge_only.add(limit.name)
             continue
-        unknown = [t for t in app.tiers if t not in known_tiers]
-        if unknown:
-            raise ConfigurationError(
-                f"limit {limit.name!r} sets a rate for tier {unknown[0]!r}, which the "
-                f"policy's tiers ({', '.join(known_tiers)}) do not list; add it to `tiers:` "
-                "or remove it from the limit."
-            )
         on_error = app.on_redis_error or policy.app.on_redis_error
         tiers = {
             tier: _rates((r.limit, r.period.ms, str(r.period)) for r in rates)
@@ -160,7 +165,7 @@ def compile_policy(policy: Policy) -> CompiledPolicy:
                 fail_open=on_error is OnRedisError.ALLOW,
                 matcher=limit.match.matcher(),
                 tiers=MappingProxyType(tiers),
-                approximate=app.mode is LimitMode.APPROXIMATE,
+                approximate=app.mode is Mode.APPROXIMATE,
                 sync_every=app.sync_every or DEFAULT_SYNC_EVERY,
                 sync_interval=(
                     app.sync_interval.ms / 1000
@@ -264,15 +269,21 @@ def wrote(call: ScriptCall, reply: object) -> bool:
 
 
 def _script_call(
-    mode: str, checks: Sequence[Check], *, now: str, nonce: str, slack: str, slot: int | None
+    operation: Operation | Literal["refund"],
+    checks: Sequence[Check],
+    *,
+    now: str,
+    nonce: str,
+    slack: str,
+    slot: int | None,
 ) -> ScriptCall:
     if len(checks) == 1:
         # One rate of one limit (most decisions): no list to build.
         check = checks[0]
         block = check.block
         tail = block.args_cost_1 if check.cost == 1 else check.args()
-        return ScriptCall((check.key,), (mode, now, nonce, slack, "1", *tail), slot)
-    args: list[str] = [mode, now, nonce, slack, str(len(checks))]
+        return ScriptCall((check.key,), (operation, now, nonce, slack, "1", *tail), slot)
+    args: list[str] = [operation, now, nonce, slack, str(len(checks))]
     for check in checks:
         args.extend(check.args())
     return ScriptCall(tuple([c.key for c in checks]), tuple(args), slot)
@@ -282,7 +293,7 @@ def _script_call(
 class Prepared:
     """The plan for one decision: script calls to run, then :meth:`decide` on the replies."""
 
-    mode: str
+    operation: Operation
     checks: tuple[Check, ...]
     groups: tuple[tuple[int, ...], ...]
     calls: tuple[ScriptCall, ...]
@@ -505,11 +516,17 @@ class Core:
         return self._ip_tag(rule, ip)
 
     def _limit_tag(self, rule: AppRule, identity: str | None, ip: str | None) -> str:
-        """What ``hit``/``peek``/``reset`` count ``rule`` by: as ``check_request`` does,
-        except that a per-IP limit also takes the address as the identity (when no
-        ``ip=`` is given)."""
+        """What ``hit``/``peek``/``reset`` count ``rule`` by: as ``check_request`` does.
+        A per-IP limit takes the address only as ``ip=``: an identity in its place would
+        be counted as an address, and a user who may choose their own name (a login form's
+        username) could then exhaust the quota of any address they spell."""
         if rule.per_ip and ip is None and identity is not None:
-            return self._ip_tag(rule, identity)
+            raise InvalidArgumentError(
+                "ip",
+                f"limit {rule.name!r} counts per client IP, and hit/peek/reset take the "
+                f"address only as ip=, never as the identity; call "
+                f"hit({rule.name!r}, None, ip=client_address).",
+            )
         return self._tag(rule, identity, ip)
 
     def _ip_tag(self, rule: AppRule, ip: str | None) -> str:
@@ -541,7 +558,7 @@ class Core:
 
     def for_limit(
         self,
-        mode: Mode,
+        operation: Operation,
         name: str,
         identity: str | None,
         tier: str | None,
@@ -555,11 +572,11 @@ class Core:
         resolved = self.tier(tier)
         cost = self.cost(cost)
         tag = self._limit_tag(rule, identity, ip)
-        return self.plan(mode, self.checks(rule, resolved, tag, cost))
+        return self.prepare(operation, self.checks(rule, resolved, tag, cost))
 
     def for_request(
         self,
-        mode: Mode,
+        operation: Operation,
         method: str,
         path: str,
         identity: str | None,
@@ -585,22 +602,24 @@ class Core:
             if tag is None:
                 tag = tags[by_ip] = self._tag(rule, identity, ip)
             checks.extend(self.checks(rule, resolved, tag, cost))
-        return self.plan(mode, checks)
+        return self.prepare(operation, checks)
 
-    def plan(self, mode: Mode, checks: Sequence[Check]) -> Prepared:
+    def prepare(self, operation: Operation, checks: Sequence[Check]) -> Prepared:
         """Group ``checks`` into script calls: one, or one per hash slot on Redis Cluster."""
         now = "" if self._test_clock is None else str(round(self._test_clock() * 1_000_000))
         # The nonce names sliding-log entries: unique per call, so two requests in the same
         # microsecond never merge into one entry. 48 bits of the limiter's own generator
         # (see _NONCES), which spares a system call per decision (os.urandom).
-        nonce = f"{_NONCES.getrandbits(48):012x}" if mode == "hit" else ""
+        nonce = f"{_NONCES.getrandbits(48):012x}" if operation == "hit" else ""
         if not self.cluster:
             # One server: every check in one call.
             if not checks:
-                return Prepared(mode, (), (), (), nonce, self._slack)
-            call = _script_call(mode, checks, now=now, nonce=nonce, slack=self._slack, slot=None)
+                return Prepared(operation, (), (), (), nonce, self._slack)
+            call = _script_call(
+                operation, checks, now=now, nonce=nonce, slack=self._slack, slot=None
+            )
             return Prepared(
-                mode, tuple(checks), _one_group(len(checks)), (call,), nonce, self._slack
+                operation, tuple(checks), _one_group(len(checks)), (call,), nonce, self._slack
             )
         by_slot: dict[int, list[int]] = {}
         for index, check in enumerate(checks):
@@ -609,11 +628,16 @@ class Core:
         slots = list(by_slot)
         calls = tuple(
             _script_call(
-                mode, [checks[i] for i in group], now=now, nonce=nonce, slack=self._slack, slot=slot
+                operation,
+                [checks[i] for i in group],
+                now=now,
+                nonce=nonce,
+                slack=self._slack,
+                slot=slot,
             )
             for group, slot in zip(groups, slots, strict=True)
         )
-        return Prepared(mode, tuple(checks), groups, calls, nonce, self._slack)
+        return Prepared(operation, tuple(checks), groups, calls, nonce, self._slack)
 
     def reset_keys(
         self, name: str, identity: str | None, tier: str | None, *, ip: str | None = None

@@ -92,13 +92,19 @@ def rate_limited(
     call's arguments and return the user (None: an anonymous caller), the client address,
     the tier name and the cost. An anonymous caller is counted by its address, in the
     bucket ``check_request`` counts it in, never in a user's; a ``per: ip`` limit counts
-    the address (or, without ``ip``, what ``identity`` returns). A fixed ``tier`` string
+    the address ``ip`` returns, and needs ``ip`` (an identity is never taken for an
+    address: a user-chosen name could otherwise spend any address's quota). A fixed ``tier`` string
     or ``cost`` may be given instead; ``tier=None`` is the lowest tier. Raises
     :class:`RateLimited` when the limit denies the call.
     """
     if name not in limiter.limits:
         known = ", ".join(repr(n) for n in limiter.limits) or "none"
         raise ValueError(f"the policy has no app limit named {name!r}; its app limits are: {known}")
+    if ip is None and any(r.per_ip for r in limiter.compiled.rules if r.name == name):
+        raise ValueError(
+            f"app limit {name!r} counts per client IP; give ip= (a callable that returns the "
+            "client's address from the call's arguments)"
+        )
 
     def arguments(
         args: tuple[Any, ...], kwargs: dict[str, Any]

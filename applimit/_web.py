@@ -1,4 +1,4 @@
-"""The framework-free part of the web integration: request facts in, a response plan out.
+"""The framework-free part of the web integration: request facts in, an outcome out.
 
 The ASGI and WSGI middleware, the FastAPI dependency and the decorator are thin shells over
 this module. It does no I/O and imports no web framework:
@@ -421,7 +421,7 @@ class PolicyItem:
         return f"{sf_string(self.key)};r={self.remaining};t={self.reset}"
 
 
-# --- the response plan -------------------------------------------------------------------
+# --- the outcome ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,7 +434,7 @@ class Refusal:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class Outcome:
     """What to do with a request: headers to add to the app's response, or a refusal."""
 
     headers: tuple[tuple[str, str], ...] = ()
@@ -446,7 +446,7 @@ class Plan:
         return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers]
 
 
-PASS = Plan()
+PASS = Outcome()
 
 
 @dataclass(frozen=True, slots=True)
@@ -555,8 +555,8 @@ class Gate:
             )
         return items
 
-    def plan(self, decision: Decision, tier: str) -> Plan:
-        """The response plan for a decision of ``check_request`` (or ``hit``)."""
+    def outcome(self, decision: Decision, tier: str) -> Outcome:
+        """The outcome of a decision of ``check_request`` (or ``hit``)."""
         items = self.items(decision.results)
         if decision.degraded:
             return self._degraded(decision, items)
@@ -569,7 +569,7 @@ class Gate:
         if decision.allowed or not denied:
             headers = [policy, ("RateLimit", ", ".join(i.limit_member() for i in items))]
             headers += self._legacy(_binding(items))
-            return Plan(headers=tuple(headers))
+            return Outcome(headers=tuple(headers))
         # Only the violated policies go into RateLimit on a refusal, so that Retry-After (the
         # largest of their waits) is never earlier than any reset parameter in the response.
         # At least 1: a refusal never says "retry now".
@@ -597,7 +597,7 @@ class Gate:
         )
         headers.append(("Content-Type", PROBLEM_JSON))
         headers.append(("Content-Length", str(len(body))))
-        return Plan(refusal=Refusal(status=429, headers=tuple(headers), body=body))
+        return Outcome(refusal=Refusal(status=429, headers=tuple(headers), body=body))
 
     def _legacy(self, item: PolicyItem | None) -> list[tuple[str, str]]:
         if not self.legacy_headers or item is None:
@@ -609,8 +609,8 @@ class Gate:
         ]
 
     @staticmethod
-    def failed() -> Plan:
-        """The plan when the limiter raised: log it, and let the request through.
+    def failed() -> Outcome:
+        """The outcome when the limiter raised: log it, and let the request through.
 
         The limiter turns every Redis failure into a degraded decision, so this is a bug or
         a misuse (a closed limiter); the app keeps serving while the log says what broke.
@@ -618,7 +618,7 @@ class Gate:
         logger.exception("the rate limiter raised; the request is let through unlimited")
         return PASS
 
-    def _degraded(self, decision: Decision, items: list[PolicyItem]) -> Plan:
+    def _degraded(self, decision: Decision, items: list[PolicyItem]) -> Outcome:
         """Redis could not answer: the failure policy already decided allow or deny.
 
         The remaining counts are unknown, so ``RateLimit`` is left out rather than invented;
@@ -630,7 +630,7 @@ class Gate:
         if items:
             headers.append(("RateLimit-Policy", ", ".join(i.policy_member() for i in items)))
         if decision.allowed:
-            return Plan(headers=tuple(headers))
+            return Outcome(headers=tuple(headers))
         retry = max(1, delay_seconds(decision.retry_after))
         closed = [i.key for i in items if not i.allowed]
         body = problem_body(
@@ -648,7 +648,7 @@ class Gate:
             ("Content-Type", PROBLEM_JSON),
             ("Content-Length", str(len(body))),
         ]
-        return Plan(refusal=Refusal(status=503, headers=tuple(headers), body=body))
+        return Outcome(refusal=Refusal(status=503, headers=tuple(headers), body=body))
 
 
 def _denied_delay(result: LimitResult) -> int:

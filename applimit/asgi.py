@@ -28,7 +28,7 @@ from ._web import (
     Caller,
     Gate,
     Identify,
-    Plan,
+    Outcome,
     Refusal,
     RequestInfo,
     TrustedProxies,
@@ -86,16 +86,16 @@ class RateLimitMiddleware:
             return
         request = RequestInfo.from_asgi(scope)
         caller = await identify_async(self.identify, request)
-        plan = await self._check(request, caller)
-        if plan.refusal is not None:
-            await _refuse(send, plan.refusal)
+        outcome = await self._check(request, caller)
+        if outcome.refusal is not None:
+            await _refuse(send, outcome.refusal)
             return
-        if plan is PASS or not plan.headers:
+        if outcome is PASS or not outcome.headers:
             await self.app(scope, receive, send)
             return
-        await self.app(scope, receive, _with_headers(send, plan))
+        await self.app(scope, receive, _with_headers(send, outcome))
 
-    async def _check(self, request: RequestInfo, caller: Caller | None) -> Plan:
+    async def _check(self, request: RequestInfo, caller: Caller | None) -> Outcome:
         """Decide every matching limit in one call; never raise."""
         subject = self.gate.subject(request, caller)
         try:
@@ -109,15 +109,15 @@ class RateLimitMiddleware:
             )
         except Exception:
             return self.gate.failed()
-        return self.gate.plan(decision, subject.tier)
+        return self.gate.outcome(decision, subject.tier)
 
 
-def _with_headers(send: Send, plan: Plan) -> Send:
-    """A ``send`` that adds the plan's headers to the response start, and nothing else.
+def _with_headers(send: Send, outcome: Outcome) -> Send:
+    """A ``send`` that adds the outcome's headers to the response start, and nothing else.
 
     Body messages go straight through, so streaming responses stay streaming.
     """
-    extra = plan.raw_headers
+    extra = outcome.raw_headers
 
     async def send_with_headers(message: Message) -> None:
         if message["type"] == "http.response.start":

@@ -139,10 +139,10 @@ class RateLimit:
         caller = await identify_async(self.identify, info)
         subject = self.gate.subject(info, caller)
         decision = await self._decide(info, subject)
-        plan = self.gate.plan(decision, subject.tier)
-        if plan.refusal is not None:
-            raise RateLimitExceeded(decision, plan.refusal)
-        for key, value in plan.headers:
+        outcome = self.gate.outcome(decision, subject.tier)
+        if outcome.refusal is not None:
+            raise RateLimitExceeded(decision, outcome.refusal)
+        for key, value in outcome.headers:
             response.headers[key] = value
         return decision
 

@@ -27,7 +27,7 @@ from ._web import (
     QUOTA_EXCEEDED,
     Caller,
     Gate,
-    Plan,
+    Outcome,
     RequestInfo,
     TrustedProxies,
     identify_sync,
@@ -79,16 +79,16 @@ class RateLimitMiddleware:
         """Handle one WSGI request."""
         request = RequestInfo.from_wsgi(environ)
         caller = identify_sync(self.identify, request)
-        plan = self._check(request, caller)
-        if plan.refusal is not None:
-            refusal = plan.refusal
+        outcome = self._check(request, caller)
+        if outcome.refusal is not None:
+            refusal = outcome.refusal
             start_response(f"{refusal.status} {_REASONS[refusal.status]}", list(refusal.headers))
             return [refusal.body]
-        if plan is PASS or not plan.headers:
+        if outcome is PASS or not outcome.headers:
             return self.app(environ, start_response)
-        return self.app(environ, _with_headers(start_response, plan))
+        return self.app(environ, _with_headers(start_response, outcome))
 
-    def _check(self, request: RequestInfo, caller: Caller | None) -> Plan:
+    def _check(self, request: RequestInfo, caller: Caller | None) -> Outcome:
         """Decide every matching limit in one call; never raise."""
         subject = self.gate.subject(request, caller)
         try:
@@ -102,11 +102,11 @@ class RateLimitMiddleware:
             )
         except Exception:
             return self.gate.failed()
-        return self.gate.plan(decision, subject.tier)
+        return self.gate.outcome(decision, subject.tier)
 
 
-def _with_headers(start_response: StartResponse, plan: Plan) -> StartResponse:
-    extra = list(plan.headers)
+def _with_headers(start_response: StartResponse, outcome: Outcome) -> StartResponse:
+    extra = list(outcome.headers)
 
     def start_with_headers(
         status: str, headers: list[tuple[str, str]], exc_info: OptExcInfo | None = None, /

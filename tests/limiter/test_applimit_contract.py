@@ -257,7 +257,7 @@ async def test_check_request_mixing_ip_and_user_limits(make_limiter: MakeLimiter
     assert (await limiter.peek("by-user", alice)).remaining == 2
     # The same user from another address still has their per-user quota left.
     other_ip = "192.0.2.77"
-    await limiter.reset("by-ip", other_ip)
+    await limiter.reset("by-ip", None, ip=other_ip)
     assert (await limiter.check_request("GET", "/mixed/", alice, ip=other_ip)).allowed
     assert (await limiter.peek("by-user", alice)).remaining == 1
 
@@ -297,9 +297,16 @@ async def test_no_identity_shares_a_bucket_with_anonymous_callers(
     assert await limiter.reset("bucket", None, ip=ip)
     assert (await limiter.peek("bucket", None, ip=ip)).remaining == 3
     assert (await limiter.peek("bucket", ip)).remaining == 2
-    # A per-IP limit counts the address, given as ip= or (as before) as the identity.
+    # A per-IP limit counts the address given as ip=, whatever the identity says; an
+    # identity alone is refused, never taken for an address (a user-chosen name could
+    # otherwise spend the quota of the address it spells).
     assert (await limiter.hit("by-ip", None, ip=ip)).remaining == 1
-    assert (await limiter.hit("by-ip", ip)).remaining == 0
+    assert (await limiter.hit("by-ip", "alice", ip=ip)).remaining == 0
+    for call in (limiter.hit, limiter.peek, limiter.reset):
+        with pytest.raises(InvalidArgumentError, match="address only as ip=") as raised:
+            await call("by-ip", ip)
+        assert raised.value.argument == "ip"
+    assert (await limiter.peek("by-ip", None, ip=ip)).remaining == 0
     with pytest.raises(InvalidArgumentError) as raised:
         await limiter.hit("bucket", None)
     assert raised.value.argument == "ip"

@@ -148,12 +148,20 @@ def test_unlimited_plans_have_no_calls() -> None:
 
 
 def test_policy_errors_the_app_cannot_work_with() -> None:
-    """A tier a limit names but the policy does not list is a ConfigurationError."""
+    """What policy.check says stops the app is a ConfigurationError that names the field:
+    a tier the policy does not list, a limit name given twice (names name Redis keys)."""
     bad = policy.loads(
         "version: 1\ntiers: [free]\nlimits:\n  - name: a\n    app: {tiers: {gold: 1/1s}}\n"
     )
-    with pytest.raises(ConfigurationError, match="tier 'gold'"):
+    with pytest.raises(ConfigurationError, match=r"limits\[0\]\.app\.tiers.*tier 'gold'"):
         compile_policy(bad)
+    twice = policy.loads(
+        "version: 1\nlimits:\n"
+        "  - name: a\n    app: {tiers: {default: 1/1s}}\n"
+        "  - name: a\n    app: {tiers: {default: 2/1s}}\n"
+    )
+    with pytest.raises(ConfigurationError, match=r"limits\[1\]\.name.*'a'"):
+        compile_policy(twice)
 
 
 def test_degraded_decisions_follow_each_limits_failure_policy() -> None:
@@ -174,7 +182,7 @@ limits:
     assert decision.degraded and not decision.allowed
     assert [r.name for r in decision.denied_by] == ["b"]
     assert decision.retry_after == 1.0
-    only_open = core.plan("hit", [c for c in plan.checks if c.rule.name != "b"]).degraded(1.0)
+    only_open = core.prepare("hit", [c for c in plan.checks if c.rule.name != "b"]).degraded(1.0)
     assert only_open.allowed and only_open.retry_after is None
 
 

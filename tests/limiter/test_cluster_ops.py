@@ -256,7 +256,10 @@ async def test_master_failover_under_traffic(cluster: RedisCluster) -> None:
 
 def _migrate_slot(cluster: RedisCluster, slot: int, target_port: int, *, one_by_one: bool) -> None:
     """Move ``slot`` to the master on ``target_port`` the way redis-cli reshard does:
-    IMPORTING/MIGRATING, MIGRATE the keys, then SETSLOT NODE on every master.
+    IMPORTING/MIGRATING, MIGRATE the keys, then SETSLOT NODE on every master, the target
+    first and the source next (the order the cluster specification asks for: told first,
+    the source would send MOVED to a target that still only imports the slot and answers
+    MOVED back, and a call would bounce between them).
 
     ``one_by_one`` migrates one key at a time with traffic in between, so a call whose
     keys are split between the two nodes meets TRYAGAIN.
@@ -274,7 +277,10 @@ def _migrate_slot(cluster: RedisCluster, slot: int, target_port: int, *, one_by_
                 )
                 if one_by_one:
                     time.sleep(0.3)  # traffic meets the half-migrated slot meanwhile
-        for master in cluster.masters():
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target.node_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target.node_id)
+    for master in cluster.masters():
+        if master.port not in (source.port, target.port):
             with master.client() as node:
                 node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target.node_id)
 

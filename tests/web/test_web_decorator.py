@@ -99,17 +99,23 @@ def test_fixed_tier_and_callable_cost(limiter: Limiter) -> None:
     assert batch(1) == 1
 
 
-def test_per_ip_limits_take_the_address_as_identity(limiter: Limiter) -> None:
-    """For a per: ip limit the identity is the client address."""
+def test_per_ip_limits_count_the_address_ip_returns(limiter: Limiter) -> None:
+    """A per: ip limit counts what ip= returns, whatever the identity says; without ip=
+    it is refused at decoration time, so a user-chosen name is never counted as an address."""
 
-    @rate_limited(limiter, "webhook", identity=lambda ip: ip)
-    def receive(ip: str) -> None:
+    @rate_limited(limiter, "webhook", identity=lambda ip, user: user, ip=lambda ip, user: ip)
+    def receive(ip: str, user: str) -> None:
         return None
 
-    receive("192.0.2.1")
-    receive("192.0.2.2")
+    receive("192.0.2.1", "alice")
+    receive("192.0.2.2", "alice")
     with pytest.raises(RateLimited):
-        receive("192.0.2.1")
+        receive("192.0.2.1", "bob")
+    # A user who names themself after an address spends no quota of that address.
+    receive("192.0.2.3", "192.0.2.4")
+    receive("192.0.2.4", "carol")
+    with pytest.raises(ValueError, match="counts per client IP; give ip="):
+        rate_limited(limiter, "webhook", identity=lambda ip: ip)
 
 
 async def test_async_function_with_an_async_limiter(async_limiter: AsyncLimiter) -> None:

@@ -1,4 +1,4 @@
-"""Gate.plan: from a Decision to headers and refusals, for the cases HTTP tests rarely reach.
+"""Gate.outcome: from a Decision to headers and refusals, for the cases HTTP tests rarely reach.
 
 Decisions are built with the core's own ``combine`` from LimitResults, so these are the
 shapes the limiter really returns. Every header is parsed and cross-checked.
@@ -15,7 +15,7 @@ from webcheck import Service, rate_limit_headers
 
 from applimit import Decision, LimitResult
 from applimit._decision import combine
-from applimit._web import PASS, TEMPORARY_REDUCED_CAPACITY, Gate, Plan, TrustedProxies
+from applimit._web import PASS, TEMPORARY_REDUCED_CAPACITY, Gate, Outcome, TrustedProxies
 
 GATE = Gate(tiers=("free", "pro"), legacy_headers=True)
 
@@ -47,23 +47,25 @@ def result(
     )
 
 
-def response(plan: Plan) -> httpx.Response:
-    """The plan as an HTTP response, for the header checker."""
-    if plan.refusal is not None:
+def response(outcome: Outcome) -> httpx.Response:
+    """The outcome as an HTTP response, for the header checker."""
+    if outcome.refusal is not None:
         return httpx.Response(
-            plan.refusal.status, headers=list(plan.refusal.headers), content=plan.refusal.body
+            outcome.refusal.status,
+            headers=list(outcome.refusal.headers),
+            content=outcome.refusal.body,
         )
-    return httpx.Response(200, headers=list(plan.headers))
+    return httpx.Response(200, headers=list(outcome.headers))
 
 
 def test_fractional_waits_round_up() -> None:
     """t and Retry-After are whole seconds rounded up: 0.2 s is 1, 12.0001 s is 13."""
     decision = combine([result(remaining=0, allowed=False, retry_after=12.0001, reset_after=40.2)])
-    parsed = rate_limit_headers(response(GATE.plan(decision, "free")))
+    parsed = rate_limit_headers(response(GATE.outcome(decision, "free")))
     assert parsed.limits["api"].t == 13
     assert parsed.retry_after == 13
     allowed = combine([result(reset_after=0.2)])
-    assert rate_limit_headers(response(GATE.plan(allowed, "free"))).limits["api"].t == 1
+    assert rate_limit_headers(response(GATE.outcome(allowed, "free"))).limits["api"].t == 1
 
 
 def test_retry_after_covers_the_longest_of_several_denials() -> None:
@@ -75,13 +77,13 @@ def test_retry_after_covers_the_longest_of_several_denials() -> None:
             result("other", remaining=50),
         ]
     )
-    plan = GATE.plan(decision, "free")
-    parsed = rate_limit_headers(response(plan))
+    outcome = GATE.outcome(decision, "free")
+    parsed = rate_limit_headers(response(outcome))
     assert parsed.retry_after == 7200
     assert set(parsed.limits) == {"api", "daily"}
     assert set(parsed.policies) == {"api", "daily", "other"}
-    assert plan.refusal is not None
-    body = json.loads(plan.refusal.body)
+    assert outcome.refusal is not None
+    body = json.loads(outcome.refusal.body)
     assert body["limit"] == "daily"
     assert body["violated-policies"] == ["api", "daily"]
     assert parsed.legacy == (1000, 0, 7200)
@@ -91,7 +93,7 @@ def test_a_cost_that_can_never_fit_waits_one_window() -> None:
     """retry_after is infinite when the cost exceeds the quota: the client is told one
     window, not zero (which would invite a tight retry loop)."""
     decision = combine([result(quota=5, remaining=5, allowed=False, retry_after=math.inf)])
-    parsed = rate_limit_headers(response(GATE.plan(decision, "free")))
+    parsed = rate_limit_headers(response(GATE.outcome(decision, "free")))
     assert parsed.retry_after == 60
     assert parsed.limits["api"] == Service(r=5, t=60)
 
@@ -103,25 +105,25 @@ def test_shadow_results_are_not_advertised_and_never_refuse() -> None:
         [result(), result("exports", remaining=0, allowed=False, retry_after=5, shadow=True)]
     )
     assert decision.allowed
-    parsed = rate_limit_headers(response(GATE.plan(decision, "free")))
+    parsed = rate_limit_headers(response(GATE.outcome(decision, "free")))
     assert set(parsed.policies) == {"api"}
     only_shadow = combine([result("exports", shadow=True)])
-    assert GATE.plan(only_shadow, "free") is PASS
+    assert GATE.outcome(only_shadow, "free") is PASS
 
 
 def test_no_limit_applies() -> None:
     """An empty decision (no matcher applied) adds nothing."""
-    assert GATE.plan(combine([]), "free") is PASS
+    assert GATE.outcome(combine([]), "free") is PASS
 
 
 def test_degraded_fail_open_keeps_the_policy_but_invents_no_counts() -> None:
     """Without Redis the quotas are still known, the remaining counts are not."""
     decision = combine([result(remaining=0, reset_after=0.0)], degraded=True)
-    plan = GATE.plan(decision, "free")
-    assert plan.refusal is None
-    names = [name for name, _ in plan.headers]
+    outcome = GATE.outcome(decision, "free")
+    assert outcome.refusal is None
+    names = [name for name, _ in outcome.headers]
     assert names == ["RateLimit-Policy"]
-    rate_limit_headers(response(plan))
+    rate_limit_headers(response(outcome))
 
 
 def test_degraded_fail_closed_is_a_503_problem() -> None:
@@ -133,13 +135,13 @@ def test_degraded_fail_closed_is_a_503_problem() -> None:
         ],
         degraded=True,
     )
-    plan = GATE.plan(decision, "free")
-    assert plan.refusal is not None
-    assert plan.refusal.status == 503
-    body = json.loads(plan.refusal.body)
+    outcome = GATE.outcome(decision, "free")
+    assert outcome.refusal is not None
+    assert outcome.refusal.status == 503
+    body = json.loads(outcome.refusal.body)
     assert body["type"] == TEMPORARY_REDUCED_CAPACITY
     assert body["violated-policies"] == ["login"]
-    assert rate_limit_headers(response(plan)).retry_after == 1
+    assert rate_limit_headers(response(outcome)).retry_after == 1
 
 
 def test_names_windows_and_remaining_are_kept_within_the_grammar() -> None:
@@ -151,7 +153,7 @@ def test_names_windows_and_remaining_are_kept_within_the_grammar() -> None:
             result("search", quota=10, window=1, remaining=15, reset_after=0.5),
         ]
     )
-    parsed = rate_limit_headers(response(GATE.plan(decision, "free")))
+    parsed = rate_limit_headers(response(GATE.outcome(decision, "free")))
     assert parsed.policies["caf%C3%A9"].w is None
     assert parsed.limits["search"].r == 10
 
@@ -165,7 +167,7 @@ def test_several_rates_of_one_limit_are_named_by_period() -> None:
             result("burst", quota=5, window=0.25, remaining=4, reset_after=0.1),
         ]
     )
-    parsed = rate_limit_headers(response(GATE.plan(decision, "pro")))
+    parsed = rate_limit_headers(response(GATE.outcome(decision, "pro")))
     assert set(parsed.policies) == {"api/1m", "api/1h", "burst"}
     assert parsed.legacy == (5, 4, 1)
 
@@ -175,7 +177,7 @@ def test_decision_fields_match_the_binding_item() -> None:
     decision: Decision = combine(
         [result(remaining=3, reset_after=10.5), result("b", quota=50, remaining=40)]
     )
-    parsed = rate_limit_headers(response(GATE.plan(decision, "free")))
+    parsed = rate_limit_headers(response(GATE.outcome(decision, "free")))
     assert parsed.legacy == (decision.limit, decision.remaining, math.ceil(decision.reset_after))
 
 
