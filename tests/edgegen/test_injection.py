@@ -20,7 +20,7 @@ Then each output is read back with a parser of its language and compared with th
   edgegen's own ``<details>`` blocks (balanced), every fence closed, every table row of
   two cells; as text: no terminal control characters.
 
-Redis keys are checked in ``tests/limiter/test_keys_fuzz.py`` (any bytes, any length).
+Redis keys are checked in ``tests/applimit/test_keys_fuzz.py`` (any bytes, any length).
 """
 
 from __future__ import annotations

@@ -348,7 +348,7 @@ async def test_ipv6_clients_are_counted_per_network(make_limiter: MakeLimiter, p
     left = 0 if prefix == 64 else 4
     for name in ("per-ip", "anonymous"):
         assert (await limiter.peek(name, None, ip=addresses[-1])).remaining == left
-    assert (await limiter.peek("per-ip", addresses[-1])).remaining == left
+    assert (await limiter.peek("per-ip", "alice", ip=addresses[-1])).remaining == left
     assert await limiter.reset("per-ip", None, ip=addresses[0])
     after = await limiter.peek("per-ip", None, ip=addresses[-1])
     assert after.remaining == (5 if prefix == 64 else 4)

@@ -109,7 +109,7 @@ def test_ip_addresses_have_one_spelling() -> None:
 def test_keys_carry_one_hash_tag_whatever_the_limit_name() -> None:
     """A limit name with braces and colons is escaped: the identity is the only tag."""
     core = Core(compile_policy(POLICY), cluster=True)
-    plan = core.for_limit("hit", "we{ird}: name", "203.0.113.9", None, 1)
+    plan = core.for_limit("hit", "we{ird}: name", None, None, 1, ip="203.0.113.9")
     [key] = plan.calls[0].keys
     assert key == "rl:we%7Bird%7D%3A%20name:{i=203.0.113.9}:1s:gcra"
 

@@ -22,7 +22,7 @@ import uvicorn
 from waitress.server import create_server
 
 HOST = "127.0.0.1"
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 STARTUP_TIMEOUT = 10.0
 
 
