@@ -41,6 +41,7 @@ from ._protocol import (
     Redirect,
     Replies,
     ScriptProtocol,
+    SlotMap,
     pack_calls,
     pack_command,
     redirected,
@@ -391,7 +392,7 @@ def _failures_only(outcomes: Sequence[object]) -> Replies:
     return list(outcomes)
 
 
-class AsyncClusterWire:
+class AsyncClusterWire(SlotMap):
     """Runs script calls on Redis Cluster: each in the batches of an :class:`AsyncWire` of
     the master that serves its slot, as FCALL (the same protocol for every master).
 
@@ -441,23 +442,6 @@ class AsyncClusterWire:
         self.closed = False
 
     # -- the transport --------------------------------------------------------------------
-
-    def route(self, slot: int) -> str | None:
-        """The name of the master serving ``slot``; None before the slot map was read,
-        or while it is being rebuilt."""
-        if self._nodes is None:
-            return None
-        try:
-            return str(self._master(slot).name)
-        except (redis.exceptions.RedisClusterException, LookupError, TypeError):
-            return None
-
-    def serving_nodes(self) -> set[str] | None:
-        """The masters in the slot map (None before it was read)."""
-        nodes = self._nodes
-        if nodes is None:
-            return None
-        return {str(node.name) for node in nodes.get_nodes_by_server_type("primary")}
 
     def client(self) -> redis.asyncio.cluster.RedisCluster:
         """The cluster client (made now if not yet: it reads the slot map when told to)."""
@@ -613,13 +597,6 @@ class AsyncClusterWire:
             return find(slot)
         except REDIS_FAILURES as error:
             raise self._failed(node, error) from None
-
-    def _master(self, slot: int) -> Any:
-        try:
-            return self._nodes.get_node_from_slot(slot)
-        except redis.exceptions.SlotNotCoveredError:
-            self.refresh()
-            raise
 
     def _wire(self, node: Any) -> AsyncWire:
         wire = self._wires.get(node.name)

@@ -116,9 +116,8 @@ class Decider:
         self.clock = clock
         self.timeout = timeout
         self.max_connections = max_connections
-        self._key_error_logged = float("-inf")
-        self._slow_logged = float("-inf")
-        self._pool_logged = float("-inf")
+        # When each kind of log line was last written (monotonic seconds).
+        self._logged: dict[str, float] = {}
 
     # -- the flow -------------------------------------------------------------------------
 
@@ -248,14 +247,21 @@ class Decider:
         elif isinstance(error, ResponseError) and not is_outage(error):
             self._log_refusal(error)
 
+    def _due(self, kind: str) -> bool:
+        """True (and noted) when a log line of ``kind`` was not written in the last
+        minute: an outage or overload must not flood the log with one line per decision."""
+        now = time.monotonic()
+        if now - self._logged.get(kind, float("-inf")) < _LOG_INTERVAL:
+            return False
+        self._logged[kind] = now
+        return True
+
     def _log_slow(self, breaker: CircuitBreaker) -> None:
         """Log, at most once a minute, decisions that ran out of time while Redis answered."""
         if breaker.in_outage:
             return
-        now = time.monotonic()
-        if now - self._slow_logged < _LOG_INTERVAL:
+        if not self._due("slow"):
             return
-        self._slow_logged = now
         logger.warning(
             "decisions took longer than app.timeout (%.0f ms) while Redis was answering, so "
             "the failure policy decided them: the process is too busy to keep up.",
@@ -264,10 +270,8 @@ class Decider:
 
     def _log_pool(self, error: BaseException) -> None:
         """Log, at most once a minute, decisions that found every connection busy."""
-        now = time.monotonic()
-        if now - self._pool_logged < _LOG_INTERVAL:
+        if not self._due("pool"):
             return
-        self._pool_logged = now
         logger.warning(
             "%s; those decisions followed the failure policy. Redis is not at fault: raise "
             "max_connections (now %d) or make fewer decisions at once.",
@@ -277,10 +281,8 @@ class Decider:
 
     def _log_refusal(self, error: BaseException) -> None:
         """Log an answer from Redis that the limiter cannot use, at most once a minute."""
-        now = time.monotonic()
-        if now - self._key_error_logged < _LOG_INTERVAL:
+        if not self._due("refusal"):
             return
-        self._key_error_logged = now
         logger.error(
             "Redis answered the limiter with an error or an unexpected reply (%s: %s); the "
             "decision follows the failure policy. Is something other than applimit writing "

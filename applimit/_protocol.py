@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Generator, Sequence
+from typing import Any
 
 import hiredis
 import redis.exceptions
@@ -325,3 +326,40 @@ def too_many_redirections() -> redis.exceptions.ClusterError:
         f"more than {MAX_REDIRECTIONS} redirections for one call; the cluster's slots "
         "are moving faster than they can be followed"
     )
+
+
+class SlotMap:
+    """What the cluster wires (sync and async) read from the slot map that redis-py's
+    cluster client keeps (``_nodes``, its NodesManager; None until it is first read).
+    Each wire reads the map again its own way (:meth:`refresh`)."""
+
+    _nodes: Any = None
+
+    def refresh(self, failed: str | None = None) -> None:
+        """Read the slot map again, in the background; ``failed`` names a node that just
+        failed, asked last."""
+        raise NotImplementedError
+
+    def route(self, slot: int) -> str | None:
+        """The name (host:port) of the master serving ``slot``; None before the slot map
+        was read, or while it is being rebuilt."""
+        if self._nodes is None:
+            return None
+        try:
+            return str(self._master(slot).name)
+        except (redis.exceptions.RedisClusterException, LookupError, TypeError):
+            return None
+
+    def serving_nodes(self) -> set[str] | None:
+        """The masters in the slot map (None before it was read)."""
+        nodes = self._nodes
+        if nodes is None:
+            return None
+        return {str(node.name) for node in nodes.get_nodes_by_server_type("primary")}
+
+    def _master(self, slot: int) -> Any:
+        try:
+            return self._nodes.get_node_from_slot(slot)
+        except redis.exceptions.SlotNotCoveredError:
+            self.refresh()
+            raise

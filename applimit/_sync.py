@@ -109,10 +109,10 @@ class Limiter(LimiterBase[SyncTransport]):
 
         ``identity`` is the user; None is an anonymous caller, counted by the client
         address ``ip`` in the same bucket :meth:`check_request` counts it in (never in a
-        user's, whatever the user id says). A ``per: ip`` limit counts ``ip``, or the
-        identity when no ``ip`` is given. ``tier`` defaults to the policy's lowest. Every
-        rate of the tier is checked atomically: nothing is consumed unless all of them
-        admit the request.
+        user's, whatever the user id says). A ``per: ip`` limit counts ``ip`` and needs
+        it (an identity is never taken for an address). ``tier`` defaults to the policy's
+        lowest. Every rate of the tier is checked atomically: nothing is consumed unless
+        all of them admit the request.
         """
         return self._decide(self.core.for_limit("hit", name, identity, tier, cost, ip=ip))
 

@@ -51,6 +51,7 @@ from ._protocol import (
     Redirect,
     Replies,
     ScriptProtocol,
+    SlotMap,
     pack,
     pack_calls,
     pack_command,
@@ -384,7 +385,7 @@ class _Waiter:
         self.ready.acquire()
 
 
-class ClusterWire:
+class ClusterWire(SlotMap):
     """Runs script calls on Redis Cluster: each on a :class:`SyncWire` of the master that
     serves its slot.
 
@@ -425,23 +426,6 @@ class ClusterWire:
         self.closed = False
 
     # -- the transport --------------------------------------------------------------------
-
-    def route(self, slot: int) -> str | None:
-        """The name (host:port) of the master serving ``slot``; None before the first
-        call, or while the slot map is being rebuilt."""
-        if self._nodes is None:
-            return None
-        try:
-            return str(self._master(slot).name)
-        except (redis.exceptions.RedisClusterException, LookupError, TypeError):
-            return None
-
-    def serving_nodes(self) -> set[str] | None:
-        """The masters in the slot map (None before the first call)."""
-        nodes = self._nodes
-        if nodes is None:
-            return None
-        return {str(node.name) for node in nodes.get_nodes_by_server_type("primary")}
 
     def run(self, calls: Sequence[ScriptCall]) -> Replies:
         """The outcome of each call, in order, stopping at the first failure; together
@@ -524,13 +508,6 @@ class ClusterWire:
             if time.monotonic() > deadline:
                 raise TimeoutError("the decision's deadline passed following cluster redirections")
         raise too_many_redirections()
-
-    def _master(self, slot: int) -> Any:
-        try:
-            return self._nodes.get_node_from_slot(slot)
-        except redis.exceptions.SlotNotCoveredError:
-            self.refresh()
-            raise
 
     def _wire(self, node: Any) -> SyncWire:
         client = node.redis_connection or self.connect().get_redis_connection(node)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, Required, cast
 
@@ -192,19 +192,35 @@ def state_to_json(state: RemoteState) -> dict[str, Any]:
     ).model_dump()
 
 
-def state_from_json(data: Any, source: str) -> RemoteState:
-    """Read a state file's content; ZoneError naming the file when it is not one."""
+def _unusable(source: str, kind: str, command: str) -> Callable[[str], ZoneError]:
+    """The error for a ``kind`` file at ``source`` that cannot be read, with the
+    ``edgegen command`` that makes a new one."""
 
     def bad(why: str) -> ZoneError:
         return ZoneError(
-            f"{source} is not a usable edgegen state file ({why}); make a new one with "
-            f"edgegen pull POLICY --out {source}"
+            f"{source} is not a usable edgegen {kind} file ({why}); make a new one with "
+            f"edgegen {command} POLICY --out {source}"
         )
 
-    if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
-        raise bad(f"it does not say format: {STATE_FORMAT}")
-    if data.get("format_version") != STATE_VERSION:
-        raise bad(f"format_version is {data.get('format_version')!r}, not {STATE_VERSION}")
+    return bad
+
+
+def _check_header(
+    data: Any, file_format: str, version: int, bad: Callable[[str], ZoneError]
+) -> None:
+    """Refuse a file that does not declare this format and version (before any field is
+    read: a file of another kind or version must not be half-understood)."""
+    if not isinstance(data, dict) or data.get("format") != file_format:
+        raise bad(f"it does not say format: {file_format}")
+    if data.get("format_version") != version:
+        raise bad(f"format_version is {data.get('format_version')!r}, not {version}")
+
+
+def state_from_json(data: Any, source: str) -> RemoteState:
+    """Read a state file's content; ZoneError naming the file when it is not one."""
+
+    bad = _unusable(source, "state", "pull")
+    _check_header(data, STATE_FORMAT, STATE_VERSION, bad)
     try:
         file = StateFile.model_validate(data)
     except ValidationError as exc:
@@ -419,16 +435,8 @@ def plan_from_json(data: Any, source: str) -> ZonePlan:
     """Read a plan file's content; ZoneError naming the file when it is not one, and
     TamperedPlanError when a write does not match the hash recorded with it."""
 
-    def bad(why: str) -> ZoneError:
-        return ZoneError(
-            f"{source} is not a usable edgegen plan file ({why}); make a new one with "
-            f"edgegen plan POLICY --out {source}"
-        )
-
-    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
-        raise bad(f"it does not say format: {PLAN_FORMAT}")
-    if data.get("format_version") != PLAN_VERSION:
-        raise bad(f"format_version is {data.get('format_version')!r}, not {PLAN_VERSION}")
+    bad = _unusable(source, "plan", "plan")
+    _check_header(data, PLAN_FORMAT, PLAN_VERSION, bad)
 
     def validated(model: type[BaseModel]) -> Any:
         try:

@@ -15,19 +15,15 @@ deadline; both are stopped and their threads joined on exit.
 from __future__ import annotations
 
 import contextlib
-import socket
-import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
-import uvicorn
+import servers
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from flask import Flask, make_response
 from flask import request as flask_request
-from waitress.server import create_server
 
 import policy
 from applimit import AsyncLimiter, Limiter
@@ -39,8 +35,7 @@ from . import spec
 FASTAPI = "fastapi"
 FLASK = "flask"
 STACKS = (FASTAPI, FLASK)
-HOST = "127.0.0.1"
-STARTUP_TIMEOUT = 10.0
+HOST = servers.HOST
 # The middleware believes CF-Connecting-IP from this peer only: the test client.
 TRUSTED = ["127.0.0.1"]
 
@@ -105,66 +100,21 @@ def flask_app(limiter: Limiter | None) -> Flask:
     return app
 
 
-def _wait(what: str, ready: Callable[[], bool], thread: threading.Thread) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while not ready():
-        if not thread.is_alive():
-            raise RuntimeError(f"{what} stopped before it was ready")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} was not ready within {STARTUP_TIMEOUT}s")
-        # Polling interval: readiness is re-checked every round.
-        time.sleep(0.01)
-
-
 @contextlib.contextmanager
 def serve_asgi(app: Any) -> Iterator[int]:
-    """Serve an ASGI app with uvicorn (h11, no proxy headers); yield its port."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((HOST, 0))
-    config = uvicorn.Config(
-        app,
-        http="h11",
-        lifespan="on",
-        proxy_headers=False,
-        server_header=False,
-        date_header=False,
-        access_log=False,
-        log_level="error",
-        ws="none",
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        _wait("uvicorn", lambda: server.started, thread)
-        yield int(sock.getsockname()[1])
-    finally:
-        server.should_exit = True
-        thread.join(STARTUP_TIMEOUT)
-        sock.close()
+    """Serve an ASGI app with uvicorn (h11, no proxy headers, no added headers); yield its
+    port."""
+    with servers.serve_asgi(
+        app, http="h11", server_header=False, date_header=False, log_level="error"
+    ) as url:
+        yield urlsplit(url).port or 0
 
 
 @contextlib.contextmanager
 def serve_wsgi(app: Any) -> Iterator[int]:
     """Serve a WSGI app with waitress; yield its port."""
-    sockets: dict[int, Any] = {}
-    server = create_server(app, map=sockets, host=HOST, port=0, threads=2, ident="differential")
-    port = int(server.effective_port)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-
-    def close_all() -> None:
-        # On the server's own loop thread: an empty socket map ends its loop.
-        for channel in list(sockets.values()):
-            channel.close()
-
-    try:
-        yield port
-    finally:
-        server.trigger.pull_trigger(close_all)
-        thread.join(STARTUP_TIMEOUT)
-        server.task_dispatcher.shutdown()
+    with servers.serve_wsgi(app, threads=2, ident="differential") as url:
+        yield urlsplit(url).port or 0
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""Real HTTP servers for the web tests: uvicorn for ASGI apps, waitress for WSGI apps.
+"""Real HTTP servers for the web and differential tests: uvicorn for ASGI apps, waitress
+for WSGI apps.
 
 Each runs in a thread of the test process on a socket bound to a free loopback port before
 the server starts, so the port is known up front; readiness is polled against a deadline.
@@ -22,7 +23,7 @@ import uvicorn
 from waitress.server import create_server
 
 HOST = "127.0.0.1"
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 STARTUP_TIMEOUT = 10.0
 
 
@@ -57,21 +58,22 @@ def _bound_socket() -> socket.socket:
 
 
 @contextlib.contextmanager
-def serve_asgi(app: Any) -> Iterator[str]:
-    """Serve an ASGI app with uvicorn; yield its base URL.
+def serve_asgi(app: Any, **options: Any) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn; yield its base URL. ``options`` are further
+    ``uvicorn.Config`` settings.
 
     Proxy headers are off: the middleware reads X-Forwarded-For itself, and uvicorn's own
     handling (on by default, trusting 127.0.0.1) would rewrite the peer under it.
     """
     sock = _bound_socket()
-    config = uvicorn.Config(
-        app,
-        lifespan="on",
-        proxy_headers=False,
-        access_log=False,
-        log_level="warning",
-        ws="none",
-    )
+    settings: dict[str, Any] = {
+        "lifespan": "on",
+        "proxy_headers": False,
+        "access_log": False,
+        "log_level": "warning",
+        "ws": "none",
+    }
+    config = uvicorn.Config(app, **(settings | options))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -85,22 +87,20 @@ def serve_asgi(app: Any) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def serve_wsgi(app: Any) -> Iterator[str]:
-    """Serve a WSGI app with waitress; yield its base URL.
+def serve_wsgi(app: Any, **options: Any) -> Iterator[str]:
+    """Serve a WSGI app with waitress; yield its base URL. ``options`` are further
+    ``create_server`` settings.
 
     Waitress drops X-Forwarded-For and friends unless told not to; the middleware decides
     which proxies to believe, so the headers must reach it.
     """
     sockets: dict[int, Any] = {}
-    server = create_server(
-        app,
-        map=sockets,
-        host=HOST,
-        port=0,
-        threads=4,
-        ident="test",
-        clear_untrusted_proxy_headers=False,
-    )
+    settings: dict[str, Any] = {
+        "threads": 4,
+        "ident": "test",
+        "clear_untrusted_proxy_headers": False,
+    }
+    server = create_server(app, map=sockets, host=HOST, port=0, **(settings | options))
     port = server.effective_port
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
