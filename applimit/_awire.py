@@ -38,6 +38,7 @@ from ._errors import CLOSED, REDIS_FAILURES, ApplimitError, PoolExhausted, is_ou
 from ._protocol import (
     MAX_REDIRECTIONS,
     TRYAGAIN_PAUSE,
+    OneServer,
     Redirect,
     Replies,
     ScriptProtocol,
@@ -60,7 +61,7 @@ _YIELD_EVERY = 32
 logger = logging.getLogger("applimit")
 
 
-class AsyncWire:
+class AsyncWire(OneServer):
     """Sends the script calls submitted in one turn of the event loop together.
 
     One connection per batch, taken from the limiter's own pool: all the batch's commands
@@ -107,16 +108,6 @@ class AsyncWire:
         self._pool_waits: set[asyncio.Task[Any] | None] = set()
 
     # -- the transport --------------------------------------------------------------------
-
-    @staticmethod
-    def route(slot: int) -> str | None:
-        """One server: no node to name."""
-        return None
-
-    @staticmethod
-    def serving_nodes() -> set[str] | None:
-        """One server: no slot map."""
-        return None
 
     async def run(self, calls: Sequence[ScriptCall]) -> Replies:
         """The outcome of each call, in order (a reply, or the failure), each batched with

@@ -328,6 +328,20 @@ def too_many_redirections() -> redis.exceptions.ClusterError:
     )
 
 
+class OneServer:
+    """What a standalone wire (sync and async) says of slots: nothing, one server."""
+
+    @staticmethod
+    def route(slot: int) -> str | None:
+        """One server: no node to name."""
+        return None
+
+    @staticmethod
+    def serving_nodes() -> set[str] | None:
+        """One server: no slot map."""
+        return None
+
+
 class SlotMap:
     """What the cluster wires (sync and async) read from the slot map that redis-py's
     cluster client keeps (``_nodes``, its NodesManager; None until it is first read).

@@ -48,6 +48,7 @@ from ._errors import CLOSED, REDIS_FAILURES, ApplimitError, PoolExhausted
 from ._protocol import (
     MAX_REDIRECTIONS,
     TRYAGAIN_PAUSE,
+    OneServer,
     Redirect,
     Replies,
     ScriptProtocol,
@@ -98,7 +99,7 @@ _FORK_LOCK = threading.Lock()
 os.register_at_fork(after_in_child=_forked)
 
 
-class SyncWire:
+class SyncWire(OneServer):
     """Runs script calls on connections the limiter keeps between decisions.
 
     Thread-safe. A decision pops an idle connection (``list.pop`` is atomic, no lock),
@@ -148,16 +149,6 @@ class SyncWire:
         self._generation = _GENERATION
 
     # -- the transport --------------------------------------------------------------------
-
-    @staticmethod
-    def route(slot: int) -> str | None:
-        """One server: no node to name."""
-        return None
-
-    @staticmethod
-    def serving_nodes() -> set[str] | None:
-        """One server: no slot map."""
-        return None
 
     def run(self, calls: Sequence[ScriptCall]) -> Replies:
         """The outcome of each call, in order (a reply, or the failure), stopping at the
