@@ -601,7 +601,22 @@ class Core:
             tag = tags.get(by_ip)
             if tag is None:
                 tag = tags[by_ip] = self._tag(rule, identity, ip)
-            checks.extend(self.checks(rule, resolved, tag, cost))
+            blocks = self._blocks.get((rule.name, resolved))
+            if blocks is None:
+                checks.extend(self.checks(rule, resolved, tag, cost))
+                continue
+            # What self.checks does, inlined: this loop runs for every request.
+            for block in blocks:
+                checks.append(
+                    Check(
+                        rule,
+                        resolved,
+                        block.rate,
+                        block.key_head + tag + block.key_tail,
+                        cost,
+                        block,
+                    )
+                )
         return self.prepare(operation, checks)
 
     def prepare(self, operation: Operation, checks: Sequence[Check]) -> Prepared:

@@ -138,6 +138,11 @@ def render_markdown(
         "",
         "Raw numbers (every round) are written to `bench/results/<benchmark>.json`.",
         "",
+        "Whether a change made a decision slower is answered by running both versions "
+        "alternately on the same machine: `.venv/bin/python -m bench.compare REV` (the "
+        "benchmarks of REV and of the working tree, each target side by side). The "
+        "comparisons kept with the code are in [benchmarks-compare.md](benchmarks-compare.md).",
+        "",
     ]
     if machine.get("load_average") and machine.get("load_average_after"):
         out += [

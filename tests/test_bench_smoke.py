@@ -66,3 +66,42 @@ def test_quick_run_writes_results_report_and_chart(tmp_path: Path) -> None:
     chart = docs.parent / "benchmarks.svg"
     assert "<svg" in chart.read_text(encoding="utf-8")
     assert "(benchmarks.svg)" in report
+
+
+def test_compare_reports_each_target_of_both_versions() -> None:
+    """bench.compare's report: one row per target both versions measured, the median of
+    each side's runs with their range, and the change signed so that + is better (a
+    size target, where lower is better, improves when it shrinks)."""
+    from bench.compare import report
+
+    def run(ratio: float, size: float) -> dict[str, dict[str, object]]:
+        return {
+            "x.ratio": {
+                "key": "x.ratio",
+                "text": "ratio",
+                "measured": ratio,
+                "unit": "x",
+                "goal": ">= 0.80x",
+                "higher_is_better": True,
+            },
+            "x.size": {
+                "key": "x.size",
+                "text": "size",
+                "measured": size,
+                "unit": " B",
+                "goal": "<= 128 B",
+                "higher_is_better": False,
+            },
+        }
+
+    runs = {
+        "old": [run(0.80, 128), run(0.70, 120), run(0.90, 124)],
+        "new": [run(0.88, 100), run(0.80, 90), run(0.84, 110), {}],
+    }
+    text = report("v1", "a" * 40, "b" * 40, runs)
+    rows = [line for line in text.splitlines() if line.startswith(("| ratio", "| size"))]
+    assert rows == [
+        "| ratio | >= 0.80x | 0.80x (0.70-0.90) | 0.84x (0.80-0.88) | +5.0% |",
+        "| size | <= 128 B | 124 B (120-128) | 100 B (90-110) | +19.4% |",
+    ]
+    assert text.startswith("# Benchmarks: v1 (aaaaaaaaaa) against the working tree (bbbbbbbbbb)")
