@@ -7,6 +7,11 @@ Run it with any WSGI server, for example::
 (from examples/). ``curl -i -H 'X-API-Key: key-bob' localhost:8000/api/items`` is bob on the
 pro tier; without a key the caller is anonymous and counted by client IP. Environment:
 ``REDIS_URL``, ``TRUSTED_PROXIES`` (comma-separated), ``BEHIND_CLOUDFLARE=1``.
+
+The ``applimit.flask.Limits`` extension checks every request against the policy's limits
+whose ``match:`` applies, and ``/reports/<name>`` also draws 5 units of the ``search`` limit
+through the per-view decorator (its ``match:`` covers only ``/api/search``, so no request is
+counted twice). Refusals are 429s with the rate-limit headers and a problem+json body.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from pathlib import Path
 from flask import Flask, Response, jsonify
 
 from applimit import Limiter
-from applimit.wsgi import Caller, RateLimitMiddleware, RequestInfo
+from applimit.flask import Caller, Limits, RequestInfo
 
 POLICY = Path(__file__).with_name("policy.yaml")
 
@@ -54,6 +59,15 @@ def create_app(
     if behind_cloudflare is None:
         behind_cloudflare = os.environ.get("BEHIND_CLOUDFLARE") == "1"
     app = Flask(__name__)
+    limiter = Limiter.from_policy(policy, redis_url=redis_url or os.environ.get("REDIS_URL"))
+    limits = Limits(
+        app,
+        limiter=limiter,
+        identify=identify,
+        trusted_proxies=trusted_proxies,
+        behind_cloudflare=behind_cloudflare,
+        legacy_headers=legacy_headers,
+    )
 
     @app.get("/healthz")
     def healthz() -> Response:
@@ -79,14 +93,9 @@ def create_app(
 
         return Response(rows(), mimetype="text/csv")
 
-    limiter = Limiter.from_policy(policy, redis_url=redis_url or os.environ.get("REDIS_URL"))
-    app.wsgi_app = RateLimitMiddleware(  # type: ignore[method-assign]
-        app.wsgi_app,
-        limiter=limiter,
-        identify=identify,
-        trusted_proxies=trusted_proxies,
-        behind_cloudflare=behind_cloudflare,
-        legacy_headers=legacy_headers,
-    )
-    app.extensions["applimit"] = limiter
+    @app.get("/reports/<name>")
+    @limits.limit("search", cost=5)
+    def report(name: str) -> Response:
+        return jsonify(report=name)
+
     return app

@@ -128,7 +128,7 @@ def test_an_edge_install_needs_none_of_the_app_packages(tmp_path: Path) -> None:
 
 def test_extras_split_the_dependencies() -> None:
     """The distribution's metadata: core needs only pydantic and PyYAML; `app`, `edge` and
-    `all` add the rest."""
+    `all` add the rest; `flask` and `django` add the framework to the app's limiter."""
     import importlib.metadata
 
     requires = importlib.metadata.requires("edgegen") or []
@@ -141,3 +141,5 @@ def test_extras_split_the_dependencies() -> None:
     assert extra("app") == {"redis", "hiredis"}
     assert extra("edge") == {"httpx", "jinja2"}
     assert extra("all") == {"edgegen[app,edge]"}
+    assert extra("flask") == {"edgegen[app]", "flask"}
+    assert extra("django") == {"edgegen[app]", "django"}

@@ -1,0 +1,103 @@
+"""What the Flask and Django helpers share: deciding for a request or for one named limit,
+and merging rate-limit headers into a response that may already carry some.
+
+Framework-free, like :mod:`applimit._web`, whose :class:`~applimit._web.Gate` turns every
+decision here into headers or a refusal, so that the helpers answer exactly as the WSGI
+middleware does. The helpers themselves only translate between these values and their
+framework's request and response objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+from ._decision import Decision
+from ._decorator import RateLimited
+from ._sync import Limiter
+from ._web import Caller, Gate, Outcome, RequestInfo
+
+# Structured-field Lists: two sets of items (the request's limits and a view's own limit)
+# join into one field value. Every other rate-limit header names a single value.
+_LIST_FIELDS = frozenset({"ratelimit-policy", "ratelimit"})
+
+
+def known_limit(limiter: Limiter, name: str) -> str:
+    """``name`` when the policy has an app limit of that name; otherwise raise at start-up."""
+    if name not in limiter.limits:
+        known = ", ".join(repr(n) for n in limiter.limits) or "none"
+        raise ValueError(f"the policy has no app limit named {name!r}; its app limits are: {known}")
+    return name
+
+
+def check_request(
+    limiter: Limiter, gate: Gate, request: RequestInfo, caller: Caller | None
+) -> tuple[Decision | None, Outcome]:
+    """Every limit whose ``match:`` applies, decided in one call, as the WSGI middleware
+    decides; the limiter raising is logged and lets the request through (no decision)."""
+    subject = gate.subject(request, caller)
+    try:
+        decision = limiter.check_request(
+            request.method,
+            request.path,
+            subject.identity,
+            tier=subject.tier,
+            ip=subject.ip,
+            host=request.host,
+        )
+    except Exception:
+        return None, gate.failed()
+    return decision, gate.outcome(decision, subject.tier)
+
+
+def hit_limit(
+    limiter: Limiter,
+    gate: Gate,
+    name: str,
+    request: RequestInfo,
+    *,
+    caller: Caller | None,
+    cost: int,
+) -> tuple[Decision | None, Outcome]:
+    """One named limit, whatever its ``match:`` says, for a per-view decorator.
+
+    An anonymous caller is counted by client address in the bucket ``check_request`` uses
+    for it, as the FastAPI dependency counts it.
+    """
+    subject = gate.subject(request, caller)
+    try:
+        decision = limiter.hit(name, subject.identity, tier=subject.tier, cost=cost, ip=subject.ip)
+    except Exception:
+        return None, gate.failed()
+    return decision, gate.outcome(decision, subject.tier)
+
+
+def rate_limited_outcome(gate: Gate, error: RateLimited) -> Outcome:
+    """The refusal for a :class:`~applimit.RateLimited` raised inside a view (a function
+    decorated with ``rate_limited``), so that it is a 429 rather than a server error."""
+    results = error.decision.results
+    tier = results[0].tier if results else gate.lowest_tier
+    return gate.outcome(error.decision, tier)
+
+
+class HeaderMap(Protocol):
+    """A response's headers as Flask (werkzeug) and Django both offer them."""
+
+    def __contains__(self, name: str, /) -> bool: ...
+    def __getitem__(self, name: str, /) -> str: ...
+    def __setitem__(self, name: str, value: str, /) -> None: ...
+
+
+def merge_headers(headers: HeaderMap, extra: Iterable[tuple[str, str]]) -> None:
+    """Add rate-limit headers to a response's headers without losing ones already set.
+
+    ``RateLimit-Policy`` and ``RateLimit`` are Lists, so a second set of items is appended
+    to the first; any other header (``X-RateLimit-*``) keeps the value set first (the
+    request's decision comes before a view's). ``headers`` must look names up
+    case-insensitively, as Flask's and Django's response headers do.
+    """
+    for name, value in extra:
+        if name not in headers:
+            headers[name] = value
+        elif name.lower() in _LIST_FIELDS:
+            headers[name] = f"{headers[name]}, {value}"

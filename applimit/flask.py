@@ -1,0 +1,265 @@
+"""Flask integration: an extension, a per-view decorator and the 429 handler (imports Flask).
+
+::
+
+    from applimit import Limiter
+    from applimit.flask import Limits
+
+    limiter = Limiter.from_policy("policy.yaml", redis_url=os.environ["REDIS_URL"])
+    limits = Limits(app, limiter=limiter, identify=identify)     # or limits.init_app(app)
+
+    @app.get("/reports/<name>")
+    @limits.limit("search", cost=5)
+    def report(name: str) -> Response: ...
+
+Once installed on an app, every request is checked against each limit whose ``match:``
+applies, as the WSGI middleware checks it (``check_requests=False`` leaves that to the
+middleware or turns it off), and ``limits.limit(name)`` hits one named limit on one view,
+whatever its ``match:`` says. A refusal raises :class:`RateLimitExceeded`, which the
+extension's error handler answers exactly as the WSGI middleware would: 429 (503 when a
+limit fails closed), ``Retry-After``, ``RateLimit-Policy``/``RateLimit`` and the RFC 9457
+problem body. The same handler turns :class:`~applimit.RateLimited`, raised by a function
+decorated with ``rate_limited`` inside a view, into that answer instead of a 500.
+
+The check runs as a ``before_request`` function, so Flask's request context (``flask.g``,
+``flask.session``, ``flask.request``) is there for ``identify``; it also means that a
+refused request passes through the app's ``after_request`` functions (Flask-CORS adds its
+headers to the 429 too). The WSGI middleware, which runs before Flask, is the cheaper
+choice when none of that is needed.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from flask import Flask, Request, Response, request
+from werkzeug.exceptions import HTTPException
+
+from ._decision import Decision
+from ._decorator import RateLimited
+from ._sync import Limiter
+from ._views import check_request, hit_limit, known_limit, merge_headers, rate_limited_outcome
+from ._web import (
+    PROBLEM_JSON,
+    QUOTA_EXCEEDED,
+    Caller,
+    Gate,
+    Outcome,
+    Refusal,
+    RequestInfo,
+    TrustedProxies,
+    delay_seconds,
+    identify_sync,
+    problem_body,
+)
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIEnvironment
+
+__all__ = ["Caller", "Limits", "RateLimitExceeded", "RequestInfo", "TrustedProxies"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+SyncIdentify = Callable[[RequestInfo], "Caller | None"]
+Cost = int | Callable[[Request], int]
+
+# Per-request state lives in the WSGI environ: one dict per request, whatever app context
+# (tests often push one for a whole block) is active.
+_CALLER = "applimit.caller"
+_HEADERS = "applimit.headers"
+_REFUSED = "applimit.refused"
+_BODY_HEADERS = {"content-type", "content-length"}
+
+
+class RateLimitExceeded(HTTPException):
+    """A request refused by :class:`Limits` (429, or 503 when a limit fails closed).
+
+    ``refusal`` is the response the WSGI middleware would send (status, headers, problem
+    body) and ``decision`` the limiter's answer. Its own ``get_response`` builds that
+    response, so it is answered correctly even by an app that catches ``HTTPException``
+    and returns ``error.get_response()``.
+    """
+
+    def __init__(self, refusal: Refusal, decision: Decision | None = None) -> None:
+        """Carry the refusal; ``code`` is its status."""
+        super().__init__(description="Too Many Requests")
+        self.code = refusal.status
+        self.refusal = refusal
+        self.decision = decision
+
+    def get_body(
+        self, environ: WSGIEnvironment | None = None, scope: dict[str, Any] | None = None
+    ) -> str:
+        """The problem+json body (werkzeug's ``get_response`` builds the response)."""
+        return self.refusal.body.decode("utf-8")
+
+    def get_headers(
+        self, environ: WSGIEnvironment | None = None, scope: dict[str, Any] | None = None
+    ) -> list[tuple[str, str]]:
+        """The refusal's headers; the response computes its own Content-Length."""
+        return [(k, v) for k, v in self.refusal.headers if k.lower() != "content-length"]
+
+
+def problem_response(refusal: Refusal) -> Response:
+    """A :class:`~applimit._web.Refusal` as a Flask response."""
+    response = Response(refusal.body, status=refusal.status, mimetype=PROBLEM_JSON)
+    for key, value in refusal.headers:
+        if key.lower() not in _BODY_HEADERS:
+            response.headers[key] = value
+    return response
+
+
+class Limits:
+    """The Flask extension: the policy's limits on every request, per-view limits, 429s.
+
+    ``limiter`` is a (sync) ``applimit.Limiter``. ``identify(request)`` returns a
+    :class:`Caller` or ``None`` (anonymous: counted by client IP in the lowest tier); it
+    gets the framework-free :class:`RequestInfo`, runs inside Flask's request context, and
+    runs at most once per request. ``check_requests`` checks every request against the
+    limits whose ``match:`` applies (turn it off when the WSGI middleware does that, or to
+    limit named views only). ``trusted_proxies``, ``behind_cloudflare``,
+    ``legacy_headers`` and ``problem_type`` mean what they mean for the WSGI middleware.
+    """
+
+    def __init__(
+        self,
+        app: Flask | None = None,
+        *,
+        limiter: Limiter,
+        identify: SyncIdentify | None = None,
+        check_requests: bool = True,
+        trusted_proxies: Iterable[str] = (),
+        behind_cloudflare: bool = False,
+        legacy_headers: bool = False,
+        problem_type: str = QUOTA_EXCEEDED,
+    ) -> None:
+        """Configure the extension (a bad option fails here); install it when ``app`` is
+        given, or later with :meth:`init_app`."""
+        if not isinstance(limiter, Limiter):
+            raise TypeError(
+                f"Limits needs an applimit.Limiter, not {type(limiter).__name__}: Flask "
+                "views are sync, and an AsyncLimiter cannot be awaited there"
+            )
+        self.limiter = limiter
+        self.identify = identify
+        self.check_requests = check_requests
+        self.gate = Gate(
+            tiers=limiter.tiers,
+            proxies=TrustedProxies(trusted_proxies, behind_cloudflare=behind_cloudflare),
+            legacy_headers=legacy_headers,
+            problem_type=problem_type,
+        )
+        if app is not None:
+            self.init_app(app)
+
+    def init_app(self, app: Flask) -> None:
+        """Install the request check, the header hook and the error handlers on ``app``.
+
+        The extension is found again as ``app.extensions["applimit"]``.
+        """
+        app.extensions["applimit"] = self
+        if self.check_requests:
+            app.before_request(self._check_request)
+        app.after_request(self._add_headers)
+        app.register_error_handler(RateLimitExceeded, self._answer_refusal)
+        app.register_error_handler(RateLimited, self._answer_rate_limited)
+
+    def limit(self, name: str, *, cost: Cost = 1) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """Decorate a view so that each request to it hits the policy's limit ``name``.
+
+        The limit is hit whatever its ``match:`` says, by the caller ``identify`` returns
+        (an anonymous caller by client IP). ``cost`` is how many units a request uses, or a
+        callable that computes them from the ``flask.Request``. An unknown name fails here,
+        when the view is defined. Do not also let the request check count the same limit
+        (its ``match:`` covering this view): both would consume.
+        """
+        known_limit(self.limiter, name)
+        if not callable(cost) and (not isinstance(cost, int) or cost < 1):
+            raise ValueError(f"cost must be a positive int or a callable, not {cost!r}")
+
+        def decorate(view: Callable[P, R]) -> Callable[P, R]:
+            if inspect.iscoroutinefunction(view):
+
+                @functools.wraps(view)
+                async def async_view(*args: P.args, **kwargs: P.kwargs) -> Any:
+                    self._hit(name, cost)
+                    return await view(*args, **kwargs)
+
+                return async_view  # type: ignore[return-value]  # same signature, awaited by Flask
+
+            @functools.wraps(view)
+            def limited_view(*args: P.args, **kwargs: P.kwargs) -> R:
+                self._hit(name, cost)
+                return view(*args, **kwargs)
+
+            return limited_view
+
+        return decorate
+
+    def close(self) -> None:
+        """Close the limiter (its Redis connections), for an app's shutdown or a test."""
+        self.limiter.close()
+
+    # -- the hooks --------------------------------------------------------------------------
+
+    def _caller(self, info: RequestInfo) -> Caller | None:
+        environ = request.environ
+        if _CALLER not in environ:
+            environ[_CALLER] = identify_sync(self.identify, info)
+        caller: Caller | None = environ[_CALLER]
+        return caller
+
+    def _check_request(self) -> None:
+        info = RequestInfo.from_wsgi(request.environ)
+        decision, outcome = check_request(self.limiter, self.gate, info, self._caller(info))
+        self._apply(outcome, decision)
+
+    def _hit(self, name: str, cost: Cost) -> None:
+        units = cost(request) if callable(cost) else cost
+        info = RequestInfo.from_wsgi(request.environ)
+        decision, outcome = hit_limit(
+            self.limiter, self.gate, name, info, caller=self._caller(info), cost=units
+        )
+        self._apply(outcome, decision)
+
+    @staticmethod
+    def _apply(outcome: Outcome, decision: Decision | None) -> None:
+        if outcome.refusal is not None:
+            raise RateLimitExceeded(outcome.refusal, decision)
+        if outcome.headers:
+            request.environ.setdefault(_HEADERS, []).extend(outcome.headers)
+
+    @staticmethod
+    def _add_headers(response: Response) -> Response:
+        environ = request.environ
+        # A refusal carries its own, complete headers: items of a limit that allowed the
+        # request would put a t later than Retry-After into its RateLimit field.
+        if not environ.get(_REFUSED):
+            merge_headers(response.headers, environ.get(_HEADERS, ()))
+        return response
+
+    @staticmethod
+    def _answer_refusal(error: RateLimitExceeded) -> Response:
+        request.environ[_REFUSED] = True
+        return problem_response(error.refusal)
+
+    def _answer_rate_limited(self, error: RateLimited) -> Response:
+        request.environ[_REFUSED] = True
+        refusal = rate_limited_outcome(self.gate, error).refusal
+        if refusal is None:
+            # A denied decision always names what denied it; should one not, the answer is
+            # still a refusal the client can act on.
+            retry = max(1, delay_seconds(error.decision.retry_after))
+            body = problem_body(
+                type_=self.gate.problem_type,
+                title="Too Many Requests",
+                status=429,
+                detail=f"Rate limit {error.name!r} refuses this request; retry in {retry} s.",
+                extra={"limit": error.name, "retry-after": retry},
+            )
+            refusal = Refusal(status=429, headers=(("Retry-After", str(retry)),), body=body)
+        return problem_response(refusal)
