@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
@@ -89,10 +89,13 @@ class AsyncLimiter(LimiterBase[AsyncTransport]):
         tier: str | None = None,
         cost: int = 1,
         ip: str | None = None,
+        keys: Mapping[str, str] | None = None,
     ) -> Decision:
         """Count a request against limit ``name`` for ``identity`` if it fits; identity
         None is an anonymous caller at ``ip`` (see Limiter.hit)."""
-        return await self._decide(self.core.for_limit("hit", name, identity, tier, cost, ip=ip))
+        return await self._decide(
+            self.core.for_limit("hit", name, identity, tier, cost, ip=ip, keys=keys)
+        )
 
     async def peek(
         self,
@@ -102,9 +105,12 @@ class AsyncLimiter(LimiterBase[AsyncTransport]):
         tier: str | None = None,
         cost: int = 1,
         ip: str | None = None,
+        keys: Mapping[str, str] | None = None,
     ) -> Decision:
         """What :meth:`hit` would decide now, consuming nothing."""
-        return await self._decide(self.core.for_limit("peek", name, identity, tier, cost, ip=ip))
+        return await self._decide(
+            self.core.for_limit("peek", name, identity, tier, cost, ip=ip, keys=keys)
+        )
 
     async def check_request(
         self,
@@ -116,24 +122,31 @@ class AsyncLimiter(LimiterBase[AsyncTransport]):
         cost: int = 1,
         ip: str | None = None,
         host: str | None = None,
+        keys: Mapping[str, str] | None = None,
     ) -> Decision:
         """Hit every app limit whose ``match`` applies, all or nothing (see Limiter)."""
         return await self._decide(
             self.core.for_request(
-                "hit", method, path, identity, tier=tier, cost=cost, ip=ip, host=host
+                "hit", method, path, identity, tier=tier, cost=cost, ip=ip, host=host, keys=keys
             )
         )
 
     async def reset(
-        self, name: str, identity: str | None, *, tier: str | None = None, ip: str | None = None
+        self,
+        name: str,
+        identity: str | None,
+        *,
+        tier: str | None = None,
+        ip: str | None = None,
+        keys: Mapping[str, str] | None = None,
     ) -> bool:
         """Forget what limit ``name`` counted for ``identity`` (or the anonymous caller at
         ``ip``); False if Redis was unreachable."""
-        keys = self.core.reset_keys(name, identity, tier, ip=ip)
-        self._forget(keys)
+        redis_keys = self.core.reset_keys(name, identity, tier, ip=ip, keys=keys)
+        self._forget(redis_keys)
         try:
             async with asyncio.timeout(self.timeout):
-                await self._wire.delete(keys)
+                await self._wire.delete(redis_keys)
         except REDIS_FAILURES as error:
             self.decider.note_failure(error, self.breaker)
             return False

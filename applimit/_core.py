@@ -8,9 +8,10 @@ turns the replies into a :class:`~applimit.Decision`. The shells only run the ca
 
 All the checks of one call go into one script call, which decides them atomically. The
 one exception is Redis Cluster when one request's limits count different identities (a
-per-IP limit and a per-user limit): their keys live in different slots, so there is one
-call per slot, and when the request is denied after some of them consumed, the plan adds
-refund calls that give the consumption back (see docs/applimit.md).
+per-IP limit and a per-user limit, or a per-user and a ``per: org`` limit): their keys live
+in different slots, so there is one call per slot, and when the request is denied after
+some of them consumed, the plan adds refund calls that give the consumption back (see
+docs/applimit.md).
 """
 
 from __future__ import annotations
@@ -100,6 +101,16 @@ class AppRule:
     fail_open: bool
     matcher: Matcher
     tiers: Mapping[str, tuple[RateSpec, ...]]
+    # The app key the limit counts by (``per: org``), or None for per user and per IP.
+    per_key: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """What the limit counts by: ``user``, ``ip`` or the name of an app key."""
+        if self.per_key is not None:
+            return self.per_key
+        return AppKey.IP.value if self.per_ip else AppKey.USER.value
+
     approximate: bool = False
     sync_every: int = 1
     sync_interval: float = 0.0
@@ -165,6 +176,9 @@ def compile_policy(policy: Policy) -> CompiledPolicy:
                 fail_open=on_error is OnRedisError.ALLOW,
                 matcher=limit.match.matcher(),
                 tiers=MappingProxyType(tiers),
+                # A key of the app's own (policy KeyName); the lint pass (L005) has already
+                # stopped a name that cannot be used.
+                per_key=None if isinstance(app.per, AppKey) else str(app.per),
                 approximate=app.mode is Mode.APPROXIMATE,
                 sync_every=app.sync_every or DEFAULT_SYNC_EVERY,
                 sync_interval=(
@@ -508,18 +522,60 @@ class Core:
             )
         return identity
 
-    def _tag(self, rule: AppRule, identity: str | None, ip: str | None) -> str:
-        """The hash-tag content ``check_request`` counts ``rule`` by: the user, or the
-        client address for a per-IP limit and an anonymous caller (identity None)."""
+    @staticmethod
+    def keys(identity: object, keys: Mapping[str, str] | None) -> Mapping[str, str] | None:
+        """The app keys of a call: ``keys=`` if given, else those the identity carries
+        (a :class:`~applimit._keys.KeyedIdentity`, which the web shells pass on)."""
+        if keys is not None:
+            if not isinstance(keys, Mapping):
+                raise InvalidArgumentError(
+                    "keys",
+                    f"keys must be a mapping of key names to values, not "
+                    f"{type(keys).__name__}; e.g. keys={{'org': org.id}}.",
+                )
+            return keys
+        return _keys.carried_keys(identity)
+
+    def _key_value(self, rule: AppRule, keys: Mapping[str, str] | None) -> str | None:
+        """The value of the app key ``rule`` counts by, checked; None when it is missing."""
+        assert rule.per_key is not None
+        value = keys.get(rule.per_key) if keys else None
+        if value is None:
+            return None
+        return self._identity(value, f"keys[{rule.per_key!r}]")
+
+    def _tag(
+        self,
+        rule: AppRule,
+        identity: str | None,
+        ip: str | None,
+        keys: Mapping[str, str] | None = None,
+    ) -> str:
+        """The hash-tag content ``check_request`` counts ``rule`` by: the user, the app key
+        it names (``per: org``), or the client address for a per-IP limit and a caller
+        without what the limit counts (an anonymous caller, or one whose identify returned
+        no such key: counting by address keeps such callers limited, never unlimited)."""
+        if rule.per_key is not None:
+            value = self._key_value(rule, keys)
+            if value is not None:
+                return _keys.identity_tag(_keys.named_kind(rule.per_key), value)
+            return self._ip_tag(rule, ip)
         if not rule.per_ip and identity is not None:
             return _keys.identity_tag(_keys.USER, self._identity(identity, "identity"))
         return self._ip_tag(rule, ip)
 
-    def _limit_tag(self, rule: AppRule, identity: str | None, ip: str | None) -> str:
+    def _limit_tag(
+        self,
+        rule: AppRule,
+        identity: str | None,
+        ip: str | None,
+        keys: Mapping[str, str] | None = None,
+    ) -> str:
         """What ``hit``/``peek``/``reset`` count ``rule`` by: as ``check_request`` does.
         A per-IP limit takes the address only as ``ip=``: an identity in its place would
         be counted as an address, and a user who may choose their own name (a login form's
-        username) could then exhaust the quota of any address they spell."""
+        username) could then exhaust the quota of any address they spell. Likewise a
+        ``per: org`` limit takes the organisation only in ``keys=``, never as the identity."""
         if rule.per_ip and ip is None and identity is not None:
             raise InvalidArgumentError(
                 "ip",
@@ -527,13 +583,27 @@ class Core:
                 f"address only as ip=, never as the identity; call "
                 f"hit({rule.name!r}, None, ip=client_address).",
             )
-        return self._tag(rule, identity, ip)
+        keys = self.keys(identity, keys)
+        if rule.per_key is not None and ip is None and self._key_value(rule, keys) is None:
+            raise InvalidArgumentError(
+                "keys",
+                f"limit {rule.name!r} counts per {rule.per_key}, but no keys["
+                f"{rule.per_key!r}] was given; call hit({rule.name!r}, user, "
+                f"keys={{{rule.per_key!r}: value}}), or pass ip= to count a caller without "
+                f"one by address (as check_request does).",
+            )
+        return self._tag(rule, identity, ip, keys)
 
     def _ip_tag(self, rule: AppRule, ip: str | None) -> str:
         """A client address as a tag of kind ``i``: IPv4 per address, IPv6 per network of
         the policy's ``clients.ipv6_prefix`` (policy.ip_bucket)."""
         if ip is None:
-            what = "counts per client IP" if rule.per_ip else "counts anonymous callers by IP"
+            if rule.per_ip:
+                what = "counts per client IP"
+            elif rule.per_key is not None:
+                what = f"counts callers without keys[{rule.per_key!r}] by IP"
+            else:
+                what = "counts anonymous callers by IP"
             raise InvalidArgumentError(
                 "ip",
                 f"limit {rule.name!r} {what}, but no ip= was given; pass the client's "
@@ -565,13 +635,15 @@ class Core:
         cost: int,
         *,
         ip: str | None = None,
+        keys: Mapping[str, str] | None = None,
     ) -> Prepared:
         """The plan for ``hit``/``peek`` of one named limit: for the user ``identity``, or
-        with identity None for an anonymous caller at ``ip`` (see _limit_tag)."""
+        with identity None for an anonymous caller at ``ip``; ``keys`` for a limit that
+        counts by an app key (see _limit_tag)."""
         rule = self.rule(name)
         resolved = self.tier(tier)
         cost = self.cost(cost)
-        tag = self._limit_tag(rule, identity, ip)
+        tag = self._limit_tag(rule, identity, ip, keys)
         return self.prepare(operation, self.checks(rule, resolved, tag, cost))
 
     def for_request(
@@ -585,22 +657,29 @@ class Core:
         cost: int,
         ip: str | None,
         host: str | None,
+        keys: Mapping[str, str] | None = None,
     ) -> Prepared:
-        """The plan for ``check_request``: every limit whose matcher applies."""
+        """The plan for ``check_request``: every limit whose matcher applies, each counted
+        by what it names (the user, the client IP, or an app key from ``keys``)."""
         resolved = self.tier(tier)
         cost = self.cost(cost)
+        keys = self.keys(identity, keys)
         # The router's path and its canonical form: a limit counts the request in any form.
         forms = request_paths(path)
         checks: list[Check] = []
-        # The tag of each kind of identity (user, ip), made once however many limits use it.
-        tags: dict[bool, str] = {}
+        # The tag of each kind of identity (user, ip, an app key), made once however many
+        # limits use it.
+        tags: dict[str | None, str] = {}
         for rule in self.policy.rules:
             if resolved not in rule.tiers or not rule.matcher.matches_any(method, forms, host):
                 continue
-            by_ip = rule.per_ip or identity is None
-            tag = tags.get(by_ip)
+            # None: by address (per: ip, or an anonymous caller of a per-user limit).
+            kind = rule.per_key
+            if kind is None and not (rule.per_ip or identity is None):
+                kind = AppKey.USER.value
+            tag = tags.get(kind)
             if tag is None:
-                tag = tags[by_ip] = self._tag(rule, identity, ip)
+                tag = tags[kind] = self._tag(rule, identity, ip, keys)
             blocks = self._blocks.get((rule.name, resolved))
             if blocks is None:
                 checks.extend(self.checks(rule, resolved, tag, cost))
@@ -655,12 +734,18 @@ class Core:
         return Prepared(operation, tuple(checks), groups, calls, nonce, self._slack)
 
     def reset_keys(
-        self, name: str, identity: str | None, tier: str | None, *, ip: str | None = None
+        self,
+        name: str,
+        identity: str | None,
+        tier: str | None,
+        *,
+        ip: str | None = None,
+        keys: Mapping[str, str] | None = None,
     ) -> list[str]:
-        """Every key of limit ``name`` for ``identity`` (or the anonymous caller at ``ip``):
-        one tier's, or every tier's."""
+        """Every key of limit ``name`` for ``identity`` (or the anonymous caller at ``ip``,
+        or the app key in ``keys``): one tier's, or every tier's."""
         rule = self.rule(name)
-        tag = self._limit_tag(rule, identity, ip)
+        tag = self._limit_tag(rule, identity, ip, keys)
         tiers = [self.tier(tier)] if tier is not None else list(rule.tiers)
-        keys = {c.key: None for t in tiers for c in self.checks(rule, t, tag, 1)}
-        return list(keys)
+        found = {c.key: None for t in tiers for c in self.checks(rule, t, tag, 1)}
+        return list(found)

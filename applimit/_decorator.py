@@ -8,7 +8,9 @@
 
 Each call hits the named limit for the identity (and tier) computed from the call's own
 arguments; an identity of None is an anonymous caller, counted by the address ``ip``
-computes (``ip=lambda request: request.client_ip``). A denied call raises
+computes (``ip=lambda request: request.client_ip``). A limit that counts by an app key
+(``per: org``) takes its value from ``keys`` (``keys=lambda user, query: {"org": user.org}``).
+A denied call raises
 :class:`RateLimited` without running the function. With a sync ``Limiter`` the function
 must be sync, with an ``AsyncLimiter`` async: a blocking Redis call inside a coroutine
 would stall its event loop.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, ParamSpec, TypeVar, overload
 
 from ._async import AsyncLimiter
@@ -33,6 +35,7 @@ R = TypeVar("R")
 Tier = str | Callable[..., str | None] | None
 Cost = int | Callable[..., int]
 Address = Callable[..., str | None] | None
+Keys = Callable[..., Mapping[str, str] | None] | None
 
 
 class RateLimited(ApplimitError):
@@ -62,6 +65,7 @@ def rate_limited(
     ip: Address = None,
     tier: Tier = None,
     cost: Cost = 1,
+    keys: Keys = None,
 ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Coroutine[Any, Any, R]]]: ...
 
 
@@ -74,6 +78,7 @@ def rate_limited(
     ip: Address = None,
     tier: Tier = None,
     cost: Cost = 1,
+    keys: Keys = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
@@ -85,6 +90,7 @@ def rate_limited(
     ip: Address = None,
     tier: Tier = None,
     cost: Cost = 1,
+    keys: Keys = None,
 ) -> Callable[[Callable[P, Any]], Callable[P, Any]]:
     """Decorate a function so that each call hits limit ``name`` first.
 
@@ -94,7 +100,9 @@ def rate_limited(
     bucket ``check_request`` counts it in, never in a user's; a ``per: ip`` limit counts
     the address ``ip`` returns, and needs ``ip`` (an identity is never taken for an
     address: a user-chosen name could otherwise spend any address's quota). A fixed ``tier`` string
-    or ``cost`` may be given instead; ``tier=None`` is the lowest tier. Raises
+    or ``cost`` may be given instead; ``tier=None`` is the lowest tier. ``keys``, a
+    callable, returns the call's app keys (``{"org": ...}``): a ``per: org`` limit needs it,
+    and counts a call whose keys lack ``org`` by the address ``ip`` returns. Raises
     :class:`RateLimited` when the limit denies the call.
     """
     if name not in limiter.limits:
@@ -105,15 +113,22 @@ def rate_limited(
             f"app limit {name!r} counts per client IP; give ip= (a callable that returns the "
             "client's address from the call's arguments)"
         )
+    per_key = next((r.per_key for r in limiter.compiled.rules if r.name == name), None)
+    if per_key is not None and keys is None:
+        raise ValueError(
+            f"app limit {name!r} counts per {per_key}; give keys= (a callable that returns "
+            f"{{{per_key!r}: value}} from the call's arguments), and ip= for calls without one"
+        )
 
     def arguments(
         args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[str | None, str | None, int, str | None]:
+    ) -> tuple[str | None, str | None, int, str | None, Mapping[str, str] | None]:
         who = identity(*args, **kwargs)
         level = tier(*args, **kwargs) if callable(tier) else tier
         units = cost(*args, **kwargs) if callable(cost) else cost
         address = ip(*args, **kwargs) if ip is not None else None
-        return who, level, units, address
+        named = keys(*args, **kwargs) if keys is not None else None
+        return who, level, units, address, named
 
     def decorate(func: Callable[P, Any]) -> Callable[P, Any]:
         is_async = inspect.iscoroutinefunction(func)
@@ -126,8 +141,10 @@ def rate_limited(
 
             @functools.wraps(func)
             async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-                who, level, units, address = arguments(args, kwargs)
-                decision = await limiter.hit(name, who, tier=level, cost=units, ip=address)
+                who, level, units, address, named = arguments(args, kwargs)
+                decision = await limiter.hit(
+                    name, who, tier=level, cost=units, ip=address, keys=named
+                )
                 if not decision.allowed:
                     raise RateLimited(name, decision)
                 return await func(*args, **kwargs)
@@ -141,8 +158,8 @@ def rate_limited(
 
         @functools.wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-            who, level, units, address = arguments(args, kwargs)
-            decision = limiter.hit(name, who, tier=level, cost=units, ip=address)
+            who, level, units, address, named = arguments(args, kwargs)
+            decision = limiter.hit(name, who, tier=level, cost=units, ip=address, keys=named)
             if not decision.allowed:
                 raise RateLimited(name, decision)
             return func(*args, **kwargs)

@@ -8,10 +8,18 @@ The tag is ``<kind>=<escaped identity>`` or, for identities longer than 32 chara
 once escaped (a UUID is 36), ``<kind>#`` followed by the first 128 bits of the identity's
 SHA-256 (22 characters of URL-safe base64): short keys are what keeps a GCRA or
 sliding-window state within 128 bytes of Redis memory, and 128 bits of SHA-256 keep
-collisions out of reach (about 2^64 identities before one is likely). The kind is ``u`` (user) or
-``i`` (client IP: an IPv4 address, or an IPv6 network, from ``policy.ip_bucket``). Which kind
-an identity gets depends on how it is passed (a user id, or ``ip=`` for a client address),
-never on what it says: a user id that looks like an address is still a user.
+collisions out of reach (about 2^64 identities before one is likely). The kind is ``u`` (user),
+``i`` (client IP: an IPv4 address, or an IPv6 network, from ``policy.ip_bucket``) or
+``k:<name>`` for a key of the app's own that a limit counts by (``per: org`` counts in
+``k:org=acme``; the name escaped like an identity). Which kind an identity gets depends on
+how it is passed (a user id, ``ip=`` for a client address, ``keys={"org": ...}`` for an app
+key), never on what it says: a user id that looks like an address is still a user, and an
+organisation called ``u=alice`` has a bucket of its own.
+
+Kinds cannot be confused: ``u`` and ``i`` are single letters, every named kind starts with
+``k:``, and no kind holds ``=`` or ``#`` (the escaping writes them ``%3D`` and ``%23``), so a
+tag's kind is everything before its first ``=`` or ``#``, and two tags of different kinds
+never coincide.
 
 Escaping percent-encodes every byte outside a small safe set, which includes ``{``, ``}``,
 ``:``, ``%``, ``=``, ``#``, spaces, controls and all non-ASCII, so:
@@ -29,6 +37,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+from collections.abc import Mapping
 
 # Bytes kept as they are. Everything else, '%' first among them, is written %XX.
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~@+!*,;")
@@ -39,6 +48,8 @@ _DIGEST_BYTES = 16
 
 USER = "u"
 IP = "i"
+# The start of every named kind: ``k:org``.
+NAMED = "k:"
 
 
 # Matches exactly the byte strings made only of safe bytes: most identities are, and need no
@@ -70,6 +81,33 @@ def identity_tag(kind: str, identity: str) -> str:
         base64.urlsafe_b64encode(hashlib.sha256(raw).digest()[:_DIGEST_BYTES]).rstrip(b"=").decode()
     )
     return f"{kind}#{digest}"
+
+
+def named_kind(name: str) -> str:
+    """The kind of a key of the app's own called ``name`` (``per: org``): ``k:org``."""
+    return NAMED + escape(_utf8(name))
+
+
+class KeyedIdentity(str):
+    """A user id that carries the caller's app keys (``Caller.keys``) with it.
+
+    The web shells pass the subject's identity to ``check_request`` and ``hit`` unchanged;
+    made from a :class:`~applimit.Caller` with keys, it brings them along, so every shell
+    counts ``per: <key>`` limits without a change of its own. As a str it is the user id,
+    and counted as that user. An explicit ``keys=`` argument takes precedence.
+    """
+
+    keys: Mapping[str, str]
+
+    def __new__(cls, user: str, keys: Mapping[str, str]) -> KeyedIdentity:
+        made = super().__new__(cls, user)
+        made.keys = keys
+        return made
+
+
+def carried_keys(identity: object) -> Mapping[str, str] | None:
+    """The app keys an identity carries (a :class:`KeyedIdentity`), else None."""
+    return identity.keys if isinstance(identity, KeyedIdentity) else None
 
 
 def limit_component(name: str) -> str:

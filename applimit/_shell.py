@@ -122,11 +122,11 @@ class LimiterBase(Generic[WireT]):
     def _denial_cache(self) -> DenialCache | None:
         """The "denied until" cache, or None where it could not be exact.
 
-        On Redis Cluster a policy with both per-IP and per-user limits has requests whose
-        checks span hash slots; their refunds give capacity back, which a cached denial
-        would not see.
+        On Redis Cluster a policy whose limits count different kinds (per IP, per user, per
+        an app key such as ``org``) has requests whose checks span hash slots; their
+        refunds give capacity back, which a cached denial would not see.
         """
-        kinds = {rule.per_ip for rule in self.compiled.rules}
+        kinds = {rule.kind for rule in self.compiled.rules}
         if self.cluster and len(kinds) > 1:
             return None
         if self.test_clock is not None:

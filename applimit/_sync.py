@@ -7,7 +7,7 @@ the limiter's wire (``_wire.py``), blocking, and the outcomes are sent back into
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
@@ -104,17 +104,22 @@ class Limiter(LimiterBase[SyncTransport]):
         tier: str | None = None,
         cost: int = 1,
         ip: str | None = None,
+        keys: Mapping[str, str] | None = None,
     ) -> Decision:
         """Count a request of ``cost`` against limit ``name`` for ``identity``, if it fits.
 
         ``identity`` is the user; None is an anonymous caller, counted by the client
         address ``ip`` in the same bucket :meth:`check_request` counts it in (never in a
         user's, whatever the user id says). A ``per: ip`` limit counts ``ip`` and needs
-        it (an identity is never taken for an address). ``tier`` defaults to the policy's
-        lowest. Every rate of the tier is checked atomically: nothing is consumed unless
-        all of them admit the request.
+        it (an identity is never taken for an address). A limit that counts by an app key
+        (``per: org``) takes its value only from ``keys`` (``keys={"org": "acme"}``), and
+        counts a caller without it by ``ip``, as :meth:`check_request` does. ``tier``
+        defaults to the policy's lowest. Every rate of the tier is checked atomically:
+        nothing is consumed unless all of them admit the request.
         """
-        return self._decide(self.core.for_limit("hit", name, identity, tier, cost, ip=ip))
+        return self._decide(
+            self.core.for_limit("hit", name, identity, tier, cost, ip=ip, keys=keys)
+        )
 
     def peek(
         self,
@@ -124,9 +129,12 @@ class Limiter(LimiterBase[SyncTransport]):
         tier: str | None = None,
         cost: int = 1,
         ip: str | None = None,
+        keys: Mapping[str, str] | None = None,
     ) -> Decision:
         """What :meth:`hit` would decide now, consuming nothing."""
-        return self._decide(self.core.for_limit("peek", name, identity, tier, cost, ip=ip))
+        return self._decide(
+            self.core.for_limit("peek", name, identity, tier, cost, ip=ip, keys=keys)
+        )
 
     def check_request(
         self,
@@ -138,23 +146,32 @@ class Limiter(LimiterBase[SyncTransport]):
         cost: int = 1,
         ip: str | None = None,
         host: str | None = None,
+        keys: Mapping[str, str] | None = None,
     ) -> Decision:
         """Hit every app limit whose ``match`` applies to this request, all or nothing.
 
         ``path`` is the request path (query allowed; it is normalised like the edge does).
         ``identity`` is the user, or None for an anonymous caller, who is counted by
         ``ip``. ``ip`` is the client address, needed by ``per: ip`` limits and anonymous
-        callers (the middleware passes it). ``host`` is the Host header, for limits that
+        callers (the middleware passes it). ``keys`` holds the app keys (``{"org": ...}``)
+        that ``per: <key>`` limits count by (the middleware passes those of the
+        :class:`~applimit.Caller`). ``host`` is the Host header, for limits that
         match on hosts. A limit without a rate for ``tier`` does not apply.
         """
         return self._decide(
             self.core.for_request(
-                "hit", method, path, identity, tier=tier, cost=cost, ip=ip, host=host
+                "hit", method, path, identity, tier=tier, cost=cost, ip=ip, host=host, keys=keys
             )
         )
 
     def reset(
-        self, name: str, identity: str | None, *, tier: str | None = None, ip: str | None = None
+        self,
+        name: str,
+        identity: str | None,
+        *,
+        tier: str | None = None,
+        ip: str | None = None,
+        keys: Mapping[str, str] | None = None,
     ) -> bool:
         """Forget what limit ``name`` counted for ``identity`` (every tier, or one);
         identity None and ``ip`` as for :meth:`hit`.
@@ -162,10 +179,10 @@ class Limiter(LimiterBase[SyncTransport]):
         Returns False, and logs, when Redis could not be reached: unlike a decision, a
         reset has no failure policy to fall back on.
         """
-        keys = self.core.reset_keys(name, identity, tier, ip=ip)
-        self._forget(keys)
+        redis_keys = self.core.reset_keys(name, identity, tier, ip=ip, keys=keys)
+        self._forget(redis_keys)
         try:
-            self._wire.delete(keys)
+            self._wire.delete(redis_keys)
         except REDIS_FAILURES as error:
             self.decider.note_failure(error, self.breaker)
             return False

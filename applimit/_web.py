@@ -27,11 +27,14 @@ import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.cookies import CookieError, SimpleCookie
+from types import MappingProxyType
 from typing import Any, Literal
 
 from policy import decode_path, normalize_host
+from policy._vocab import KEY_NAME_RE, AppKey
 
 from ._decision import Decision, LimitResult
+from ._keys import KeyedIdentity
 
 logger = logging.getLogger("applimit")
 
@@ -47,6 +50,8 @@ UNIX_SOCKET = "unix"
 UNKNOWN_IP = "unknown"
 # Unknown tiers logged once each; past this many, further ones are not logged.
 MAX_WARNED_TIERS = 64
+# Key names Caller.keys may not use: the built-in keys, which are Caller.user and the address.
+_BUILT_IN = frozenset(AppKey)
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -60,11 +65,15 @@ class Caller:
     """An authenticated caller, as the app's own auth sees it.
 
     ``user`` is the stable id that ``per: user`` limits count by; ``tier`` names one of the
-    policy's tiers (``None``: the lowest tier).
+    policy's tiers (``None``: the lowest tier). ``keys`` holds the caller's other keys that
+    limits may count by, by name: ``Caller("alice", "pro", keys={"org": "acme"})`` is counted
+    per organisation by ``per: org`` limits (and per user by the others). A ``per: org``
+    limit counts a caller without an ``org`` key by client IP, like an anonymous caller.
     """
 
     user: str
     tier: str | None = None
+    keys: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         # Checked here, in the app's identify(), where a bug is easy to find: an empty id
@@ -73,6 +82,27 @@ class Caller:
             raise ValueError(
                 f"Caller.user must be a non-empty str (the user's stable id), not {self.user!r}"
             )
+        if not isinstance(self.keys, Mapping):
+            raise ValueError(
+                f"Caller.keys must be a mapping of key names to values, not "
+                f"{type(self.keys).__name__}; e.g. keys={{'org': org_id}}"
+            )
+        for name, value in self.keys.items():
+            if not isinstance(name, str) or not KEY_NAME_RE.match(name) or name in _BUILT_IN:
+                raise ValueError(
+                    f"Caller.keys has the key name {name!r}; a key name is what a limit's "
+                    "per: names: a lower-case identifier (e.g. org), not user or ip, which "
+                    "are Caller.user and the client address"
+                )
+            # An empty value would make every such caller share one quota, as an empty user.
+            if not isinstance(value, str) or not value:
+                raise ValueError(
+                    f"Caller.keys[{name!r}] must be a non-empty str, not {value!r}; convert "
+                    "it, e.g. str(org.id), or leave the key out (the caller is then counted "
+                    "by client IP)"
+                )
+        # A copy that cannot change: the caller is frozen, its keys too.
+        object.__setattr__(self, "keys", MappingProxyType(dict(self.keys)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,6 +486,8 @@ class Subject:
     identity: str | None
     tier: str
     ip: str
+    # The caller's app keys (Caller.keys); the identity carries them too (KeyedIdentity).
+    keys: Mapping[str, str] = field(default_factory=dict)
 
 
 class Gate:
@@ -517,7 +549,10 @@ class Gate:
                     self.lowest_tier,
                 )
             tier = self.lowest_tier
-        return Subject(identity=caller.user, tier=tier, ip=ip)
+        # The user id carries the caller's app keys (a KeyedIdentity), so that every shell
+        # that passes the identity on to check_request or hit counts per: <key> limits.
+        identity = KeyedIdentity(caller.user, caller.keys) if caller.keys else caller.user
+        return Subject(identity=identity, tier=tier, ip=ip, keys=caller.keys)
 
     # -- headers ----------------------------------------------------------------------------
 

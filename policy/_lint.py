@@ -11,6 +11,8 @@ L001    error     app, edge  two limits have the same name (edge: two edge limit
 L002    error     app        an app limit names a tier that ``tiers`` does not list
 L003    warning              a ``${VAR}`` without default is not set in the environment
 L004    error     edge       edge limits are defined but there is no ``cloudflare`` section
+L005    error     app        an app limit's ``per`` names no usable key (not a lower-case
+                             identifier, or a built-in key in another case)
 L101    warning              a higher tier gets less than a lower one
 L102    warning              an edge limit is stricter than the app's lowest tier on its route
 L103    warning              a sliding log whose limit makes memory per identity large
@@ -21,6 +23,7 @@ L107    info                 a limit runs in shadow mode (enforce: false)
 L108    warning              unauthenticated_only with no credentials in authenticated_when
 L109    error                an edge credentialed_rate that is not looser than the limit's rate
 L110    warning              an edge credentialed_rate that nothing uses
+L111    info                 a limit counts per an app key in the app, per IP at the edge
 ======  ========  =========  ====================================================
 
 Checks that know more than the policy are contributed by their owner, as ``checks``
@@ -39,7 +42,7 @@ from ._edge import credentialed_rate
 from ._errors import Diagnostic, Layer, Severity
 from ._loader import FieldPath, format_path
 from ._model import AppLimit, Limit, Policy
-from ._vocab import Algorithm, AppKey, Duration, Rate
+from ._vocab import Algorithm, AppKey, Duration, KeyName, Rate
 
 # A check contributed by a consumer of the policy (edgegen's placement): it returns its
 # findings, each made with diagnostic_at so that it names its place in the file.
@@ -133,6 +136,7 @@ class _Linter:
         for index, limit in enumerate(self.policy.limits):
             if limit.app is not None:
                 self.app_limit(index, limit, limit.app)
+                self.app_key(index, limit, limit.app)
             if limit.edge is not None:
                 self.edge_limit(index, limit)
         self.matchers()
@@ -256,6 +260,49 @@ class _Linter:
                 limit.name,
             )
 
+    def app_key(self, index: int, limit: Limit, app: AppLimit) -> None:
+        """A ``per:`` naming a key of the app's own: usable, and what the edge counts."""
+        per = app.per
+        if not isinstance(per, KeyName):
+            return
+        path: FieldPath = ("limits", index, "app", "per")
+        if not per.valid:
+            builtin = per.lower() if per.lower() in set(AppKey) else None
+            if builtin is not None:
+                why = (
+                    f"{per!r} is the built-in key {builtin!r} in another case; key names are "
+                    "case-sensitive"
+                )
+                fix = f"write per: {builtin}"
+            else:
+                why = (
+                    f"{per!r} is not a key name: use a lower-case letter, then up to 31 "
+                    "lower-case letters, digits or '_' (the name identify() returns in "
+                    "Caller.keys, e.g. org)"
+                )
+                fix = "rename the key, e.g. per: org or per: api_key"
+            self.add(
+                "L005",
+                Severity.ERROR,
+                path,
+                f"limit {limit.name!r}: {why}",
+                limit.name,
+                fix=fix,
+                stops={Layer.APP},
+            )
+            return
+        if limit.edge is not None:
+            # Cloudflare sees no app key: the edge part counts every client IP on its own,
+            # as it does for per: user limits, whatever the app counts by.
+            self.add(
+                "L111",
+                Severity.INFO,
+                ("limits", index, "edge"),
+                f"limit {limit.name!r} counts per {per} in the app, but the edge cannot see "
+                f"app keys: its edge part counts per client IP ({limit.edge.rate} per IP)",
+                limit.name,
+            )
+
     def edge_limit(self, index: int, limit: Limit) -> None:
         assert limit.edge is not None
         when = self.policy.authenticated_when
@@ -348,8 +395,9 @@ class _Linter:
                 app = app_owner.app
                 if app is None or lowest is None or lowest not in app.tiers:
                     continue
-                # Edge counts anonymous traffic per IP and the app counts users: no conflict.
-                if edge.unauthenticated_only and app.per is AppKey.USER:
+                # Edge counts anonymous traffic per IP and the app counts users (or an app
+                # key such as an organisation): no conflict.
+                if edge.unauthenticated_only and app.per is not AppKey.IP:
                     continue
                 # Only an edge limit covering the app limit's whole route hides it.
                 if app_owner is not edge_owner and not edge_owner.match.matcher().covers(
