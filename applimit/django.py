@@ -1,0 +1,336 @@
+"""Django integration: a ``MIDDLEWARE`` class and a per-view decorator (imports Django).
+
+::
+
+    # settings.py
+    MIDDLEWARE = [
+        ...,
+        "django.contrib.auth.middleware.AuthenticationMiddleware",
+        "applimit.django.RateLimitMiddleware",     # after whatever identify reads
+        ...,
+    ]
+    APPLIMIT = {
+        "policy": BASE_DIR / "policy.yaml",
+        "redis_url": os.environ.get("REDIS_URL"),  # overrides the policy's app.redis_url
+        "identify": "yourproject.ratelimit.identify",
+    }
+
+    # views.py
+    from applimit.django import rate_limit
+
+    @rate_limit("search", cost=5)
+    def report(request, name): ...
+
+The middleware checks every request against each limit whose ``match:`` applies, as the WSGI
+middleware does (``"check_requests": False`` leaves that to the WSGI middleware or turns it
+off), and ``@rate_limit(name)`` hits one named limit on one view, whatever its ``match:``
+says. Both answer a refusal as the WSGI middleware would: 429 (503 when a limit fails
+closed), ``Retry-After``, ``RateLimit-Policy``/``RateLimit`` and the RFC 9457 problem
+body. The middleware also turns :class:`~applimit.RateLimited`, raised by a function
+decorated with ``rate_limited`` inside a view, into that answer instead of a 500 page.
+
+``identify(request)`` gets Django's ``HttpRequest``, so behind ``AuthenticationMiddleware``
+it can read ``request.user``; it runs at most once per request. One ``Limiter`` is built
+from the settings on first use and shared by the process (it is safe across threads).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.conf import settings  # type: ignore[import-untyped]  # Django ships no types
+from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
+from django.core.signals import setting_changed  # type: ignore[import-untyped]
+from django.http import HttpResponse  # type: ignore[import-untyped]
+from django.utils.module_loading import import_string  # type: ignore[import-untyped]
+
+from ._decorator import RateLimited
+from ._sync import Limiter
+from ._views import check_request, hit_limit, known_limit, merge_headers, rate_limited_outcome
+from ._web import (
+    QUOTA_EXCEEDED,
+    Caller,
+    Gate,
+    Outcome,
+    Refusal,
+    RequestInfo,
+    TrustedProxies,
+)
+
+__all__ = ["Caller", "RateLimitMiddleware", "get_limiter", "rate_limit", "request_info"]
+
+SETTING = "APPLIMIT"
+V = TypeVar("V", bound=Callable[..., Any])
+
+DjangoIdentify = Callable[[Any], "Caller | None"]
+Cost = int | Callable[[Any], int]
+
+# What APPLIMIT may hold, each with what it means; an unknown key is a typo to report.
+_OPTIONS = {
+    "policy": "path of the policy file (required)",
+    "redis_url": "the Redis URL; overrides the policy's app.redis_url",
+    "identify": "dotted path of identify(request) -> Caller | None, or the function",
+    "check_requests": "check every request against the limits whose match: applies",
+    "trusted_proxies": "addresses and CIDR networks of your proxies",
+    "behind_cloudflare": "read CF-Connecting-IP from trusted peers",
+    "legacy_headers": "also send X-RateLimit-Limit, -Remaining, -Reset",
+    "problem_type": "the type URI of the 429 problem body",
+}
+_CALLER = "_applimit_caller"
+_REFUSAL = "_applimit_refusal"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The settings, resolved once: the shared limiter, the gate and ``identify``."""
+
+    limiter: Limiter
+    gate: Gate
+    identify: DjangoIdentify | None
+    check_requests: bool
+
+
+_config: Config | None = None
+_lock = threading.Lock()
+
+
+def _setting_error(problem: str) -> ImproperlyConfigured:
+    return ImproperlyConfigured(f"settings.{SETTING}: {problem}")
+
+
+def _flag(options: Mapping[str, object], name: str, default: bool) -> bool:
+    value = options.get(name, default)
+    if not isinstance(value, bool):
+        raise _setting_error(f"{name!r} must be True or False, not {value!r}")
+    return value
+
+
+def _identify(value: object) -> DjangoIdentify | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = import_string(value)
+        except ImportError as error:
+            raise _setting_error(
+                f"'identify' names {value!r}, which cannot be imported ({error}); give the "
+                "dotted path of a function such as 'yourproject.ratelimit.identify'"
+            ) from error
+    if not callable(value):
+        raise _setting_error(f"'identify' must be a function or its dotted path, not {value!r}")
+    return value
+
+
+def load_config(options: object) -> Config:
+    """Build the shared state from the ``APPLIMIT`` setting; ImproperlyConfigured names
+    the option at fault and says how to write it."""
+    if not isinstance(options, Mapping):
+        raise _setting_error(
+            f"must be a dict such as {{'policy': 'policy.yaml'}}, not {type(options).__name__}"
+        )
+    unknown = sorted(str(k) for k in options if k not in _OPTIONS)
+    if unknown:
+        known = "; ".join(f"{k!r}: {v}" for k, v in _OPTIONS.items())
+        raise _setting_error(f"unknown option(s) {', '.join(map(repr, unknown))}; known: {known}")
+    policy = options.get("policy")
+    if not isinstance(policy, (str, os.PathLike)):
+        raise _setting_error("'policy' is required: the path of the rate-limit policy file")
+    redis_url = options.get("redis_url")
+    if redis_url is not None and not isinstance(redis_url, str):
+        raise _setting_error("'redis_url' must be a str such as 'redis://host:6379/0'")
+    proxies = options.get("trusted_proxies", ())
+    if isinstance(proxies, str) or not isinstance(proxies, Iterable):
+        raise _setting_error("'trusted_proxies' must be a list such as ['10.0.0.0/8']")
+    problem_type = options.get("problem_type", QUOTA_EXCEEDED)
+    if not isinstance(problem_type, str):
+        raise _setting_error("'problem_type' must be a URI string")
+    try:
+        gate_proxies = TrustedProxies(
+            [str(p) for p in proxies],
+            behind_cloudflare=_flag(options, "behind_cloudflare", False),
+        )
+    except ValueError as error:
+        raise _setting_error(f"'trusted_proxies': {error}") from error
+    identify = _identify(options.get("identify"))
+    check_requests = _flag(options, "check_requests", True)
+    legacy_headers = _flag(options, "legacy_headers", False)
+    limiter = (
+        Limiter.from_policy(policy, redis_url=redis_url)
+        if redis_url
+        else Limiter.from_policy(policy)
+    )
+    gate = Gate(
+        tiers=limiter.tiers,
+        proxies=gate_proxies,
+        legacy_headers=legacy_headers,
+        problem_type=problem_type,
+    )
+    return Config(limiter=limiter, gate=gate, identify=identify, check_requests=check_requests)
+
+
+def configured() -> Config:
+    """The shared state, built from the settings on first use."""
+    global _config
+    config = _config
+    if config is None:
+        with _lock:
+            if _config is None:
+                _config = load_config(getattr(settings, SETTING, None))
+            config = _config
+    return config
+
+
+def get_limiter() -> Limiter:
+    """The ``Limiter`` the settings configure, for ``rate_limited`` functions and ``hit``."""
+    return configured().limiter
+
+
+def _forget(*, setting: str, **_: object) -> None:
+    """A changed ``APPLIMIT`` (``override_settings`` in tests) takes effect on next use."""
+    global _config
+    if setting != SETTING:
+        return
+    with _lock:
+        old, _config = _config, None
+    if old is not None:
+        old.limiter.close()
+
+
+setting_changed.connect(_forget)
+
+
+# --- requests and responses ----------------------------------------------------------------
+
+
+def request_info(request: Any) -> RequestInfo:
+    """The framework-free view of a Django request.
+
+    ``path`` is Django's own ``request.path`` (already decoded as UTF-8, which is what the
+    URL resolver matches); everything else is read from ``request.META`` as the WSGI
+    middleware reads its environ.
+    """
+    info = RequestInfo.from_wsgi(request.META)
+    return dataclasses.replace(info, path=request.path or "/")
+
+
+def _caller(config: Config, request: Any) -> Caller | None:
+    if not hasattr(request, _CALLER):
+        caller = config.identify(request) if config.identify is not None else None
+        if caller is not None and not isinstance(caller, Caller):
+            raise TypeError(
+                f"identify() returned {type(caller).__name__}; return applimit.Caller(user, "
+                "tier) for a known caller or None for an anonymous one"
+            )
+        setattr(request, _CALLER, caller)
+    found: Caller | None = getattr(request, _CALLER)
+    return found
+
+
+def refusal_response(refusal: Refusal) -> Any:
+    """A :class:`~applimit._web.Refusal` as a Django ``HttpResponse``."""
+    response = HttpResponse(refusal.body, status=refusal.status)
+    for key, value in refusal.headers:
+        response.headers[key] = value
+    setattr(response, _REFUSAL, True)
+    return response
+
+
+def _add_headers(response: Any, outcome: Outcome) -> Any:
+    # A refusal carries its own, complete headers: items of a limit that allowed the
+    # request would put a t later than Retry-After into its RateLimit field.
+    if outcome.headers and not getattr(response, _REFUSAL, False):
+        merge_headers(response.headers, outcome.headers)
+    return response
+
+
+class RateLimitMiddleware:
+    """A Django middleware: the policy's limits on every request, and 429s for
+    ``RateLimited`` raised in views. Configured by ``settings.APPLIMIT``; a setting that is
+    wrong fails when Django loads its middleware (start-up under gunicorn)."""
+
+    sync_capable = True
+    async_capable = False
+
+    def __init__(self, get_response: Callable[[Any], Any]) -> None:
+        """Keep the next handler and read the settings now, so that mistakes show early."""
+        self.get_response = get_response
+        configured()
+
+    def __call__(self, request: Any) -> Any:
+        """Check the request; answer the refusal, or add the headers to the response."""
+        config = configured()
+        if not config.check_requests:
+            return self.get_response(request)
+        info = request_info(request)
+        _, outcome = check_request(config.limiter, config.gate, info, _caller(config, request))
+        if outcome.refusal is not None:
+            return refusal_response(outcome.refusal)
+        return _add_headers(self.get_response(request), outcome)
+
+    def process_exception(self, request: Any, exception: Exception) -> Any:
+        """A view's ``RateLimited`` becomes the limiter's refusal; anything else is not ours."""
+        if not isinstance(exception, RateLimited):
+            return None
+        refusal = rate_limited_outcome(configured().gate, exception).refusal
+        return refusal_response(refusal) if refusal is not None else None
+
+
+def _hit(name: str, cost: Cost, request: Any) -> Outcome:
+    config = configured()
+    units = cost(request) if callable(cost) else cost
+    _, outcome = hit_limit(
+        config.limiter,
+        config.gate,
+        name,
+        request_info(request),
+        caller=_caller(config, request),
+        cost=units,
+    )
+    return outcome
+
+
+def rate_limit(name: str, *, cost: Cost = 1) -> Callable[[V], V]:
+    """Decorate a function view so that each request to it hits the policy's limit ``name``.
+
+    The limit is hit whatever its ``match:`` says, by the caller the configured
+    ``identify`` returns (an anonymous caller by client IP). ``cost`` is how many units a
+    request uses, or a callable that computes them from the request. A refusal is answered
+    here, so the view does not run; an allowed response gets the rate-limit headers. An
+    unknown name fails when the view is defined. Class-based views take it through
+    ``django.utils.decorators.method_decorator``. Do not also let the middleware count the
+    same limit (its ``match:`` covering this view): both would consume.
+    """
+    known_limit(configured().limiter, name)
+    if not callable(cost) and (not isinstance(cost, int) or cost < 1):
+        raise ValueError(f"cost must be a positive int or a callable, not {cost!r}")
+
+    def decorate(view: V) -> V:
+        if inspect.iscoroutinefunction(view):
+
+            @functools.wraps(view)
+            async def async_view(request: Any, *args: Any, **kwargs: Any) -> Any:
+                # The limiter blocks on Redis: run it off the event loop.
+                outcome = await sync_to_async(_hit)(name, cost, request)
+                if outcome.refusal is not None:
+                    return refusal_response(outcome.refusal)
+                return _add_headers(await view(request, *args, **kwargs), outcome)
+
+            return async_view  # type: ignore[return-value]  # same signature as the view
+
+        @functools.wraps(view)
+        def limited_view(request: Any, *args: Any, **kwargs: Any) -> Any:
+            outcome = _hit(name, cost, request)
+            if outcome.refusal is not None:
+                return refusal_response(outcome.refusal)
+            return _add_headers(view(request, *args, **kwargs), outcome)
+
+        return limited_view  # type: ignore[return-value]  # same signature as the view
+
+    return decorate
