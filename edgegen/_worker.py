@@ -20,7 +20,7 @@ from typing import Any
 
 import jinja2
 
-from policy import Limit, Policy, Rate, Worker
+from policy import QUOTA_EXCEEDED, Limit, Policy, Rate, Worker, header_key
 
 from . import _ids
 from ._artifacts import WorkerArtifact
@@ -58,34 +58,37 @@ def script_json(value: object) -> str:
 def problem(limit: Limit, retry_after: int, rate: Rate | None = None) -> dict[str, Any]:
     """The RFC 9457 body of a 429 for a limit (the rules' custom response uses it too).
 
-    ``rate`` is the rate that refused (default: the limit's edge rate; the credentialed
-    counter passes its own).
+    The same problem type and members as the app's refusal (applimit's ``Gate``), so a
+    client handles a refusal the same way whichever layer sent it: ``limit``, the limit's
+    name; ``violated-policies``, the names of the refused ``RateLimit-Policy`` items (one
+    here: an edge limit has one rate per counter); ``retry-after``, the seconds also sent
+    in ``Retry-After``. ``rate`` is the rate that refused (default: the limit's edge rate;
+    the credentialed counter passes its own).
     """
     assert limit.edge is not None
     rate = rate or limit.edge.rate
+    seconds = "second" if retry_after == 1 else "seconds"
     return {
-        "type": "about:blank",
+        "type": QUOTA_EXCEEDED,
         "title": "Too Many Requests",
         "status": 429,
-        "detail": f"Rate limit exceeded: at most {rate.limit} requests in "
-        f"{rate.period.seconds:g} seconds from one client. Retry after {retry_after} seconds.",
+        "detail": f"Rate limit {limit.name!r} allows {rate.limit} requests per "
+        f"{rate.period} from one client IP; retry in {retry_after} {seconds}.",
         "limit": limit.name,
+        "violated-policies": [limit.name],
+        "retry-after": retry_after,
     }
 
 
 def policy_header(limit: Limit, period: int, rate: Rate | None = None) -> str:
-    """The ``RateLimit-Policy`` value: ``"name";q=100;w=60`` (an RFC 8941 string item).
+    """The ``RateLimit-Policy`` value: ``"name";q=100;w=60``.
 
-    A structured-field string holds printable ASCII only; a name with anything else is
-    written as its stable slug-and-hash id instead.
+    The name is written as ``policy.header_key`` writes it, the same key the app sends for
+    the same limit (a non-ASCII name is percent-encoded, not replaced).
     """
     assert limit.edge is not None
     rate = rate or limit.edge.rate
-    name = limit.name
-    if not all(0x20 <= ord(c) <= 0x7E for c in name):
-        name = f"{_ids.slug(name)}-{_ids.short_hash(name)}"
-    quoted = name.replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{quoted}";q={rate.limit};w={period}'
+    return f"{header_key(limit.name)};q={rate.limit};w={period}"
 
 
 def credentialed_binding_name(name: str) -> str:

@@ -13,6 +13,8 @@ Public surface::
     Rate, Duration, Algorithm, Action, CloudflarePlan, ...   the shared vocabulary
     Matcher, request_paths, canonical_path   request matching, the same at edge and app
     ip_bucket                                the key a client address is counted under
+    header_key, QUOTA_EXCEEDED               a limit's RateLimit header key, the 429's
+                                             problem type: the same at edge and app
     credentialed_rate                        an edge limit's rate for credentialed requests
 
 ``checks`` are checks a consumer contributes (edgegen passes its Cloudflare placement
@@ -26,6 +28,7 @@ from typing import Any
 from ._check import Checked, check
 from ._edge import CREDENTIALED_FACTOR, credentialed_rate
 from ._errors import Diagnostic, Layer, PolicyError, PolicyLoadError, Severity
+from ._http import QUOTA_EXCEEDED, header_key
 from ._lint import Check, allowance, diagnostic_at, lint, sliding_log_bytes
 from ._loader import Position, SourceMap, format_path, load, loads
 from ._match import (
@@ -82,6 +85,7 @@ def json_schema() -> dict[str, Any]:
 __all__ = [
     "CREDENTIALED_FACTOR",
     "DEFAULT_IPV6_PREFIX",
+    "QUOTA_EXCEEDED",
     "Action",
     "Algorithm",
     "App",
@@ -124,6 +128,7 @@ __all__ = [
     "diagnostics_markdown",
     "encode_policy_path",
     "format_path",
+    "header_key",
     "ip_bucket",
     "json_schema",
     "lint",

@@ -116,9 +116,21 @@ def assert_too_many(response: dict[str, Any], name: str, limit: int, period: int
     assert headers["ratelimit-policy"].endswith(f";q={limit};w={period}")
     assert "x-origin" not in headers
     body = json.loads(response["body"])
-    assert set(body) == {"type", "title", "status", "detail", "limit"}
+    # The members and the problem type of the app's refusal (applimit's Gate).
+    assert set(body) == {
+        "type",
+        "title",
+        "status",
+        "detail",
+        "limit",
+        "violated-policies",
+        "retry-after",
+    }
+    assert body["type"] == policy.QUOTA_EXCEEDED
     assert body["status"] == 429 and body["title"] == "Too Many Requests"
     assert body["limit"] == name
+    assert body["violated-policies"] == [name]
+    assert body["retry-after"] == period
 
 
 def test_over_limit_unauthenticated_requests_get_429(tmp_path: Path) -> None:
@@ -233,6 +245,8 @@ def test_golden_workers_run(plan: str, tmp_path: Path) -> None:
     responses = run(job_for(tmp_path, artifacts.worker, sent))
     assert [r["status"] for r in responses] == [200] * 10 + [429]
     assert json.loads(responses[-1]["body"])["limit"] == HOSTILE
+    key = responses[-1]["headers"]["ratelimit-policy"].rsplit(";q=", 1)[0]
+    assert key == policy.header_key(HOSTILE)
 
 
 def _dry_run(directory: Path) -> subprocess.CompletedProcess[str]:
@@ -584,7 +598,7 @@ def test_fake_credentials_are_held_to_the_credentialed_rate(tmp_path: Path) -> N
     assert statuses == [200] * 30 + [429] + [200] * 3 + [429]
     assert_too_many(responses[30], "api", 30, 60)
     assert responses[30]["headers"]["ratelimit-policy"] == '"api";q=30;w=60'
-    assert "30 requests in 60 seconds" in json.loads(responses[30]["body"])["detail"]
+    assert "allows 30 requests per 1m" in json.loads(responses[30]["body"])["detail"]
     assert_too_many(responses[-1], "api", 3, 60)
 
 
@@ -825,3 +839,34 @@ def test_head_counts_against_a_get_limit(tmp_path: Path) -> None:
     sent.append(request("/api/x", method="POST"))
     responses = run(job_for(tmp_path, worker, sent))
     assert [r["status"] for r in responses] == [200, 200, 429, 200]
+
+
+NAMED_POLICY = """\
+version: 1
+cloudflare:
+  plan: free
+  worker: { name: names-test, routes: ["api.example.com/*"] }
+limits:
+  - name: "café ☕ 100%"
+    match: { path_prefix: /api/ }
+    edge: { rate: 1/1m }
+  - name: "caf%C3%A9 ☕ 100%25"
+    match: { path_prefix: /other/ }
+    edge: { rate: 1/1m }
+"""
+
+
+def test_a_non_ascii_name_is_keyed_as_the_app_keys_it(tmp_path: Path) -> None:
+    """RateLimit-Policy names a limit by policy.header_key, the key the app sends: the
+    name percent-encoded as UTF-8, '%' included, so a limit literally named like another's
+    encoding still gets a key of its own; the problem body carries the name itself."""
+    worker = build_worker(tmp_path, NAMED_POLICY)
+    sent = [request("/api/x"), request("/api/x"), request("/other/x"), request("/other/x")]
+    responses = run(job_for(tmp_path, worker, sent))
+    assert [r["status"] for r in responses] == [200, 429, 200, 429]
+    first, second = responses[1], responses[3]
+    assert_too_many(first, "café ☕ 100%", 1, 60)
+    assert_too_many(second, "caf%C3%A9 ☕ 100%25", 1, 60)
+    assert first["headers"]["ratelimit-policy"] == '"caf%C3%A9 %E2%98%95 100%25";q=1;w=60'
+    assert second["headers"]["ratelimit-policy"] == ('"caf%25C3%25A9 %E2%98%95 100%2525";q=1;w=60')
+    assert first["headers"]["ratelimit-policy"] == f"{policy.header_key('café ☕ 100%')};q=1;w=60"

@@ -44,7 +44,7 @@ resource "cloudflare_ruleset" "edgegen_http_ratelimit" {
         response = {
           status_code  = 429
           content_type = "application/json"
-          content      = "{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Rate limit exceeded: at most 5 requests in 10 seconds from one client. Retry after 10 seconds.\",\"limit\":\"login\"}"
+          content      = "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Rate limit 'login' allows 5 requests per 10s from one client IP; retry in 10 seconds.\",\"limit\":\"login\",\"violated-policies\":[\"login\"],\"retry-after\":10}"
         }
       }
       ratelimit         = {
@@ -64,7 +64,7 @@ resource "cloudflare_ruleset" "edgegen_http_ratelimit" {
         response = {
           status_code  = 429
           content_type = "application/json"
-          content      = "{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Rate limit exceeded: at most 100 requests in 10 seconds from one client. Retry after 10 seconds.\",\"limit\":\"hooks\"}"
+          content      = "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Rate limit 'hooks' allows 100 requests per 10s from one client IP; retry in 10 seconds.\",\"limit\":\"hooks\",\"violated-policies\":[\"hooks\"],\"retry-after\":10}"
         }
       }
       ratelimit         = {
@@ -84,7 +84,7 @@ resource "cloudflare_ruleset" "edgegen_http_ratelimit" {
         response = {
           status_code  = 429
           content_type = "application/json"
-          content      = "{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Rate limit exceeded: at most 10 requests in 10 seconds from one client. Retry after 10 seconds.\",\"limit\":\"evil \\\"quote\\\" \\\\back $${x} %%{y} `tick` </script> \\u00fcn\\u00ef\\u2028end\"}"
+          content      = "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Rate limit 'evil \\\"quote\\\" \\\\\\\\back $${x} %%{y} `tick` </script> \\u00fcn\\u00ef\\\\u2028end' allows 10 requests per 10s from one client IP; retry in 10 seconds.\",\"limit\":\"evil \\\"quote\\\" \\\\back $${x} %%{y} `tick` </script> \\u00fcn\\u00ef\\u2028end\",\"violated-policies\":[\"evil \\\"quote\\\" \\\\back $${x} %%{y} `tick` </script> \\u00fcn\\u00ef\\u2028end\"],\"retry-after\":10}"
         }
       }
       ratelimit         = {
@@ -104,7 +104,7 @@ resource "cloudflare_ruleset" "edgegen_http_ratelimit" {
         response = {
           status_code  = 429
           content_type = "application/json"
-          content      = "{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Rate limit exceeded: at most 20 requests in 60 seconds from one client. Retry after 60 seconds.\",\"limit\":\"feed\"}"
+          content      = "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Rate limit 'feed' allows 20 requests per 1m from one client IP; retry in 60 seconds.\",\"limit\":\"feed\",\"violated-policies\":[\"feed\"],\"retry-after\":60}"
         }
       }
       ratelimit         = {

@@ -32,11 +32,15 @@ const CONFIG = {
       "period": 60,
       "policy": "\"api\";q=100;w=60",
       "problem": {
-        "type": "about:blank",
+        "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
         "title": "Too Many Requests",
         "status": 429,
-        "detail": "Rate limit exceeded: at most 100 requests in 60 seconds from one client. Retry after 60 seconds.",
-        "limit": "api"
+        "detail": "Rate limit 'api' allows 100 requests per 1m from one client IP; retry in 60 seconds.",
+        "limit": "api",
+        "violated-policies": [
+          "api"
+        ],
+        "retry-after": 60
       },
       "withCredential": {
         "name": "api",
@@ -45,11 +49,15 @@ const CONFIG = {
         "period": 60,
         "policy": "\"api\";q=1000;w=60",
         "problem": {
-          "type": "about:blank",
+          "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
           "title": "Too Many Requests",
           "status": 429,
-          "detail": "Rate limit exceeded: at most 1000 requests in 60 seconds from one client. Retry after 60 seconds.",
-          "limit": "api"
+          "detail": "Rate limit 'api' allows 1000 requests per 1m from one client IP; retry in 60 seconds.",
+          "limit": "api",
+          "violated-policies": [
+            "api"
+          ],
+          "retry-after": 60
         }
       }
     }

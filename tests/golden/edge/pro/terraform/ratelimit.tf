@@ -44,7 +44,7 @@ resource "cloudflare_ruleset" "edgegen_http_ratelimit" {
         response = {
           status_code  = 429
           content_type = "application/json"
-          content      = "{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Rate limit exceeded: at most 100 requests in 10 seconds from one client. Retry after 10 seconds.\",\"limit\":\"hooks\"}"
+          content      = "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Rate limit 'hooks' allows 100 requests per 10s from one client IP; retry in 10 seconds.\",\"limit\":\"hooks\",\"violated-policies\":[\"hooks\"],\"retry-after\":10}"
         }
       }
       ratelimit         = {

@@ -34,11 +34,15 @@ const CONFIG = {
       "period": 10,
       "policy": "\"login\";q=5;w=10",
       "problem": {
-        "type": "about:blank",
+        "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
         "title": "Too Many Requests",
         "status": 429,
-        "detail": "Rate limit exceeded: at most 5 requests in 10 seconds from one client. Retry after 10 seconds.",
-        "limit": "login"
+        "detail": "Rate limit 'login' allows 5 requests per 10s from one client IP; retry in 10 seconds.",
+        "limit": "login",
+        "violated-policies": [
+          "login"
+        ],
+        "retry-after": 10
       },
       "withCredential": null
     },
@@ -57,11 +61,15 @@ const CONFIG = {
       "period": 60,
       "policy": "\"api\";q=100;w=60",
       "problem": {
-        "type": "about:blank",
+        "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
         "title": "Too Many Requests",
         "status": 429,
-        "detail": "Rate limit exceeded: at most 100 requests in 60 seconds from one client. Retry after 60 seconds.",
-        "limit": "api"
+        "detail": "Rate limit 'api' allows 100 requests per 1m from one client IP; retry in 60 seconds.",
+        "limit": "api",
+        "violated-policies": [
+          "api"
+        ],
+        "retry-after": 60
       },
       "withCredential": {
         "name": "api",
@@ -70,11 +78,15 @@ const CONFIG = {
         "period": 60,
         "policy": "\"api\";q=1000;w=60",
         "problem": {
-          "type": "about:blank",
+          "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
           "title": "Too Many Requests",
           "status": 429,
-          "detail": "Rate limit exceeded: at most 1000 requests in 60 seconds from one client. Retry after 60 seconds.",
-          "limit": "api"
+          "detail": "Rate limit 'api' allows 1000 requests per 1m from one client IP; retry in 60 seconds.",
+          "limit": "api",
+          "violated-policies": [
+            "api"
+          ],
+          "retry-after": 60
         }
       }
     },
@@ -92,13 +104,17 @@ const CONFIG = {
       "unauthenticatedOnly": false,
       "limit": 10,
       "period": 10,
-      "policy": "\"evil-quote-back-x-y-tick-script-uniend-de9ba469\";q=10;w=10",
+      "policy": "\"evil \\\"quote\\\" \\\\back ${x} %25{y} `tick` \u003c/script\u003e %C3%BCn%C3%AF%E2%80%A8end\";q=10;w=10",
       "problem": {
-        "type": "about:blank",
+        "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
         "title": "Too Many Requests",
         "status": 429,
-        "detail": "Rate limit exceeded: at most 10 requests in 10 seconds from one client. Retry after 10 seconds.",
-        "limit": "evil \"quote\" \\back ${x} %{y} `tick` \u003c/script\u003e \u00fcn\u00ef\u2028end"
+        "detail": "Rate limit 'evil \"quote\" \\\\back ${x} %{y} `tick` \u003c/script\u003e \u00fcn\u00ef\\u2028end' allows 10 requests per 10s from one client IP; retry in 10 seconds.",
+        "limit": "evil \"quote\" \\back ${x} %{y} `tick` \u003c/script\u003e \u00fcn\u00ef\u2028end",
+        "violated-policies": [
+          "evil \"quote\" \\back ${x} %{y} `tick` \u003c/script\u003e \u00fcn\u00ef\u2028end"
+        ],
+        "retry-after": 10
       },
       "withCredential": null
     },
@@ -119,11 +135,15 @@ const CONFIG = {
       "period": 60,
       "policy": "\"feed\";q=20;w=60",
       "problem": {
-        "type": "about:blank",
+        "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
         "title": "Too Many Requests",
         "status": 429,
-        "detail": "Rate limit exceeded: at most 20 requests in 60 seconds from one client. Retry after 60 seconds.",
-        "limit": "feed"
+        "detail": "Rate limit 'feed' allows 20 requests per 1m from one client IP; retry in 60 seconds.",
+        "limit": "feed",
+        "violated-policies": [
+          "feed"
+        ],
+        "retry-after": 60
       },
       "withCredential": null
     }
