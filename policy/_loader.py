@@ -28,6 +28,8 @@ MAX_NODES = 100_000
 MAX_DEPTH = 32
 _ENV_RE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{([^}]*)\}?")
 
+_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+
 FieldPath = tuple[str | int, ...]
 
 
@@ -127,6 +129,14 @@ class _Builder:
         if isinstance(node, yaml.SequenceNode):
             return [self.build(item, (*path, i)) for i, item in enumerate(node.value)]
         assert isinstance(node, yaml.ScalarNode)
+        return self.scalar(node, path)
+
+    def scalar(self, node: yaml.ScalarNode, path: FieldPath) -> Any:
+        """A scalar's value, with ``${VAR}`` expanded in text."""
+        if node.tag == _TIMESTAMP_TAG:
+            # YAML 1.1 reads 2025-01-01 as a date; the policy has no date fields, only text
+            # (compatibility_date), and editors reading YAML 1.2 see text too.
+            return node.value
         value = self.constructor.construct_object(node)
         if isinstance(value, str) and "$" in value:
             return self.expand(node, path, value)

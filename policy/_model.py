@@ -21,9 +21,11 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import DEFAULT_REF_TEMPLATE, GenerateJsonSchema, JsonSchemaMode
 
 from ._match import Matcher, canonical_path, decode_path
 from ._net import DEFAULT_IPV6_PREFIX, MAX_IPV6_PREFIX, MIN_IPV6_PREFIX
+from ._schema import LoaderJsonSchema
 from ._vocab import (
     HTTP_METHODS,
     Action,
@@ -33,7 +35,6 @@ from ._vocab import (
     Duration,
     EdgeKey,
     EdgeTarget,
-    KeyName,
     Mode,
     OnRedisError,
     Rate,
@@ -74,25 +75,24 @@ def _as_rates(value: object) -> object:
     return (Rate.parse(value),)
 
 
-_RATE_SCHEMA: dict[str, Any] = {
-    "type": "string",
-    "pattern": r"^\d+/\d*(ms|s|m|h|d)$",
-    "description": "Requests per period, e.g. 100/1m or 5/10s",
-}
+_RATE_SCHEMA = {key: value for key, value in Rate.JSON_SCHEMA.items() if key != "examples"}
 
 Rates = Annotated[
     tuple[Rate, ...],
     BeforeValidator(_as_rates),
     WithJsonSchema(
         {
-            "oneOf": [
+            "anyOf": [
                 _RATE_SCHEMA,
                 {"type": "array", "items": _RATE_SCHEMA, "minItems": 1},
             ]
         }
     ),
 ]
-StrList = Annotated[tuple[str, ...], BeforeValidator(_as_tuple)]
+# The schema describes what the file may say (one name, or a list), not the tuple held.
+StrList = Annotated[
+    tuple[str, ...], BeforeValidator(_as_tuple, json_schema_input_type=str | list[str])
+]
 
 
 def _check_path(path: str, what: str) -> str:
@@ -204,12 +204,7 @@ class EdgeLimit(_Model):
 class AppLimit(_Model):
     """A per-user (or per-IP), per-tier limit enforced in the app through Redis."""
 
-    per: AppKey | KeyName = Field(
-        default=AppKey.USER,
-        union_mode="left_to_right",
-        description="Count per user, per client IP, or per a key the app's identify returns "
-        "(e.g. org). Callers without that key are counted by client IP.",
-    )
+    per: AppKey = Field(default=AppKey.USER, description="Count per user or per client IP.")
     algorithm: Algorithm = Field(
         default=Algorithm.SLIDING_WINDOW,
         description="sliding_log (exact log), sliding_window (two counters), gcra (smooth).",
@@ -524,6 +519,34 @@ class Policy(_Model):
 
     # Where each value came from in the file; set by the loader, used by lint for locations.
     _source: Any = PrivateAttr(default=None)
+
+    @classmethod
+    def model_json_schema(
+        cls,
+        by_alias: bool | None = None,
+        ref_template: str = DEFAULT_REF_TEMPLATE,
+        schema_generator: type[GenerateJsonSchema] = LoaderJsonSchema,
+        mode: JsonSchemaMode = "validation",
+        *,
+        union_format: Literal["any_of", "primitive_type_array"] = "any_of",
+    ) -> dict[str, Any]:
+        """The JSON Schema of what the loader accepts (``policy._schema``), not of the
+        values the model holds: editors check files, and files say more than that."""
+        return super().model_json_schema(
+            by_alias=by_alias,
+            ref_template=ref_template,
+            schema_generator=schema_generator,
+            mode=mode,
+            union_format=union_format,
+        )
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version(cls, value: object) -> object:
+        # pydantic would read true as 1; a version is a number.
+        if isinstance(value, bool):
+            raise ValueError(f"{str(value).lower()} is not a version; write version: 1")
+        return value
 
     @field_validator("tiers")
     @classmethod
