@@ -35,6 +35,7 @@ from ._vocab import (
     Duration,
     EdgeKey,
     EdgeTarget,
+    KeyName,
     Mode,
     OnRedisError,
     Rate,
@@ -204,7 +205,12 @@ class EdgeLimit(_Model):
 class AppLimit(_Model):
     """A per-user (or per-IP), per-tier limit enforced in the app through Redis."""
 
-    per: AppKey = Field(default=AppKey.USER, description="Count per user or per client IP.")
+    per: AppKey | KeyName = Field(
+        default=AppKey.USER,
+        union_mode="left_to_right",
+        description="Count per user, per client IP, or per a key the app's identify returns "
+        "(e.g. org). Callers without that key are counted by client IP.",
+    )
     algorithm: Algorithm = Field(
         default=Algorithm.SLIDING_WINDOW,
         description="sliding_log (exact log), sliding_window (two counters), gcra (smooth).",

@@ -235,10 +235,51 @@ class EdgeKey(StrEnum):
 
 
 class AppKey(StrEnum):
-    """What an app limit counts by: the authenticated user, or the client IP."""
+    """What an app limit counts by: the authenticated user, or the client IP.
+
+    These are the built-in keys; ``per:`` may also name a key of the app's own
+    (:class:`KeyName`), such as an organisation or an API key, that ``identify`` returns.
+    """
 
     USER = "user"
     IP = "ip"
+
+
+# A key name of the app's own: a lower-case identifier, short enough to keep Redis keys short.
+KEY_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+
+
+class KeyName(str):
+    """A key of the app's own that an app limit counts by (``per: org``).
+
+    The loader takes any string here, so that the lint pass (L005) can say, at the field's
+    line, why a name cannot be used (not a lower-case identifier, or a built-in key spelled
+    in another case). ``value`` reads as it does on :class:`AppKey`, so code that prints
+    ``limit.app.per.value`` works for both.
+    """
+
+    __slots__ = ()
+
+    @property
+    def value(self) -> str:
+        """The name as written in the policy."""
+        return str(self)
+
+    @property
+    def valid(self) -> bool:
+        """Whether the name is a lower-case identifier of at most 32 characters that is not
+        a built-in key (``user``, ``ip``) in another case."""
+        return bool(KEY_NAME_RE.match(self)) and self.lower() not in set(AppKey)
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(
+            cls,
+            core_schema.str_schema(strict=True),
+            serialization=core_schema.plain_serializer_function_ser_schema(str),
+        )
 
 
 class EdgeTarget(StrEnum):
