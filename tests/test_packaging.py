@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -13,18 +15,49 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# A Python warning class in the build's output (SetuptoolsDeprecationWarning,
+# BuildBackendWarning, ...): what setuptools prints, boxed over dozens of lines, when the
+# configuration is ambiguous. pip's own "WARNING:" lines (an index it cannot read) are not.
+_BUILD_WARNING = re.compile(r"\b[A-Z][A-Za-z]*Warning\b")
+
+
+@dataclass(frozen=True)
+class Build:
+    """A wheel built from the source tree, and everything the build printed."""
+
+    wheel: Path
+    output: str
+
+
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Build the project's wheel the way `pip install .` does."""
+def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
+    """Build the project's wheel the way `pip install .` does, keeping the backend's output
+    (``-v``: without it pip hides what setuptools prints)."""
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(ROOT)],
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(out), str(ROOT)],
         check=True,
         capture_output=True,
+        text=True,
         timeout=300,
     )
     [built] = out.glob("*.whl")
-    return built
+    return Build(wheel=built, output=result.stdout + result.stderr)
+
+
+@pytest.fixture(scope="module")
+def wheel(build: Build) -> Path:
+    """The built wheel."""
+    return build.wheel
+
+
+def test_the_build_prints_no_setuptools_warning(build: Build) -> None:
+    """pyproject.toml's package configuration is complete: building (as `pip install .`
+    does) prints no setuptools warning, such as the one about the Lua scripts' directory
+    being importable but not listed in ``packages``."""
+    warnings = [line for line in build.output.splitlines() if _BUILD_WARNING.search(line)]
+    assert warnings == [], "\n".join(warnings)
+    assert "absent from the `packages` configuration" not in build.output
 
 
 def _data_files() -> list[str]:
