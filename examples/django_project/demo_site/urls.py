@@ -13,5 +13,6 @@ urlpatterns = [
     path("login", views.login),
     path("api/v1/exports/<str:name>", views.export),
     path("reports/<str:name>", views.report),
+    path("reports/<str:name>/status", views.report_status),
     path("summary", views.summary),
 ]

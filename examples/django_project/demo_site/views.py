@@ -56,6 +56,13 @@ def report(request: HttpRequest, name: str) -> JsonResponse:
     return JsonResponse({"report": name})
 
 
+@require_GET
+@rate_limit("search")
+async def report_status(request: HttpRequest, name: str) -> JsonResponse:
+    """An async view takes the same decorator (the Redis call runs in a thread)."""
+    return JsonResponse({"report": name, "status": "ready"})
+
+
 # A plain function limited where it is called, whatever view calls it: the middleware
 # answers its RateLimited with the same 429 as every other refusal.
 @rate_limited(

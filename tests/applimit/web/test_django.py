@@ -250,6 +250,20 @@ def test_the_per_view_decorator_limits_only_its_view(client: httpx.Client) -> No
     assert problem(get(client, "/api/search", ALICE), 429)["limit"] == "search"
 
 
+def test_the_decorator_on_an_async_view(client: httpx.Client) -> None:
+    """An async view with @rate_limit("search") (1 unit): counted in the same bucket as the
+    sync report view (5 units), refused once that is spent."""
+    status = get(client, "/reports/q1/status", BOB)
+    assert status.json() == {"report": "q1", "status": "ready"}
+    assert rate_limit_headers(status).limits["search"].r == 9
+    assert rate_limit_headers(get(client, "/reports/q1", BOB)).limits["search"].r == 4
+    problem(get(client, "/reports/q2", BOB), 429)
+    for left in (3, 2, 1, 0):
+        status = get(client, "/reports/q1/status", BOB)
+        assert rate_limit_headers(status).limits["search"].r == left
+    assert problem(get(client, "/reports/q1/status", BOB), 429)["limit"] == "search"
+
+
 def test_identity_and_tier_come_from_identify(client: httpx.Client) -> None:
     """alice (free) and bob (pro) get their tier's quota in separate buckets; anonymous
     callers are counted by IP in the lowest tier."""
