@@ -114,6 +114,8 @@ class AppRule:
     approximate: bool = False
     sync_every: int = 1
     sync_interval: float = 0.0
+    # False: only hit/peek/reset name it; check_request (the middleware) never applies it.
+    middleware: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +188,7 @@ def compile_policy(policy: Policy) -> CompiledPolicy:
                     if app.sync_interval is not None
                     else DEFAULT_SYNC_INTERVAL
                 ),
+                middleware=app.middleware,
             )
         )
     return CompiledPolicy(
@@ -671,7 +674,11 @@ class Core:
         # limits use it.
         tags: dict[str | None, str] = {}
         for rule in self.policy.rules:
-            if resolved not in rule.tiers or not rule.matcher.matches_any(method, forms, host):
+            if (
+                not rule.middleware
+                or resolved not in rule.tiers
+                or not rule.matcher.matches_any(method, forms, host)
+            ):
                 continue
             # None: by address (per: ip, or an anonymous caller of a per-user limit).
             kind = rule.per_key

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-from policy import Policy, load
+from policy import Policy, load, request_paths
 
 from ._approx import ApproxCache
 from ._breaker import Breakers, BreakerState
@@ -156,6 +156,20 @@ class LimiterBase(Generic[WireT]):
     def limits(self) -> tuple[str, ...]:
         """The names of the policy's app limits, in policy order."""
         return tuple(r.name for r in self.compiled.rules)
+
+    def matches(self, method: str, path: str, host: str | None = None) -> bool:
+        """True when some app limit the middleware applies matches this request.
+
+        Local and cheap (no Redis): the middleware asks it before running the app's
+        ``identify``, so a request no limit covers (``/healthz``) never reaches the app's
+        auth. Every tier counts, since the tier is only known after ``identify``; limits
+        with ``middleware: false`` are left out, as :meth:`check_request` leaves them out.
+        """
+        forms = request_paths(path)
+        return any(
+            rule.middleware and rule.matcher.matches_any(method, forms, host)
+            for rule in self.compiled.rules
+        )
 
     @property
     def breaker_state(self) -> BreakerState:

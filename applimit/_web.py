@@ -9,7 +9,10 @@ this module. It does no I/O and imports no web framework:
   their tier; ``None`` means anonymous;
 - :class:`TrustedProxies` turns the direct peer and the forwarding headers into the client IP;
 - :class:`Gate` turns a :class:`~applimit.Decision` into the response headers, and into the
-  refusal (status, headers, RFC 9457 problem body) when the request is denied.
+  refusal (status, headers, RFC 9457 problem body) when the request is denied; it also says
+  what a failing ``identify`` means (``on_identify_error``);
+- :func:`middleware_gate` checks the middleware's options when it is built, so that a bad
+  option stops the app at start-up with a :class:`~applimit.ConfigurationError` naming it.
 
 Headers follow draft-ietf-httpapi-ratelimit-headers (revision 10): ``RateLimit-Policy`` is a
 structured-field List of ``"name";q=<quota>;w=<window seconds>`` items, ``RateLimit`` a List of
@@ -33,7 +36,9 @@ from typing import Any, Literal
 from policy import decode_path, normalize_host
 from policy._vocab import KEY_NAME_RE, AppKey
 
+from ._core import MAX_COST
 from ._decision import Decision, LimitResult
+from ._errors import ConfigurationError, InvalidArgumentError
 from ._keys import KeyedIdentity
 
 logger = logging.getLogger("applimit")
@@ -52,6 +57,11 @@ UNKNOWN_IP = "unknown"
 MAX_WARNED_TIERS = 64
 # Key names Caller.keys may not use: the built-in keys, which are Caller.user and the address.
 _BUILT_IN = frozenset(AppKey)
+# What a failing identify() means (Gate's on_identify_error): "raise" propagates the app's
+# exception (a 500, as before this option existed), "anonymous" counts the caller by IP in
+# the lowest tier, "refuse" answers 503 (the app's auth, not the client, is at fault).
+OnIdentifyError = Literal["raise", "anonymous", "refuse"]
+ON_IDENTIFY_ERROR: tuple[OnIdentifyError, ...] = ("raise", "anonymous", "refuse")
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -505,14 +515,21 @@ class Gate:
         proxies: TrustedProxies | None = None,
         legacy_headers: bool = False,
         problem_type: str = QUOTA_EXCEEDED,
+        on_identify_error: OnIdentifyError = "raise",
     ) -> None:
         """Configure the gate; ``tiers`` must not be empty."""
         if not tiers:
             raise ValueError("the policy lists no tiers; the gate needs at least one")
+        if on_identify_error not in ON_IDENTIFY_ERROR:
+            choices = ", ".join(repr(c) for c in ON_IDENTIFY_ERROR)
+            raise ConfigurationError(
+                f"on_identify_error is {on_identify_error!r}; use one of {choices}."
+            )
         self.tiers = tuple(tiers)
         self.proxies = proxies or TrustedProxies()
         self.legacy_headers = legacy_headers
         self.problem_type = problem_type
+        self.on_identify_error: OnIdentifyError = on_identify_error
         # Tier names come from identify(), which may pass on what a client sent: remember a
         # bounded number of them, so a stream of invented tiers cannot grow memory.
         self._warned_tiers: set[str] = set()
@@ -553,6 +570,37 @@ class Gate:
         # that passes the identity on to check_request or hit counts per: <key> limits.
         identity = KeyedIdentity(caller.user, caller.keys) if caller.keys else caller.user
         return Subject(identity=identity, tier=tier, ip=ip, keys=caller.keys)
+
+    def identify_failed(self, request: RequestInfo, error: Exception) -> Outcome | None:
+        """What ``on_identify_error`` makes of an exception raised by ``identify``.
+
+        ``"raise"`` re-raises it (the caller of this method is inside ``except``);
+        ``"anonymous"`` logs it and returns None: count the caller as anonymous, by IP;
+        ``"refuse"`` logs it and returns a 503 refusal without consuming any quota.
+        """
+        if self.on_identify_error == "raise":
+            raise error
+        logger.error(
+            "identify() raised on %s %s; on_identify_error=%r %s",
+            request.method,
+            request.raw_path,
+            self.on_identify_error,
+            "counts the caller as anonymous"
+            if self.on_identify_error == "anonymous"
+            else "refuses the request with 503",
+            exc_info=error,
+        )
+        if self.on_identify_error == "anonymous":
+            return None
+        body = problem_body(
+            type_=TEMPORARY_REDUCED_CAPACITY,
+            title="Service Unavailable",
+            status=503,
+            detail="The service cannot tell who is calling right now; retry later.",
+            extra={},
+        )
+        headers = (("Content-Type", PROBLEM_JSON), ("Content-Length", str(len(body))))
+        return Outcome(refusal=Refusal(status=503, headers=headers, body=body))
 
     # -- headers ----------------------------------------------------------------------------
 
@@ -622,7 +670,7 @@ class Gate:
             status=429,
             detail=(
                 f"Rate limit {worst.limit!r} allows {worst.quota} requests per "
-                f"{_period_text(worst.window)} for the {tier} tier; retry in {retry} seconds."
+                f"{_period_text(worst.window)} for the {tier} tier; retry in {_seconds(retry)}."
             ),
             extra={
                 "limit": worst.limit,
@@ -674,7 +722,7 @@ class Gate:
             status=503,
             detail=(
                 "The rate limiter cannot reach its store and this endpoint fails closed; "
-                f"retry in {retry} seconds."
+                f"retry in {_seconds(retry)}."
             ),
             extra={"violated-policies": closed, "retry-after": retry},
         )
@@ -684,6 +732,11 @@ class Gate:
             ("Content-Length", str(len(body))),
         ]
         return Outcome(refusal=Refusal(status=503, headers=tuple(headers), body=body))
+
+
+def _seconds(count: int) -> str:
+    """``1 second``, ``2 seconds``: the count in the problem's prose."""
+    return f"{count} second" if count == 1 else f"{count} seconds"
 
 
 def _denied_delay(result: LimitResult) -> int:
@@ -726,3 +779,119 @@ def problem_body(
     }
     document.update(extra)
     return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+# --- the middleware's options ------------------------------------------------------------
+
+
+Cost = Callable[[RequestInfo], int]
+"""A request's cost, computed from the request (the middleware's ``cost=`` may be one)."""
+
+
+def is_preflight(request: RequestInfo) -> bool:
+    """True for a CORS preflight: ``OPTIONS`` with ``Origin`` and
+    ``Access-Control-Request-Method``.
+
+    The browser sends it on its own before the real request; the middleware neither counts
+    nor refuses it, so the answer is the CORS middleware's (in either order) and the real
+    request is the one counted.
+    """
+    return (
+        request.method == "OPTIONS"
+        and request.header("origin") is not None
+        and request.header("access-control-request-method") is not None
+    )
+
+
+def _option_error(owner: str, option: str, problem: str) -> ConfigurationError:
+    return ConfigurationError(f"{owner} option {option}: {problem}")
+
+
+def middleware_gate(
+    owner: str,
+    *,
+    tiers: Sequence[str],
+    identify: object,
+    cost: object,
+    trusted_proxies: object,
+    behind_cloudflare: object,
+    legacy_headers: object,
+    problem_type: object,
+    on_identify_error: object,
+) -> Gate:
+    """The gate for a middleware (or dependency) called ``owner``, every option checked.
+
+    Called from the constructor, so a mistake stops the app where it is configured, with a
+    :class:`~applimit.ConfigurationError` that names the option and the fix, rather than
+    failing (or, worse, passing) on every request later.
+    """
+    if identify is not None and not callable(identify):
+        raise _option_error(
+            owner, "identify", f"{identify!r} is not callable; pass a function or None."
+        )
+    if not callable(cost) and (
+        isinstance(cost, bool) or not isinstance(cost, int) or not 1 <= cost <= MAX_COST
+    ):
+        raise _option_error(
+            owner,
+            "cost",
+            f"{cost!r} is not a cost; pass a whole number from 1 to {MAX_COST:,}, or a "
+            "function of the request that returns one.",
+        )
+    if isinstance(trusted_proxies, (str, bytes)) or not isinstance(trusted_proxies, Iterable):
+        raise _option_error(
+            owner,
+            "trusted_proxies",
+            f"{trusted_proxies!r} is not a list; pass a list such as ['10.0.0.0/8'].",
+        )
+    entries = list(trusted_proxies)
+    if not all(isinstance(entry, str) for entry in entries):
+        raise _option_error(
+            owner, "trusted_proxies", f"{entries!r} holds a value that is not a str."
+        )
+    cloudflare = _flag(owner, "behind_cloudflare", behind_cloudflare)
+    legacy = _flag(owner, "legacy_headers", legacy_headers)
+    if not isinstance(problem_type, str) or not problem_type:
+        raise _option_error(
+            owner, "problem_type", f"{problem_type!r} is not a URI; pass a non-empty str."
+        )
+    if on_identify_error not in ON_IDENTIFY_ERROR:
+        choices = ", ".join(repr(c) for c in ON_IDENTIFY_ERROR)
+        raise _option_error(
+            owner, "on_identify_error", f"{on_identify_error!r} is not one of {choices}."
+        )
+    try:
+        proxies = TrustedProxies(entries, behind_cloudflare=cloudflare)
+    except ValueError as error:
+        raise _option_error(owner, "trusted_proxies", str(error)) from None
+    return Gate(
+        tiers=tiers,
+        proxies=proxies,
+        legacy_headers=legacy,
+        problem_type=problem_type,
+        on_identify_error=on_identify_error,
+    )
+
+
+def _flag(owner: str, option: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise _option_error(owner, option, f"{value!r} is not True or False.")
+    return value
+
+
+def request_cost(cost: int | Cost, request: RequestInfo) -> int:
+    """The cost of ``request``: ``cost`` itself, or what the function returns for it.
+
+    A function's exceptions are the app's and propagate; a value that is not a cost is an
+    :class:`~applimit.InvalidArgumentError` naming the function.
+    """
+    if not callable(cost):
+        return cost
+    value = cost(request)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COST:
+        raise InvalidArgumentError(
+            "cost",
+            f"the cost function {getattr(cost, '__name__', cost)!r} returned {value!r} for "
+            f"{request.method} {request.path}; return a whole number from 1 to {MAX_COST:,}.",
+        )
+    return value

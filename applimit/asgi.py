@@ -9,30 +9,47 @@ Pure ASGI, so it needs no framework: FastAPI, Starlette, Quart, Django's ASGI ha
     app.add_middleware(RateLimitMiddleware, limiter=limiter, identify=identify)
 
 Each HTTP request is matched against the policy's app limits; every limit that applies is
-decided in one Redis call before the app runs. A refusal is answered here (429, or 503 when
-Redis is down and the limit fails closed); otherwise the app's response passes through
-unbuffered, with the rate-limit headers added to its ``http.response.start`` message.
-WebSocket and lifespan scopes pass through untouched.
+decided in one Redis call before the app runs. A request no limit matches passes straight
+through, without running ``identify``. A refusal is answered here (429, or 503 when Redis is
+down and the limit fails closed); otherwise the app's response passes through unbuffered,
+with the rate-limit headers added to its ``http.response.start`` message. WebSocket and
+lifespan scopes pass through untouched, and so do CORS preflights.
+
+Options are checked when the middleware is built. Starlette and FastAPI build it on their
+first call, the lifespan start-up under a server such as uvicorn: a bad option then fails
+that start-up with the message (uvicorn prints it and exits) instead of failing every
+request.
+
+A refusal carries the CORS headers of a Starlette ``CORSMiddleware`` whichever order the
+two are added in: when the CORS middleware is inside this one, the refusal is sent through
+a copy of it (docs/web.md, "CORS").
 """
 
 from __future__ import annotations
 
+import copy
 import logging
+import sys
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from ._async import AsyncLimiter
+from ._errors import ConfigurationError
 from ._web import (
     PASS,
     QUOTA_EXCEEDED,
     Caller,
-    Gate,
+    Cost,
     Identify,
+    OnIdentifyError,
     Outcome,
     Refusal,
     RequestInfo,
     TrustedProxies,
     identify_async,
+    is_preflight,
+    middleware_gate,
+    request_cost,
 )
 
 __all__ = ["Caller", "RateLimitMiddleware", "RequestInfo", "TrustedProxies"]
@@ -45,16 +62,25 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+# How deep to look through wrapped apps (``.app``) for a CORS middleware.
+MAX_INNER_APPS = 32
+
 
 class RateLimitMiddleware:
     """Rate-limit every HTTP request of an ASGI app with an ``AsyncLimiter``.
 
     ``identify(request)`` returns a :class:`Caller` (user id and tier from the app's own
     auth) or ``None`` for anonymous callers, who are counted by client IP in the lowest tier;
-    it may be a coroutine function. ``trusted_proxies`` and ``behind_cloudflare`` decide how
-    the client IP is read (see :class:`TrustedProxies`); ``legacy_headers`` adds the
-    ``X-RateLimit-*`` headers. Exceptions raised by ``identify`` are the app's and propagate;
-    the limiter itself never makes a request fail (its failure policy decides).
+    it may be a coroutine function, and it runs only for requests some limit matches.
+    ``on_identify_error`` says what an exception from ``identify`` means: ``"raise"`` (the
+    default: it propagates, a 500), ``"anonymous"`` (logged; the caller is counted by IP) or
+    ``"refuse"`` (logged; a 503 problem response, nothing counted). ``cost`` is what one
+    request uses, or a function of the :class:`RequestInfo` returning it. ``trusted_proxies``
+    and ``behind_cloudflare`` decide how the client IP is read (see
+    :class:`TrustedProxies`); ``legacy_headers`` adds the ``X-RateLimit-*`` headers. The
+    limiter itself never makes a request fail (its failure policy decides).
+
+    A bad option raises :class:`~applimit.ConfigurationError` naming it.
     """
 
     def __init__(
@@ -63,6 +89,8 @@ class RateLimitMiddleware:
         *,
         limiter: AsyncLimiter,
         identify: Identify | None = None,
+        on_identify_error: OnIdentifyError = "raise",
+        cost: int | Cost = 1,
         trusted_proxies: Iterable[str] = (),
         behind_cloudflare: bool = False,
         legacy_headers: bool = False,
@@ -72,30 +100,69 @@ class RateLimitMiddleware:
         self.app = app
         self.limiter = limiter
         self.identify = identify
-        self.gate = Gate(
-            tiers=limiter.tiers,
-            proxies=TrustedProxies(trusted_proxies, behind_cloudflare=behind_cloudflare),
-            legacy_headers=legacy_headers,
-            problem_type=problem_type,
-        )
+        self.cost = cost
+        self.startup_error: ConfigurationError | None = None
+        try:
+            if not isinstance(limiter, AsyncLimiter):
+                raise ConfigurationError(
+                    "RateLimitMiddleware option limiter: an ASGI app needs an "
+                    f"applimit.AsyncLimiter, not {type(limiter).__name__}; build it with "
+                    "AsyncLimiter.from_policy(...)."
+                )
+            self.gate = middleware_gate(
+                "RateLimitMiddleware",
+                tiers=limiter.tiers,
+                identify=identify,
+                cost=cost,
+                trusted_proxies=trusted_proxies,
+                behind_cloudflare=behind_cloudflare,
+                legacy_headers=legacy_headers,
+                problem_type=problem_type,
+                on_identify_error=on_identify_error,
+            )
+        except ConfigurationError as error:
+            # Starlette builds its middleware on the first call, which under uvicorn is
+            # the lifespan start-up; raised from there, uvicorn takes the error for "no
+            # lifespan support", keeps running and every request fails. Built that way,
+            # the error is kept and reported through the lifespan protocol instead.
+            if sys._getframe(1).f_code.co_name != "build_middleware_stack":
+                raise
+            self.startup_error = error
+            return
+        self._cors = _inner_cors(app)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Handle one ASGI connection."""
+        if self.startup_error is not None:
+            await self._fail(scope, receive, send, self.startup_error)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         request = RequestInfo.from_asgi(scope)
-        caller = await identify_async(self.identify, request)
-        outcome = await self._check(request, caller)
+        if is_preflight(request) or not self.limiter.matches(
+            request.method, request.path, request.host
+        ):
+            await self.app(scope, receive, send)
+            return
+        try:
+            caller = await identify_async(self.identify, request)
+        except Exception as error:
+            failed = self.gate.identify_failed(request, error)
+            if failed is not None and failed.refusal is not None:
+                await self._refuse(scope, receive, send, failed.refusal)
+                return
+            caller = None
+        outcome = await self._check(request, caller, request_cost(self.cost, request))
         if outcome.refusal is not None:
-            await _refuse(send, outcome.refusal)
+            await self._refuse(scope, receive, send, outcome.refusal)
             return
         if outcome is PASS or not outcome.headers:
             await self.app(scope, receive, send)
             return
         await self.app(scope, receive, _with_headers(send, outcome))
 
-    async def _check(self, request: RequestInfo, caller: Caller | None) -> Outcome:
+    async def _check(self, request: RequestInfo, caller: Caller | None, cost: int) -> Outcome:
         """Decide every matching limit in one call; never raise."""
         subject = self.gate.subject(request, caller)
         try:
@@ -104,12 +171,57 @@ class RateLimitMiddleware:
                 request.path,
                 subject.identity,
                 tier=subject.tier,
+                cost=cost,
                 ip=subject.ip,
                 host=request.host,
             )
         except Exception:
             return self.gate.failed()
         return self.gate.outcome(decision, subject.tier)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, refusal: Refusal) -> None:
+        """Send ``refusal``, through a copy of the inner CORS middleware when there is one,
+        so that browser code can read it as it reads the app's own responses."""
+        if self._cors is None:
+            await _refuse(send, refusal)
+            return
+
+        async def answer(scope: Scope, receive: Receive, send: Send) -> None:
+            await _refuse(send, refusal)
+
+        cors = copy.copy(self._cors)
+        cors.app = answer
+        await cors(scope, receive, send)
+
+    @staticmethod
+    async def _fail(scope: Scope, receive: Receive, send: Send, error: Exception) -> None:
+        """Report an option error: a failed lifespan start-up, or the error itself."""
+        if scope["type"] != "lifespan":
+            raise error
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            logger.error("%s", error)
+            await send({"type": "lifespan.startup.failed", "message": str(error)})
+
+
+def _inner_cors(app: object) -> Any | None:
+    """Starlette's ``CORSMiddleware`` among the apps wrapped inside ``app``, or None.
+
+    Middleware keep the app they wrap as ``.app`` (Starlette's, and this one), and Starlette
+    builds the inner ones first, so the chain is complete when this middleware is built.
+    """
+    try:
+        from starlette.middleware.cors import CORSMiddleware
+    except ImportError:  # no Starlette, so no Starlette CORS middleware to find
+        return None
+    current: object = app
+    for _ in range(MAX_INNER_APPS):
+        if isinstance(current, CORSMiddleware):
+            return current
+        current = getattr(current, "app", None)
+        if current is None:
+            return None
+    return None
 
 
 def _with_headers(send: Send, outcome: Outcome) -> Send:

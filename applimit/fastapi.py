@@ -31,17 +31,18 @@ from starlette.concurrency import run_in_threadpool
 
 from ._async import AsyncLimiter
 from ._decision import Decision
+from ._errors import UnknownLimitError
 from ._sync import Limiter
 from ._web import (
     QUOTA_EXCEEDED,
     Caller,
-    Gate,
     Identify,
     Refusal,
     RequestInfo,
     Subject,
     TrustedProxies,
     identify_async,
+    middleware_gate,
 )
 
 __all__ = [
@@ -102,6 +103,11 @@ class RateLimit:
     to the request. ``identify``, ``trusted_proxies``, ``behind_cloudflare`` and
     ``legacy_headers`` mean what they mean for the middleware. ``cost`` is how many units
     one request uses. The dependency returns the :class:`~applimit.Decision`.
+
+    A named limit applies here even when the policy marks it ``middleware: false``; with no
+    name, such limits are left out, as the middleware leaves them out. An unknown ``name``
+    raises :class:`~applimit.UnknownLimitError`, a bad option
+    :class:`~applimit.ConfigurationError`, both when the dependency is built.
     """
 
     def __init__(
@@ -118,19 +124,24 @@ class RateLimit:
     ) -> None:
         """Configure the dependency; an unknown ``name`` fails here, at start-up."""
         if name is not None and name not in limiter.limits:
-            known = ", ".join(repr(n) for n in limiter.limits) or "none"
-            raise ValueError(
-                f"the policy has no app limit named {name!r}; its app limits are: {known}"
-            )
+            # The limiter's own lookup: the same error (and message) as hit() would raise,
+            # also for a limit that exists only at the edge.
+            limiter.core.rule(name)
+            raise UnknownLimitError(name, limiter.limits)  # pragma: no cover - rule() raised
         self.limiter = limiter
         self.name = name
         self.identify = identify
         self.cost = cost
-        self.gate = Gate(
+        self.gate = middleware_gate(
+            "RateLimit",
             tiers=limiter.tiers,
-            proxies=TrustedProxies(trusted_proxies, behind_cloudflare=behind_cloudflare),
+            identify=identify,
+            cost=cost,
+            trusted_proxies=trusted_proxies,
+            behind_cloudflare=behind_cloudflare,
             legacy_headers=legacy_headers,
             problem_type=problem_type,
+            on_identify_error="raise",
         )
 
     async def __call__(self, request: Request, response: Response) -> Decision:

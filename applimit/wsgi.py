@@ -9,9 +9,11 @@
     app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter=limiter, identify=identify)
 
 Each request is matched against the policy's app limits and every limit that applies is
-decided in one Redis call before the app runs. A refusal is answered here; otherwise the
-app's iterable is returned as it is (never buffered) and the rate-limit headers are added
-through ``start_response``.
+decided in one Redis call before the app runs; a request no limit matches (and a CORS
+preflight) passes straight through, without running ``identify``. A refusal is answered
+here; otherwise the app's iterable is returned as it is (never buffered) and the rate-limit
+headers are added through ``start_response``. Options are checked when the middleware is
+built: a bad one raises :class:`~applimit.ConfigurationError` naming it.
 """
 
 from __future__ import annotations
@@ -21,16 +23,21 @@ from collections.abc import Callable, Iterable
 from types import TracebackType
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
+from ._errors import ConfigurationError
 from ._sync import Limiter
 from ._web import (
     PASS,
     QUOTA_EXCEEDED,
     Caller,
-    Gate,
+    Cost,
+    OnIdentifyError,
     Outcome,
     RequestInfo,
     TrustedProxies,
     identify_sync,
+    is_preflight,
+    middleware_gate,
+    request_cost,
 )
 
 __all__ = ["Caller", "RateLimitMiddleware", "RequestInfo", "TrustedProxies"]
@@ -47,10 +54,14 @@ class RateLimitMiddleware:
     """Rate-limit every request of a WSGI app with a (sync) ``applimit.Limiter``.
 
     ``identify(request)`` returns a :class:`Caller` or ``None`` for anonymous callers, who
-    are counted by client IP in the lowest tier. ``trusted_proxies`` and
+    are counted by client IP in the lowest tier; it runs only for requests some limit
+    matches. ``on_identify_error`` says what an exception from ``identify`` means:
+    ``"raise"`` (the default: it propagates), ``"anonymous"`` (logged; counted by IP) or
+    ``"refuse"`` (logged; a 503 problem response). ``cost`` is what one request uses, or a
+    function of the :class:`RequestInfo` returning it. ``trusted_proxies`` and
     ``behind_cloudflare`` decide how the client IP is read (see :class:`TrustedProxies`);
-    ``legacy_headers`` adds the ``X-RateLimit-*`` headers. Exceptions raised by ``identify``
-    are the app's and propagate; the limiter itself never makes a request fail.
+    ``legacy_headers`` adds the ``X-RateLimit-*`` headers. The limiter itself never makes a
+    request fail.
     """
 
     def __init__(
@@ -59,6 +70,8 @@ class RateLimitMiddleware:
         *,
         limiter: Limiter,
         identify: SyncIdentify | None = None,
+        on_identify_error: OnIdentifyError = "raise",
+        cost: int | Cost = 1,
         trusted_proxies: Iterable[str] = (),
         behind_cloudflare: bool = False,
         legacy_headers: bool = False,
@@ -68,18 +81,41 @@ class RateLimitMiddleware:
         self.app = app
         self.limiter = limiter
         self.identify = identify
-        self.gate = Gate(
+        self.cost = cost
+        if not isinstance(limiter, Limiter):
+            raise ConfigurationError(
+                "RateLimitMiddleware option limiter: a WSGI app needs an applimit.Limiter, "
+                f"not {type(limiter).__name__}; build it with Limiter.from_policy(...)."
+            )
+        self.gate = middleware_gate(
+            "RateLimitMiddleware",
             tiers=limiter.tiers,
-            proxies=TrustedProxies(trusted_proxies, behind_cloudflare=behind_cloudflare),
+            identify=identify,
+            cost=cost,
+            trusted_proxies=trusted_proxies,
+            behind_cloudflare=behind_cloudflare,
             legacy_headers=legacy_headers,
             problem_type=problem_type,
+            on_identify_error=on_identify_error,
         )
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         """Handle one WSGI request."""
         request = RequestInfo.from_wsgi(environ)
-        caller = identify_sync(self.identify, request)
-        outcome = self._check(request, caller)
+        if is_preflight(request) or not self.limiter.matches(
+            request.method, request.path, request.host
+        ):
+            return self.app(environ, start_response)
+        refused: Outcome | None = None
+        try:
+            caller = identify_sync(self.identify, request)
+        except Exception as error:
+            refused = self.gate.identify_failed(request, error)
+            caller = None
+        if refused is not None:
+            outcome = refused
+        else:
+            outcome = self._check(request, caller, request_cost(self.cost, request))
         if outcome.refusal is not None:
             refusal = outcome.refusal
             start_response(f"{refusal.status} {_REASONS[refusal.status]}", list(refusal.headers))
@@ -88,7 +124,7 @@ class RateLimitMiddleware:
             return self.app(environ, start_response)
         return self.app(environ, _with_headers(start_response, outcome))
 
-    def _check(self, request: RequestInfo, caller: Caller | None) -> Outcome:
+    def _check(self, request: RequestInfo, caller: Caller | None, cost: int) -> Outcome:
         """Decide every matching limit in one call; never raise."""
         subject = self.gate.subject(request, caller)
         try:
@@ -97,6 +133,7 @@ class RateLimitMiddleware:
                 request.path,
                 subject.identity,
                 tier=subject.tier,
+                cost=cost,
                 ip=subject.ip,
                 host=request.host,
             )

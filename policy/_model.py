@@ -239,6 +239,12 @@ class AppLimit(_Model):
     sync_interval: Duration | None = Field(
         default=None, description="approximate mode: sync at least this often."
     )
+    # Explicit use only: a limit for a FastAPI dependency, a decorator or hit() that the
+    # middleware must not apply to every request its match covers.
+    middleware: bool = Field(
+        default=True,
+        description="false: only hit(), the decorator and named dependencies apply it.",
+    )
 
     @field_validator("tiers")
     @classmethod

@@ -18,7 +18,7 @@ from harness import RedisServer
 from servers import serve_asgi, serve_wsgi
 from webcheck import rate_limit_headers
 
-from applimit import AsyncLimiter, Limiter
+from applimit import AsyncLimiter, Limiter, UnknownLimitError
 from applimit.asgi import Caller, RateLimitMiddleware, RequestInfo
 from applimit.fastapi import RateLimit
 from applimit.wsgi import RateLimitMiddleware as WSGIRateLimitMiddleware
@@ -347,7 +347,7 @@ async def test_dependency_without_the_problem_handler_keeps_the_headers(
     assert refused.status_code == 429
     assert refused.json() == {"detail": "Too Many Requests"}
     assert rate_limit_headers(refused).retry_after is not None
-    with pytest.raises(ValueError, match="no app limit named 'nope'"):
+    with pytest.raises(UnknownLimitError, match="no limit named 'nope'"):
         RateLimit(async_limiter, "nope")
 
 
