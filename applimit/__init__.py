@@ -4,6 +4,8 @@ Public surface::
 
     Limiter.from_policy(path, redis=... | redis_url=...)        blocking
     AsyncLimiter.from_policy(path, redis=... | redis_url=...)   asyncio
+        redis_url="memory://"                    in this process, no Redis (tests only)
+        enabled=False                            every decision allowed, nothing touched
         .hit(name, identity, tier=, cost=)       consume if allowed
         .peek(name, identity, tier=, cost=)      look, consume nothing
         .check_request(method, path, identity, tier=, cost=, ip=, host=)
@@ -14,6 +16,7 @@ Public surface::
 
     applimit.asgi / applimit.wsgi                RateLimitMiddleware for web apps
     applimit.fastapi                             RateLimit, a per-route FastAPI dependency
+    applimit.pytest_plugin                       fixtures for an app's tests (loaded by pytest)
 
 docs/applimit.md describes the algorithms, keys and failure policy; docs/web.md the web layer.
 """

@@ -23,10 +23,11 @@ from ._clients import AsyncClient, Target
 from ._core import Prepared
 from ._decision import Decision
 from ._errors import REDIS_FAILURES
+from ._memory import AsyncMemoryWire
 from ._shell import LimiterBase, load_policy
 
 
-class AsyncLimiter(LimiterBase[AsyncTransport]):
+class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
     """The asyncio twin of :class:`~applimit.Limiter`: the same methods, as coroutines.
 
     Build it with :meth:`from_policy` and close it with ``await limiter.aclose()`` (or use
@@ -44,6 +45,7 @@ class AsyncLimiter(LimiterBase[AsyncTransport]):
         failure_threshold: int = 3,
         recovery_time: float = 0.25,
         test_clock: Callable[[], float] | None = None,
+        enabled: bool = True,
     ) -> None:
         """Enforce ``policy``; the options are those of :class:`~applimit.Limiter`.
 
@@ -60,6 +62,7 @@ class AsyncLimiter(LimiterBase[AsyncTransport]):
             failure_threshold=failure_threshold,
             recovery_time=recovery_time,
             test_clock=test_clock,
+            enabled=enabled,
         )
 
     def _resolve(self, client: object | None, url: str, cluster: bool) -> Target[AsyncClient]:
@@ -67,7 +70,10 @@ class AsyncLimiter(LimiterBase[AsyncTransport]):
             client, url, cluster=cluster, timeout=self.timeout, max_connections=self.max_connections
         )
 
-    def _open(self, target: Target[AsyncClient]) -> AsyncTransport:
+    def _open(self, target: Target[AsyncClient]) -> AsyncTransport | AsyncMemoryWire:
+        if self.memory_store is not None:
+            # memory:// or enabled=False: the in-process store (_memory.py), no Redis.
+            return AsyncMemoryWire(self.memory_store)
         # Calls go through the limiter's own wire, batched per event-loop turn (per master
         # on Redis Cluster), see _awire.py.
         return open_async(

@@ -51,6 +51,18 @@ AsyncClient: TypeAlias = "redis.asyncio.Redis | redis.asyncio.cluster.RedisClust
 ClientT = TypeVar("ClientT")
 
 SENTINEL_SCHEME = "redis+sentinel://"
+# The in-process store (applimit/_memory.py), for tests: never Redis, never shared
+# between processes.
+MEMORY_SCHEME = "memory://"
+# Every scheme redis_url= takes, with an example of each, for the message that refuses
+# another one.
+SCHEMES = (
+    ("redis://", "redis://host:6379/0"),
+    ("rediss://", "rediss://host:6380/0 (TLS)"),
+    ("unix://", "unix:///run/redis.sock"),
+    (SENTINEL_SCHEME, "redis+sentinel://host:26379,host2:26379/mymaster/0"),
+    (MEMORY_SCHEME, "memory:// (in this process only, for tests)"),
+)
 DEFAULT_SENTINEL_PORT = 26379
 # Settings copied from a client you pass, besides address and database: who we are and
 # how we talk TLS. Everything about timing and retries is ours.
@@ -78,6 +90,8 @@ class Target(Generic[ClientT]):
     factory: Callable[[], ClientT]
     cluster: bool
     owns_sentinels: bool = False
+    # The name of the in-process store of a memory:// URL (None: Redis).
+    memory: str | None = None
 
 
 def shown_url(url: str) -> str:
@@ -101,11 +115,42 @@ def check_url(url: object) -> None:
         raise ConfigurationError(
             f"redis_url must be a str such as 'redis://host:6379/0', not {type(url).__name__}."
         )
+    if url.startswith(MEMORY_SCHEME):
+        memory_name(url)
+        return
+    scheme, sep, _ = url.partition("://")
+    if not sep or f"{scheme}://" not in {known for known, _ in SCHEMES}:
+        said = f"scheme {scheme + '://'!r}" if sep else "no scheme"
+        listed = "; ".join(example for _, example in SCHEMES)
+        raise ConfigurationError(
+            f"redis_url= {shown_url(url)!r} has {said}, which the limiter does not "
+            f"support; use one of: {listed}."
+        )
     problem = _url_problem(url)
     if problem is not None:
         # Raised here, outside the handler: the validation error holds the URL as given,
         # which must not ride along as the ConfigurationError's context.
         raise ConfigurationError(f"redis_url= {problem}")
+
+
+def memory_name(url: str) -> str:
+    """The store named by a ``memory://[name]`` URL (``""`` for the default store)."""
+    name = url[len(MEMORY_SCHEME) :]
+    if not re.fullmatch(r"[A-Za-z0-9_-]*", name):
+        raise ConfigurationError(
+            f"redis_url= {url!r}: a memory URL is memory:// or memory://name, where name "
+            "(letters, digits, - and _) picks one of the process's in-memory stores."
+        )
+    return name
+
+
+def memory_target(url: str) -> Target[Any]:
+    """The target of a ``memory://`` URL: no client, the store's name."""
+    return Target(_no_client, cluster=False, memory=memory_name(url))
+
+
+def _no_client() -> Any:
+    raise ConfigurationError("a memory:// limiter has no Redis client")
 
 
 def _url_problem(url: str) -> str | None:

@@ -5,7 +5,8 @@ order, a limiter is built here from:
 
 1. its options, checked (a ``redis_url=`` like the policy's ``app.redis_url``);
 2. its target, resolved by the shell (:meth:`LimiterBase._resolve`): where the connections
-   go and whether that is a Redis Cluster, known before anything else is built;
+   go and whether that is a Redis Cluster, known before anything else is built; or, for
+   a ``memory://`` URL and for a disabled limiter, an in-process store (``_memory.py``);
 3. the core (plans by hash slot on a cluster), the denial cache (off where it could not
    be exact), the approximate counts and the breakers;
 4. the wire (:meth:`LimiterBase._open`: built without I/O, it connects on first use) and
@@ -21,13 +22,15 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from policy import Policy, load, request_paths
 
+from . import _memory
 from ._approx import ApproxCache
 from ._breaker import Breakers, BreakerState
-from ._clients import Target, check_url
-from ._core import CompiledPolicy, Core, compile_policy
+from ._clients import MEMORY_SCHEME, Target, check_url, memory_target
+from ._core import CompiledPolicy, Core, Prepared, compile_policy
+from ._decision import Decision
 from ._denials import DenialCache
 from ._errors import ConfigurationError
-from ._flow import Decider, Transport
+from ._flow import UNLIMITED, Decider, Flow, Transport
 
 
 def load_policy(source: str | os.PathLike[str] | Policy) -> Policy:
@@ -62,6 +65,7 @@ class LimiterBase(Generic[WireT]):
         failure_threshold: int,
         recovery_time: float,
         test_clock: Callable[[], float] | None,
+        enabled: bool = True,
     ) -> None:
         if client is not None and redis_url is not None:
             raise ConfigurationError(
@@ -82,7 +86,26 @@ class LimiterBase(Generic[WireT]):
         self.timeout = self.compiled.timeout
         self.max_connections = max_connections
         self.test_clock = test_clock
-        target = self._resolve(client, self.url, cluster)
+        self.enabled = enabled
+        # The in-process store this limiter decides on, if not Redis (see _memory.py).
+        self.memory_store: _memory.MemoryStore | None = None
+        target: Target[Any]
+        if not enabled:
+            # Nothing is ever decided: a private store stands in for Redis, so that no
+            # connection is made and reset() has nothing to reach.
+            target = memory_target(MEMORY_SCHEME)
+            self.memory_store = _memory.MemoryStore()
+        elif client is None and self.url.startswith(MEMORY_SCHEME):
+            if cluster:
+                raise ConfigurationError(
+                    "cluster=True with a memory:// URL: the in-memory store is one store in "
+                    "this process; leave cluster out."
+                )
+            target = memory_target(self.url)
+            assert target.memory is not None
+            self.memory_store = _memory.store(target.memory)
+        else:
+            target = self._resolve(client, self.url, cluster)
         self.cluster = target.cluster
         self.core = Core(self.compiled, cluster=target.cluster, test_clock=test_clock)
         self.breakers = Breakers(
@@ -93,19 +116,18 @@ class LimiterBase(Generic[WireT]):
         )
         self.breaker = self.breakers.main
         self._wire: WireT = self._open(target)
-        approx = None
-        if any(rule.approximate for rule in self.compiled.rules):
-            approx = ApproxCache(self.core, self._clock)
-        self.decider = Decider(
+        self.decider = (Decider if enabled else _Disabled)(
             self.core,
             wire=self._wire,
             breakers=self.breakers,
             denials=self._denial_cache(),
-            approx=approx,
+            approx=self._approx_cache(),
             clock=self._clock,
             timeout=self.timeout,
             max_connections=max_connections,
         )
+        if self.memory_store is not None:
+            self.memory_store.attach(self)
 
     # -- what each shell provides ---------------------------------------------------------
 
@@ -131,11 +153,30 @@ class LimiterBase(Generic[WireT]):
             return None
         if self.test_clock is not None:
             return DenialCache(self.test_clock, exact_clock=True)
+        if self.memory_store is not None:
+            # The store's clock is the "server" clock here: the one tests may move.
+            return DenialCache(_memory.now_seconds, exact_clock=False)
         return DenialCache(time.monotonic, exact_clock=False)
+
+    def _approx_cache(self) -> ApproxCache | None:
+        """The approximate counts, if some limit is in approximate mode."""
+        if any(rule.approximate for rule in self.compiled.rules):
+            return ApproxCache(self.core, self._clock)
+        return None
+
+    def forget_local(self) -> None:
+        """Drop every answer this instance holds locally (cached denials, approximate
+        counts): what a memory:// store's clear() asks of the limiters on it."""
+        self.decider.denials = self._denial_cache()
+        self.decider.approx = self._approx_cache()
 
     def _clock(self) -> float:
         """The time a request is sent, by the denial cache's clock."""
-        return self.test_clock() if self.test_clock is not None else time.monotonic()
+        if self.test_clock is not None:
+            return self.test_clock()
+        if self.memory_store is not None:
+            return _memory.now_seconds()
+        return time.monotonic()
 
     def _forget(self, keys: list[str]) -> None:
         """Drop what this instance holds of ``keys`` (a local reset): cached denials and
@@ -182,3 +223,19 @@ class LimiterBase(Generic[WireT]):
         own breaker (used only while no node can be named) no longer counts on its own.
         """
         return self.breakers.state(self._wire.serving_nodes())
+
+
+class _Disabled(Decider):
+    """The decider of a limiter built with ``enabled=False``: every decision is allowed,
+    with no results (as for a request no limit matches), and nothing is sent anywhere.
+    The arguments are still checked, so a misspelt limit name fails in tests too."""
+
+    def decide_flow(self, prepared: Prepared) -> Flow:
+        """A flow that needs no call and allows."""
+        return _allowed()
+
+
+def _allowed() -> Flow:
+    yield from ()
+    decision: Decision = UNLIMITED
+    return decision

@@ -18,11 +18,12 @@ from ._clients import SyncClient, Target
 from ._core import Prepared
 from ._decision import Decision
 from ._errors import REDIS_FAILURES
+from ._memory import MemoryWire
 from ._shell import LimiterBase, load_policy
 from ._wire import SyncTransport, open_sync
 
 
-class Limiter(LimiterBase[SyncTransport]):
+class Limiter(LimiterBase[SyncTransport | MemoryWire]):
     """Enforces a policy's app limits through Redis, for every instance of the app at once.
 
     Build it with :meth:`from_policy`. Every method decides in one round trip to Redis
@@ -42,6 +43,7 @@ class Limiter(LimiterBase[SyncTransport]):
         failure_threshold: int = 3,
         recovery_time: float = 0.25,
         test_clock: Callable[[], float] | None = None,
+        enabled: bool = True,
     ) -> None:
         """Enforce ``policy`` (a loaded :class:`policy.Policy`).
 
@@ -71,6 +73,7 @@ class Limiter(LimiterBase[SyncTransport]):
             failure_threshold=failure_threshold,
             recovery_time=recovery_time,
             test_clock=test_clock,
+            enabled=enabled,
         )
 
     def _resolve(self, client: object | None, url: str, cluster: bool) -> Target[SyncClient]:
@@ -78,7 +81,10 @@ class Limiter(LimiterBase[SyncTransport]):
             client, url, cluster=cluster, timeout=self.timeout, max_connections=self.max_connections
         )
 
-    def _open(self, target: Target[SyncClient]) -> SyncTransport:
+    def _open(self, target: Target[SyncClient]) -> SyncTransport | MemoryWire:
+        if self.memory_store is not None:
+            # memory:// or enabled=False: the in-process store (_memory.py), no Redis.
+            return MemoryWire(self.memory_store)
         # The script calls bypass redis-py's generic command path (see _wire.py): one wire
         # on a standalone or Sentinel-managed server, one per master on Redis Cluster.
         return open_sync(target, max_connections=self.max_connections, timeout=self.timeout)

@@ -15,6 +15,7 @@ from fractions import Fraction
 from typing import Any
 
 from applimit import AsyncLimiter, Decision, Limiter
+from applimit._memory import MemoryStore
 
 US = 1_000_000
 
@@ -259,9 +260,39 @@ def hammer(
 SCRIPT_COMMANDS = ("fcall", "evalsha", "eval")
 
 
+class MemoryAdmin:
+    """The memory backend's store behind the few Redis commands the tests read it with."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+
+    def keys(self, pattern: str) -> list[bytes]:
+        """KEYS ``pattern``, as bytes like a Redis client returns them."""
+        return [key.encode("utf-8", "surrogatepass") for key in self.store.keys(pattern)]
+
+    def _log(self, key: bytes) -> Any:
+        return self.store.value(key.decode("utf-8", "surrogatepass"))
+
+    def zcard(self, key: bytes) -> int:
+        """How many entries a sliding log holds."""
+        value = self._log(key)
+        return len(value.scores) if value is not None else 0
+
+    def memory_usage(self, key: bytes) -> int:
+        """What the key holds, in bytes of its entries' fields (an upper bound on what
+        Redis would hold for the same entries)."""
+        value = self._log(key)
+        if value is None:
+            return 0
+        return len(key) + sum(8 + 16 + 16 + len(nonce) for _, _, nonce in value.entries)
+
+
 def script_calls(admin: Any) -> int:
     """How many limiter script calls the backend has run (every master of a cluster)."""
     from redis.cluster import RedisCluster
+
+    if isinstance(admin, MemoryAdmin):
+        return admin.store.calls
 
     if isinstance(admin, RedisCluster):
         infos = admin.info("commandstats", target_nodes=RedisCluster.PRIMARIES)

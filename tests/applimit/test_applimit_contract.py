@@ -1,4 +1,5 @@
-"""The limiter's contract, run on {standalone, Redis Cluster} x {Limiter, AsyncLimiter}."""
+"""The limiter's contract, run on {standalone, Redis Cluster, memory://} x {Limiter,
+AsyncLimiter}."""
 
 from __future__ import annotations
 
@@ -433,6 +434,7 @@ async def test_hostile_identities_get_bounded_separate_keys(
         assert key.count(b"{") == 1 and key.count(b"}") == 1
 
 
+@pytest.mark.redis_only("Redis' script cache")
 async def test_script_flush_is_survived(make_limiter: MakeLimiter, redis_admin: Any) -> None:
     """After SCRIPT FLUSH the next call reloads the script (NOSCRIPT, then EVAL) and the
     count carries on."""
@@ -460,6 +462,7 @@ def _state_deadline_ms(admin: Any, name: str, key: bytes) -> int:
     return math.ceil(tat_us / 1000)
 
 
+@pytest.mark.redis_only("key TTLs on the server's clock")
 @pytest.mark.parametrize("name", ALGORITHM_LIMITS)
 async def test_every_key_expires_after_its_state_and_within_a_period_of_it(
     make_limiter: MakeLimiter, redis_admin: Any, name: str
@@ -490,6 +493,7 @@ limits:
 """
 
 
+@pytest.mark.redis_only("key TTLs read with PTTL")
 @pytest.mark.parametrize("name", ALGORITHM_LIMITS)
 async def test_the_ttl_is_kept_within_an_expiry_cell_and_renewed_past_it(
     make_limiter: MakeLimiter, redis_admin: Any, name: str
@@ -523,6 +527,7 @@ async def test_the_ttl_is_kept_within_an_expiry_cell_and_renewed_past_it(
         previous = (cell, ttl)
 
 
+@pytest.mark.redis_only("the server's clock; memory:// reads the process's")
 async def test_decisions_use_the_server_clock(
     make_limiter: MakeLimiter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -573,6 +578,7 @@ async def test_a_2x_burst_across_a_window_edge_is_refused(
         assert (await limiter.hit(name, who)).allowed
 
 
+@pytest.mark.redis_only("keys written by applimit 0.1 into Redis")
 @pytest.mark.parametrize("name", ["log", "bucket"])
 async def test_keys_written_by_applimit_0_1_get_a_ttl_that_covers_their_state(
     make_limiter: MakeLimiter, redis_admin: Any, name: str

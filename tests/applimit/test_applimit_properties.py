@@ -3,7 +3,9 @@
 Hypothesis draws a rate and a sequence of (time step, cost, hit-or-peek) events; the same
 events drive the real limiter on the real server (its time set through ``test_clock``,
 so nothing sleeps) and the model in limiter_support. Every decision must agree exactly:
-allowed, remaining, reset_after and retry_after, to the microsecond.
+allowed, remaining, reset_after and retry_after, to the microsecond. Each property runs
+twice: on Redis, and on the in-process ``memory://`` backend, whose port of the scripts
+must agree with the same models.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from harness import RedisServer
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from limiter_support import (
@@ -37,9 +39,17 @@ SETTINGS = settings(
 PERIODS_MS = [1_000, 7_000, 60_000]
 
 
+@pytest.fixture(scope="module", params=["redis", "memory"])
+def url(request: pytest.FixtureRequest) -> str:
+    """Where the limiter decides: the real server, or the in-process store."""
+    if request.param == "memory":
+        return "memory://properties"
+    return str(request.getfixturevalue("redis_server").url)
+
+
 @contextmanager
 def limiter_for(
-    server: RedisServer, algorithm: str, limit: int, period_ms: int, clock: TestClock, extra: str
+    url: str, algorithm: str, limit: int, period_ms: int, clock: TestClock, extra: str
 ) -> Iterator[Limiter]:
     text = f"""
 version: 1
@@ -48,7 +58,7 @@ limits:
   - name: x
     app: {{algorithm: {algorithm}, tiers: {{default: {limit}/{period_ms}ms}}{extra}}}
 """
-    limiter = Limiter(policy.loads(text), redis_url=server.url, test_clock=clock)
+    limiter = Limiter(policy.loads(text), redis_url=url, test_clock=clock)
     try:
         yield limiter
     finally:
@@ -86,7 +96,7 @@ def scenarios(draw: st.DrawFn, *, burst: bool = False) -> dict[str, object]:
 
 
 def _run(
-    server: RedisServer,
+    url: str,
     algorithm: str,
     scenario: dict[str, object],
     model: SlidingLogModel | GcraModel | SlidingWindowModel,
@@ -101,7 +111,7 @@ def _run(
     who = uuid.uuid4().hex
     events = scenario["events"]
     assert isinstance(events, list)
-    with limiter_for(server, algorithm, limit, period_ms, clock, extra) as limiter:
+    with limiter_for(url, algorithm, limit, period_ms, clock, extra) as limiter:
         for index, (step, cost, op) in enumerate(events):
             clock.advance(step)
             if op == "hit":
@@ -121,30 +131,26 @@ def _run(
 
 @SETTINGS
 @given(scenario=scenarios())
-def test_sliding_log_matches_the_model(
-    redis_server: RedisServer, scenario: dict[str, object]
-) -> None:
+def test_sliding_log_matches_the_model(url: str, scenario: dict[str, object]) -> None:
     """sliding_log agrees with a list of timestamps on every decision and every number."""
     limit, period_ms = scenario["limit"], scenario["period_ms"]
     assert isinstance(limit, int) and isinstance(period_ms, int)
-    _run(redis_server, "sliding_log", scenario, SlidingLogModel(limit, period_ms * 1000))
+    _run(url, "sliding_log", scenario, SlidingLogModel(limit, period_ms * 1000))
 
 
 @SETTINGS
 @given(scenario=scenarios())
-def test_sliding_window_matches_the_model(
-    redis_server: RedisServer, scenario: dict[str, object]
-) -> None:
+def test_sliding_window_matches_the_model(url: str, scenario: dict[str, object]) -> None:
     """sliding_window agrees with two fixed-window counters weighed linearly (retry_after
     found by search in the model, by formula in the script)."""
     limit, period_ms = scenario["limit"], scenario["period_ms"]
     assert isinstance(limit, int) and isinstance(period_ms, int)
-    _run(redis_server, "sliding_window", scenario, SlidingWindowModel(limit, period_ms * 1000))
+    _run(url, "sliding_window", scenario, SlidingWindowModel(limit, period_ms * 1000))
 
 
 @SETTINGS
 @given(scenario=scenarios(burst=True))
-def test_gcra_matches_the_model(redis_server: RedisServer, scenario: dict[str, object]) -> None:
+def test_gcra_matches_the_model(url: str, scenario: dict[str, object]) -> None:
     """gcra agrees with a theoretical arrival time kept as an exact Fraction, with and
     without an explicit burst, including rates whose interval is not a whole µs."""
     limit, period_ms = scenario["limit"], scenario["period_ms"]
@@ -153,7 +159,7 @@ def test_gcra_matches_the_model(redis_server: RedisServer, scenario: dict[str, o
     assert burst is None or isinstance(burst, int)
     extra = "" if burst is None else f", burst: {burst}"
     model = GcraModel(limit, period_ms * 1000, burst if burst is not None else limit)
-    _run(redis_server, "gcra", scenario, model, extra)
+    _run(url, "gcra", scenario, model, extra)
 
 
 def test_models_agree_with_hand_computed_cases() -> None:

@@ -35,7 +35,7 @@ BAD = [
     (f"redis://host?password={PASSWORD}&db=x", "query argument db='x'"),
     (f"redis+sentinel://:{PASSWORD}@s1:26379", "names no service"),
     (f"redis+sentinel://:{PASSWORD}@s1:26379/m?db=1", "takes no query"),
-    (f"ftp://:{PASSWORD}@host/0", "is not a Redis URL"),
+    (f"ftp://:{PASSWORD}@host/0", "scheme 'ftp://', which the limiter does not support"),
     (f"redis://:{PASSWORD}/x@host:6379/0", "redis://:***@host:6379/0"),
 ]
 
