@@ -68,6 +68,9 @@ _NONE = -1
 _NEVER = -2
 _REPLY_HEAD = 2
 _REPLY_FIELDS = 5
+# What built-in limits count by (AppRule.kind), as plain strings for the hot path.
+_USER_KIND = AppKey.USER.value
+_IP_KIND = AppKey.IP.value
 # Approximate mode's defaults: sync after this many requests, or this many seconds.
 DEFAULT_SYNC_EVERY = 10
 DEFAULT_SYNC_INTERVAL = 0.1
@@ -109,7 +112,7 @@ class AppRule:
         """What the limit counts by: ``user``, ``ip`` or the name of an app key."""
         if self.per_key is not None:
             return self.per_key
-        return AppKey.IP.value if self.per_ip else AppKey.USER.value
+        return _IP_KIND if self.per_ip else _USER_KIND
 
     approximate: bool = False
     sync_every: int = 1
@@ -683,7 +686,7 @@ class Core:
             # None: by address (per: ip, or an anonymous caller of a per-user limit).
             kind = rule.per_key
             if kind is None and not (rule.per_ip or identity is None):
-                kind = AppKey.USER.value
+                kind = _USER_KIND
             tag = tags.get(kind)
             if tag is None:
                 tag = tags[kind] = self._tag(rule, identity, ip, keys)

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import Depends, FastAPI
 from harness import RedisServer
 from servers import serve_asgi, serve_wsgi
 from starlette.applications import Starlette
@@ -23,6 +24,7 @@ import policy
 from applimit import AsyncLimiter, Limiter
 from applimit.asgi import Caller, RequestInfo
 from applimit.asgi import RateLimitMiddleware as AsgiMiddleware
+from applimit.fastapi import RateLimit
 from applimit.wsgi import RateLimitMiddleware as WsgiMiddleware
 
 POLICY = """
@@ -127,3 +129,31 @@ def test_callers_without_an_organisation_are_counted_by_address(client: httpx.Cl
     # An organisation's callers from the same address are not affected.
     headers = {"x-user": "grace", "x-org": "acme"}
     assert refused_by(client.get("/api/hello", headers=headers)) is None
+
+
+async def test_the_fastapi_dependency_counts_a_named_per_org_limit(
+    redis_server: RedisServer, redis_client: object
+) -> None:
+    """RateLimit(limiter, "org") counts the organisation identify returns, and a caller
+    without one by the client address, as the middleware does."""
+    limiter = AsyncLimiter(policy.loads(POLICY), redis_url=redis_server.url)
+    app = FastAPI()
+
+    @app.get("/export", dependencies=[Depends(RateLimit(limiter, "org", identify=identify))])
+    async def export() -> dict[str, str]:
+        return {"ok": "yes"}
+
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            for user in ("a", "b", "c", "d"):
+                response = await http.get("/export", headers={"x-user": user, "x-org": "acme"})
+                assert response.status_code == 200
+            refused = await http.get("/export", headers={"x-user": "e", "x-org": "acme"})
+            assert refused.status_code == 429
+            assert (await http.get("/export", headers={"x-user": "e"})).status_code == 200
+        # 127.0.0.1: the client address httpx's ASGI transport reports.
+        assert (await limiter.peek("org", None, ip="127.0.0.1")).remaining == 3
+        assert (await limiter.peek("org", None, keys={"org": "acme"})).remaining == 0
+    finally:
+        await limiter.aclose()
