@@ -182,17 +182,93 @@ class _TooBig(Exception):
         self.node = node
 
 
+_UNEXPECTED_CHARACTER = re.compile(r"found character '(.*)' that cannot start any token")
+
+
+def _at_line(mark: yaml.Mark | None) -> str:
+    return f" at line {mark.line + 1}" if mark is not None else ""
+
+
+def _token_problem(problem: str) -> str | None:
+    """A character or an alias that cannot be where it is, or None."""
+    character = _UNEXPECTED_CHARACTER.match(problem)
+    if character and character.group(1) == "\\t":
+        return "a tab indents this line; YAML indents with spaces only, so use spaces"
+    if character:
+        return f"{character.group(1)!r} cannot start a value; put the value in quotes"
+    if problem.startswith("found undefined alias "):
+        name = problem.removeprefix("found undefined alias ").strip("'")
+        return (
+            f"'*{name}' refers to no '&{name}' anchor above it; put the value in quotes if "
+            "'*' is meant as text"
+        )
+    return None
+
+
+def yaml_problem(exc: yaml.MarkedYAMLError) -> tuple[str, yaml.Mark | None]:
+    """What a YAML syntax error means for a policy file, in words that name the fix, and
+    the place to point at (the opening of what is left unclosed, else where PyYAML stopped).
+
+    PyYAML describes its parser's state ("expected <block end>, but found '?'"); a person
+    editing a policy made an indentation mistake, a tab, an unclosed quote or bracket.
+    Problems not recognised here keep PyYAML's words after "the file is not valid YAML".
+    """
+    problem = exc.problem or ""
+    context = exc.context or ""
+    where, opened = exc.problem_mark or exc.context_mark, exc.context_mark
+    noticed = f"noticed at line {where.line + 1}" if where else "noticed at the end"
+    token = _token_problem(problem)
+    mark = where
+    if token is not None:
+        message = token
+    elif problem == "mapping values are not allowed here":
+        message = (
+            "unexpected ':': this line is indented deeper than the key before it (align it "
+            "with its sibling keys), or a value holds ': ' (put the value in quotes)"
+        )
+    elif problem.startswith("expected <block end>, but found '-'"):
+        message = (
+            f"a list item ('- ') where a key was expected in the mapping{_at_line(opened)}; "
+            "indent the list under its key, or make it a 'key: value' line"
+        )
+    elif problem.startswith("expected <block end>"):
+        message = (
+            f"this line is not indented like the others of the block{_at_line(opened)}: keys "
+            "of one mapping, and the items of one list, start in the same column"
+        )
+    elif problem == "found unexpected end of stream" and "quoted scalar" in context:
+        message, mark = "this quoted string is never closed; add the closing quote", opened
+    elif problem.startswith(("expected ',' or ']'", "expected ',' or '}'")):
+        kind = "[ ... ] list" if "]" in problem else "{ ... } mapping"
+        message = f"this {kind} is not closed, or misses a ',' between entries ({noticed})"
+        mark = opened
+    elif problem.endswith("but found '<stream end>'"):
+        message = (
+            "the file ends inside a [ ... ] list or { ... } mapping that is never closed; add "
+            "its closing ']' or '}'"
+        )
+    elif problem == "could not find expected ':'":
+        message = (
+            "this line is not 'key: value': add the ':' after the key (or close a quoted "
+            "string that runs on)"
+        )
+        mark = opened
+    else:
+        message = f"the file is not valid YAML: {problem or context}"
+    return message, mark or where
+
+
 def parse(text: str, file: str, env: Mapping[str, str] | None = None) -> tuple[Any, SourceMap]:
     """Parse YAML text into plain values and a SourceMap; raise PolicyLoadError on errors."""
     source = SourceMap(file=file)
     try:
         nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
+        message, mark = yaml_problem(exc)
         raise PolicyLoadError(
             [
                 Diagnostic(
-                    message=f"the file is not valid YAML: {exc.problem or exc.context}",
+                    message=message,
                     code="P002",
                     file=file,
                     line=mark.line + 1 if mark else None,

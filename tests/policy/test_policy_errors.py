@@ -347,8 +347,41 @@ CASES = [
 ]
 
 YAML_CASES = [
-    Case("yaml-syntax", "version: 1\nlimits: [\n", 3, "", "not valid YAML"),
-    Case("yaml-tab-indent", "version: 1\ntiers:\n\t- free\n", 3, "", "not valid YAML"),
+    # Syntax errors name the mistake and point at it (an unclosed bracket or quote: where
+    # it opens), never in PyYAML's parser words ("expected <block end>, but found '?'").
+    Case("yaml-syntax", "version: 1\nlimits: [\n", 3, "", "that is never closed"),
+    Case("yaml-unclosed-list", "version: 1\ntiers: [a, b\n", 2, "", "[ ... ] list is not closed"),
+    Case("yaml-tab-indent", "version: 1\ntiers:\n\t- free\n", 3, "", "a tab indents this line"),
+    Case(
+        "yaml-indent-sibling",
+        "version: 1\nlimits:\n  - name: api\n   edge: { rate: 10/1m }\n",
+        4,
+        "",
+        "not indented like the others of the block at line 3",
+    ),
+    Case(
+        "yaml-indent-deeper",
+        "version: 1\napp:\n  timeout: 10s\n    key_prefix: rl\n",
+        4,
+        "",
+        "indented deeper than the key before it",
+    ),
+    Case(
+        "yaml-list-among-keys",
+        "version: 1\napp:\n  timeout: 10s\n  - rl\n",
+        4,
+        "",
+        "a list item ('- ') where a key was expected",
+    ),
+    Case(
+        "yaml-unclosed-quote",
+        'version: 1\nlimits:\n  - name: "api\n    app: { tiers: { free: 1/1s } }\n',
+        3,
+        "",
+        "quoted string is never closed",
+    ),
+    Case("yaml-no-colon", "version: 1\ntiers\n", 2, "", "add the ':' after the key"),
+    Case("yaml-undefined-alias", "version: 1\ntiers: *free\n", 2, "", "'*free' refers to no"),
     Case("yaml-duplicate-key", "version: 1\ntiers: [a]\ntiers: [b]\n", 3, "tiers", "appears twice"),
     Case("yaml-empty", "", 1, "", "the file is empty"),
     Case("yaml-not-mapping", "- version: 1\n", 1, "", "top level must be a mapping"),
@@ -375,6 +408,21 @@ def test_bad_policy_gives_line_and_path(case: Case, tmp_path: Path) -> None:
     assert first.path == case.path, first.format()
     assert case.fragment in first.message, first.format()
     assert first.format().startswith(f"{file}:{case.line}")
+    assert not any(word in first.message for word in ("<block", "<stream", "scalar")), first
+
+
+def test_a_yaml_mistake_reads_as_a_diagnostic_line(tmp_path: Path) -> None:
+    """An indentation mistake prints as ``file:line:col: message [error P002]``, like every
+    other finding, with the column of the line at fault."""
+    file = tmp_path / "policy.yaml"
+    file.write_text("version: 1\nlimits:\n  - name: api\n   edge: { rate: 10/1m }\n")
+    with pytest.raises(policy.PolicyLoadError) as info:
+        policy.load(file, env={})
+    (only,) = info.value.diagnostics
+    assert policy.diagnostic_terminal(only) == (
+        f"{file}:4:4: this line is not indented like the others of the block at line 3: keys "
+        "of one mapping, and the items of one list, start in the same column [error P002]"
+    )
 
 
 def test_many_kinds_of_bad_input_are_covered() -> None:
