@@ -162,7 +162,8 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
         callers (the middleware passes it). ``keys`` holds the app keys (``{"org": ...}``)
         that ``per: <key>`` limits count by (the middleware passes those of the
         :class:`~applimit.Caller`). ``host`` is the Host header, for limits that
-        match on hosts. A limit without a rate for ``tier`` does not apply.
+        match on hosts. A limit without a rate for ``tier`` does not apply, nor does one
+        marked ``middleware: false`` (only :meth:`hit` applies it, by name).
         """
         return self._decide(
             self.core.for_request(
