@@ -8,6 +8,8 @@ user's and the organisation's keys live in different slots).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -150,27 +152,35 @@ def test_the_decorator_takes_keys() -> None:
 
 
 async def test_the_decorator_counts_the_organisation(make_limiter: MakeLimiter) -> None:
-    """keys= computes the organisation from the call's arguments, as identity= the user."""
+    """keys= computes the organisation from the call's arguments, as identity= the user
+    (a plain function with a Limiter, a coroutine function with an AsyncLimiter)."""
     driver = make_limiter(POLICY)
     limiter = driver.limiter
-    if not isinstance(limiter, Limiter):
-        pytest.skip("the sync decorator is exercised with the sync limiter")
+    options: dict[str, Any] = {
+        "identity": lambda user, org: user,
+        "keys": lambda user, org: {"org": org} if org else None,
+        "ip": lambda user, org: "203.0.113.9",
+    }
+    if isinstance(limiter, Limiter):
 
-    @rate_limited(
-        limiter,
-        "per-org",
-        identity=lambda user, org: user,
-        keys=lambda user, org: {"org": org} if org else None,
-        ip=lambda user, org: "203.0.113.9",
-    )
-    def export(user: str, org: str | None) -> str:
-        return "done"
+        @rate_limited(limiter, "per-org", **options)
+        def plain(user: str, org: str | None) -> str:
+            return "done"
+
+        async def export(user: str, org: str | None) -> str:
+            return plain(user, org)
+
+    else:
+
+        @rate_limited(limiter, "per-org", **options)
+        async def export(user: str, org: str | None) -> str:
+            return "done"
 
     for user in ("a", "b", "c", "d"):
-        assert export(user, "initech") == "done"
+        assert await export(user, "initech") == "done"
     with pytest.raises(RateLimited):
-        export("e", "initech")
-    assert export("e", None) == "done"  # no organisation: counted by address
+        await export("e", "initech")
+    assert await export("e", None) == "done"  # no organisation: counted by address
     assert (await driver.peek("per-org", None, ip="203.0.113.9")).remaining == 3
 
 
