@@ -9,13 +9,13 @@ framework's request and response objects.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from ._decision import Decision
 from ._decorator import RateLimited
 from ._sync import Limiter
-from ._web import Caller, Gate, Outcome, RequestInfo
+from ._web import Caller, Gate, Outcome, RequestInfo, is_preflight
 
 # Structured-field Lists: two sets of items (the request's limits and a view's own limit)
 # join into one field value. Every other rate-limit header names a single value.
@@ -23,11 +23,33 @@ _LIST_FIELDS = frozenset({"ratelimit-policy", "ratelimit"})
 
 
 def known_limit(limiter: Limiter, name: str) -> str:
-    """``name`` when the policy has an app limit of that name; otherwise raise at start-up."""
-    if name not in limiter.limits:
-        known = ", ".join(repr(n) for n in limiter.limits) or "none"
-        raise ValueError(f"the policy has no app limit named {name!r}; its app limits are: {known}")
+    """``name`` when the policy has an app limit of that name; otherwise the limiter's own
+    :class:`~applimit.UnknownLimitError` (the one ``hit`` raises), at start-up."""
+    limiter.core.rule(name)
     return name
+
+
+def needs_check(limiter: Limiter, request: RequestInfo) -> bool:
+    """Whether the request check applies at all, decided before ``identify`` runs.
+
+    As in the WSGI middleware: a CORS preflight is neither counted nor refused, and a
+    request that no limit the middleware applies matches (``/healthz``) never reaches the
+    app's auth code.
+    """
+    if is_preflight(request):
+        return False
+    return limiter.matches(request.method, request.path, request.host)
+
+
+def identify_safely(
+    gate: Gate, request: RequestInfo, identify: Callable[[], Caller | None]
+) -> tuple[Caller | None, Outcome | None]:
+    """Run the app's ``identify`` under the gate's ``on_identify_error``: the caller, or
+    the refusal (503) when it raised and the choice is to refuse; ``"raise"`` re-raises."""
+    try:
+        return identify(), None
+    except Exception as error:
+        return None, gate.identify_failed(request, error)
 
 
 def check_request(

@@ -41,7 +41,7 @@ import functools
 import inspect
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -51,9 +51,20 @@ from django.core.signals import setting_changed  # type: ignore[import-untyped]
 from django.http import HttpResponse  # type: ignore[import-untyped]
 from django.utils.module_loading import import_string  # type: ignore[import-untyped]
 
+from policy import PolicyError
+
 from ._decorator import RateLimited
+from ._errors import ConfigurationError
 from ._sync import Limiter
-from ._views import check_request, hit_limit, known_limit, merge_headers, rate_limited_outcome
+from ._views import (
+    check_request,
+    hit_limit,
+    identify_safely,
+    known_limit,
+    merge_headers,
+    needs_check,
+    rate_limited_outcome,
+)
 from ._web import (
     QUOTA_EXCEEDED,
     Caller,
@@ -61,7 +72,7 @@ from ._web import (
     Outcome,
     Refusal,
     RequestInfo,
-    TrustedProxies,
+    middleware_gate,
 )
 
 __all__ = ["Caller", "RateLimitMiddleware", "get_limiter", "rate_limit", "request_info"]
@@ -77,6 +88,7 @@ _OPTIONS = {
     "policy": "path of the policy file (required)",
     "redis_url": "the Redis URL; overrides the policy's app.redis_url",
     "identify": "dotted path of identify(request) -> Caller | None, or the function",
+    "on_identify_error": "what an exception from identify means: raise, anonymous, refuse",
     "check_requests": "check every request against the limits whose match: applies",
     "trusted_proxies": "addresses and CIDR networks of your proxies",
     "behind_cloudflare": "read CF-Connecting-IP from trusted peers",
@@ -101,15 +113,11 @@ _config: Config | None = None
 _lock = threading.Lock()
 
 
-def _setting_error(problem: str) -> ImproperlyConfigured:
-    return ImproperlyConfigured(f"settings.{SETTING}: {problem}")
-
-
-def _flag(options: Mapping[str, object], name: str, default: bool) -> bool:
-    value = options.get(name, default)
-    if not isinstance(value, bool):
-        raise _setting_error(f"{name!r} must be True or False, not {value!r}")
-    return value
+def _setting_error(option: str | None, problem: str) -> ImproperlyConfigured:
+    # Worded as the middleware's ConfigurationError is ("<owner> option <name>: ..."), so
+    # that one message names the option whichever shell is configured.
+    where = f"settings.{SETTING}" + (f" option {option}" if option else "")
+    return ImproperlyConfigured(f"{where}: {problem}")
 
 
 def _identify(value: object) -> DjangoIdentify | None:
@@ -120,11 +128,12 @@ def _identify(value: object) -> DjangoIdentify | None:
             value = import_string(value)
         except ImportError as error:
             raise _setting_error(
-                f"'identify' names {value!r}, which cannot be imported ({error}); give the "
-                "dotted path of a function such as 'yourproject.ratelimit.identify'"
+                "identify",
+                f"{value!r} cannot be imported ({error}); give the dotted path of a "
+                "function such as 'yourproject.ratelimit.identify'.",
             ) from error
     if not callable(value):
-        raise _setting_error(f"'identify' must be a function or its dotted path, not {value!r}")
+        raise _setting_error("identify", f"{value!r} is not a function or its dotted path.")
     return value
 
 
@@ -133,45 +142,48 @@ def load_config(options: object) -> Config:
     the option at fault and says how to write it."""
     if not isinstance(options, Mapping):
         raise _setting_error(
-            f"must be a dict such as {{'policy': 'policy.yaml'}}, not {type(options).__name__}"
+            None,
+            f"a dict such as {{'policy': 'policy.yaml'}} is needed, not {type(options).__name__}.",
         )
     unknown = sorted(str(k) for k in options if k not in _OPTIONS)
     if unknown:
         known = "; ".join(f"{k!r}: {v}" for k, v in _OPTIONS.items())
-        raise _setting_error(f"unknown option(s) {', '.join(map(repr, unknown))}; known: {known}")
+        raise _setting_error(
+            None, f"unknown option(s) {', '.join(map(repr, unknown))}; known: {known}."
+        )
     policy = options.get("policy")
     if not isinstance(policy, (str, os.PathLike)):
-        raise _setting_error("'policy' is required: the path of the rate-limit policy file")
+        raise _setting_error("policy", "it is required: the path of the rate-limit policy file.")
     redis_url = options.get("redis_url")
     if redis_url is not None and not isinstance(redis_url, str):
-        raise _setting_error("'redis_url' must be a str such as 'redis://host:6379/0'")
-    proxies = options.get("trusted_proxies", ())
-    if isinstance(proxies, str) or not isinstance(proxies, Iterable):
-        raise _setting_error("'trusted_proxies' must be a list such as ['10.0.0.0/8']")
-    problem_type = options.get("problem_type", QUOTA_EXCEEDED)
-    if not isinstance(problem_type, str):
-        raise _setting_error("'problem_type' must be a URI string")
-    try:
-        gate_proxies = TrustedProxies(
-            [str(p) for p in proxies],
-            behind_cloudflare=_flag(options, "behind_cloudflare", False),
-        )
-    except ValueError as error:
-        raise _setting_error(f"'trusted_proxies': {error}") from error
+        raise _setting_error("redis_url", f"{redis_url!r} is not a URL such as 'redis://host'.")
+    check_requests = options.get("check_requests", True)
+    if not isinstance(check_requests, bool):
+        raise _setting_error("check_requests", f"{check_requests!r} is not True or False.")
     identify = _identify(options.get("identify"))
-    check_requests = _flag(options, "check_requests", True)
-    legacy_headers = _flag(options, "legacy_headers", False)
-    limiter = (
-        Limiter.from_policy(policy, redis_url=redis_url)
-        if redis_url
-        else Limiter.from_policy(policy)
-    )
-    gate = Gate(
-        tiers=limiter.tiers,
-        proxies=gate_proxies,
-        legacy_headers=legacy_headers,
-        problem_type=problem_type,
-    )
+    try:
+        limiter = (
+            Limiter.from_policy(policy, redis_url=redis_url)
+            if redis_url
+            else Limiter.from_policy(policy)
+        )
+    except (PolicyError, ConfigurationError) as error:
+        raise _setting_error("policy", str(error)) from error
+    try:
+        gate = middleware_gate(
+            f"settings.{SETTING}",
+            tiers=limiter.tiers,
+            identify=identify,
+            cost=1,
+            trusted_proxies=options.get("trusted_proxies", ()),
+            behind_cloudflare=options.get("behind_cloudflare", False),
+            legacy_headers=options.get("legacy_headers", False),
+            problem_type=options.get("problem_type", QUOTA_EXCEEDED),
+            on_identify_error=options.get("on_identify_error", "raise"),
+        )
+    except ConfigurationError as error:
+        limiter.close()
+        raise ImproperlyConfigured(str(error)) from error
     return Config(limiter=limiter, gate=gate, identify=identify, check_requests=check_requests)
 
 
@@ -220,16 +232,28 @@ def request_info(request: Any) -> RequestInfo:
     return dataclasses.replace(info, path=request.path or "/")
 
 
-def _caller(config: Config, request: Any) -> Caller | None:
+def _call_identify(config: Config, request: Any) -> Caller | None:
+    caller = config.identify(request) if config.identify is not None else None
+    if caller is not None and not isinstance(caller, Caller):
+        raise TypeError(
+            f"identify() returned {type(caller).__name__}; return applimit.Caller(user, "
+            "tier) for a known caller or None for an anonymous one"
+        )
+    return caller
+
+
+def _caller(
+    config: Config, request: Any, info: RequestInfo
+) -> tuple[Caller | None, Outcome | None]:
+    """The caller from ``identify``, once per request, under ``on_identify_error``: a
+    refusal in the second place when identify raised and the choice is to refuse."""
     if not hasattr(request, _CALLER):
-        caller = config.identify(request) if config.identify is not None else None
-        if caller is not None and not isinstance(caller, Caller):
-            raise TypeError(
-                f"identify() returned {type(caller).__name__}; return applimit.Caller(user, "
-                "tier) for a known caller or None for an anonymous one"
-            )
-        setattr(request, _CALLER, caller)
-    found: Caller | None = getattr(request, _CALLER)
+        setattr(
+            request,
+            _CALLER,
+            identify_safely(config.gate, info, lambda: _call_identify(config, request)),
+        )
+    found: tuple[Caller | None, Outcome | None] = getattr(request, _CALLER)
     return found
 
 
@@ -266,10 +290,14 @@ class RateLimitMiddleware:
     def __call__(self, request: Any) -> Any:
         """Check the request; answer the refusal, or add the headers to the response."""
         config = configured()
-        if not config.check_requests:
-            return self.get_response(request)
         info = request_info(request)
-        _, outcome = check_request(config.limiter, config.gate, info, _caller(config, request))
+        if not config.check_requests or not needs_check(config.limiter, info):
+            return self.get_response(request)
+        caller, refused = _caller(config, request, info)
+        if refused is not None:
+            outcome = refused
+        else:
+            _, outcome = check_request(config.limiter, config.gate, info, caller)
         if outcome.refusal is not None:
             return refusal_response(outcome.refusal)
         return _add_headers(self.get_response(request), outcome)
@@ -284,15 +312,12 @@ class RateLimitMiddleware:
 
 def _hit(name: str, cost: Cost, request: Any) -> Outcome:
     config = configured()
+    info = request_info(request)
+    caller, refused = _caller(config, request, info)
+    if refused is not None:
+        return refused
     units = cost(request) if callable(cost) else cost
-    _, outcome = hit_limit(
-        config.limiter,
-        config.gate,
-        name,
-        request_info(request),
-        caller=_caller(config, request),
-        cost=units,
-    )
+    _, outcome = hit_limit(config.limiter, config.gate, name, info, caller=caller, cost=units)
     return outcome
 
 

@@ -40,19 +40,29 @@ from werkzeug.exceptions import HTTPException
 
 from ._decision import Decision
 from ._decorator import RateLimited
+from ._errors import ConfigurationError
 from ._sync import Limiter
-from ._views import check_request, hit_limit, known_limit, merge_headers, rate_limited_outcome
+from ._views import (
+    check_request,
+    hit_limit,
+    identify_safely,
+    known_limit,
+    merge_headers,
+    needs_check,
+    rate_limited_outcome,
+)
 from ._web import (
     PROBLEM_JSON,
     QUOTA_EXCEEDED,
     Caller,
-    Gate,
+    OnIdentifyError,
     Outcome,
     Refusal,
     RequestInfo,
     TrustedProxies,
     delay_seconds,
     identify_sync,
+    middleware_gate,
     problem_body,
 )
 
@@ -119,10 +129,12 @@ class Limits:
     ``limiter`` is a (sync) ``applimit.Limiter``. ``identify(request)`` returns a
     :class:`Caller` or ``None`` (anonymous: counted by client IP in the lowest tier); it
     gets the framework-free :class:`RequestInfo`, runs inside Flask's request context, and
-    runs at most once per request. ``check_requests`` checks every request against the
-    limits whose ``match:`` applies (turn it off when the WSGI middleware does that, or to
-    limit named views only). ``trusted_proxies``, ``behind_cloudflare``,
-    ``legacy_headers`` and ``problem_type`` mean what they mean for the WSGI middleware.
+    runs at most once per request, and only when a limit applies. ``check_requests`` checks
+    every request against the limits whose ``match:`` applies (turn it off when the WSGI
+    middleware does that, or to limit named views only). ``on_identify_error``,
+    ``trusted_proxies``, ``behind_cloudflare``, ``legacy_headers`` and ``problem_type``
+    mean what they mean for the WSGI middleware; a bad option raises
+    :class:`~applimit.ConfigurationError` here.
     """
 
     def __init__(
@@ -131,6 +143,7 @@ class Limits:
         *,
         limiter: Limiter,
         identify: SyncIdentify | None = None,
+        on_identify_error: OnIdentifyError = "raise",
         check_requests: bool = True,
         trusted_proxies: Iterable[str] = (),
         behind_cloudflare: bool = False,
@@ -140,18 +153,23 @@ class Limits:
         """Configure the extension (a bad option fails here); install it when ``app`` is
         given, or later with :meth:`init_app`."""
         if not isinstance(limiter, Limiter):
-            raise TypeError(
-                f"Limits needs an applimit.Limiter, not {type(limiter).__name__}: Flask "
-                "views are sync, and an AsyncLimiter cannot be awaited there"
+            raise ConfigurationError(
+                "Limits option limiter: a Flask app needs an applimit.Limiter, not "
+                f"{type(limiter).__name__}; build it with Limiter.from_policy(...)."
             )
         self.limiter = limiter
         self.identify = identify
         self.check_requests = check_requests
-        self.gate = Gate(
+        self.gate = middleware_gate(
+            "Limits",
             tiers=limiter.tiers,
-            proxies=TrustedProxies(trusted_proxies, behind_cloudflare=behind_cloudflare),
+            identify=identify,
+            cost=1,
+            trusted_proxies=trusted_proxies,
+            behind_cloudflare=behind_cloudflare,
             legacy_headers=legacy_headers,
             problem_type=problem_type,
+            on_identify_error=on_identify_error,
         )
         if app is not None:
             self.init_app(app)
@@ -174,8 +192,9 @@ class Limits:
         The limit is hit whatever its ``match:`` says, by the caller ``identify`` returns
         (an anonymous caller by client IP). ``cost`` is how many units a request uses, or a
         callable that computes them from the ``flask.Request``. An unknown name fails here,
-        when the view is defined. Do not also let the request check count the same limit
-        (its ``match:`` covering this view): both would consume.
+        when the view is defined. A limit marked ``middleware: false`` in the policy is
+        applied only here; any other whose ``match:`` covers this view is counted by the
+        request check as well, and both would consume.
         """
         known_limit(self.limiter, name)
         if not callable(cost) and (not isinstance(cost, int) or cost < 1):
@@ -207,22 +226,32 @@ class Limits:
     # -- the hooks --------------------------------------------------------------------------
 
     def _caller(self, info: RequestInfo) -> Caller | None:
+        """The caller, from ``identify`` once per request; an identify failure that the
+        gate turns into a refusal is raised (again, for every check of the request)."""
         environ = request.environ
         if _CALLER not in environ:
-            environ[_CALLER] = identify_sync(self.identify, info)
-        caller: Caller | None = environ[_CALLER]
-        return caller
+            environ[_CALLER] = identify_safely(
+                self.gate, info, lambda: identify_sync(self.identify, info)
+            )
+        caller, refused = environ[_CALLER]
+        if refused is not None and refused.refusal is not None:
+            raise RateLimitExceeded(refused.refusal)
+        found: Caller | None = caller
+        return found
 
     def _check_request(self) -> None:
         info = RequestInfo.from_wsgi(request.environ)
+        if not needs_check(self.limiter, info):
+            return
         decision, outcome = check_request(self.limiter, self.gate, info, self._caller(info))
         self._apply(outcome, decision)
 
     def _hit(self, name: str, cost: Cost) -> None:
-        units = cost(request) if callable(cost) else cost
         info = RequestInfo.from_wsgi(request.environ)
+        caller = self._caller(info)
+        units = cost(request) if callable(cost) else cost
         decision, outcome = hit_limit(
-            self.limiter, self.gate, name, info, caller=self._caller(info), cost=units
+            self.limiter, self.gate, name, info, caller=caller, cost=units
         )
         self._apply(outcome, decision)
 

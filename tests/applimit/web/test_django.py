@@ -30,6 +30,7 @@ from applimit._web import QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY
 from applimit.wsgi import Caller, RateLimitMiddleware, RequestInfo
 
 PROJECT = EXAMPLES / "django_project"
+HERE = Path(__file__).resolve().parent
 STARTUP_TIMEOUT = 30.0
 _LISTENING = re.compile(r"Listening at: (http://127\.0\.0\.1:\d+)")
 
@@ -55,9 +56,14 @@ limits:
 
 
 @contextlib.contextmanager
-def gunicorn(env: Mapping[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def gunicorn(
+    env: Mapping[str, str], log: Path, settings: str | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     """Run the example project under gunicorn (two workers) with ``env`` added; stop it
-    (and wait for it) at exit. The log holds gunicorn's and Django's output."""
+    (and wait for it) at exit. The log holds gunicorn's and Django's output. ``settings``
+    names a settings module of this directory to use instead of the example's."""
+    if settings is not None:
+        env = {**env, "DJANGO_SETTINGS_MODULE": settings}
     with log.open("wb") as out:
         process = subprocess.Popen(
             [
@@ -66,6 +72,8 @@ def gunicorn(env: Mapping[str, str], log: Path) -> Iterator[subprocess.Popen[byt
                 "gunicorn",
                 "--chdir",
                 str(PROJECT),
+                "--pythonpath",
+                str(HERE),
                 "--bind",
                 "127.0.0.1:0",
                 "--workers",
@@ -323,25 +331,63 @@ def test_a_wrong_setting_stops_start_up(policy_path: Path, tmp_path: Path) -> No
         code = process.wait(timeout=STARTUP_TIMEOUT)
     text = log.read_text(encoding="utf-8", errors="replace")
     assert code != 0, text
-    assert "settings.APPLIMIT: 'trusted_proxies': trusted proxy '10.0.0.0/33'" in text
+    assert "settings.APPLIMIT option trusted_proxies: trusted proxy '10.0.0.0/33'" in text
 
 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"polcy": "policy.yaml"}, "unknown option(s) 'polcy'; known: 'policy'"),
-        ({}, "'policy' is required"),
-        ({"policy": "p.yaml", "identify": "no_such_module.identify"}, "cannot be imported"),
-        ({"policy": "p.yaml", "check_requests": "yes"}, "'check_requests' must be True or False"),
-        ({"policy": "p.yaml", "trusted_proxies": "10.0.0.0/8"}, "must be a list"),
-        ("policy.yaml", "must be a dict"),
+        ({"polcy": "policy.yaml"}, "settings.APPLIMIT: unknown option(s) 'polcy'; known:"),
+        ({}, "settings.APPLIMIT option policy: it is required"),
+        ({"policy": "no-such.yaml"}, "settings.APPLIMIT option policy: "),
+        ({"identify": "no_such_module.identify"}, "option identify: 'no_such_module.identify'"),
+        ({"check_requests": "yes"}, "option check_requests: 'yes' is not True or False"),
+        ({"trusted_proxies": "10.0.0.0/8"}, "option trusted_proxies: '10.0.0.0/8' is not a list"),
+        ({"on_identify_error": "ignore"}, "option on_identify_error: 'ignore' is not one of"),
+        ({"legacy_headers": 1}, "option legacy_headers: 1 is not True or False"),
+        ("policy.yaml", "settings.APPLIMIT: a dict such as"),
     ],
 )
-def test_settings_mistakes_are_named(options: object, message: str) -> None:
+def test_settings_mistakes_are_named(options: object, message: str, policy_path: Path) -> None:
     """Each mistake in APPLIMIT is an ImproperlyConfigured that names the option."""
     from django.core.exceptions import ImproperlyConfigured
 
     from applimit.django import load_config
 
+    if isinstance(options, dict) and options and "policy" not in options and "polcy" not in options:
+        options = {"policy": str(policy_path), **options}
     with pytest.raises(ImproperlyConfigured, match=re.escape(message)):
         load_config(options)
+
+
+@pytest.mark.parametrize("choice", ["refuse", "anonymous", "raise"])
+def test_on_identify_error(
+    choice: str,
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    policy_path: Path,
+    tmp_path: Path,
+) -> None:
+    """identify raising (django_authdown.py): /healthz, which no limit matches, never calls
+    it; elsewhere "refuse" answers the 503 problem (middleware and decorator alike),
+    "anonymous" counts by IP in the lowest tier, "raise" is Django's 500."""
+    log = tmp_path / "gunicorn.log"
+    env = {
+        "REDIS_URL": redis_server.url,
+        "RATE_LIMIT_POLICY": str(policy_path),
+        "ON_IDENTIFY_ERROR": choice,
+    }
+    with gunicorn(env, log, settings="django_authdown") as process:
+        url = ready_url(process, log)
+        with httpx.Client(base_url=url, timeout=10) as client:
+            assert client.get("/healthz", headers=BOB).status_code == 200
+            for path in ("/api/items", "/reports/q1"):
+                response = get(client, path, BOB)
+                if choice == "refuse":
+                    assert problem(response, 503)["type"] == TEMPORARY_REDUCED_CAPACITY
+                elif choice == "anonymous":
+                    assert response.status_code == 200
+                    policies = rate_limit_headers(response).policies
+                    assert all(quota.q in (3, 10) for quota in policies.values())  # free
+                else:
+                    assert response.status_code == 500

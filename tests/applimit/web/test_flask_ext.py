@@ -21,7 +21,7 @@ from harness import RedisServer
 from servers import serve_wsgi
 from webcheck import ALICE, BOB, FLASK, Serve, problem, rate_limit_headers
 
-from applimit import Limiter, rate_limited
+from applimit import ConfigurationError, Limiter, UnknownLimitError, rate_limited
 from applimit._web import QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY
 from applimit.flask import Caller, Limits, RateLimitExceeded, RequestInfo
 from applimit.wsgi import RateLimitMiddleware
@@ -34,10 +34,9 @@ limits:
   - name: api
     match: { path_prefix: /api/ }
     app: { algorithm: sliding_log, tiers: { free: 2/1m, pro: 4/1m } }
-  # Matches no path the app serves: it applies only where a view names it.
+  # For explicit use only: it applies where a view names it, never in the request check.
   - name: export
-    match: { paths: [/never-requested] }
-    app: { algorithm: sliding_log, tiers: { free: 1/1m, pro: 3/1m } }
+    app: { algorithm: sliding_log, middleware: false, tiers: { free: 1/1m, pro: 3/1m } }
   - name: search
     match: { paths: [/api/search] }
     app: { algorithm: sliding_log, tiers: { free: 10/1h, pro: 10/1h } }
@@ -336,17 +335,74 @@ def test_a_view_failing_closed_answers_503(
 
 
 def test_definition_errors_fail_at_start_up(policy_path: Path, redis_server: RedisServer) -> None:
-    """An unknown limit name, a bad cost or an AsyncLimiter fail when the app is built."""
+    """An unknown limit name, a bad cost, a bad option or an AsyncLimiter fail when the app
+    is built, with the errors the rest of applimit raises."""
     with Limiter.from_policy(policy_path, redis_url=redis_server.url) as limiter:
         limits = Limits(limiter=limiter)
-        with pytest.raises(ValueError, match=r"no app limit named 'nope'.*'api', 'export'"):
+        with pytest.raises(UnknownLimitError, match=r"no limit named 'nope'.*'api', 'export'"):
             limits.limit("nope")
         with pytest.raises(ValueError, match="cost must be a positive int"):
             limits.limit("export", cost=0)
-        with pytest.raises(ValueError, match=r"trusted proxy '10\.0\.0\.0/33'"):
+        with pytest.raises(ConfigurationError, match=r"Limits option trusted_proxies: .*/33"):
             Limits(limiter=limiter, trusted_proxies=["10.0.0.0/33"])
-    with pytest.raises(TypeError, match=r"Limits needs an applimit\.Limiter"):
+        with pytest.raises(ConfigurationError, match="Limits option on_identify_error"):
+            Limits(limiter=limiter, on_identify_error="ignore")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"Limits option limiter: .*applimit\.Limiter"):
         Limits(limiter=object())  # type: ignore[arg-type]
+
+
+def test_identify_runs_only_where_a_limit_applies(start: Callable[..., httpx.Client]) -> None:
+    """A request no limit matches, and a CORS preflight, never reach identify (an auth
+    backend that is down does not turn /healthz into a 500) and carry no headers."""
+    calls: list[str] = []
+
+    def strict(request: RequestInfo) -> Caller | None:
+        calls.append(request.path)
+        raise RuntimeError("the auth backend is down")
+
+    def build(limits: Limits) -> Flask:
+        app = build_app(limits)
+
+        @app.get("/healthz")
+        def healthz() -> Response:
+            return jsonify(status="ok")
+
+        return app
+
+    client = start(build, identify=strict)
+    health = client.get("/healthz")
+    assert health.status_code == 200
+    assert "ratelimit-policy" not in health.headers
+    preflight = client.options(
+        "/api/items",
+        headers={"Origin": "https://app.example", "Access-Control-Request-Method": "GET"},
+    )
+    assert preflight.status_code == 200
+    assert "ratelimit-policy" not in preflight.headers
+    assert calls == []
+
+
+@pytest.mark.parametrize("choice", ["refuse", "anonymous", "raise"])
+def test_on_identify_error(start: Callable[..., httpx.Client], choice: str) -> None:
+    """An identify that raises: "refuse" answers the middleware's 503 problem (for the
+    request check and the per-view limit alike), "anonymous" counts the caller by IP in the
+    lowest tier, "raise" lets the app's error handling answer (a 500)."""
+
+    def broken(request: RequestInfo) -> Caller | None:
+        raise RuntimeError("the auth backend is down")
+
+    client = start(identify=broken, on_identify_error=choice)
+    for path in ("/api/items", "/export"):
+        response = get(client, path, BOB)
+        if choice == "refuse":
+            body = problem(response, 503)
+            assert body["type"] == TEMPORARY_REDUCED_CAPACITY
+        elif choice == "anonymous":
+            assert response.status_code == 200
+            policies = rate_limit_headers(response).policies
+            assert all(quota.q in (1, 2) for quota in policies.values())  # free, not pro
+        else:
+            assert response.status_code == 500
 
 
 # --- the example app ---------------------------------------------------------------------
