@@ -1,7 +1,8 @@
 """The middleware counts the keys ``identify`` returns: ``Caller(user, tier, keys={"org":
-...})`` under real servers (an ASGI app under uvicorn, a WSGI app under waitress), on a real
-redis-server. One request is counted per user and per organisation; a caller without an
-organisation is counted by client IP in the ``per: org`` limit."""
+...})`` under real servers (an ASGI app under uvicorn, a WSGI app and the Flask extension
+under waitress; the FastAPI dependency through httpx), on a real redis-server. One request
+is counted per user and per organisation; a caller without an organisation is counted by
+client IP in the ``per: org`` limit."""
 
 from __future__ import annotations
 
@@ -74,9 +75,26 @@ def wsgi_app(redis_url: str) -> tuple[Any, Callable[[], Any]]:
     return WsgiMiddleware(hello, limiter=limiter, identify=identify), limiter.close
 
 
+def flask_app(redis_url: str) -> tuple[Any, Callable[[], Any]]:
+    from flask import Flask
+
+    from applimit.flask import Limits
+
+    limiter = Limiter(policy.loads(POLICY), redis_url=redis_url)
+    app = Flask(__name__)
+    Limits(app, limiter=limiter, identify=identify)
+
+    @app.get("/api/hello")
+    def hello() -> str:
+        return "hello"
+
+    return app, limiter.close
+
+
 SERVERS: dict[str, tuple[Callable[[str], tuple[Any, Callable[[], Any]]], Any]] = {
     "asgi-uvicorn": (asgi_app, serve_asgi),
     "wsgi-waitress": (wsgi_app, serve_wsgi),
+    "flask-extension-waitress": (flask_app, serve_wsgi),
 }
 
 
