@@ -33,8 +33,7 @@ from http.cookies import CookieError, SimpleCookie
 from types import MappingProxyType
 from typing import Any, Literal
 
-from policy import decode_path, normalize_host
-from policy._vocab import KEY_NAME_RE, AppKey
+from policy import KeyName, decode_path, normalize_host
 
 from ._core import MAX_COST
 from ._decision import Decision, LimitResult
@@ -55,8 +54,6 @@ UNIX_SOCKET = "unix"
 UNKNOWN_IP = "unknown"
 # Unknown tiers logged once each; past this many, further ones are not logged.
 MAX_WARNED_TIERS = 64
-# Key names Caller.keys may not use: the built-in keys, which are Caller.user and the address.
-_BUILT_IN = frozenset(AppKey)
 # What a failing identify() means (Gate's on_identify_error): "raise" propagates the app's
 # exception (a 500, as before this option existed), "anonymous" counts the caller by IP in
 # the lowest tier, "refuse" answers 503 (the app's auth, not the client, is at fault).
@@ -98,7 +95,9 @@ class Caller:
                 f"{type(self.keys).__name__}; e.g. keys={{'org': org_id}}"
             )
         for name, value in self.keys.items():
-            if not isinstance(name, str) or not KEY_NAME_RE.match(name) or name in _BUILT_IN:
+            # A name a limit's per: can use: a lower-case identifier, not user or ip (which
+            # are Caller.user and the client address), as the policy's lint requires.
+            if not isinstance(name, str) or not KeyName(name).valid:
                 raise ValueError(
                     f"Caller.keys has the key name {name!r}; a key name is what a limit's "
                     "per: names: a lower-case identifier (e.g. org), not user or ip, which "

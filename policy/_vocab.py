@@ -268,7 +268,7 @@ class KeyName(str):
     @property
     def valid(self) -> bool:
         """Whether the name is a lower-case identifier of at most 32 characters that is not
-        a built-in key (``user``, ``ip``) in another case."""
+        a built-in key (``user``, ``ip``) in any case."""
         return bool(KEY_NAME_RE.match(self)) and self.lower() not in set(AppKey)
 
     @classmethod
