@@ -10,6 +10,7 @@ from typing import Any
 import policy
 from policy import Policy, Severity
 
+from ._messages import shown_url
 from ._placement import check
 
 
@@ -126,13 +127,40 @@ def describe(loaded: Policy) -> list[dict[str, Any]]:
     return rows
 
 
+SHOW_FORMAT = 1
+
+
+def show_data(loaded: Policy, file: str) -> dict[str, Any]:
+    """``show --format json``: the policy as data (docs/policy.md, "edgegen show").
+
+    Every section and field as the policy model holds it, in the file's own spelling
+    (``"100/1m"``, ``"10s"``, ``null`` for a field left to its default), with each limit's
+    ``effective`` values (the defaults resolved), and ``app.redis_url`` with any user and
+    password shown as ``***``. ``format`` changes only when a field is removed or changes
+    meaning.
+    """
+    data: dict[str, Any] = loaded.model_dump(mode="json")
+    data["app"]["redis_url"] = shown_url(loaded.app.redis_url)
+    for limit, shown in zip(loaded.limits, data["limits"], strict=True):
+        effective: dict[str, Any] = {}
+        if limit.edge is not None:
+            extra = policy.credentialed_rate(loaded, limit)
+            effective["edge_credentialed_rate"] = str(extra) if extra is not None else None
+        if limit.app is not None:
+            effective["on_redis_error"] = (
+                limit.app.on_redis_error or loaded.app.on_redis_error
+            ).value
+        shown["effective"] = effective
+    return {"format": SHOW_FORMAT, "file": file, **data}
+
+
 def run_show(args: argparse.Namespace) -> int:
-    """Print a table of the policy's limits."""
+    """Print a table of the policy's limits (or, with ``--format json``, the policy as data)."""
     loaded = policy.load(args.policy)
-    rows = describe(loaded)
     if args.format == "json":
-        _print_json({"file": args.policy, "tiers": list(loaded.tiers), "limits": rows})
+        _print_json(show_data(loaded, args.policy))
         return 0
+    rows = describe(loaded)
     plan = loaded.cloudflare.plan.value if loaded.cloudflare else "none"
     out = [f"{args.policy}: {len(rows)} limits, tiers {' < '.join(loaded.tiers)}, plan {plan}"]
     for row in rows:

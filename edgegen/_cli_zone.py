@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import policy
-from policy import Policy
+from policy import Cloudflare, Policy
 
 from . import _apply, _diff, _formats, _plan_format
 from ._artifacts import Artifacts
@@ -126,21 +126,31 @@ def register(sub: Any) -> None:
     )
     diff.add_argument("old", metavar="OLD", help="a policy file or git:REF:PATH")
     diff.add_argument("new", metavar="NEW", help="a policy file or git:REF:PATH")
-    diff.add_argument("--format", choices=("text", "markdown"), default="text")
+    diff.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    diff.add_argument(
+        "--detailed-exitcode",
+        action="store_true",
+        help="exit 0 with no changes, 2 with changes, 1 on error",
+    )
     diff.set_defaults(func=run_diff)
 
 
 # --- shared steps --------------------------------------------------------------------
 
 
-def scope_of(loaded: Policy, artifacts: Artifacts, path: str) -> Scope:
-    """The zone, account and Worker a policy manages; UsageError says what to set."""
-    cloudflare = loaded.cloudflare
-    if cloudflare is None:
+def cloudflare_of(loaded: Policy, path: str) -> Cloudflare:
+    """The policy's ``cloudflare:`` section; UsageError says what to add when it has none."""
+    if loaded.cloudflare is None:
         raise UsageError(
             f"{path} has no cloudflare section, so there is no zone to plan for; add "
-            "cloudflare: { plan: ..., zone_id: ... }"
+            "cloudflare: { plan: ..., zone_id: ... } (the zone's plan and id)"
         )
+    return loaded.cloudflare
+
+
+def scope_of(loaded: Policy, artifacts: Artifacts, path: str) -> Scope:
+    """The zone, account and Worker a policy manages; UsageError says what to set."""
+    cloudflare = cloudflare_of(loaded, path)
     if cloudflare.zone_id is None:
         raise UsageError(
             f"{path} sets no cloudflare.zone_id; set it in the policy, or set "
@@ -171,9 +181,12 @@ def _state_for_policy(loaded: Policy, state: RemoteState, path: str, state_path:
         )
     wanted = cloudflare.worker.name if cloudflare and cloudflare.worker else None
     if wanted != state.scope.worker_name:
+        pulled = (
+            f"the Worker {state.scope.worker_name!r}" if state.scope.worker_name else "no Worker"
+        )
+        names = f"names the Worker {wanted!r}" if wanted else "names no Worker (cloudflare.worker)"
         raise ZoneError(
-            f"{state_path} was pulled for the Worker {state.scope.worker_name!r}, but {path} "
-            f"names {wanted!r}; pull again with this policy"
+            f"{state_path} was pulled for {pulled}, but {path} {names}; pull again with this policy"
         )
 
 
@@ -211,6 +224,7 @@ def _print_plan(made: ZonePlan, output: str) -> None:
 def run_plan(args: argparse.Namespace) -> int:
     """Plan against the live zone (or a state file) and print or save the plan."""
     loaded, artifacts = load_and_build(args.policy)
+    cloudflare_of(loaded, args.policy)
     if args.state is not None:
         state = _formats.load_state(args.state)
         _state_for_policy(loaded, state, args.policy, args.state)
@@ -394,6 +408,10 @@ def run_diff(args: argparse.Namespace) -> int:
     result = _diff.diff(old, new)
     if args.format == "markdown":
         sys.stdout.write(_diff.to_markdown(result))
+    elif args.format == "json":
+        sys.stdout.write(json.dumps(_diff.to_json(result), indent=2) + "\n")
     else:
         sys.stdout.write(_diff.to_text(result))
+    if args.detailed_exitcode and _diff.has_changes(result):
+        return 2
     return 0

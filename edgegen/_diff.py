@@ -16,6 +16,7 @@ import re
 import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import policy
 from policy import AppLimit, EdgeLimit, Limit, Match, Policy, Rate
@@ -638,6 +639,17 @@ def diff(old: Version, new: Version) -> PolicyDiff:
     return PolicyDiff(old, new, changes, tuple(file_diffs(old.artifacts, new.artifacts)))
 
 
+def has_changes(result: PolicyDiff) -> bool:
+    """Whether anything changes: in meaning, or in a generated file (``--detailed-exitcode``).
+
+    A version that does not build while the other does is a change too, though no file
+    can be compared.
+    """
+    if result.changes or _changed_files(result):
+        return True
+    return (result.old.build_error is None) != (result.new.build_error is None)
+
+
 def _comparable(result: PolicyDiff) -> bool:
     return result.old.artifacts is not None and result.new.artifacts is not None
 
@@ -685,6 +697,55 @@ def to_text(result: PolicyDiff) -> str:
             out.append("")
             out.extend(item.lines)
     return terminal_text("\n".join(out) + "\n")
+
+
+DIFF_FORMAT = 1
+
+
+def _side(version: Version) -> dict[str, Any]:
+    return {
+        "label": version.label,
+        "builds": version.build_error is None,
+        "build_error": version.build_error,
+    }
+
+
+def to_json(result: PolicyDiff) -> dict[str, Any]:
+    """The diff as data for ``--format json`` (its shape is in docs/zone.md).
+
+    Each change has its ``kind`` (stable names, e.g. ``edge_rate``), the ``limit`` it is
+    about (None for policy-wide changes), the ``message`` as the text output writes it, and
+    the names and values the message quotes as ``values``.
+    """
+    comparable = _comparable(result)
+    files = []
+    for item in result.files if comparable else ():
+        added, removed = item.counts
+        files.append(
+            {
+                "path": item.path,
+                "status": item.status,
+                "added": added,
+                "removed": removed,
+                "diff": list(item.lines),
+            }
+        )
+    return {
+        "format": DIFF_FORMAT,
+        "old": _side(result.old),
+        "new": _side(result.new),
+        "changed": has_changes(result),
+        "changes": [
+            {
+                "kind": change.kind,
+                "limit": change.limit,
+                "message": change.render(markdown=False),
+                "values": list(change.args),
+            }
+            for change in result.changes
+        ],
+        "artifacts": {"compared": comparable, "files": files},
+    }
 
 
 def _fence(lines: Iterable[str]) -> str:

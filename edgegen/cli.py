@@ -11,6 +11,7 @@ import argparse
 import io
 import sys
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from typing import TextIO
 
 from policy import PolicyLoadError, write_diagnostics
@@ -20,6 +21,12 @@ from ._plan_format import terminal_text
 from .errors import EdgegenError
 
 Handler = Callable[[argparse.Namespace], int]
+
+# The distribution that installs the edgegen command (pyproject.toml's project name).
+DISTRIBUTION = "edgegen"
+# With --detailed-exitcode, 2 means "there are changes", so every error exits 1 instead
+# (Terraform's convention, which CI scripts already read).
+DETAILED_ERROR = 1
 
 # Modules that add subcommands; each has ``register(subparsers) -> None`` and sets
 # ``func`` on its parsers. Order here is the order of ``edgegen --help``.
@@ -42,11 +49,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compile a rate-limit policy to Cloudflare rules and a Worker; "
         "validate, plan, apply and diff it.",
     )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {version()}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for module in COMMAND_MODULES:
         module.register(sub)
     return parser
+
+
+def version() -> str:
+    """The installed package's version: its metadata is the one source (pyproject.toml)."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        # Run from a source tree that was never installed: say so rather than guess.
+        return "(not installed)"
 
 
 def print_load_error(error: PolicyLoadError, stream: TextIO) -> None:
@@ -69,20 +88,31 @@ def _printable_streams() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run edgegen; returns the exit code (0 ok, 1 error, 2 usage or 'changes' for plan)."""
+    """Run edgegen; returns the exit code (0 ok, 1 error, 2 usage or 'changes' for plan).
+
+    With ``--detailed-exitcode`` (plan, diff) 2 means "changes" only: errors, usage errors
+    included, exit 1.
+    """
     _printable_streams()
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    detailed = "--detailed-exitcode" in arguments
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(arguments)
+    except SystemExit as exc:
+        if detailed and exc.code == 2:
+            return DETAILED_ERROR
+        raise
     handler: Handler = args.func
     try:
         return handler(args)
     except PolicyLoadError as exc:
         print_load_error(exc, sys.stderr)
-        return exc.exit_code
+        return DETAILED_ERROR if detailed else exc.exit_code
     except EdgegenError as exc:
         # Messages quote what Cloudflare and the zone said: never as terminal controls.
         sys.stderr.write(f"edgegen: error: {terminal_text(str(exc))}\n")
-        return exc.exit_code
+        return DETAILED_ERROR if detailed else exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("edgegen: interrupted\n")
         return 130

@@ -468,7 +468,7 @@ def test_a_state_of_another_zone_is_refused(zone: FakeCloudflare, run: Any, tmp_
     assert run("pull", "--out", state)[0] == 0
     code, _, err = run("plan", EXAMPLE, "--state", state)
     assert code == 1
-    assert "was pulled for the Worker None" in err
+    assert "was pulled for no Worker, but" in err
     state.write_text("{not json")
     code, _, err = run("plan", EXAMPLE, "--state", state)
     assert code == 1
