@@ -67,6 +67,16 @@ def _as_tuple(value: object) -> object:
     return value
 
 
+def _as_key(value: object) -> object:
+    """What a limit counts by is a name; anything else gets one error that says so (not one
+    per member of the union)."""
+    if not isinstance(value, str):
+        raise ValueError(
+            f"{value!r} is not a key name; write user, ip, or a key of the app's own such as org"
+        )
+    return value
+
+
 def _as_rates(value: object) -> object:
     """A tier's limit is one rate or a list of rates (all of which must hold)."""
     if isinstance(value, (list, tuple)):
@@ -205,7 +215,7 @@ class EdgeLimit(_Model):
 class AppLimit(_Model):
     """A per-user (or per-IP), per-tier limit enforced in the app through Redis."""
 
-    per: AppKey | KeyName = Field(
+    per: Annotated[AppKey | KeyName, BeforeValidator(_as_key)] = Field(
         default=AppKey.USER,
         union_mode="left_to_right",
         description="Count per user, per client IP, or per a key the app's identify returns "

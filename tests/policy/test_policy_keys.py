@@ -105,3 +105,14 @@ def test_edgegen_diff_reports_a_change_of_per(tmp_path: Path) -> None:
     assert (
         change.render(markdown=False) == "limit 'api': app counts per changed from 'user' to 'org'"
     )
+
+
+@pytest.mark.parametrize("per", ["5", "[org]", "{org: acme}"])
+def test_a_per_that_is_not_a_name_is_one_load_error(per: str) -> None:
+    """A number, list or mapping for per: is one located error saying what to write, not
+    one error per kind of key the field takes."""
+    with pytest.raises(policy.PolicyLoadError) as error:
+        policy.loads(BASE + f"    app: {{ per: {per}, tiers: {{ default: 1/1s }} }}\n")
+    [found] = error.value.diagnostics
+    assert found.path == "limits[0].app.per"
+    assert "is not a key name; write user, ip, or a key of the app's own" in found.message
