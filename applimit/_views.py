@@ -9,13 +9,14 @@ framework's request and response objects.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 from ._decision import Decision
 from ._decorator import RateLimited
 from ._sync import Limiter
-from ._web import Caller, Gate, Outcome, RequestInfo, is_preflight
+from ._web import Caller, Gate, Outcome, RequestInfo, is_preflight, request_cost
 
 # Structured-field Lists: two sets of items (the request's limits and a view's own limit)
 # join into one field value. Every other rate-limit header names a single value.
@@ -41,6 +42,16 @@ def needs_check(limiter: Limiter, request: RequestInfo) -> bool:
     return limiter.matches(request.method, request.path, request.host)
 
 
+def native_cost(cost: int | Callable[[Any], int], request: object, info: RequestInfo) -> int:
+    """The cost of a request: ``cost``, or what it returns for the framework's own request
+    object, checked as the middleware checks a cost function's answer (a whole number in
+    range, or an InvalidArgumentError that names the function)."""
+    if not callable(cost):
+        return cost
+    function = cost
+    return request_cost(functools.wraps(function)(lambda _info: function(request)), info)
+
+
 def identify_safely(
     gate: Gate, request: RequestInfo, identify: Callable[[], Caller | None]
 ) -> tuple[Caller | None, Outcome | None]:
@@ -53,7 +64,7 @@ def identify_safely(
 
 
 def check_request(
-    limiter: Limiter, gate: Gate, request: RequestInfo, caller: Caller | None
+    limiter: Limiter, gate: Gate, request: RequestInfo, caller: Caller | None, cost: int = 1
 ) -> tuple[Decision | None, Outcome]:
     """Every limit whose ``match:`` applies, decided in one call, as the WSGI middleware
     decides; the limiter raising is logged and lets the request through (no decision)."""
@@ -64,6 +75,7 @@ def check_request(
             request.path,
             subject.identity,
             tier=subject.tier,
+            cost=cost,
             ip=subject.ip,
             host=request.host,
         )

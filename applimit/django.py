@@ -62,6 +62,7 @@ from ._views import (
     identify_safely,
     known_limit,
     merge_headers,
+    native_cost,
     needs_check,
     rate_limited_outcome,
 )
@@ -90,6 +91,7 @@ _OPTIONS = {
     "identify": "dotted path of identify(request) -> Caller | None, or the function",
     "on_identify_error": "what an exception from identify means: raise, anonymous, refuse",
     "check_requests": "check every request against the limits whose match: applies",
+    "cost": "units one request uses in that check: an int, or cost(request) (or its path)",
     "trusted_proxies": "addresses and CIDR networks of your proxies",
     "behind_cloudflare": "read CF-Connecting-IP from trusted peers",
     "legacy_headers": "also send X-RateLimit-Limit, -Remaining, -Reset",
@@ -107,6 +109,7 @@ class Config:
     gate: Gate
     identify: DjangoIdentify | None
     check_requests: bool
+    cost: Cost = 1
 
 
 _config: Config | None = None
@@ -120,7 +123,8 @@ def _setting_error(option: str | None, problem: str) -> ImproperlyConfigured:
     return ImproperlyConfigured(f"{where}: {problem}")
 
 
-def _identify(value: object) -> DjangoIdentify | None:
+def _function(option: str, value: object) -> Callable[..., Any] | None:
+    """A function given as itself or as its dotted path (None stays None)."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -128,12 +132,12 @@ def _identify(value: object) -> DjangoIdentify | None:
             value = import_string(value)
         except ImportError as error:
             raise _setting_error(
-                "identify",
+                option,
                 f"{value!r} cannot be imported ({error}); give the dotted path of a "
-                "function such as 'yourproject.ratelimit.identify'.",
+                f"function such as 'yourproject.ratelimit.{option}'.",
             ) from error
     if not callable(value):
-        raise _setting_error("identify", f"{value!r} is not a function or its dotted path.")
+        raise _setting_error(option, f"{value!r} is not a function or its dotted path.")
     return value
 
 
@@ -160,7 +164,10 @@ def load_config(options: object) -> Config:
     check_requests = options.get("check_requests", True)
     if not isinstance(check_requests, bool):
         raise _setting_error("check_requests", f"{check_requests!r} is not True or False.")
-    identify = _identify(options.get("identify"))
+    identify = _function("identify", options.get("identify"))
+    cost: object = options.get("cost", 1)
+    if isinstance(cost, str):
+        cost = _function("cost", cost)
     try:
         limiter = (
             Limiter.from_policy(policy, redis_url=redis_url)
@@ -174,7 +181,7 @@ def load_config(options: object) -> Config:
             f"settings.{SETTING}",
             tiers=limiter.tiers,
             identify=identify,
-            cost=1,
+            cost=cost,
             trusted_proxies=options.get("trusted_proxies", ()),
             behind_cloudflare=options.get("behind_cloudflare", False),
             legacy_headers=options.get("legacy_headers", False),
@@ -184,7 +191,15 @@ def load_config(options: object) -> Config:
     except ConfigurationError as error:
         limiter.close()
         raise ImproperlyConfigured(str(error)) from error
-    return Config(limiter=limiter, gate=gate, identify=identify, check_requests=check_requests)
+    # middleware_gate has checked the cost: a whole number in range, or a function.
+    checked_cost: Cost = cost  # type: ignore[assignment]
+    return Config(
+        limiter=limiter,
+        gate=gate,
+        identify=identify,
+        check_requests=check_requests,
+        cost=checked_cost,
+    )
 
 
 def configured() -> Config:
@@ -297,7 +312,8 @@ class RateLimitMiddleware:
         if refused is not None:
             outcome = refused
         else:
-            _, outcome = check_request(config.limiter, config.gate, info, caller)
+            units = native_cost(config.cost, request, info)
+            _, outcome = check_request(config.limiter, config.gate, info, caller, units)
         if outcome.refusal is not None:
             return refusal_response(outcome.refusal)
         return _add_headers(self.get_response(request), outcome)
@@ -316,7 +332,7 @@ def _hit(name: str, cost: Cost, request: Any) -> Outcome:
     caller, refused = _caller(config, request, info)
     if refused is not None:
         return refused
-    units = cost(request) if callable(cost) else cost
+    units = native_cost(cost, request, info)
     _, outcome = hit_limit(config.limiter, config.gate, name, info, caller=caller, cost=units)
     return outcome
 

@@ -48,6 +48,7 @@ from ._views import (
     identify_safely,
     known_limit,
     merge_headers,
+    native_cost,
     needs_check,
     rate_limited_outcome,
 )
@@ -64,7 +65,9 @@ from ._web import (
     identify_sync,
     middleware_gate,
     problem_body,
+    request_cost,
 )
+from ._web import Cost as RequestCost
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
@@ -131,7 +134,8 @@ class Limits:
     gets the framework-free :class:`RequestInfo`, runs inside Flask's request context, and
     runs at most once per request, and only when a limit applies. ``check_requests`` checks
     every request against the limits whose ``match:`` applies (turn it off when the WSGI
-    middleware does that, or to limit named views only). ``on_identify_error``,
+    middleware does that, or to limit named views only); ``cost`` is what one request
+    uses there, or a function of the :class:`RequestInfo` returning it. ``on_identify_error``,
     ``trusted_proxies``, ``behind_cloudflare``, ``legacy_headers`` and ``problem_type``
     mean what they mean for the WSGI middleware; a bad option raises
     :class:`~applimit.ConfigurationError` here.
@@ -144,6 +148,7 @@ class Limits:
         limiter: Limiter,
         identify: SyncIdentify | None = None,
         on_identify_error: OnIdentifyError = "raise",
+        cost: int | RequestCost = 1,
         check_requests: bool = True,
         trusted_proxies: Iterable[str] = (),
         behind_cloudflare: bool = False,
@@ -160,11 +165,12 @@ class Limits:
         self.limiter = limiter
         self.identify = identify
         self.check_requests = check_requests
+        self.cost = cost
         self.gate = middleware_gate(
             "Limits",
             tiers=limiter.tiers,
             identify=identify,
-            cost=1,
+            cost=cost,
             trusted_proxies=trusted_proxies,
             behind_cloudflare=behind_cloudflare,
             legacy_headers=legacy_headers,
@@ -243,13 +249,15 @@ class Limits:
         info = RequestInfo.from_wsgi(request.environ)
         if not needs_check(self.limiter, info):
             return
-        decision, outcome = check_request(self.limiter, self.gate, info, self._caller(info))
+        caller = self._caller(info)
+        units = request_cost(self.cost, info)
+        decision, outcome = check_request(self.limiter, self.gate, info, caller, units)
         self._apply(outcome, decision)
 
     def _hit(self, name: str, cost: Cost) -> None:
         info = RequestInfo.from_wsgi(request.environ)
         caller = self._caller(info)
-        units = cost(request) if callable(cost) else cost
+        units = native_cost(cost, request, info)
         decision, outcome = hit_limit(
             self.limiter, self.gate, name, info, caller=caller, cost=units
         )

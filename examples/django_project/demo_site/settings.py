@@ -59,5 +59,9 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"applimit": {"handlers": ["console"], "level": "WARNING"}},
+    # Under gunicorn, errors of views (and of identify or cost functions) go to its log.
+    "loggers": {
+        "applimit": {"handlers": ["console"], "level": "WARNING"},
+        "django.request": {"handlers": ["console"], "level": "ERROR"},
+    },
 }

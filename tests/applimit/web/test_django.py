@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from gunicorn.config import KNOWN_SETTINGS
 from harness import RedisServer
 from servers import EXAMPLES, serve_wsgi
 from webcheck import ALICE, BOB, problem, rate_limit_headers
@@ -64,6 +65,13 @@ def gunicorn(
     names a settings module of this directory to use instead of the example's."""
     if settings is not None:
         env = {**env, "DJANGO_SETTINGS_MODULE": settings}
+    # Recent gunicorn opens a control socket, by default one path in the home directory for
+    # every server: give each server its own.
+    control = (
+        ["--control-socket", str(log.with_suffix(".ctl"))]
+        if any(s.name == "control_socket" for s in KNOWN_SETTINGS)
+        else []
+    )
     with log.open("wb") as out:
         process = subprocess.Popen(
             [
@@ -80,6 +88,7 @@ def gunicorn(
                 "2",
                 "--log-level",
                 "info",
+                *control,
                 "demo_site.wsgi",
             ],
             env={**os.environ, **env},
@@ -368,7 +377,7 @@ def test_on_identify_error(
     policy_path: Path,
     tmp_path: Path,
 ) -> None:
-    """identify raising (django_authdown.py): /healthz, which no limit matches, never calls
+    """identify raising (django_variant.py): /healthz, which no limit matches, never calls
     it; elsewhere "refuse" answers the 503 problem (middleware and decorator alike),
     "anonymous" counts by IP in the lowest tier, "raise" is Django's 500."""
     log = tmp_path / "gunicorn.log"
@@ -377,7 +386,7 @@ def test_on_identify_error(
         "RATE_LIMIT_POLICY": str(policy_path),
         "ON_IDENTIFY_ERROR": choice,
     }
-    with gunicorn(env, log, settings="django_authdown") as process:
+    with gunicorn(env, log, settings="django_variant") as process:
         url = ready_url(process, log)
         with httpx.Client(base_url=url, timeout=10) as client:
             assert client.get("/healthz", headers=BOB).status_code == 200
@@ -391,3 +400,23 @@ def test_on_identify_error(
                     assert all(quota.q in (3, 10) for quota in policies.values())  # free
                 else:
                     assert response.status_code == 500
+
+
+def test_a_request_cost_from_settings(
+    redis_server: RedisServer, redis_client: redis.Redis, policy_path: Path, tmp_path: Path
+) -> None:
+    """APPLIMIT["cost"] as a dotted path (django_variant.header_cost): the request check
+    counts what it returns for the request; a cost that is not one is the app's error."""
+    log = tmp_path / "gunicorn.log"
+    env = {
+        "REDIS_URL": redis_server.url,
+        "RATE_LIMIT_POLICY": str(policy_path),
+        "REQUEST_COST": "1",
+    }
+    with gunicorn(env, log, settings="django_variant") as process:
+        url = ready_url(process, log)
+        with httpx.Client(base_url=url, timeout=10) as client:
+            costly = get(client, "/api/items", {**BOB, "X-Cost": "3"})
+            assert rate_limit_headers(costly).limits["api"].r == 2
+            assert get(client, "/api/items", {**BOB, "X-Cost": "0"}).status_code == 500
+        assert "the cost function 'header_cost' returned 0" in log.read_text(encoding="utf-8")

@@ -268,6 +268,19 @@ def test_identify_runs_once_per_request_in_the_request_context(
     assert parsed.limits["export"].r == 2
 
 
+def test_a_request_cost(start: Callable[..., httpx.Client]) -> None:
+    """cost= for the request check, a function of the RequestInfo as for the middleware."""
+
+    def cost(request: RequestInfo) -> int:
+        return int(request.header("x-cost") or "1")
+
+    client = start(cost=cost)
+    assert (
+        rate_limit_headers(get(client, "/api/items", {**BOB, "X-Cost": "3"})).limits["api"].r == 1
+    )
+    problem(get(client, "/api/items", {**BOB, "X-Cost": "2"}), 429)
+
+
 def test_check_requests_off_leaves_only_the_views(start: Callable[..., httpx.Client]) -> None:
     """check_requests=False: the API views are not limited; /export still is."""
     client = start(check_requests=False)
