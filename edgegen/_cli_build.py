@@ -36,7 +36,11 @@ def register(sub: Any) -> None:
 
 
 def _summary(loaded: Policy, artifacts: Artifacts) -> str:
-    plan = loaded.cloudflare.plan.value if loaded.cloudflare else "none"
+    plan = (
+        f"the {loaded.cloudflare.plan.value} plan"
+        if loaded.cloudflare
+        else "no zone (the policy has no cloudflare section)"
+    )
     rules = len(artifacts.ruleset["rules"])
     in_worker = sum(1 for p in artifacts.placements if p.target is Target.WORKER)
     worker = (
@@ -44,7 +48,7 @@ def _summary(loaded: Policy, artifacts: Artifacts) -> str:
         if artifacts.worker
         else ", no Worker"
     )
-    return f"{rules} rule{'s' if rules != 1 else ''} for the {plan} plan{worker}"
+    return f"{rules} rule{'s' if rules != 1 else ''} for {plan}{worker}"
 
 
 def _explain_lines(artifacts: Artifacts) -> list[str]:

@@ -161,7 +161,7 @@ def run_show(args: argparse.Namespace) -> int:
         _print_json(show_data(loaded, args.policy))
         return 0
     rows = describe(loaded)
-    plan = loaded.cloudflare.plan.value if loaded.cloudflare else "none"
+    plan = loaded.cloudflare.plan.value if loaded.cloudflare else "none (no cloudflare section)"
     out = [f"{args.policy}: {len(rows)} limits, tiers {' < '.join(loaded.tiers)}, plan {plan}"]
     for row in rows:
         out.append(f"  {row['name']}: {row['match']}")

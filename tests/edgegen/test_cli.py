@@ -257,3 +257,15 @@ def test_plan_against_a_state_of_another_worker_names_both(run: Any, tmp_path: P
     assert "pulled for the Worker 'edge'" in err
     assert "names no Worker (cloudflare.worker)" in err
     assert "None" not in err
+
+
+def test_build_and_show_without_a_cloudflare_section(run: Any, tmp_path: Path) -> None:
+    """An app-only policy builds nothing for the edge and says why, rather than "the none
+    plan"; show says the same."""
+    path = _policy(tmp_path, NO_CLOUDFLARE)
+    code, out, _ = run("build", path, "--out", tmp_path / "out")
+    assert code == 0
+    assert "built 0 rules for no zone (the policy has no cloudflare section), no Worker" in out
+    code, out, _ = run("show", path)
+    assert code == 0
+    assert "plan none (no cloudflare section)" in out
