@@ -176,3 +176,19 @@ def test_extras_split_the_dependencies() -> None:
     assert extra("all") == {"edgegen[app,edge]"}
     assert extra("flask") == {"edgegen[app]", "flask"}
     assert extra("django") == {"edgegen[app]", "django"}
+
+
+def test_each_framework_helper_needs_only_its_own_framework() -> None:
+    """applimit.flask imports without Django, applimit.django without Flask (and neither
+    needs httpx, the edge's; jinja2 is Flask's own dependency too): the `flask` and `django`
+    extras install one framework each."""
+    flask_only = _run_without(
+        ("django", "httpx"),
+        "import applimit.flask\nassert 'django' not in sys.modules or not sys.modules['django']\n",
+    )
+    assert flask_only.returncode == 0, flask_only.stderr
+    django_only = _run_without(
+        ("flask", "werkzeug", "httpx", "jinja2"),
+        "import applimit.django\nassert not sys.modules.get('flask')\n",
+    )
+    assert django_only.returncode == 0, django_only.stderr
