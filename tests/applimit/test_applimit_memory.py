@@ -146,12 +146,13 @@ async def test_a_disabled_limiter_allows_everything_and_touches_no_redis() -> No
 
 
 def test_the_pytest_plugin_gives_a_limiter_a_clock_and_a_reset(tmp_path: Path) -> None:
-    """An app's test suite: the policy named in its ini, the limiter fixture on memory://,
-    the clock moved by hand, and counts that do not leak from one test to the next (the
-    second test starts from a full quota although the first used it up)."""
+    """An app's test suite: the policy named in its ini, the limiter fixtures (sync and
+    async) on memory://, the clock moved by hand, and counts that do not leak from one
+    test to the next (the third test starts from a full quota although the first two used
+    it up)."""
     (tmp_path / "policy.yaml").write_text(POLICY, encoding="utf-8")
     (tmp_path / "pytest.ini").write_text(
-        "[pytest]\napplimit_policy = policy.yaml\n", encoding="utf-8"
+        "[pytest]\napplimit_policy = policy.yaml\nasyncio_mode = auto\n", encoding="utf-8"
     )
     (tmp_path / "test_app.py").write_text(
         textwrap.dedent(
@@ -180,6 +181,12 @@ def test_the_pytest_plugin_gives_a_limiter_a_clock_and_a_reset(tmp_path: Path) -
                 # Both on memory://: one store, so one count.
                 assert APP.hit("login", None, ip=IP).remaining == 1
                 assert applimit_limiter.peek("login", None, ip=IP).remaining == 1
+
+            async def test_the_async_limiter(applimit_async_limiter, applimit_clock):
+                assert (await applimit_async_limiter.hit("api", "ann", cost=3)).allowed
+                assert not (await applimit_async_limiter.hit("api", "ann")).allowed
+                applimit_clock.advance(20)
+                assert (await applimit_async_limiter.hit("api", "ann")).allowed
             """
         ),
         encoding="utf-8",
@@ -187,7 +194,16 @@ def test_the_pytest_plugin_gives_a_limiter_a_clock_and_a_reset(tmp_path: Path) -
     # The plugin named, and no other loaded: the same whether or not this checkout's
     # install (and its entry point) is current; the entry point is checked below.
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "applimit.pytest_plugin"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "applimit.pytest_plugin",
+            "-p",
+            "pytest_asyncio.plugin",
+        ],
         env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
         cwd=tmp_path,
         capture_output=True,
@@ -196,7 +212,7 @@ def test_the_pytest_plugin_gives_a_limiter_a_clock_and_a_reset(tmp_path: Path) -
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "3 passed" in done.stdout
+    assert "4 passed" in done.stdout
 
 
 def test_pytest_finds_the_plugin_through_its_entry_point() -> None:
