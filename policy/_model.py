@@ -100,7 +100,16 @@ Rates = Annotated[
         }
     ),
 ]
+
+
 # The schema describes what the file may say (one name, or a list), not the tuple held.
+def _not_a_flag(value: object) -> object:
+    """pydantic reads true as 1 for a number; ``burst: yes`` is a mistake, not a burst of 1."""
+    if isinstance(value, bool):
+        raise ValueError(f"{str(value).lower()} is not a number; write a whole number")
+    return value
+
+
 StrList = Annotated[
     tuple[str, ...], BeforeValidator(_as_tuple, json_schema_input_type=str | list[str])
 ]
@@ -256,6 +265,11 @@ class AppLimit(_Model):
         description="false: only hit(), the decorator and named dependencies apply it.",
     )
 
+    @field_validator("burst", "sync_every", mode="before")
+    @classmethod
+    def _counts(cls, value: object) -> object:
+        return _not_a_flag(value)
+
     @field_validator("tiers")
     @classmethod
     def _tiers(cls, value: dict[str, tuple[Rate, ...]]) -> dict[str, tuple[Rate, ...]]:
@@ -385,6 +399,11 @@ class Clients(_Model):
         description="IPv6 clients are counted per network of this prefix length (a client "
         "usually holds a whole /64); 128 counts every address on its own. IPv4: per address.",
     )
+
+    @field_validator("ipv6_prefix", mode="before")
+    @classmethod
+    def _prefix(cls, value: object) -> object:
+        return _not_a_flag(value)
 
 
 class App(_Model):

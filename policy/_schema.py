@@ -105,18 +105,9 @@ class LoaderJsonSchema(GenerateJsonSchema):
         }
 
     def int_schema(self, schema: core_schema.IntSchema) -> JsonSchemaValue:
-        """A whole number within the field's bounds, or one written as text.
-
-        pydantic also reads a boolean as 0 or 1 here; the schema says so rather than flag
-        a file the loader takes.
-        """
-        return {
-            "anyOf": [
-                super().int_schema(schema),
-                {"type": "string", "pattern": INT_TEXT},
-                {"type": "boolean"},
-            ]
-        }
+        """A whole number within the field's bounds, or one written as text (a boolean,
+        which pydantic would read as 0 or 1, the model refuses)."""
+        return {"anyOf": [super().int_schema(schema), {"type": "string", "pattern": INT_TEXT}]}
 
     def encode_default(self, dft: Any) -> Any:
         """Defaults as a file writes them: ``50ms``, not the object that holds it."""

@@ -120,6 +120,21 @@ def test_a_boolean_is_not_a_version() -> None:
     assert _schema_errors(yaml.safe_load(text)) != []
 
 
+@pytest.mark.parametrize(
+    "fragment",
+    [
+        "app: { algorithm: gcra, burst: yes, tiers: { default: 10/1m } }",
+        "app: { mode: approximate, sync_every: true, tiers: { default: 10/1m } }",
+    ],
+)
+def test_a_boolean_is_not_a_count(fragment: str) -> None:
+    """``burst: yes`` is refused by both, where pydantic alone would read it as a burst of 1."""
+    text = f"version: 1\nlimits:\n  - name: api\n    {fragment}\n"
+    with pytest.raises(policy.PolicyLoadError, match="true is not a number"):
+        policy.loads(text)
+    assert _schema_errors(yaml.safe_load(text)) != []
+
+
 def test_defaults_are_written_as_a_file_writes_them() -> None:
     """A duration's default reads ``50ms`` in the schema, not the object that holds it."""
     assert SCHEMA["$defs"]["App"]["properties"]["timeout"]["default"] == "50ms"
@@ -161,7 +176,7 @@ BAD_DURATIONS = ["1min", 0, -1, 1.5, True, "10"]
 BOOLS = [True, False, "yes", "off", "TRUE", "n", 1, 0, 1.0, "${FLAG}"]
 BAD_BOOLS = [2, "maybe", None, " yes", "1.0"]
 COUNTS = [1, 5, "5", " 7 ", "+3", "5.0", "1_0", 5.0, "${COUNT}"]
-BAD_COUNTS = [0, 5.5, "x", "0x10", 20_000, None]
+BAD_COUNTS = [0, 5.5, "x", "0x10", 20_000, True]
 PREFIXES = [64, 48, 128, "64", " 56 ", "64.0", 64.0]
 BAD_PREFIXES = [0, 129, "sixty", True, 64.5]
 TIERS = ["free", "pro", "default"]
