@@ -114,6 +114,12 @@ def serve_wsgi(app: Any, **options: Any) -> Iterator[str]:
     try:
         yield f"http://{HOST}:{port}"
     finally:
-        server.trigger.pull_trigger(close_all)
+        try:
+            server.trigger.pull_trigger(close_all)
+        except OSError:
+            # The loop has already stopped and closed its trigger (waitress does when its
+            # select fails on a socket a handler closed): nothing races any more, so the
+            # sockets left are closed here.
+            close_all()
         thread.join(STARTUP_TIMEOUT)
         server.task_dispatcher.shutdown()
