@@ -282,6 +282,14 @@ def _app_changes(
             else "limit {0}: now in shadow mode (enforce: false): it reports but never denies"
         )
         out.append(Change("shadow", limit, text, (limit,)))
+    if old.middleware != new.middleware:
+        text = (
+            "limit {0}: now applied by the middleware to every request its match covers"
+            if new.middleware
+            else "limit {0}: no longer applied by the middleware (middleware: false); only "
+            "code that names it applies it"
+        )
+        out.append(Change("middleware", limit, text, (limit,)))
     a = _failure_policy(old_policy, old)
     b = _failure_policy(new_policy, new)
     if a != b:

@@ -34,6 +34,7 @@ EXPECTED = {
     "limit_removed": {"limit_removed"},
     "limit_renamed": {"limit_renamed"},
     "match_changed": {"match"},
+    "middleware_toggled": {"middleware"},
     "no_changes": set(),
     "plan_changed": {"plan", "target_moved"},
     "shadow_toggled": {"shadow"},
