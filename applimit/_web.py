@@ -31,9 +31,10 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.cookies import CookieError, SimpleCookie
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
-from policy import KeyName, decode_path, normalize_host
+from policy import QUOTA_EXCEEDED as _QUOTA_EXCEEDED
+from policy import KeyName, decode_path, header_key, normalize_host
 
 from ._core import MAX_COST
 from ._decision import Decision, LimitResult
@@ -42,7 +43,9 @@ from ._keys import KeyedIdentity
 
 logger = logging.getLogger("applimit")
 
-QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+# The problem type of a refusal: the Worker's too (policy/_http.py), so one client sees one.
+QUOTA_EXCEEDED: Final = _QUOTA_EXCEEDED
+
 TEMPORARY_REDUCED_CAPACITY = (
     "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
 )
@@ -404,22 +407,11 @@ class TrustedProxies:
 
 
 def sf_string(text: str) -> str:
-    """Serialize ``text`` as an RFC 8941 sf-string.
-
-    sf-strings hold printable ASCII only, so other characters (a limit name may be any
-    printable Unicode) are percent-encoded as UTF-8; ``"`` and ``\\`` are escaped.
-    """
-    out = ['"']
-    for char in text:
-        code = ord(char)
-        if char in ('"', "\\"):
-            out.append("\\" + char)
-        elif 0x20 <= code <= 0x7E:
-            out.append(char)
-        else:
-            out.extend(f"%{byte:02X}" for byte in char.encode("utf-8", "surrogateescape"))
-    out.append('"')
-    return "".join(out)
+    """Serialize a limit name as the RFC 8941 sf-string that keys its RateLimit items: the
+    one encoding the Worker writes too (``policy.header_key``: non-ASCII, controls and
+    ``%`` percent-encoded, ``"`` and ``\\`` escaped), so a client sees one key per limit
+    whichever layer answered."""
+    return header_key(text)
 
 
 def delay_seconds(seconds: float | None) -> int:

@@ -72,10 +72,11 @@ def test_rejects_what_the_grammar_forbids(text: str) -> None:
         ("back\\slash", "back\\slash"),
         ("café", "caf%C3%A9"),
         ("tab\tname", "tab%09name"),
+        ("100%", "100%25"),
     ],
 )
 def test_sf_string_round_trips_through_the_parser(name: str, expected: str) -> None:
     """Whatever a limit is called, its header item is a valid sf-string; non-ASCII and
-    controls are percent-encoded, quotes and backslashes escaped."""
+    controls and % are percent-encoded, quotes and backslashes escaped."""
     (item,) = parse_list(f"{sf_string(name)};q=1")
     assert item.value == expected
