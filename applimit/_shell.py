@@ -205,7 +205,11 @@ class LimiterBase(Generic[WireT]):
         ``identify``, so a request no limit covers (``/healthz``) never reaches the app's
         auth. Every tier counts, since the tier is only known after ``identify``; limits
         with ``middleware: false`` are left out, as :meth:`check_request` leaves them out.
+        A limiter built with ``enabled=False`` matches nothing.
         """
+        if not self.enabled:
+            # Nothing is limited, so nothing needs to know who is calling.
+            return False
         forms = request_paths(path)
         return any(
             rule.middleware and rule.matcher.matches_any(method, forms, host)

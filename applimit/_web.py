@@ -61,6 +61,9 @@ MAX_WARNED_TIERS = 64
 # exception (a 500, as before this option existed), "anonymous" counts the caller by IP in
 # the lowest tier, "refuse" answers 503 (the app's auth, not the client, is at fault).
 OnIdentifyError = Literal["raise", "anonymous", "refuse"]
+# Seconds a client is told to wait after a "refuse": an auth backend's failure is usually
+# brief, and a client that retries at once would only add to its load.
+IDENTIFY_RETRY_AFTER = 5
 ON_IDENTIFY_ERROR: tuple[OnIdentifyError, ...] = ("raise", "anonymous", "refuse")
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -587,10 +590,17 @@ class Gate:
             type_=TEMPORARY_REDUCED_CAPACITY,
             title="Service Unavailable",
             status=503,
-            detail="The service cannot tell who is calling right now; retry later.",
-            extra={},
+            detail=(
+                "The service cannot tell who is calling right now; "
+                f"retry in {_seconds(IDENTIFY_RETRY_AFTER)}."
+            ),
+            extra={"retry-after": IDENTIFY_RETRY_AFTER},
         )
-        headers = (("Content-Type", PROBLEM_JSON), ("Content-Length", str(len(body))))
+        headers = (
+            ("Retry-After", str(IDENTIFY_RETRY_AFTER)),
+            ("Content-Type", PROBLEM_JSON),
+            ("Content-Length", str(len(body))),
+        )
         return Outcome(refusal=Refusal(status=503, headers=headers, body=body))
 
     # -- headers ----------------------------------------------------------------------------

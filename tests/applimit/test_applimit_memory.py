@@ -129,13 +129,16 @@ def test_bad_memory_urls_are_refused() -> None:
 
 async def test_a_disabled_limiter_allows_everything_and_touches_no_redis() -> None:
     """enabled=False: every decision allowed with no results, never degraded (the
-    policy's Redis is a closed port), resets succeed, names are still checked."""
+    policy's Redis is a closed port), no request matches, resets succeed, names are still
+    checked."""
     loaded = policy.loads(POLICY)
     with Limiter(loaded, enabled=False) as limiter:
         for _ in range(5):
             decision = limiter.hit("login", None, ip=IP)
             assert decision.allowed and not decision.degraded and decision.results == ()
         assert limiter.check_request("GET", "/login", "u", ip=IP).allowed
+        # Nothing matches, so the middleware never runs the app's identify.
+        assert not limiter.matches("GET", "/login")
         assert limiter.reset("api", "u")
         with pytest.raises(UnknownLimitError):
             limiter.hit("nope", "u")

@@ -187,9 +187,11 @@ async def test_identify_error_refuse_answers_503_and_consumes_nothing(
         refused = await http.get("/api/thing")
     assert refused.status_code == 503
     assert refused.headers["content-type"] == "application/problem+json"
+    assert refused.headers["retry-after"] == "5"
     body = refused.json()
     assert body["type"] == TEMPORARY_REDUCED_CAPACITY
     assert body["status"] == 503
+    assert body["retry-after"] == 5 and "retry in 5 seconds" in body["detail"]
     decision = await async_limiter.peek("api", None, ip="127.0.0.1")
     assert decision.remaining == 2
 
