@@ -32,6 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from ._async import AsyncLimiter
 from ._decision import Decision
 from ._errors import UnknownLimitError
+from ._flow import UNLIMITED
 from ._sync import Limiter
 from ._web import (
     QUOTA_EXCEEDED,
@@ -147,6 +148,10 @@ class RateLimit:
     async def __call__(self, request: Request, response: Response) -> Decision:
         """Decide for this request; set the headers, or raise :class:`RateLimitExceeded`."""
         info = RequestInfo.from_asgi(request.scope)
+        if self.name is None and not self.limiter.matches(info.method, info.path, info.host):
+            # No limit covers this request: the app's identify (its auth) is not run, as
+            # the middleware does not run it.
+            return UNLIMITED
         caller = await identify_async(self.identify, info)
         subject = self.gate.subject(info, caller)
         decision = await self._decide(info, subject)

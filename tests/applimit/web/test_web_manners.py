@@ -413,3 +413,30 @@ def test_rate_limit_with_an_unknown_name_raises_unknown_limit_error(
     with pytest.raises(UnknownLimitError, match="no limit named 'nope'") as raised:
         RateLimit(async_limiter, "nope")
     assert raised.value.known == ("api", "exports")
+
+
+async def test_the_dependency_runs_identify_only_where_a_limit_matches(
+    async_limiter: AsyncLimiter,
+) -> None:
+    """RateLimit(limiter) with no name on a route no limit covers answers without running
+    identify (whose backend is down here), as the middleware does; on a limited route the
+    broken identify is the app's error, raised."""
+    broken_identify.calls = []  # type: ignore[attr-defined]
+    app = FastAPI()
+    dependency = Depends(RateLimit(async_limiter, identify=broken_identify))
+
+    @app.get("/healthz", dependencies=[dependency])
+    async def healthz() -> dict[str, str]:
+        return {"ok": "yes"}
+
+    @app.get("/api/thing", dependencies=[dependency])
+    async def thing() -> dict[str, str]:
+        return {"ok": "yes"}
+
+    async with client(app) as http:
+        health = await http.get("/healthz")
+        assert health.status_code == 200 and "ratelimit" not in health.headers
+        assert broken_identify.calls == []  # type: ignore[attr-defined]
+        with pytest.raises(AuthDown):
+            await http.get("/api/thing")
+    assert broken_identify.calls == ["/api/thing"]  # type: ignore[attr-defined]
