@@ -323,7 +323,7 @@ class Worker(_Model):
 
     name: str = Field(description="Worker script name (lower case, digits, dashes).")
     routes: StrList = Field(default=(), description='Route patterns, e.g. "api.example.com/*".')
-    compatibility_date: str = Field(default="2025-01-01", pattern=r"^\d{4}-\d{2}-\d{2}$")
+    compatibility_date: str = Field(default="2025-01-01", pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 
     @field_validator("name")
     @classmethod

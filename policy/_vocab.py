@@ -20,8 +20,10 @@ from pydantic_core import core_schema
 # Units a duration may use, in milliseconds. "m" is minutes: rates are about requests per
 # minute far more often than per month, and months have no fixed length anyway.
 _UNITS_MS: dict[str, int] = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_DURATION_RE = re.compile(r"^\s*(?P<n>\d{1,12})?\s*(?P<unit>ms|s|m|h|d)\s*$")
-_RATE_RE = re.compile(r"^\s*(?P<limit>\d{1,12})\s*/\s*(?P<period>[^/]+?)\s*$")
+# re.ASCII: \d and \s are the ASCII ones, as in the JSON Schema's patterns (ECMAScript), so
+# an editor and the loader agree: "١٠s" (Arabic-Indic digits) is no duration to either.
+_DURATION_RE = re.compile(r"^\s*(?P<n>\d{1,12})?\s*(?P<unit>ms|s|m|h|d)\s*$", re.ASCII)
+_RATE_RE = re.compile(r"^\s*(?P<limit>\d{1,12})\s*/\s*(?P<period>[^/]+?)\s*$", re.ASCII)
 # Common spellings people try, mapped to the unit we want them to write.
 _UNIT_HINTS: dict[str, str] = {
     "msec": "ms",
@@ -56,7 +58,7 @@ def _format_ms(ms: int) -> str:
 
 
 def _duration_hint(text: str) -> str:
-    match = re.match(r"^\s*(\d*)\s*([a-zA-Z]+)\s*$", text)
+    match = re.match(r"^\s*(\d*)\s*([a-zA-Z]+)\s*$", text, re.ASCII)
     if match and match.group(2).lower() in _UNIT_HINTS:
         return f"{match.group(1) or '1'}{_UNIT_HINTS[match.group(2).lower()]}"
     return "10s"

@@ -54,6 +54,14 @@ def test_rate_errors_suggest_a_spelling(text: str, hint: str) -> None:
         Rate.parse(text)
 
 
+@pytest.mark.parametrize("text", ["\u0661\u0660s", "\uff11\uff10s", "\u0661\u0660/1m", "5/\u0661m"])
+def test_only_ascii_digits_count(text: str) -> None:
+    """Digits of other scripts (Arabic-Indic, fullwidth) are no number to the loader, as
+    they are none to the JSON Schema's patterns an editor checks."""
+    with pytest.raises(ValueError):
+        (Rate if "/" in text else Duration).parse(text)
+
+
 def test_duration_canonical_text() -> None:
     """Durations print in the largest unit that divides them."""
     assert [str(Duration.parse(t)) for t in ("60s", "1500ms", "120m", "24h", 5)] == [
