@@ -449,9 +449,16 @@ class App(_Model):
 
         scheme, sep, rest = value.partition("://")
         if not sep or scheme not in ("redis", "rediss", "unix", "redis+sentinel"):
+            why = (
+                "memory:// is for tests and is given to Limiter.from_policy, never written "
+                "in a policy; "
+                if scheme == "memory"
+                else ""
+            )
             raise ValueError(
-                f"{shown!r} is not a Redis URL; write it like redis://host:6379/0 "
-                "(or rediss:// for TLS)"
+                f"{shown!r} is not a Redis URL; {why}write it like redis://host:6379/0 "
+                "(rediss:// for TLS, unix:///path/to/redis.sock for a socket, "
+                "redis+sentinel://host:26379/mymaster for Sentinel)"
             )
         if scheme == "redis+sentinel":
             how = "write it like redis+sentinel://host:26379,host2:26379/mymaster/0"

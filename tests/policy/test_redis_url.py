@@ -68,6 +68,8 @@ BAD = [
     (f"redis+sentinel://:{PASSWORD}@:26379/m", "a sentinel address is empty"),
     (f"ftp://:{PASSWORD}@host/0", "is not a Redis URL"),
     (f"{PASSWORD}@host:6379", "is not a Redis URL"),
+    (f"rediss+tls://:{PASSWORD}@host/0", "redis+sentinel://host:26379/mymaster for Sentinel"),
+    (f"memory://:{PASSWORD}@x", "memory:// is for tests and is given to Limiter.from_policy"),
     (f"redis://:{PASSWORD}/x@host:6379/0", "redis://:***@host:6379/0"),
     (f"redis://:{PASSWORD}?x@host:6379/0", "percent-encode them (%2F, %3F, %23)"),
 ]
