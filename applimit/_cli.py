@@ -1,0 +1,451 @@
+"""The ``applimit`` command line: an identity's usage of the app limits, and resetting it.
+
+::
+
+    applimit usage POLICY --user alice [--tier pro] [--ip 203.0.113.9] [--keys org=acme]
+                          [--format text|json] [--redis-url URL] [--cluster]
+    applimit reset POLICY --user alice [--limit NAME ...] [--tier T] [--yes]
+
+It reads the policy file and the Redis the app uses (``--redis-url``, else the environment
+variable ``APPLIMIT_REDIS_URL``, else the policy's ``app.redis_url``) through a
+:class:`~applimit.Limiter`, as the app does: ``usage`` only peeks (nothing is consumed) and
+``reset`` calls :meth:`~applimit.Limiter.reset`. The core (which limits apply to the
+subject, what each rate shows, the JSON document) is pure; :func:`main` is the shell that
+parses arguments, talks to Redis and the terminal, and maps every error to a message and an
+exit code in one place, so that a user mistake never ends in a traceback.
+
+The CLI cannot know the identity's tier (the app's ``identify`` decides it), so without
+``--tier`` usage is shown under every tier the limit gives a rate: the counts live in keys
+per period, not per tier (docs/applimit.md, Keys), so each tier's line is how the same
+counts stand against that tier's quota.
+
+Exit codes: 0 done; 1 the policy did not load, Redis could not be read or written, or a
+reset was not confirmed; 2 the command line is wrong (an option, a limit, a tier, an
+identity or address that cannot be used).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from policy import PolicyLoadError, ip_bucket, write_diagnostics
+
+from ._clients import MEMORY_SCHEME, shown_url
+from ._core import AppRule
+from ._decision import Decision
+from ._errors import ApplimitError, ConfigurationError
+from ._sync import Limiter
+
+# Where the Redis URL comes from when --redis-url is not given (before the policy's).
+ENV_REDIS_URL = "APPLIMIT_REDIS_URL"
+# The version of the JSON document `usage --format json` prints (docs/applimit.md).
+USAGE_FORMAT_VERSION = 1
+OK = 0
+FAILED = 1
+USAGE_ERROR = 2
+
+
+class CommandError(Exception):
+    """A failure the CLI reports in one line, with its exit code."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# --- the pure core -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """Whom the command is about: a user, a client address, app keys (``org=acme``)."""
+
+    user: str | None
+    ip: str | None
+    keys: Mapping[str, str]
+
+    def describe(self) -> str:
+        """``user 'alice', ip 203.0.113.9, org 'acme'``: for messages and prompts."""
+        parts = []
+        if self.user is not None:
+            parts.append(f"user {shown(self.user)!r}")
+        if self.ip is not None:
+            parts.append(f"ip {self.ip}")
+        parts.extend(f"{name} {shown(value)!r}" for name, value in self.keys.items())
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """How one limit counts the subject: by what (``user``, ``ip``, an app key) and which
+    value; or, when the subject lacks what the limit counts by, why it is skipped."""
+
+    kind: str
+    value: str | None
+    skipped: str | None = None
+
+
+def shown(text: str) -> str:
+    """``text`` safe to print: control characters escaped, never sent to the terminal."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+def counted_by(rule: AppRule, subject: Subject, ipv6_prefix: int) -> Counted:
+    """What ``rule`` counts ``subject`` by, as the middleware's ``check_request`` does: a
+    per-IP limit the address; a ``per: <key>`` limit the key, else the address; a per-user
+    limit the user, else (an anonymous caller) the address."""
+    address = None if subject.ip is None else ip_bucket(subject.ip, ipv6_prefix)
+    if rule.per_ip:
+        wanted, value, hint = "ip", None, "counts per client IP; pass --ip"
+    elif rule.per_key is not None:
+        wanted, value = rule.per_key, subject.keys.get(rule.per_key)
+        hint = f"counts per {rule.per_key}; pass --keys {rule.per_key}=VALUE"
+    else:
+        wanted, value = "user", subject.user
+        hint = "counts per user; pass --user (or --ip for an anonymous caller)"
+    if value is not None:
+        return Counted(wanted, value)
+    # Without what the limit counts, the caller is counted by address (never unlimited).
+    if address is None:
+        return Counted(wanted, None, hint)
+    return Counted("ip", address)
+
+
+def tiers_shown(rule: AppRule, tier: str | None, policy_tiers: Sequence[str]) -> list[str]:
+    """The tiers to show ``rule`` under: the one asked for, else every tier it has a rate
+    for, in the policy's order (least generous first)."""
+    if tier is not None:
+        return [tier]
+    return [t for t in policy_tiers if rule.tiers.get(t)]
+
+
+def rate_usage(rule: AppRule, tier: str, decision: Decision) -> list[dict[str, Any]]:
+    """One entry per rate of ``tier`` in a peeked decision: quota, used, remaining, reset.
+
+    ``capacity`` is how many requests fit at once: the quota, or for GCRA the burst;
+    ``used`` is capacity minus ``remaining`` (what a request of cost 1 still finds).
+    """
+    out = []
+    # The decision has one result per rate of the tier, in the tier's order (Core.checks).
+    for rate, result in zip(rule.tiers.get(tier, ()), decision.results, strict=True):
+        capacity = result.quota
+        if rule.algorithm == "gcra" and rule.burst is not None:
+            capacity = rule.burst
+        out.append(
+            {
+                "rate": f"{rate.quota}/{rate.period_text}",
+                "quota": result.quota,
+                "window": result.window,
+                "capacity": capacity,
+                "used": max(0, capacity - result.remaining),
+                "remaining": result.remaining,
+                "reset_after": round(result.reset_after, 3),
+                "allowed": result.allowed,
+            }
+        )
+    return out
+
+
+def format_text(document: Mapping[str, Any]) -> str:
+    """The usage document as lines for a terminal."""
+    subject = document["subject"]
+    lines = [f"usage of {subject['description']} in {document['redis']}"]
+    for limit in document["limits"]:
+        flags = [limit["algorithm"], f"per {limit['per']}"]
+        if limit["shadow"]:
+            flags.append("shadow")
+        if not limit["middleware"]:
+            flags.append("middleware: false")
+        head = f"{limit['name']} ({', '.join(flags)})"
+        counted = limit["counted_by"]
+        if limit["skipped"] is not None:
+            lines.append(f"{head}: skipped, {limit['skipped']}")
+            continue
+        lines.append(f"{head}: counted by {counted['kind']} {shown(counted['value'])!r}")
+        for tier in limit["tiers"]:
+            if not tier["rates"]:
+                lines.append(f"  {tier['tier']:<12} no rate in this tier: not limited")
+            for index, rate in enumerate(tier["rates"]):
+                name = tier["tier"] if index == 0 else ""
+                lines.append(
+                    f"  {name:<12} {rate['rate']:>12}  used {rate['used']:>6} of "
+                    f"{rate['capacity']:<6} remaining {rate['remaining']:>6}  "
+                    f"resets in {rate['reset_after']:g}s"
+                )
+    return "\n".join(lines) + "\n"
+
+
+# --- the shell ---------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors exit 2 with one clear line (no traceback)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"applimit: error: {message}\n")
+        raise SystemExit(USAGE_ERROR)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``applimit`` (exposed for docs and tests)."""
+    parser = _Parser(
+        prog="applimit",
+        description="Show or reset an identity's usage of a policy's app limits in Redis.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    usage = sub.add_parser(
+        "usage", help="show the usage of every app limit that counts the identity (no cost)"
+    )
+    _common(usage)
+    usage.add_argument(
+        "--tier", help="show this tier's rates only (default: every tier each limit has)"
+    )
+    usage.add_argument("--format", choices=("text", "json"), default="text")
+    reset = sub.add_parser("reset", help="forget what the app limits counted for the identity")
+    _common(reset)
+    reset.add_argument(
+        "--limit",
+        action="append",
+        dest="limits",
+        metavar="NAME",
+        help="reset this limit only (repeatable; default: every limit that counts the identity)",
+    )
+    reset.add_argument("--tier", help="reset only the keys of this tier's rates")
+    reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    return parser
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("policy", metavar="POLICY", help="the policy file the app uses")
+    parser.add_argument("--user", help="the user id, as the app's identify returns it")
+    parser.add_argument("--ip", help="the client address (per-IP limits, anonymous callers)")
+    parser.add_argument(
+        "--keys",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an app key of a per: <key> limit, e.g. org=acme (repeatable, or comma-separated)",
+    )
+    parser.add_argument(
+        "--redis-url",
+        help=f"the Redis to read (default: ${ENV_REDIS_URL}, else the policy's app.redis_url)",
+    )
+    parser.add_argument("--cluster", action="store_true", help="the URL is a Redis Cluster node")
+
+
+def _subject(args: argparse.Namespace) -> Subject:
+    keys: dict[str, str] = {}
+    for item in args.keys:
+        for pair in item.split(","):
+            name, eq, value = pair.partition("=")
+            if not eq or not name.strip() or not value:
+                raise CommandError(
+                    f"--keys {shown(pair)!r} is not NAME=VALUE; e.g. --keys org=acme.",
+                    USAGE_ERROR,
+                )
+            keys[name.strip()] = value
+    if args.user == "":
+        raise CommandError("--user is empty; pass the user id the app counts.", USAGE_ERROR)
+    ip = args.ip
+    if ip is not None:
+        try:
+            ip = str(ipaddress.ip_address(ip))
+        except ValueError:
+            raise CommandError(
+                f"--ip {shown(ip)!r} is not an IPv4 or IPv6 address.", USAGE_ERROR
+            ) from None
+    if args.user is None and ip is None and not keys:
+        raise CommandError("say whose usage: pass --user, --ip or --keys NAME=VALUE.", USAGE_ERROR)
+    return Subject(args.user, ip, keys)
+
+
+def _open(args: argparse.Namespace) -> tuple[Limiter, str]:
+    """The limiter and the URL it reads, as it may be shown (no password)."""
+    url = args.redis_url or os.environ.get(ENV_REDIS_URL) or None
+    limiter = Limiter.from_policy(args.policy, redis_url=url, cluster=args.cluster)
+    if limiter.url.startswith(MEMORY_SCHEME):
+        limiter.close()
+        raise CommandError(
+            f"the Redis URL is {limiter.url!r}, a store inside one process: this command "
+            f"would read an empty one. Pass --redis-url (or ${ENV_REDIS_URL}) with the "
+            "Redis the app uses.",
+            USAGE_ERROR,
+        )
+    return limiter, shown_url(limiter.url)
+
+
+def _unreachable(url: str) -> CommandError:
+    return CommandError(
+        f"Redis at {url} did not answer (unreachable, too slow or refusing); nothing was "
+        f"read or changed. Check that it runs and that --redis-url (or ${ENV_REDIS_URL}, "
+        "or the policy's app.redis_url) names it.",
+        FAILED,
+    )
+
+
+def _rules(limiter: Limiter, names: Sequence[str] | None) -> list[AppRule]:
+    """The limits named (each checked: UnknownLimitError names those that exist), or all."""
+    if names is None:
+        return list(limiter.compiled.rules)
+    return [limiter.core.rule(name) for name in names]
+
+
+def run_usage(args: argparse.Namespace, out: TextIO) -> int:
+    """``applimit usage``: peek every limit under each tier shown, print the document."""
+    subject = _subject(args)
+    limiter, url = _open(args)
+    with limiter:
+        tier = None if args.tier is None else limiter.core.tier(args.tier)
+        limits = []
+        for rule in _rules(limiter, None):
+            limits.append(_limit_usage(limiter, rule, subject, tier, url))
+    document = {
+        "version": USAGE_FORMAT_VERSION,
+        "policy": str(args.policy),
+        "redis": url,
+        "subject": {
+            "user": subject.user,
+            "ip": subject.ip,
+            "keys": dict(subject.keys),
+            "description": subject.describe(),
+        },
+        "tier": tier,
+        "limits": limits,
+    }
+    if args.format == "json":
+        json.dump(document, out, indent=2)
+        out.write("\n")
+    else:
+        out.write(format_text(document))
+    return OK
+
+
+def _limit_usage(
+    limiter: Limiter, rule: AppRule, subject: Subject, tier: str | None, url: str
+) -> dict[str, Any]:
+    counted = counted_by(rule, subject, limiter.compiled.ipv6_prefix)
+    tiers = []
+    if counted.skipped is None:
+        for name in tiers_shown(rule, tier, limiter.tiers):
+            decision = _peek(limiter, rule, subject, name)
+            if decision.degraded:
+                raise _unreachable(url)
+            tiers.append({"tier": name, "rates": rate_usage(rule, name, decision)})
+    return {
+        "name": rule.name,
+        "algorithm": rule.algorithm,
+        "per": rule.kind,
+        "shadow": rule.shadow,
+        "middleware": rule.middleware,
+        "counted_by": {"kind": counted.kind, "value": counted.value},
+        "skipped": counted.skipped,
+        "tiers": tiers,
+    }
+
+
+def _peek(limiter: Limiter, rule: AppRule, subject: Subject, tier: str) -> Decision:
+    # A per-IP limit takes the address only as ip=, with no identity (Core._limit_tag).
+    identity = None if rule.per_ip else subject.user
+    return limiter.peek(rule.name, identity, tier=tier, ip=subject.ip, keys=subject.keys)
+
+
+def run_reset(args: argparse.Namespace, out: TextIO, stdin: TextIO, err: TextIO) -> int:
+    """``applimit reset``: confirm, then forget the subject's counts of each limit."""
+    subject = _subject(args)
+    limiter, url = _open(args)
+    with limiter:
+        tier = None if args.tier is None else limiter.core.tier(args.tier)
+        chosen = []
+        for rule in _rules(limiter, args.limits):
+            counted = counted_by(rule, subject, limiter.compiled.ipv6_prefix)
+            if counted.skipped is not None:
+                if args.limits is not None:
+                    raise CommandError(f"limit {rule.name!r} {counted.skipped}.", USAGE_ERROR)
+                continue
+            chosen.append((rule, counted))
+        if not chosen:
+            raise CommandError(
+                f"no app limit counts {subject.describe()}; nothing to reset.", USAGE_ERROR
+            )
+        listed = ", ".join(rule.name for rule, _ in chosen)
+        what = f"{listed} for {subject.describe()}" + (f" (tier {tier})" if tier else "")
+        if not args.yes:
+            _confirm(what, url, stdin, err)
+        for rule, _ in chosen:
+            identity = None if rule.per_ip else subject.user
+            done = limiter.reset(rule.name, identity, tier=tier, ip=subject.ip, keys=subject.keys)
+            if not done:
+                raise _unreachable(url)
+    out.write(f"reset {what} in {url}\n")
+    return OK
+
+
+def _confirm(what: str, url: str, stdin: TextIO, err: TextIO) -> None:
+    """Ask on a terminal; refuse when nobody can answer (a script must say --yes)."""
+    if not stdin.isatty():
+        raise CommandError(
+            f"refusing to reset {what} without confirmation: stdin is not a terminal. "
+            "Pass --yes to reset from a script.",
+            FAILED,
+        )
+    err.write(f"Reset {what} in {url}? The counts are lost. [y/N] ")
+    err.flush()
+    answer = stdin.readline().strip().lower()
+    if answer not in {"y", "yes"}:
+        raise CommandError("not reset: the answer was not yes.", FAILED)
+
+
+def main(  # noqa: PLR0911 (one exit code per kind of error, mapped in one place)
+    argv: Sequence[str] | None = None,
+    *,
+    stdin: TextIO | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    """Run ``applimit``; returns the exit code (0 done, 1 failed, 2 usage error).
+
+    The streams default to the process' own (tests pass theirs).
+    """
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    inp = stdin or sys.stdin
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    # The limiter logs Redis failures for a long-running app; here the command says what
+    # failed in its own message, so the log records would only repeat it on stderr.
+    logger = logging.getLogger("applimit")
+    if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+        logger.addHandler(logging.NullHandler())
+    try:
+        if args.command == "usage":
+            return run_usage(args, out)
+        return run_reset(args, out, inp, err)
+    except PolicyLoadError as error:
+        write_diagnostics(error.diagnostics, err)
+        err.write("applimit: error: the policy was not loaded\n")
+        return FAILED
+    except CommandError as error:
+        err.write(f"applimit: error: {error}\n")
+        return error.exit_code
+    except ConfigurationError as error:
+        err.write(f"applimit: error: {shown(str(error))}\n")
+        return FAILED
+    except ApplimitError as error:
+        # Unknown limit or tier, an argument no limit can count: the command line is wrong.
+        err.write(f"applimit: error: {shown(str(error))}\n")
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        err.write("applimit: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        # `applimit usage ... | head` closes the pipe early; that is not an error.
+        return OK
