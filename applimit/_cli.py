@@ -76,10 +76,10 @@ class Subject:
         """``user 'alice', ip 203.0.113.9, org 'acme'``: for messages and prompts."""
         parts = []
         if self.user is not None:
-            parts.append(f"user {shown(self.user)!r}")
+            parts.append(f"user '{shown(self.user)}'")
         if self.ip is not None:
             parts.append(f"ip {self.ip}")
-        parts.extend(f"{name} {shown(value)!r}" for name, value in self.keys.items())
+        parts.extend(f"{shown(name)} '{shown(value)}'" for name, value in self.keys.items())
         return ", ".join(parts)
 
 
@@ -169,7 +169,7 @@ def format_text(document: Mapping[str, Any]) -> str:
         if limit["skipped"] is not None:
             lines.append(f"{head}: skipped, {limit['skipped']}")
             continue
-        lines.append(f"{head}: counted by {counted['kind']} {shown(counted['value'])!r}")
+        lines.append(f"{head}: counted by {counted['kind']} '{shown(counted['value'])}'")
         for tier in limit["tiers"]:
             if not tier["rates"]:
                 lines.append(f"  {tier['tier']:<12} no rate in this tier: not limited")
@@ -250,7 +250,7 @@ def _subject(args: argparse.Namespace) -> Subject:
             name, eq, value = pair.partition("=")
             if not eq or not name.strip() or not value:
                 raise CommandError(
-                    f"--keys {shown(pair)!r} is not NAME=VALUE; e.g. --keys org=acme.",
+                    f"--keys '{shown(pair)}' is not NAME=VALUE; e.g. --keys org=acme.",
                     USAGE_ERROR,
                 )
             keys[name.strip()] = value
@@ -262,7 +262,7 @@ def _subject(args: argparse.Namespace) -> Subject:
             ip = str(ipaddress.ip_address(ip))
         except ValueError:
             raise CommandError(
-                f"--ip {shown(ip)!r} is not an IPv4 or IPv6 address.", USAGE_ERROR
+                f"--ip '{shown(ip)}' is not an IPv4 or IPv6 address.", USAGE_ERROR
             ) from None
     if args.user is None and ip is None and not keys:
         raise CommandError("say whose usage: pass --user, --ip or --keys NAME=VALUE.", USAGE_ERROR)
