@@ -11,6 +11,8 @@ Public surface::
     edgegen.apply(client, plan, *, confirm=, output=, policy=, dry_run=, validate_remote=)
         -> ApplyResult                             verify, ask, re-verify, validate, write;
                                                    ApplyEvent as it goes
+    edgegen.report(client, scope, *, since=) -> EdgeReport   what the edgegen rules and the
+                                                   Worker did (GraphQL Analytics API)
     save_plan(plan, path), load_plan(path) -> SavedPlan    plan files (bound to their writes)
     save_state(state, path), load_state(path) -> RemoteState   state files (offline plans)
     Client, Token, Scope, RemoteState, ZonePlan, SavedPlan   the Cloudflare client and values
@@ -36,6 +38,7 @@ A Terraform-style run::
 
 from __future__ import annotations
 
+from ._analytics import EdgeReport, report
 from ._artifacts import Artifacts, Placement, Target, WorkerArtifact
 from ._cloudflare import Client
 from ._compile import build
@@ -66,6 +69,7 @@ __all__ = [
     "Client",
     "CloudflareAPIError",
     "CompileError",
+    "EdgeReport",
     "EdgegenError",
     "Placement",
     "RemoteState",
@@ -85,6 +89,7 @@ __all__ = [
     "load_state",
     "plan",
     "pull",
+    "report",
     "save_plan",
     "save_state",
     "write",

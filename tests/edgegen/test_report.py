@@ -1,0 +1,503 @@
+"""``edgegen report`` and ``edgegen.report``: edge analytics from Cloudflare's GraphQL API.
+
+The zone's rules come from ``FakeCloudflare`` (REST); the analytics from ``FakeGraphQL``
+below, at the HTTP layer (respx), answering ``POST /graphql`` in the documented shape of
+Cloudflare's GraphQL Analytics API: ``{"data": {"viewer": {"zones"|"accounts": [...]}},
+"errors": null}``, groups as ``{"count", "dimensions"}`` (``firewallEventsAdaptiveGroups``)
+or ``{"sum", "dimensions"}`` (``workersInvocationsAdaptive``); refusals as ``errors`` with
+``extensions.code`` in a 200 answer, an unknown token as HTTP 403, and a 429 with
+``Retry-After`` once the fake's request budget is spent. The fake also enforces the limits
+a query must keep: fields per query, rows per list, and how far back the plan may look.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import respx
+from cloudflare_fake import ACCOUNT_ID, BASE_URL, TOKEN, ZONE_ID, FakeCloudflare
+from zone_support import EXAMPLE, HAND_MADE, Sleeps
+
+import edgegen
+import policy
+from edgegen import _analytics, _cli_report, cli
+
+WORKER = "api-edge-limits"
+NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+MAX_FIELDS = 30
+MAX_ROWS = 10_000
+
+_GROUPS = re.compile(
+    r"(\w+): firewallEventsAdaptiveGroups\(limit: (\d+), orderBy: \[count_DESC\], filter: "
+    r'\{source: "ratelimit", ruleId: \$(\w+), datetime_geq: \$since, datetime_leq: \$until\}\) '
+    r"\{ count dimensions \{ (\w+) \} \}"
+)
+_INVOCATIONS = re.compile(
+    r"workersInvocationsAdaptive\(limit: (\d+), filter: \{scriptName: \$script, "
+    r"datetime_geq: \$since, datetime_leq: \$until\}\)"
+)
+_DECLARED = re.compile(r"\$(\w+): (\w+)")
+
+
+def gql_error(message: str, code: str, path: list[str] | None = None) -> dict[str, Any]:
+    """One GraphQL error as Cloudflare writes it."""
+    return {
+        "message": message,
+        "path": path,
+        "extensions": {"code": code, "timestamp": "2026-12-03T12:00:00Z"},
+    }
+
+
+@dataclass
+class FakeGraphQL:
+    """Cloudflare's GraphQL Analytics API, for the two datasets edgegen reads.
+
+    ``events``: firewall events (``ruleId``, ``action``, ``clientCountryName``, ``coloCode``,
+    ``datetime``, ``source``, ``count``); ``invocations``: Worker invocations
+    (``scriptName``, ``status``, ``datetime``, ``requests``, ``errors``, ``subrequests``).
+    ``datasets``: what the zone's plan offers; ``grants``: per token, which scopes
+    (``zone``, ``account``) it may read; ``max_age``: how far back the plan may look.
+    """
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    invocations: list[dict[str, Any]] = field(default_factory=list)
+    datasets: set[str] = field(
+        default_factory=lambda: {"firewallEventsAdaptiveGroups", "workersInvocationsAdaptive"}
+    )
+    grants: dict[str, set[str]] = field(default_factory=lambda: {TOKEN: {"zone", "account"}})
+    max_age: timedelta = timedelta(days=30)
+    budget: int | None = None
+    retry_after: str = "3"
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    statuses: list[int] = field(default_factory=list)
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        """Answer one POST /graphql."""
+        response = self._answer(request)
+        self.statuses.append(response.status_code)
+        return response
+
+    def _answer(self, request: httpx.Request) -> httpx.Response:
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if token not in self.grants:
+            return httpx.Response(
+                403, json={"data": None, "errors": [gql_error("not authorized", "authz")]}
+            )
+        if self.budget is not None:
+            if self.budget <= 0:
+                self.budget = None
+                return httpx.Response(
+                    429,
+                    json={"data": None, "errors": [gql_error("rate limited", "ratelimit")]},
+                    headers={"Retry-After": self.retry_after},
+                )
+            self.budget -= 1
+        body = json.loads(request.content)
+        self.bodies.append(body)
+        query, variables = body["query"], body["variables"]
+        declared = dict(_DECLARED.findall(query.split("{", 1)[0]))
+        assert set(declared) == set(variables), "every variable declared and given"
+        since = datetime.fromisoformat(variables["since"])
+        until = datetime.fromisoformat(variables["until"])
+        if until - since > self.max_age:
+            message = (
+                f"cannot request data older than {int(self.max_age.total_seconds())}s "
+                "(time range too large for this plan)"
+            )
+            return httpx.Response(200, json={"data": None, "errors": [gql_error(message, "")]})
+        if "zones(" in query:
+            return self._zone(query, variables, token, since, until)
+        return self._account(query, variables, token, since, until)
+
+    def _zone(
+        self, query: str, variables: dict[str, Any], token: str, since: datetime, until: datetime
+    ) -> httpx.Response:
+        fields = _GROUPS.findall(query)
+        assert fields and query.count("firewallEventsAdaptiveGroups") == len(fields)
+        if len(fields) > MAX_FIELDS:
+            message = f"query has {len(fields)} fields, more than the {MAX_FIELDS} allowed"
+            return httpx.Response(200, json={"data": None, "errors": [gql_error(message, "")]})
+        path = ["viewer", "zones", "0", "firewallEventsAdaptiveGroups"]
+        if "zone" not in self.grants[token]:
+            message = "zone does not have access to the path"
+            errors = [gql_error(message, "authz", path)]
+            return httpx.Response(200, json={"data": None, "errors": errors})
+        if "firewallEventsAdaptiveGroups" not in self.datasets:
+            message = "zone does not have access to the path: not available on this plan"
+            errors = [gql_error(message, "authz", path)]
+            return httpx.Response(200, json={"data": None, "errors": errors})
+        assert variables["zoneTag"] == ZONE_ID
+        node: dict[str, Any] = {}
+        for alias, limit, variable, dimension in fields:
+            assert int(limit) <= MAX_ROWS
+            totals: dict[str, int] = {}
+            for event in self.events:
+                if (
+                    event["ruleId"] == variables[variable]
+                    and event.get("source", "ratelimit") == "ratelimit"
+                    and since <= event["datetime"] <= until
+                ):
+                    key = event[dimension]
+                    totals[key] = totals.get(key, 0) + event.get("count", 1)
+            ranked = sorted(totals.items(), key=lambda kv: -kv[1])[: int(limit)]
+            node[alias] = [{"count": n, "dimensions": {dimension: k}} for k, n in ranked]
+        return httpx.Response(200, json={"data": {"viewer": {"zones": [node]}}, "errors": None})
+
+    def _account(
+        self, query: str, variables: dict[str, Any], token: str, since: datetime, until: datetime
+    ) -> httpx.Response:
+        assert _INVOCATIONS.search(query)
+        assert variables["accountTag"] == ACCOUNT_ID
+        if "account" not in self.grants[token] or "workersInvocationsAdaptive" not in (
+            self.datasets
+        ):
+            path = ["viewer", "accounts", "0", "workersInvocationsAdaptive"]
+            errors = [gql_error("account does not have access to the path", "authz", path)]
+            return httpx.Response(200, json={"data": None, "errors": errors})
+        groups: dict[str, dict[str, int]] = {}
+        for item in self.invocations:
+            if item["scriptName"] == variables["script"] and since <= item["datetime"] <= until:
+                sums = groups.setdefault(
+                    item["status"], {"requests": 0, "errors": 0, "subrequests": 0}
+                )
+                for key in sums:
+                    sums[key] += item.get(key, 0)
+        rows = [{"sum": s, "dimensions": {"status": k}} for k, s in groups.items()]
+        data = {"viewer": {"accounts": [{"workersInvocationsAdaptive": rows}]}}
+        return httpx.Response(200, json={"data": data, "errors": None})
+
+
+@contextmanager
+def mocked(zone: FakeCloudflare, analytics: FakeGraphQL) -> Iterator[respx.MockRouter]:
+    """GraphQL to ``analytics``, every other request to the fake zone."""
+    with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+        router.post("/graphql").mock(side_effect=analytics.handle)
+        router.route().mock(side_effect=zone.handle)
+        yield router
+
+
+def example_rules() -> list[dict[str, Any]]:
+    """The rules the example policy builds for the edge."""
+    env = {"CLOUDFLARE_ZONE_ID": ZONE_ID, "CLOUDFLARE_ACCOUNT_ID": ACCOUNT_ID}
+    rules: list[dict[str, Any]] = edgegen.build(policy.load(EXAMPLE, env=env)).ruleset["rules"]
+    return rules
+
+
+def zone_with_rules(count: int | None = None) -> FakeCloudflare:
+    """A fake zone holding the hand-made rules and edgegen rules (``count`` of them, made by
+    copying the example's first rule with new refs, or the example's own)."""
+    rules = example_rules()
+    if count is not None:
+        template = rules[0]
+        rules = [{**template, "ref": f"edgegen:copy-{i:02d}"} for i in range(count)]
+    fake = FakeCloudflare(plan="enterprise")
+    fake.seed_rules([*HAND_MADE[:1], *rules])
+    return fake
+
+
+def owned(zone: FakeCloudflare) -> list[dict[str, Any]]:
+    """The zone's edgegen rules as stored (with Cloudflare's ids)."""
+    return [r for r in zone.rules if r["ref"].startswith("edgegen:")]
+
+
+def event(
+    rule_id: str, action: str, country: str, colo: str, ago: timedelta, n: int = 1
+) -> dict[str, Any]:
+    """A firewall event ``ago`` before NOW."""
+    return {
+        "ruleId": rule_id,
+        "action": action,
+        "clientCountryName": country,
+        "coloCode": colo,
+        "datetime": NOW - ago,
+        "count": n,
+    }
+
+
+def client(sleep: Sleeps | None = None, token: str = TOKEN) -> edgegen.Client:
+    """A client of the fakes that never really sleeps."""
+    return edgegen.Client(edgegen.Token(token), sleep=sleep if sleep is not None else Sleeps())
+
+
+SCOPE = edgegen.Scope(ZONE_ID, ACCOUNT_ID, WORKER)
+HOUR = timedelta(hours=1)
+
+
+def test_report_counts_each_owned_rule_and_the_worker() -> None:
+    """Only rules whose ref starts with ``edgegen:`` are reported, each with its events by
+    action (block counts as mitigated, log as logged), its top countries and colos in
+    order of count, and nothing from outside the window; the Worker's sums add up over
+    its statuses."""
+    zone = zone_with_rules(count=3)
+    rules = owned(zone)
+    first, second = rules[0]["id"], rules[1]["id"]
+    hand_made = zone.rules[0]["id"]
+    analytics = FakeGraphQL(
+        events=[
+            event(first, "block", "DE", "FRA", HOUR, 5),
+            event(first, "block", "US", "IAD", HOUR, 4),
+            event(first, "managed_challenge", "US", "EWR", 2 * HOUR, 2),
+            event(first, "log", "FR", "CDG", HOUR, 1),
+            event(first, "block", "CN", "HKG", 30 * HOUR, 100),  # before the window
+            event(second, "log", "BR", "GRU", HOUR, 4),
+            event(hand_made, "block", "DE", "FRA", HOUR, 50),  # not edgegen's
+        ],
+        invocations=[
+            {
+                "scriptName": WORKER,
+                "status": "success",
+                "datetime": NOW - HOUR,
+                "requests": 90,
+                "subrequests": 30,
+            },
+            {
+                "scriptName": WORKER,
+                "status": "scriptThrewException",
+                "datetime": NOW - HOUR,
+                "requests": 2,
+                "errors": 2,
+            },
+            {"scriptName": "other", "status": "success", "datetime": NOW - HOUR, "requests": 1000},
+        ],
+    )
+    with mocked(zone, analytics), client() as made_client:
+        made = edgegen.report(made_client, SCOPE, since=timedelta(hours=24), now=lambda: NOW)
+
+    assert [r.ref for r in made.rules] == [r["ref"] for r in rules]
+    top = made.rules[0]
+    assert (top.events, top.mitigated, top.logged) == (12, 11, 1)
+    assert top.actions[0] == _analytics.Count("block", 9)
+    assert [c.name for c in top.countries] == ["US", "DE", "FR"]
+    assert top.countries[0].count == 6
+    assert [c.name for c in top.colos][:2] == ["FRA", "IAD"]  # 5 and 4
+    assert (made.rules[1].events, made.rules[1].mitigated, made.rules[1].logged) == (4, 0, 4)
+    assert all(r.events == 0 for r in made.rules[2:])
+    assert made.worker == _analytics.WorkerReport(
+        WORKER,
+        requests=92,
+        errors=2,
+        subrequests=30,
+        statuses=(
+            _analytics.Count("success", 90),
+            _analytics.Count("scriptThrewException", 2),
+        ),
+    )
+    assert (made.since, made.until) == (NOW - timedelta(hours=24), NOW)
+    assert analytics.bodies[0]["variables"]["since"] == "2026-12-02T12:00:00Z"
+    assert hand_made not in json.dumps(analytics.bodies)
+
+
+def test_top_limits_the_lists_and_says_they_were_cut() -> None:
+    """``top`` is the limit each country and colo list asks for; a full list is marked
+    truncated, so the report never passes a cut list off as complete."""
+    zone = zone_with_rules(count=2)
+    rule_id = owned(zone)[0]["id"]
+    countries = ["DE", "US", "FR", "BR"]
+    analytics = FakeGraphQL(
+        events=[event(rule_id, "block", c, "FRA", HOUR, 10 - i) for i, c in enumerate(countries)]
+    )
+    with mocked(zone, analytics), client() as made_client:
+        made = edgegen.report(made_client, SCOPE, top=2, now=lambda: NOW)
+    assert [c.name for c in made.rules[0].countries] == ["DE", "US"]
+    assert made.rules[0].truncated
+    assert not made.rules[1].truncated
+
+
+def test_many_rules_are_asked_about_in_batches_within_the_field_limit() -> None:
+    """Each rule costs three fields; with more rules than one query may ask about, the
+    report sends several queries, each under Cloudflare's field limit, and reports every
+    rule in the zone's order."""
+    zone = zone_with_rules(count=23)
+    rules = owned(zone)
+    analytics = FakeGraphQL(
+        events=[event(r["id"], "block", "DE", "FRA", HOUR, i + 1) for i, r in enumerate(rules)]
+    )
+    with mocked(zone, analytics), client() as made_client:
+        made = edgegen.report(made_client, SCOPE, now=lambda: NOW)
+    assert len(analytics.bodies) == 3 + 1  # three batches of rules, then the Worker
+    assert [r.ref for r in made.rules] == [r["ref"] for r in rules]
+    assert [r.events for r in made.rules] == list(range(1, 24))
+    assert set(analytics.statuses) == {200}
+
+    # Asked for in one query, the same rules pass the limit and Cloudflare says so.
+    with mocked(zone, analytics), client() as made_client:
+        with pytest.raises(edgegen.CloudflareAPIError, match="more than the 30 allowed"):
+            edgegen.report(made_client, SCOPE, now=lambda: NOW, rules_per_query=23)
+
+
+def test_a_plan_without_the_dataset_is_an_error_that_names_the_fix() -> None:
+    """GraphQL refuses with HTTP 200 and ``errors``: the report fails with Cloudflare's
+    words, the permission to give and the pointer to what each plan can query."""
+    analytics = FakeGraphQL(datasets={"workersInvocationsAdaptive"})
+    with mocked(zone_with_rules(), analytics), client() as made_client:
+        with pytest.raises(edgegen.CloudflareAPIError) as caught:
+            edgegen.report(made_client, SCOPE, now=lambda: NOW)
+    message = str(caught.value)
+    assert "not available on this plan" in message
+    assert "Zone > Analytics > Read" in message
+    assert "docs/zone.md" in message
+    assert caught.value.status == 200
+    assert not caught.value.ambiguous
+
+
+def test_a_window_older_than_the_plan_keeps_says_to_shorten_since() -> None:
+    """Asking further back than the plan keeps data is Cloudflare's error, with the fix."""
+    analytics = FakeGraphQL(max_age=timedelta(days=1))
+    with mocked(zone_with_rules(), analytics), client() as made_client:
+        with pytest.raises(edgegen.CloudflareAPIError, match="shorter window with --since"):
+            edgegen.report(made_client, SCOPE, since=timedelta(days=7), now=lambda: NOW)
+
+
+def test_a_worker_dataset_the_token_may_not_read_leaves_the_rules_reported() -> None:
+    """Without account analytics, the rules are still reported and the Worker's entry says
+    why it has no numbers and which permission would give them."""
+    analytics = FakeGraphQL(grants={TOKEN: {"zone"}})
+    with mocked(zone_with_rules(), analytics), client() as made_client:
+        made = edgegen.report(made_client, SCOPE, now=lambda: NOW)
+    assert made.rules
+    assert made.worker is not None
+    assert made.worker.unavailable is not None
+    assert "Account > Account Analytics > Read" in made.worker.unavailable
+
+
+def test_an_unknown_token_is_refused_with_the_permission_and_never_shown() -> None:
+    """A 403 from the GraphQL endpoint names the token's variable and the permission; the
+    token itself appears nowhere in the error."""
+    secret = "another-token-0123456789"
+    zone = zone_with_rules()
+    zone.tokens[secret] = frozenset({"waf"})
+    analytics = FakeGraphQL()
+    with mocked(zone, analytics), client(token=secret) as made_client:
+        with pytest.raises(edgegen.CloudflareAPIError) as caught:
+            edgegen.report(made_client, SCOPE, now=lambda: NOW)
+    assert caught.value.status == 403
+    assert "CLOUDFLARE_API_TOKEN" in str(caught.value)
+    assert "Zone > Analytics > Read" in str(caught.value)
+    assert secret not in repr(caught.value.__dict__) + str(caught.value)
+
+
+def test_a_429_is_retried_after_retry_after() -> None:
+    """Cloudflare's GraphQL rate limit: the transport waits exactly Retry-After and asks
+    again, and the report is complete."""
+    zone = zone_with_rules()
+    rule_id = owned(zone)[0]["id"]
+    analytics = FakeGraphQL(events=[event(rule_id, "block", "DE", "FRA", HOUR, 7)], budget=0)
+    sleeps = Sleeps()
+    with mocked(zone, analytics), client(sleeps) as made_client:
+        made = edgegen.report(made_client, SCOPE, now=lambda: NOW)
+    assert analytics.statuses[0] == 429
+    assert sleeps == [3.0]
+    assert made.rules[0].mitigated == 7
+
+
+def test_a_zone_without_edgegen_rules_says_so() -> None:
+    """No owned rules: no rules query is sent, and a note says how to get them."""
+    zone = FakeCloudflare()
+    zone.seed_rules(HAND_MADE[:1])
+    analytics = FakeGraphQL()
+    with mocked(zone, analytics), client() as made_client:
+        made = edgegen.report(made_client, SCOPE, now=lambda: NOW)
+    assert made.rules == ()
+    assert "edgegen apply" in made.notes[0]
+    assert all("zones(" not in body["query"] for body in analytics.bodies)
+
+
+def test_query_ids_travel_as_variables() -> None:
+    """Rule ids are GraphQL variables, never query text (a quote in one could not change
+    the query)."""
+    request = _analytics.rules_query(ZONE_ID, ['x" }) evil'], NOW - HOUR, NOW, 5)
+    assert "evil" not in request["query"]
+    assert request["variables"]["rule0"] == 'x" }) evil'
+
+
+# --- the command -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token, zone and account the example policy reads."""
+    monkeypatch.setenv("CLOUDFLARE_API_TOKEN", TOKEN)
+    monkeypatch.setenv("CLOUDFLARE_ZONE_ID", ZONE_ID)
+    monkeypatch.setenv("CLOUDFLARE_ACCOUNT_ID", ACCOUNT_ID)
+    monkeypatch.delenv("CLOUDFLARE_API_BASE_URL", raising=False)
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
+    try:
+        code = cli.main([str(a) for a in argv])
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.usefixtures("env")
+def test_the_command_prints_text_markdown_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """``edgegen report POLICY`` in each format: the rule's numbers, countries and colos,
+    and the Worker's; what Cloudflare sent is shown escaped (a terminal control in a
+    country name is written out, Markdown punctuation is escaped)."""
+    zone = zone_with_rules()
+    rule_id = owned(zone)[0]["id"]
+    now = datetime.now(UTC)
+    analytics = FakeGraphQL(
+        events=[
+            {**event(rule_id, "block", "DE", "FRA", HOUR, 4), "datetime": now - HOUR},
+            {**event(rule_id, "block", "X\x1b[2J|*", "IAD", HOUR, 1), "datetime": now - HOUR},
+        ],
+        invocations=[
+            {"scriptName": WORKER, "status": "success", "datetime": now - HOUR, "requests": 12}
+        ],
+    )
+    with mocked(zone, analytics):
+        code, out, err = _run(capsys, "report", EXAMPLE, "--since", "2h")
+        assert code == 0, err
+        assert "5 events: 5 mitigated, 0 logged" in out
+        assert "top countries: DE 4, X\\x1b[2J|* 1" in out
+        assert "\x1b" not in out
+        assert f"Worker {WORKER}\n  12 requests, 0 errors, 0 subrequests" in out
+
+        code, out, _ = _run(capsys, "report", EXAMPLE, "--format", "markdown")
+        assert code == 0
+        assert "| rule | action | events | mitigated |" in out
+        assert "X\\x1b\\[2J\\|\\* 1" in out
+
+        code, out, _ = _run(capsys, "report", EXAMPLE, "--format", "json")
+        assert code == 0
+        shown = json.loads(out)
+        assert shown["rules"][0]["mitigated"] == 5
+        assert shown["worker"]["requests"] == 12
+    assert TOKEN not in out
+
+
+@pytest.mark.usefixtures("env")
+def test_the_command_reports_refusals_as_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """A refused query ends with exit 1 and one ``edgegen: error:`` line, no traceback; a
+    bad --since is a usage error that says how to write it."""
+    analytics = FakeGraphQL(datasets=set())
+    with mocked(zone_with_rules(), analytics):
+        code, out, err = _run(capsys, "report", EXAMPLE)
+    assert code == 1
+    assert out == ""
+    assert err.startswith("edgegen: error: Cloudflare's GraphQL API refused")
+    assert "Traceback" not in err
+
+    code, _, err = _run(capsys, "report", EXAMPLE, "--since", "yesterday")
+    assert code == 2
+    assert "--since" in err
+
+
+def test_since_reads_the_policy_duration_syntax() -> None:
+    """``--since`` takes the policy's durations (``90m``, ``7d``)."""
+    assert _cli_report.parse_since("90m") == timedelta(minutes=90)
+    assert _cli_report.parse_since("7d") == timedelta(days=7)
+    with pytest.raises(edgegen.UsageError, match="--since"):
+        _cli_report.parse_since("-1h")
