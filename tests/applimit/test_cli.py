@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import redis
-from harness import RedisServer
+from harness import RedisCluster, RedisServer
 
 from applimit import Limiter
 from applimit._cli import main
@@ -409,3 +409,23 @@ def test_a_usage_error_of_the_parser_exits_2_as_a_process() -> None:
     done = run_process("usage", "policy.yaml", "--frobnicate")
     assert done.returncode == 2
     assert "applimit: error: unrecognized arguments: --frobnicate" in done.stderr
+
+
+def test_usage_and_reset_on_a_redis_cluster(
+    tmp_path: Path, redis_cluster: RedisCluster, cluster_client: Any
+) -> None:
+    """--cluster with one node's URL: usage reads, and reset clears, the identity's slot."""
+    policy_file = write_policy(tmp_path, redis_cluster.url)
+    with Limiter.from_policy(policy_file, cluster=True) as limiter:
+        limiter.hit("api", "nia")
+        limiter.hit("login", None, ip="198.51.100.7")
+        argv = ["--user", "nia", "--ip", "198.51.100.7", "--tier", "free", "--cluster"]
+        code, out, err = run("usage", str(policy_file), *argv, "--format", "json")
+        assert code == 0, err
+        limits = by_name(json.loads(out))
+        assert limits["api"]["tiers"][0]["rates"][0]["used"] == 1
+        assert limits["login"]["tiers"][0]["rates"][0]["used"] == 1
+        code, _, err = run("reset", str(policy_file), *argv, "--yes")
+        assert code == 0, err
+        assert limiter.peek("api", "nia").remaining == 5
+        assert limiter.peek("login", None, ip="198.51.100.7").remaining == 3
