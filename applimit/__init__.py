@@ -13,6 +13,9 @@ Public surface::
     Decision, LimitResult                        what a call answers
     ApplimitError and its subclasses             see applimit._errors
     rate_limited(limiter, name, identity=...)    a limit on a plain function (RateLimited)
+    Observer, DecisionEvent, Outcome             observers=[...]: every decision, per limit
+
+    applimit.prometheus / applimit.otel          exporters of the decisions as metrics
 
     applimit.asgi / applimit.wsgi                RateLimitMiddleware for web apps
     applimit.fastapi                             RateLimit, a per-route FastAPI dependency
@@ -34,6 +37,7 @@ from ._errors import (
     UnknownLimitError,
     UnknownTierError,
 )
+from ._observe import DecisionEvent, Observer, Outcome
 from ._sync import Limiter
 
 __all__ = [
@@ -42,9 +46,12 @@ __all__ = [
     "BreakerState",
     "ConfigurationError",
     "Decision",
+    "DecisionEvent",
     "InvalidArgumentError",
     "LimitResult",
     "Limiter",
+    "Observer",
+    "Outcome",
     "RateLimited",
     "UnknownLimitError",
     "UnknownTierError",

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
@@ -24,6 +25,7 @@ from ._core import Prepared
 from ._decision import Decision
 from ._errors import REDIS_FAILURES
 from ._memory import AsyncMemoryWire
+from ._observe import Observer
 from ._shell import LimiterBase, load_policy
 
 
@@ -46,6 +48,8 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
         recovery_time: float = 0.25,
         test_clock: Callable[[], float] | None = None,
         enabled: bool = True,
+        observers: Iterable[Observer] = (),
+        log_identities: bool = False,
     ) -> None:
         """Enforce ``policy``; the options are those of :class:`~applimit.Limiter`.
 
@@ -63,6 +67,8 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
             recovery_time=recovery_time,
             test_clock=test_clock,
             enabled=enabled,
+            observers=observers,
+            log_identities=log_identities,
         )
 
     def _resolve(self, client: object | None, url: str, cluster: bool) -> Target[AsyncClient]:
@@ -181,12 +187,25 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
 
     async def _decide(self, prepared: Prepared) -> Decision:
         """Drive the decision's flow: await each Send on the wire, send back its outcomes."""
+        observing = self.observing
+        if observing:
+            started = time.perf_counter()
         flow = self.decider.decide_flow(prepared)
         wire = self._wire
+        # No call sent: answered here (denial cache, approximate mode, open breaker).
+        sent = False
         try:
             send = next(flow)
+            sent = True
             while True:
                 send = flow.send(await wire.run(send.calls))
         except StopIteration as done:
             decision: Decision = done.value
+            if observing:
+                self.notifier.notify(
+                    prepared,
+                    decision,
+                    time.perf_counter() - started,
+                    local=not sent and not decision.degraded,
+                )
             return decision

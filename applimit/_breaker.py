@@ -8,8 +8,11 @@ failure opens it for another ``cooldown``. Only one probe is in flight at a time
 recovering Redis is not hit by every waiting caller at once.
 
 An outage starts with the first failure after a success and ends with the next success.
-It is logged twice: a warning when it starts and an info line, with the number of
-decisions made without Redis, when it ends. Nothing is logged per request. A server that
+It is logged twice, at the same level (warning), so that a filter that shows the one
+shows the other: when it starts, and when it ends, with the number of decisions made
+without Redis. Both records carry structured fields (``extra``: ``applimit_event`` is
+``redis_outage`` or ``redis_recovered``, with ``node``) for JSON log handlers. Nothing is
+logged per request. A server that
 answers but refuses every write (out of memory under ``noeviction``, a read-only replica)
 still answers calls that write nothing (a peek, a denial); such an answer does not end an
 outage in which writes were refused: only a call that wrote does, so a full Redis is one
@@ -51,12 +54,14 @@ class CircuitBreaker:
         probe_timeout: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         describe: str = "Redis",
+        node: str = "main",
     ) -> None:
         """Open after ``threshold`` consecutive failures; probe every ``cooldown`` seconds.
 
         ``probe_timeout`` is how long a probe may go unanswered before another caller may
         probe (a caller that was cancelled never reports back). ``describe`` names the
-        server in log lines.
+        server in log lines, ``node`` in their structured fields (``main`` or a cluster
+        master's ``host:port``).
         """
         if threshold < 1:
             raise ValueError("the breaker threshold must be at least 1 failure")
@@ -67,6 +72,9 @@ class CircuitBreaker:
         self.probe_timeout = probe_timeout
         self._clock = clock
         self._describe = describe
+        self.node = node
+        # Outages started so far: tells whether one began between two moments.
+        self.outages = 0
         self._lock = threading.Lock()
         self._state = BreakerState.CLOSED
         self._failures = 0
@@ -143,11 +151,17 @@ class CircuitBreaker:
             degraded = self._degraded
             self._outage_started = None
             self._degraded = 0
-        logger.info(
+        logger.warning(
             "%s answers again after %.1f s; %d decisions were made without it during the outage.",
             self._describe,
             lasted,
             degraded,
+            extra={
+                "applimit_event": "redis_recovered",
+                "node": self.node,
+                "outage_seconds": round(lasted, 3),
+                "degraded_decisions": degraded,
+            },
         )
 
     def failure(self, error: BaseException) -> None:
@@ -158,6 +172,7 @@ class CircuitBreaker:
             starting = self._outage_started is None
             if starting:
                 self._outage_started = now
+                self.outages += 1
             if refuses_writes(error):
                 self._writes_refused = True
             if self._state is BreakerState.HALF_OPEN or self._failures >= self.threshold:
@@ -171,6 +186,11 @@ class CircuitBreaker:
                 self._describe,
                 type(error).__name__,
                 error,
+                extra={
+                    "applimit_event": "redis_outage",
+                    "node": self.node,
+                    "error": type(error).__name__,
+                },
             )
 
     def degraded(self) -> None:
@@ -200,16 +220,17 @@ class Breakers:
         self._threshold = threshold
         self._cooldown = cooldown
         self._probe_timeout = probe_timeout
-        self.main = self._new("Redis (applimit)")
+        self.main = self._new("Redis (applimit)", "main")
         self._nodes: dict[str, CircuitBreaker] = {}
         self._lock = threading.Lock()
 
-    def _new(self, describe: str) -> CircuitBreaker:
+    def _new(self, describe: str, node: str) -> CircuitBreaker:
         return CircuitBreaker(
             threshold=self._threshold,
             cooldown=self._cooldown,
             probe_timeout=self._probe_timeout,
             describe=describe,
+            node=node,
         )
 
     def of(self, node: str | None) -> CircuitBreaker:
@@ -221,7 +242,7 @@ class Breakers:
             with self._lock:
                 breaker = self._nodes.get(node)
                 if breaker is None:
-                    breaker = self._new(f"Redis node {node} (applimit)")
+                    breaker = self._new(f"Redis node {node} (applimit)", node)
                     self._nodes[node] = breaker
         return breaker
 
@@ -237,6 +258,13 @@ class Breakers:
             if not breaker.allow():
                 return breaker
         return None
+
+    def states(self) -> dict[str, BreakerState]:
+        """Every breaker's state by node name (``main`` for the limiter's own), for
+        metrics: read at scrape time, never on a decision's path."""
+        states = {"main": self.main.state}
+        states.update((node, breaker.state) for node, breaker in list(self._nodes.items()))
+        return states
 
     def state(self, serving: set[str] | None) -> BreakerState:
         """The worst state over the breakers that matter: those of the masters in

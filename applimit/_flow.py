@@ -118,6 +118,10 @@ class Decider:
         self.max_connections = max_connections
         # When each kind of log line was last written (monotonic seconds).
         self._logged: dict[str, float] = {}
+        # A deadline that passed with no outage yet: the breaker, and its outage count
+        # then. Only a later answer of that Redis, with no outage in between, shows the
+        # process was too busy; a hung Redis starts an outage instead (see _log_slow).
+        self._slow: tuple[CircuitBreaker, int] | None = None
 
     # -- the flow -------------------------------------------------------------------------
 
@@ -183,6 +187,8 @@ class Decider:
         for index, outcome in enumerate(outcomes):
             if isinstance(outcome, BaseException):
                 return self._failed(prepared, outcome, breakers[index], report=not reported)
+        if self._slow is not None:
+            self._confirm_slow(breakers)
         if not reported:
             for call, reply, breaker in zip(calls, outcomes, breakers, strict=True):
                 # Only during an outage has a breaker anything to learn from a success
@@ -257,15 +263,39 @@ class Decider:
         return True
 
     def _log_slow(self, breaker: CircuitBreaker) -> None:
-        """Log, at most once a minute, decisions that ran out of time while Redis answered."""
-        if breaker.in_outage:
+        """Note a decision that ran out of time before Redis was known to be down.
+
+        The callers' deadline (async) passes at the same moment whether the event loop
+        was too busy to send the call or Redis stopped answering; in the second case the
+        socket timeout reports an outage an instant later. So nothing is written yet:
+        :meth:`_confirm_slow` writes the line once Redis has answered with no outage in
+        between, and an outage makes it moot (the breaker's warning says what happened).
+        """
+        if breaker.in_outage or self._slow is not None:
             return
-        if not self._due("slow"):
+        self._slow = (breaker, breaker.outages)
+
+    def _confirm_slow(self, answered: Sequence[CircuitBreaker]) -> None:
+        """Redis answered through ``answered``: log a pending slow decision (at most once
+        a minute) if its breaker is among them and saw no outage since."""
+        pending = self._slow
+        if pending is None:
+            return
+        breaker, outages = pending
+        if breaker not in answered:
+            return
+        self._slow = None
+        if breaker.outages != outages or breaker.in_outage or not self._due("slow"):
             return
         logger.warning(
             "decisions took longer than app.timeout (%.0f ms) while Redis was answering, so "
             "the failure policy decided them: the process is too busy to keep up.",
             self.timeout * 1000,
+            extra={
+                "applimit_event": "decisions_too_slow",
+                "node": breaker.node,
+                "timeout_ms": round(self.timeout * 1000),
+            },
         )
 
     def _log_pool(self, error: BaseException) -> None:
@@ -277,6 +307,7 @@ class Decider:
             "max_connections (now %d) or make fewer decisions at once.",
             error,
             self.max_connections,
+            extra={"applimit_event": "pool_exhausted", "max_connections": self.max_connections},
         )
 
     def _log_refusal(self, error: BaseException) -> None:
@@ -290,6 +321,11 @@ class Decider:
             type(error).__name__,
             error,
             self.core.policy.key_prefix,
+            extra={
+                "applimit_event": "redis_refused",
+                "error": type(error).__name__,
+                "key_prefix": self.core.policy.key_prefix,
+            },
         )
 
 
@@ -305,4 +341,5 @@ def _refund_failed(error: BaseException) -> None:
         "stays counted against the limits that had admitted it.",
         type(error).__name__,
         error,
+        extra={"applimit_event": "refund_failed", "error": type(error).__name__},
     )

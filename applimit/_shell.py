@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Generic, Protocol, TypeVar
 
 from policy import Policy, load, request_paths
@@ -31,6 +31,7 @@ from ._decision import Decision
 from ._denials import DenialCache
 from ._errors import ConfigurationError
 from ._flow import UNLIMITED, Decider, Flow, Transport
+from ._observe import Notifier, Observer
 
 
 def load_policy(source: str | os.PathLike[str] | Policy) -> Policy:
@@ -66,6 +67,8 @@ class LimiterBase(Generic[WireT]):
         recovery_time: float,
         test_clock: Callable[[], float] | None,
         enabled: bool = True,
+        observers: Iterable[Observer] = (),
+        log_identities: bool = False,
     ) -> None:
         if client is not None and redis_url is not None:
             raise ConfigurationError(
@@ -128,6 +131,9 @@ class LimiterBase(Generic[WireT]):
         )
         if self.memory_store is not None:
             self.memory_store.attach(self)
+        self.notifier = self._notifier(observers, log_identities=log_identities)
+        # Read on every decision: with no observer and no shadow limit, none is timed.
+        self.observing = self.notifier.active
 
     # -- what each shell provides ---------------------------------------------------------
 
@@ -157,6 +163,20 @@ class LimiterBase(Generic[WireT]):
             # The store's clock is the "server" clock here: the one tests may move.
             return DenialCache(_memory.now_seconds, exact_clock=False)
         return DenialCache(time.monotonic, exact_clock=False)
+
+    def _notifier(self, observers: Iterable[Observer], *, log_identities: bool) -> Notifier:
+        """Who hears of each decision (see _observe.py); observers with ``attach`` are
+        told of this limiter (for what they read at scrape time)."""
+        notifier = Notifier(
+            observers,
+            shadow=self.enabled and any(rule.shadow for rule in self.compiled.rules),
+            log_identities=log_identities,
+        )
+        for observer in notifier.observers:
+            attach = getattr(observer, "attach", None)
+            if callable(attach):
+                attach(self)
+        return notifier
 
     def _approx_cache(self) -> ApproxCache | None:
         """The approximate counts, if some limit is in approximate mode."""

@@ -7,7 +7,8 @@ the limiter's wire (``_wire.py``), blocking, and the outcomes are sent back into
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
@@ -19,6 +20,7 @@ from ._core import Prepared
 from ._decision import Decision
 from ._errors import REDIS_FAILURES
 from ._memory import MemoryWire
+from ._observe import Observer
 from ._shell import LimiterBase, load_policy
 from ._wire import SyncTransport, open_sync
 
@@ -44,6 +46,8 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
         recovery_time: float = 0.25,
         test_clock: Callable[[], float] | None = None,
         enabled: bool = True,
+        observers: Iterable[Observer] = (),
+        log_identities: bool = False,
     ) -> None:
         """Enforce ``policy`` (a loaded :class:`policy.Policy`).
 
@@ -63,6 +67,11 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
         Redis server's clock, so tests can move time without sleeping. Production code
         leaves it None: every instance then uses the server's clock, so clock skew
         between app servers changes nothing.
+
+        ``observers`` hear of every decision (see :class:`~applimit.Observer` and the
+        exporters ``applimit.prometheus`` and ``applimit.otel``). Identities reach them,
+        and the shadow-mode log line, hashed; ``log_identities=True`` gives the raw
+        counter key instead (only where logs may hold user ids).
         """
         super().__init__(
             policy,
@@ -74,6 +83,8 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
             recovery_time=recovery_time,
             test_clock=test_clock,
             enabled=enabled,
+            observers=observers,
+            log_identities=log_identities,
         )
 
     def _resolve(self, client: object | None, url: str, cluster: bool) -> Target[SyncClient]:
@@ -218,10 +229,17 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
 
     def _decide(self, prepared: Prepared) -> Decision:
         """Drive the decision's flow: run each Send on the wire, send back its outcomes."""
+        observing = self.observing
+        if observing:
+            started = time.perf_counter()
         flow = self.decider.decide_flow(prepared)
         wire = self._wire
+        # No call sent: the decision was answered here (the denial cache, approximate
+        # mode, an open breaker or no limit at all).
+        sent = False
         try:
             send = next(flow)
+            sent = True
             while True:
                 if send.refund:
                     # Each refund on its own, with a deadline of its own: one that fails
@@ -232,4 +250,11 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
                 send = flow.send(outcomes)
         except StopIteration as done:
             decision: Decision = done.value
+            if observing:
+                self.notifier.notify(
+                    prepared,
+                    decision,
+                    time.perf_counter() - started,
+                    local=not sent and not decision.degraded,
+                )
             return decision

@@ -161,7 +161,8 @@ def test_an_edge_install_needs_none_of_the_app_packages(tmp_path: Path) -> None:
 
 def test_extras_split_the_dependencies() -> None:
     """The distribution's metadata: core needs only pydantic and PyYAML; `app`, `edge` and
-    `all` add the rest; `flask` and `django` add the framework to the app's limiter."""
+    `all` add the rest; `flask` and `django` add the framework to the app's limiter,
+    `prometheus` and `otel` the metrics library its exporter writes to."""
     import importlib.metadata
 
     requires = importlib.metadata.requires("edgegen") or []
@@ -176,6 +177,18 @@ def test_extras_split_the_dependencies() -> None:
     assert extra("all") == {"edgegen[app,edge]"}
     assert extra("flask") == {"edgegen[app]", "flask"}
     assert extra("django") == {"edgegen[app]", "django"}
+    assert extra("prometheus") == {"edgegen[app]", "prometheus-client"}
+    assert extra("otel") == {"edgegen[app]", "opentelemetry-api"}
+
+
+def test_the_limiter_imports_without_the_metrics_libraries() -> None:
+    """applimit (and its observer interface) needs neither prometheus_client nor
+    OpenTelemetry: only the exporter modules do, through their extras."""
+    done = _run_without(
+        ("prometheus_client", "opentelemetry"),
+        "import applimit\nassert applimit.Observer and applimit.DecisionEvent\n",
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def test_each_framework_helper_needs_only_its_own_framework() -> None:

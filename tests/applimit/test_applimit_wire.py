@@ -210,9 +210,11 @@ async def test_callers_past_their_deadline_behind_a_busy_loop_are_not_an_outage(
         late = await asyncio.gather(*tasks)
         assert all(d.degraded and d.allowed for d in late)
         assert limiter.breaker_state is BreakerState.CLOSED
-        assert any("took longer than app.timeout" in r.getMessage() for r in caplog.records)
         after = await limiter.hit("log", "busy")
         assert not after.degraded and after.remaining == 1000 - 7
+        # Written once Redis answered again with no outage in between (a hung Redis looks
+        # the same at the deadline, and is an outage instead).
+        assert any("took longer than app.timeout" in r.getMessage() for r in caplog.records)
     finally:
         await limiter.aclose()
 

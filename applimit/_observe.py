@@ -1,0 +1,254 @@
+"""Decision events: what an observer hears of every decision, and how it is told.
+
+Every decision a limiter returns passes through its shell's ``_decide``, which hands it
+here (when there is someone to tell) with how long it took and whether it was answered
+without Redis. :class:`Notifier` turns it into one :class:`DecisionEvent` per limit result
+and calls each observer's ``on_decision``; it also writes the shadow-mode log line.
+
+Identities never travel raw: an event carries ``identity_hash``, a keyed short hash of
+the counter the result was counted in (which names the limit and the identity), unless
+the app opted in with ``log_identities=True``. The key is random per process, so the hash
+tells "the same caller again" within a process and nothing about who the caller is.
+
+An observer that raises must not change a decision: its error is logged (at most once a
+minute per observer) and the decision is returned as it was made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import threading
+import time
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from ._breaker import BreakerState
+from ._core import Prepared
+from ._decision import Decision
+
+if TYPE_CHECKING:
+    from ._shell import LimiterBase
+
+logger = logging.getLogger("applimit")
+
+# Errors of one observer, and shadow denials of one limit, are logged at most this often.
+_LOG_INTERVAL = 60.0
+
+
+class Outcome(StrEnum):
+    """What one limit result of a decision came to.
+
+    ``shadow_denied``: a shadow limit (``enforce: false``) would have denied. The
+    ``degraded_*`` outcomes are decided by the limit's ``on_redis_error`` because Redis
+    could not answer (down, too slow, or the circuit breaker open).
+    """
+
+    ALLOWED = "allowed"
+    DENIED = "denied"
+    SHADOW_DENIED = "shadow_denied"
+    DEGRADED_ALLOWED = "degraded_allowed"
+    DEGRADED_DENIED = "degraded_denied"
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionEvent:
+    """One limit result of one decision, as an observer hears of it.
+
+    ``limit``, ``tier`` and ``algorithm`` name the rate that was checked; ``operation`` is
+    ``hit`` (also ``check_request``) or ``peek``. ``remaining`` is that rate's count after
+    the decision (0 when degraded). ``latency`` is the whole decision's time in seconds,
+    the same for each event of one decision; ``first`` is true for the first event of its
+    decision, so that per-decision numbers (latency) are counted once. ``answered_locally``
+    is true when the denial cache or approximate mode answered without Redis.
+    ``identity_hash`` is the hashed counter key (or the raw key when the limiter was built
+    with ``log_identities=True``): never put it in a metric label.
+    """
+
+    limit: str
+    tier: str
+    algorithm: str
+    outcome: Outcome
+    operation: str
+    cost: int
+    remaining: int
+    latency: float
+    answered_locally: bool
+    first: bool
+    identity_hash: str
+
+
+@runtime_checkable
+class Observer(Protocol):
+    """Receives every decision of the limiters it is given to (``observers=[...]``).
+
+    ``on_decision`` runs inline, on the caller's thread or event loop, once per limit
+    result: it must be quick and must not block (count, or hand off to a queue). An
+    observer may also define ``attach(limiter)``, which the limiter calls once when it is
+    built, for what it reads at scrape time (the breakers).
+    """
+
+    def on_decision(self, event: DecisionEvent) -> None:
+        """Take note of one limit result of a decision."""
+
+
+def outcome_of(allowed: bool, shadow: bool, degraded: bool) -> Outcome:
+    """The outcome of one result: degraded first, then shadow, then the result itself."""
+    if degraded:
+        return Outcome.DEGRADED_ALLOWED if allowed else Outcome.DEGRADED_DENIED
+    if allowed:
+        return Outcome.ALLOWED
+    return Outcome.SHADOW_DENIED if shadow else Outcome.DENIED
+
+
+class Notifier:
+    """Tells a limiter's observers of its decisions, and logs shadow denials.
+
+    ``shadow`` is true when the policy has a shadow limit: shadow denials are logged
+    (once a minute per limit and tier) even with no observer.
+    """
+
+    def __init__(
+        self, observers: Iterable[Observer], *, shadow: bool, log_identities: bool = False
+    ) -> None:
+        self.observers = tuple(observers)
+        for observer in self.observers:
+            if not callable(getattr(observer, "on_decision", None)):
+                raise TypeError(
+                    f"observer {observer!r} has no on_decision(event) method; an observer "
+                    "is an object with one (see applimit.Observer)."
+                )
+        self.shadow = shadow
+        self.log_identities = log_identities
+        self._key = secrets.token_bytes(16)
+        self._logged: dict[object, float] = {}
+
+    @property
+    def active(self) -> bool:
+        """True when a decision has somewhere to go (the shells time it only then)."""
+        return bool(self.observers) or self.shadow
+
+    def hashed(self, key: str) -> str:
+        """The counter key as it may appear in logs and events."""
+        if self.log_identities:
+            return key
+        return hashlib.blake2b(key.encode(), key=self._key, digest_size=6).hexdigest()
+
+    def notify(
+        self, prepared: Prepared, decision: Decision, latency: float, *, local: bool
+    ) -> None:
+        """Tell every observer of ``decision`` (one event per result), and log a shadow
+        denial. Never raises."""
+        results = decision.results
+        if not results:
+            return
+        degraded = decision.degraded
+        observers = self.observers
+        checks = prepared.checks
+        operation = prepared.operation
+        cost = prepared.cost
+        hashed = self.hashed
+        first = True
+        for index, result in enumerate(results):
+            shadow = result.shadow
+            outcome = outcome_of(result.allowed, shadow, degraded)
+            key = checks[index].key if index < len(checks) else result.name
+            if shadow and outcome is not Outcome.ALLOWED:
+                self._log_shadow(result.name, result.tier, outcome, hashed(key))
+            if not observers:
+                continue
+            event = DecisionEvent(
+                result.name,
+                result.tier,
+                result.algorithm,
+                outcome,
+                operation,
+                cost,
+                result.remaining,
+                latency,
+                local,
+                first,
+                hashed(key),
+            )
+            first = False
+            for observer in observers:
+                try:
+                    observer.on_decision(event)
+                except Exception as error:
+                    # An observer must not break a decision: logged, and the next one runs.
+                    self._log_observer(observer, error)
+
+    def _due(self, what: object) -> bool:
+        now = time.monotonic()
+        if now - self._logged.get(what, float("-inf")) < _LOG_INTERVAL:
+            return False
+        self._logged[what] = now
+        return True
+
+    def _log_shadow(self, limit: str, tier: str, outcome: Outcome, identity: str) -> None:
+        """A shadow limit would have denied: one line per limit and tier a minute."""
+        if not self._due(("shadow", limit, tier)):
+            return
+        logger.info(
+            "shadow limit %r (tier %r) would have denied a request (identity %s); it is "
+            "not enforced. Further shadow denials of this limit are counted, not logged, "
+            "for a minute.",
+            limit,
+            tier,
+            identity,
+            extra={
+                "applimit_event": "shadow_denied",
+                "limit": limit,
+                "tier": tier,
+                "outcome": str(outcome),
+                "identity_hash": identity,
+            },
+        )
+
+    def _log_observer(self, observer: Observer, error: Exception) -> None:
+        """An observer raised: logged once a minute per observer; the decision stands."""
+        if not self._due(("observer", id(observer))):
+            return
+        logger.error(
+            "the decision observer %r raised %s: %s; the decision was made and returned as "
+            "usual. Fix the observer: on_decision must not raise.",
+            observer,
+            type(error).__name__,
+            error,
+            extra={"applimit_event": "observer_failed", "observer": type(observer).__name__},
+        )
+
+
+_RANK = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
+
+
+class Attached:
+    """The limiters an exporter was given to, for what it reads at scrape time.
+
+    Held weakly: a limiter that is dropped stops being reported.
+    """
+
+    def __init__(self) -> None:
+        self._limiters: weakref.WeakSet[LimiterBase[Any]] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def add(self, limiter: LimiterBase[Any]) -> None:
+        """Report ``limiter`` too."""
+        with self._lock:
+            self._limiters.add(limiter)
+
+    def breaker_states(self) -> dict[str, BreakerState]:
+        """Each node's breaker state, the worst over the limiters (``main`` is each
+        limiter's own breaker)."""
+        with self._lock:
+            limiters = list(self._limiters)
+        worst: dict[str, BreakerState] = {}
+        for limiter in limiters:
+            for node, state in limiter.breakers.states().items():
+                if node not in worst or _RANK[state] > _RANK[worst[node]]:
+                    worst[node] = state
+        return worst
