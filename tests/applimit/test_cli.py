@@ -13,6 +13,7 @@ import os
 import pty
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -429,3 +430,9 @@ def test_usage_and_reset_on_a_redis_cluster(
         assert code == 0, err
         assert limiter.peek("api", "nia").remaining == 5
         assert limiter.peek("login", None, ip="198.51.100.7").remaining == 3
+
+
+def test_the_applimit_command_is_declared() -> None:
+    """pyproject.toml installs `applimit` as a console script of this module's main."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["applimit"] == "applimit._cli:main"
