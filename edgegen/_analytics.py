@@ -27,6 +27,7 @@ from typing import Any
 from . import _json
 from ._cloudflare import Client
 from ._ids import RULE_REF_PREFIX
+from ._messages import MAYBE_DONE
 from ._state import Scope
 from .errors import CloudflareAPIError, ErrorDetail, UsageError
 
@@ -416,7 +417,7 @@ def refused(errors: Sequence[GraphQLError], what: str, permission: str) -> Cloud
             f"give the token {permission}, or check that the zone's plan includes "
             f"{what} (see docs/zone.md, Edge analytics)"
         )
-    elif any(w in said.lower() for w in ("older than", "time range", "duration", "limit")):
+    elif any(w in said.lower() for w in ("older than", "time range", "duration")):
         fix = "ask for a shorter window with --since (e.g. 24h), which every plan can query"
     else:
         fix = "fix what it names and run again"
@@ -438,8 +439,10 @@ ACCOUNT_PERMISSION = "Account > Account Analytics > Read"
 def _post(client: Client, request: dict[str, Any], permission: str) -> Any:
     """Send one GraphQL request; its JSON body (errors in it are the caller's to read).
 
-    A GraphQL query changes nothing, so a refusal never "may have been made"; 401 and 403
-    (the token, or its permissions) get a message that names the analytics permission.
+    A GraphQL query changes nothing, so no error says it "may have been made"; 401 and 403
+    (the token, or its permissions) get a message that names the analytics permission, a
+    5xx one that says the fault is Cloudflare's. (The transport retries a POST only on a
+    429 or when it never left: a query answered with a 5xx is not asked again.)
     """
     # The transport is the package's one HTTP module; a GraphQL answer is not a v4
     # envelope, so it is sent as is and read here.
@@ -456,6 +459,28 @@ def _post(client: Client, request: dict[str, Any], permission: str) -> Any:
                 path=GRAPHQL_PATH,
                 status=exc.status,
                 errors=exc.errors,
+            ) from None
+        if exc.status is not None and exc.status >= 500:
+            raise CloudflareAPIError(
+                f"Cloudflare failed to answer a GraphQL Analytics query (HTTP {exc.status}); "
+                "this is on Cloudflare's side: run edgegen report again later, and check "
+                "https://www.cloudflarestatus.com",
+                method="POST",
+                path=GRAPHQL_PATH,
+                status=exc.status,
+                errors=exc.errors,
+            ) from None
+        if exc.ambiguous:
+            # A query changes nothing: drop the "may have made this change" the transport
+            # adds to an unanswered POST.
+            raise CloudflareAPIError(
+                str(exc).replace(MAYBE_DONE, ""),
+                method="POST",
+                path=GRAPHQL_PATH,
+                status=exc.status,
+                errors=exc.errors,
+                retry_after=exc.retry_after,
+                enveloped=exc.enveloped,
             ) from None
         raise
     try:

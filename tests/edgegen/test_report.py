@@ -399,6 +399,35 @@ def test_a_429_is_retried_after_retry_after() -> None:
     assert made.rules[0].mitigated == 7
 
 
+def test_a_5xx_is_cloudflares_fault_and_changed_nothing() -> None:
+    """A 5xx from the GraphQL endpoint says the fault is Cloudflare's; a query changes
+    nothing, so the error never says a change may have been made."""
+    zone = zone_with_rules()
+    with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+        router.post("/graphql").mock(return_value=httpx.Response(502, text="Bad gateway"))
+        router.route().mock(side_effect=zone.handle)
+        with client() as made_client, pytest.raises(edgegen.CloudflareAPIError) as caught:
+            edgegen.report(made_client, SCOPE, now=lambda: NOW)
+    assert caught.value.status == 502
+    assert "Cloudflare's side" in str(caught.value)
+    assert "may or may not" not in str(caught.value)
+    assert not caught.value.ambiguous
+
+
+def test_an_unanswered_query_never_claims_a_change() -> None:
+    """A query whose answer never came: the transport's error, without "may have made
+    this change" (a read changes nothing)."""
+    zone = zone_with_rules()
+    with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+        router.post("/graphql").mock(side_effect=httpx.ReadError("connection reset"))
+        router.route().mock(side_effect=zone.handle)
+        with client() as made_client, pytest.raises(edgegen.CloudflareAPIError) as caught:
+            edgegen.report(made_client, SCOPE, now=lambda: NOW)
+    assert caught.value.status is None
+    assert "may or may not" not in str(caught.value)
+    assert not caught.value.ambiguous
+
+
 def test_a_zone_without_edgegen_rules_says_so() -> None:
     """No owned rules: no rules query is sent, and a note says how to get them."""
     zone = FakeCloudflare()
