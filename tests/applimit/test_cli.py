@@ -436,3 +436,18 @@ def test_the_applimit_command_is_declared() -> None:
     """pyproject.toml installs `applimit` as a console script of this module's main."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["applimit"] == "applimit._cli:main"
+
+
+def test_the_installed_applimit_command_runs(policy_file: Path, limiter: Limiter) -> None:
+    """The console script that `pip install` made beside this Python reads usage too."""
+    limiter.hit("api", "olga")
+    script = Path(sys.executable).parent / "applimit"
+    done = subprocess.run(
+        [str(script), "usage", str(policy_file), "--user", "olga", "--tier", "free"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "used      1 of 5" in done.stdout
