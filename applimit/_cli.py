@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from policy import PolicyLoadError, ip_bucket, write_diagnostics
+from policy import Duration, Policy, PolicyLoadError, ip_bucket, load, write_diagnostics
 
 from ._clients import MEMORY_SCHEME, shown_url
 from ._core import AppRule
@@ -48,6 +48,8 @@ from ._sync import Limiter
 ENV_REDIS_URL = "APPLIMIT_REDIS_URL"
 # The version of the JSON document `usage --format json` prints (docs/applimit.md).
 USAGE_FORMAT_VERSION = 1
+# The longest --timeout, as for the policy's app.timeout.
+MAX_TIMEOUT_MS = 10_000
 OK = 0
 FAILED = 1
 USAGE_ERROR = 2
@@ -241,6 +243,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help=f"the Redis to read (default: ${ENV_REDIS_URL}, else the policy's app.redis_url)",
     )
     parser.add_argument("--cluster", action="store_true", help="the URL is a Redis Cluster node")
+    parser.add_argument(
+        "--timeout",
+        metavar="DURATION",
+        help="how long to wait for Redis, e.g. 2s (default: the policy's app.timeout, which "
+        "is set for the app's own network)",
+    )
 
 
 def _subject(args: argparse.Namespace) -> Subject:
@@ -272,7 +280,10 @@ def _subject(args: argparse.Namespace) -> Subject:
 def _open(args: argparse.Namespace) -> tuple[Limiter, str]:
     """The limiter and the URL it reads, as it may be shown (no password)."""
     url = args.redis_url or os.environ.get(ENV_REDIS_URL) or None
-    limiter = Limiter.from_policy(args.policy, redis_url=url, cluster=args.cluster)
+    loaded = load(args.policy)
+    if args.timeout is not None:
+        loaded = _with_timeout(loaded, args.timeout)
+    limiter = Limiter(loaded, redis_url=url, cluster=args.cluster)
     if limiter.url.startswith(MEMORY_SCHEME):
         limiter.close()
         raise CommandError(
@@ -282,6 +293,21 @@ def _open(args: argparse.Namespace) -> tuple[Limiter, str]:
             USAGE_ERROR,
         )
     return limiter, shown_url(limiter.url)
+
+
+def _with_timeout(loaded: Policy, text: str) -> Policy:
+    """``loaded`` with ``app.timeout`` replaced: an operator's terminal may be further from
+    Redis than the app is, and the policy's timeout is chosen for the app."""
+    try:
+        timeout = Duration.parse(text)
+    except ValueError:
+        timeout = None
+    if timeout is None or not 0 < timeout.ms <= MAX_TIMEOUT_MS:
+        raise CommandError(
+            f"--timeout '{shown(text)}' is not a duration from 1ms to 10s; e.g. --timeout 2s.",
+            USAGE_ERROR,
+        )
+    return loaded.model_copy(update={"app": loaded.app.model_copy(update={"timeout": timeout})})
 
 
 def _unreachable(url: str) -> CommandError:

@@ -375,6 +375,23 @@ def test_redis_unreachable_says_so(tmp_path: Path, command: str) -> None:
     assert "Traceback" not in done.stderr
 
 
+def test_a_redis_too_slow_for_the_timeout_says_so(
+    tmp_path: Path, fresh_redis_server: RedisServer
+) -> None:
+    """A paused server answers nothing: --timeout bounds the wait, and the command says
+    Redis did not answer (exit 1) instead of hanging."""
+    policy_file = write_policy(tmp_path, fresh_redis_server.url)
+    fresh_redis_server.pause()
+    try:
+        done = run_process("usage", str(policy_file), "--user", "pia", "--timeout", "200ms")
+    finally:
+        fresh_redis_server.resume()
+    assert done.returncode == 1
+    assert "did not answer" in done.stderr
+    ok = run_process("usage", str(policy_file), "--user", "pia", "--timeout", "5s")
+    assert ok.returncode == 0, ok.stderr
+
+
 # --- user mistakes -------------------------------------------------------------------------
 
 
@@ -391,6 +408,8 @@ def test_redis_unreachable_says_so(tmp_path: Path, command: str) -> None:
         (["usage", "{p}", "--user", "a", "--redis-url", "memory://"], 2, "a store inside one"),
         (["usage", "{p}", "--user", "a", "--redis-url", "http://x"], 1, "redis_url"),
         (["usage", "{missing}", "--user", "a"], 1, "the policy was not loaded"),
+        (["usage", "{p}", "--user", "a", "--timeout", "soon"], 2, "is not a duration"),
+        (["usage", "{p}", "--user", "a", "--timeout", "20s"], 2, "from 1ms to 10s"),
     ],
 )
 def test_user_mistakes_exit_non_zero_with_a_clear_message(
