@@ -3,7 +3,7 @@
 ::
 
     applimit usage POLICY --user alice [--tier pro] [--ip 203.0.113.9] [--keys org=acme]
-                          [--format text|json] [--redis-url URL] [--cluster]
+                          [--format text|json] [--redis-url URL] [--cluster] [--timeout 2s]
     applimit reset POLICY --user alice [--limit NAME ...] [--tier T] [--yes]
 
 It reads the policy file and the Redis the app uses (``--redis-url``, else the environment
@@ -310,11 +310,13 @@ def _with_timeout(loaded: Policy, text: str) -> Policy:
     return loaded.model_copy(update={"app": loaded.app.model_copy(update={"timeout": timeout})})
 
 
-def _unreachable(url: str) -> CommandError:
+def _unreachable(url: str, done: Sequence[str] = ()) -> CommandError:
+    """Redis did not answer; ``done`` names the limits a reset had already reset."""
+    changed = f"only {', '.join(done)} was reset" if done else "nothing was read or changed"
     return CommandError(
-        f"Redis at {url} did not answer (unreachable, too slow or refusing); nothing was "
-        f"read or changed. Check that it runs and that --redis-url (or ${ENV_REDIS_URL}, "
-        "or the policy's app.redis_url) names it.",
+        f"Redis at {url} did not answer (unreachable, too slow or refusing); {changed}. "
+        f"Check that it runs and that --redis-url (or ${ENV_REDIS_URL}, or the policy's "
+        "app.redis_url) names it.",
         FAILED,
     )
 
@@ -391,29 +393,41 @@ def run_reset(args: argparse.Namespace, out: TextIO, stdin: TextIO, err: TextIO)
     limiter, url = _open(args)
     with limiter:
         tier = None if args.tier is None else limiter.core.tier(args.tier)
-        chosen = []
-        for rule in _rules(limiter, args.limits):
-            counted = counted_by(rule, subject, limiter.compiled.ipv6_prefix)
-            if counted.skipped is not None:
-                if args.limits is not None:
-                    raise CommandError(f"limit {rule.name!r} {counted.skipped}.", USAGE_ERROR)
-                continue
-            chosen.append((rule, counted))
+        chosen = _to_reset(limiter, args.limits, subject, tier)
         if not chosen:
             raise CommandError(
                 f"no app limit counts {subject.describe()}; nothing to reset.", USAGE_ERROR
             )
-        listed = ", ".join(rule.name for rule, _ in chosen)
+        listed = ", ".join(rule.name for rule in chosen)
         what = f"{listed} for {subject.describe()}" + (f" (tier {tier})" if tier else "")
         if not args.yes:
             _confirm(what, url, stdin, err)
-        for rule, _ in chosen:
+        done: list[str] = []
+        for rule in chosen:
             identity = None if rule.per_ip else subject.user
-            done = limiter.reset(rule.name, identity, tier=tier, ip=subject.ip, keys=subject.keys)
-            if not done:
-                raise _unreachable(url)
+            if not limiter.reset(rule.name, identity, tier=tier, ip=subject.ip, keys=subject.keys):
+                raise _unreachable(url, done)
+            done.append(rule.name)
     out.write(f"reset {what} in {url}\n")
     return OK
+
+
+def _to_reset(
+    limiter: Limiter, names: Sequence[str] | None, subject: Subject, tier: str | None
+) -> list[AppRule]:
+    """The limits to reset: those named (each must count the subject and, with a tier, give
+    it a rate), or every limit that does."""
+    chosen = []
+    for rule in _rules(limiter, names):
+        counted = counted_by(rule, subject, limiter.compiled.ipv6_prefix)
+        problem = counted.skipped
+        if problem is None and tier is not None and not rule.tiers.get(tier):
+            problem = f"gives tier {tier!r} no rate, so it counts nothing there"
+        if problem is None:
+            chosen.append(rule)
+        elif names is not None:
+            raise CommandError(f"limit {rule.name!r} {problem}.", USAGE_ERROR)
+    return chosen
 
 
 def _confirm(what: str, url: str, stdin: TextIO, err: TextIO) -> None:

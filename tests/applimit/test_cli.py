@@ -279,6 +279,25 @@ def test_reset_of_one_limit_leaves_the_others(policy_file: Path, limiter: Limite
     assert limiter.peek("search", "gina").remaining < 7
 
 
+def test_reset_of_one_tier_forgets_only_its_periods(policy_file: Path, limiter: Limiter) -> None:
+    """--tier free resets the 1m counts free has and leaves pro's 1h; exports, which gives
+    pro no rate, is left out of a reset of pro."""
+    limiter.hit("api", "una", tier="pro")
+    limiter.hit("exports", "una", tier="free")
+    code, out, err = run("reset", str(policy_file), "--user", "una", "--tier", "free", "--yes")
+    assert code == 0, err
+    assert out.startswith("reset api, search, exports for user 'una' (tier free)")
+    pro = limiter.peek("api", "una", tier="pro")
+    assert [r.remaining for r in pro.results] == [10, 99]
+    assert limiter.peek("exports", "una", tier="free").remaining == 2
+    limiter.hit("exports", "una", tier="free")
+    code, out, err = run("reset", str(policy_file), "--user", "una", "--tier", "pro", "--yes")
+    assert code == 0, err
+    assert out.startswith("reset api, search for user 'una' (tier pro)")
+    assert [r.remaining for r in limiter.peek("api", "una", tier="pro").results] == [10, 100]
+    assert limiter.peek("exports", "una", tier="free").remaining == 1
+
+
 def test_reset_without_a_terminal_or_yes_refuses_and_changes_nothing(
     policy_file: Path, limiter: Limiter
 ) -> None:
@@ -401,6 +420,11 @@ def test_a_redis_too_slow_for_the_timeout_says_so(
         (["usage", "{p}", "--user", "a", "--tier", "platinum"], 2, "tier 'platinum' is not in"),
         (["reset", "{p}", "--user", "a", "--limit", "nope", "--yes"], 2, "no limit named 'nope'"),
         (["reset", "{p}", "--user", "a", "--limit", "login", "--yes"], 2, "pass --ip"),
+        (
+            ["reset", "{p}", "--user", "a", "--limit", "exports", "--tier", "pro", "--yes"],
+            2,
+            "limit 'exports' gives tier 'pro' no rate",
+        ),
         (["usage", "{p}"], 2, "say whose usage: pass --user, --ip or --keys"),
         (["usage", "{p}", "--user", ""], 2, "--user is empty"),
         (["usage", "{p}", "--ip", "300.1.1.1"], 2, "is not an IPv4 or IPv6 address"),
