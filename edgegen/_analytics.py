@@ -51,11 +51,12 @@ LOGGED = "log"
 # Rules asked about in one GraphQL request: each costs three aliased fields, and Cloudflare
 # caps the fields and the cost of one query.
 RULES_PER_QUERY = 10
-# Actions a rule's events may carry; a group list this long may have been cut short.
+# The most actions a rule's events are expected to carry (a longer list is cut, and said so).
 ACTION_LIMIT = 25
 DEFAULT_TOP = 5
-# The most rows one group list may ask for (Cloudflare's page size limit).
-MAX_TOP = 10_000
+# The most rows one group list may show: one more is asked for (to know whether the list
+# was cut), and Cloudflare's page size limit is 10,000.
+MAX_TOP = 9_999
 # Error codes (``extensions.code``) and phrases that mean "not allowed", in GraphQL answers.
 _DENIED_CODES = frozenset({"authz", "authn", "unauthorized", "forbidden"})
 _DENIED_WORDS = ("does not have access", "not authorized", "unauthorized", "permission")
@@ -79,7 +80,8 @@ class RuleReport:
     ``events``: every event Cloudflare recorded for the rule (it records one when a request
     passes the rule's threshold, not for each request counted below it); ``mitigated``:
     those blocked or challenged; ``logged``: those of a rule whose action is ``log``.
-    ``truncated``: a list reached its limit, so more groups exist than are shown.
+    ``truncated``: a list had more groups than it shows (each asks for one more than it
+    shows, so a list that exactly fills its limit is not marked).
     """
 
     ref: str
@@ -221,8 +223,9 @@ def rules_query(
     """The GraphQL request (``query`` and ``variables``) for a batch of rules.
 
     Three aliased groupings per rule (``r{i}_actions``, ``r{i}_countries``,
-    ``r{i}_colos``), each filtered to that rule's id; ids travel as variables, never as
-    query text.
+    ``r{i}_colos``), each filtered to that rule's id and asking for one row more than is
+    shown (``top`` countries and colos, ``ACTION_LIMIT`` actions), so that a cut list is
+    known; ids travel as variables, never as query text.
     """
     declared = ["$zoneTag: string", "$since: Time", "$until: Time"]
     fields = []
@@ -231,9 +234,9 @@ def rules_query(
         name = f"rule{index}"
         declared.append(f"${name}: string")
         variables[name] = rule_id
-        fields.append(_group_field(f"r{index}_actions", name, "action", ACTION_LIMIT))
-        fields.append(_group_field(f"r{index}_countries", name, "clientCountryName", top))
-        fields.append(_group_field(f"r{index}_colos", name, "coloCode", top))
+        fields.append(_group_field(f"r{index}_actions", name, "action", ACTION_LIMIT + 1))
+        fields.append(_group_field(f"r{index}_countries", name, "clientCountryName", top + 1))
+        fields.append(_group_field(f"r{index}_colos", name, "coloCode", top + 1))
     body = "\n      ".join(fields)
     query = (
         f"query EdgegenRules({', '.join(declared)}) {{\n"
@@ -363,6 +366,7 @@ def read_rules(body: Any, rules: Sequence[OwnedRule], top: int) -> tuple[RuleRep
         actions = _counts(node, f"r{index}_actions", "action")
         countries = _counts(node, f"r{index}_countries", "clientCountryName")
         colos = _counts(node, f"r{index}_colos", "coloCode")
+        # Events are summed over every action returned, the extra row included.
         out.append(
             RuleReport(
                 ref=rule.ref,
@@ -373,12 +377,10 @@ def read_rules(body: Any, rules: Sequence[OwnedRule], top: int) -> tuple[RuleRep
                 events=sum(c.count for c in actions),
                 mitigated=sum(c.count for c in actions if c.name in MITIGATIONS),
                 logged=sum(c.count for c in actions if c.name == LOGGED),
-                actions=actions,
-                countries=countries,
-                colos=colos,
-                truncated=len(actions) >= ACTION_LIMIT
-                or len(countries) >= top
-                or len(colos) >= top,
+                actions=actions[:ACTION_LIMIT],
+                countries=countries[:top],
+                colos=colos[:top],
+                truncated=len(actions) > ACTION_LIMIT or len(countries) > top or len(colos) > top,
             )
         )
     return tuple(out)

@@ -310,6 +310,13 @@ def test_top_limits_the_lists_and_says_they_were_cut() -> None:
     assert [c.name for c in made.rules[0].countries] == ["DE", "US"]
     assert made.rules[0].truncated
     assert not made.rules[1].truncated
+    assert "limit: 3, orderBy" in analytics.bodies[0]["query"]
+
+    # Exactly as many countries as shown: the list is complete, and not marked as cut.
+    with mocked(zone, analytics), client() as made_client:
+        made = edgegen.report(made_client, SCOPE, top=4, now=lambda: NOW)
+    assert len(made.rules[0].countries) == 4
+    assert not made.rules[0].truncated
 
 
 def test_many_rules_are_asked_about_in_batches_within_the_field_limit() -> None:
