@@ -56,6 +56,10 @@ __all__ = ["Caller", "RateLimitMiddleware", "RequestInfo", "TrustedProxies"]
 
 logger = logging.getLogger("applimit")
 
+# Where the middleware leaves the Decision of a request it decided, in scope["state"], for the
+# app (see docs/web.md): a request no limit matches has none.
+DECISION_STATE_KEY = "applimit_decision"
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -153,7 +157,7 @@ class RateLimitMiddleware:
                 await self._refuse(scope, receive, send, failed.refusal)
                 return
             caller = None
-        outcome = await self._check(request, caller, request_cost(self.cost, request))
+        outcome = await self._check(scope, request, caller, request_cost(self.cost, request))
         if outcome.refusal is not None:
             await self._refuse(scope, receive, send, outcome.refusal)
             return
@@ -162,8 +166,15 @@ class RateLimitMiddleware:
             return
         await self.app(scope, receive, _with_headers(send, outcome))
 
-    async def _check(self, request: RequestInfo, caller: Caller | None, cost: int) -> Outcome:
-        """Decide every matching limit in one call; never raise."""
+    async def _check(
+        self, scope: Scope, request: RequestInfo, caller: Caller | None, cost: int
+    ) -> Outcome:
+        """Decide every matching limit in one call; never raise.
+
+        The Decision is left for the app in ``scope["state"]["applimit_decision"]``
+        (``request.state.applimit_decision`` in Starlette and FastAPI): what a shadow
+        limit would have decided, the remaining counts, whether Redis answered.
+        """
         subject = self.gate.subject(request, caller)
         try:
             decision = await self.limiter.check_request(
@@ -177,6 +188,7 @@ class RateLimitMiddleware:
             )
         except Exception:
             return self.gate.failed()
+        scope.setdefault("state", {})[DECISION_STATE_KEY] = decision
         return self.gate.outcome(decision, subject.tier)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, refusal: Refusal) -> None:

@@ -44,6 +44,10 @@ __all__ = ["Caller", "RateLimitMiddleware", "RequestInfo", "TrustedProxies"]
 
 logger = logging.getLogger("applimit")
 
+# Where the middleware leaves the Decision of a request it decided, in the WSGI environ, for the
+# app (see docs/web.md): a request no limit matches has none.
+DECISION_ENVIRON_KEY = "applimit.decision"
+
 OptExcInfo = tuple[type[BaseException], BaseException, TracebackType] | tuple[None, None, None]
 SyncIdentify = Callable[[RequestInfo], "Caller | None"]
 
@@ -115,7 +119,7 @@ class RateLimitMiddleware:
         if refused is not None:
             outcome = refused
         else:
-            outcome = self._check(request, caller, request_cost(self.cost, request))
+            outcome = self._check(environ, request, caller, request_cost(self.cost, request))
         if outcome.refusal is not None:
             refusal = outcome.refusal
             start_response(f"{refusal.status} {_REASONS[refusal.status]}", list(refusal.headers))
@@ -124,8 +128,15 @@ class RateLimitMiddleware:
             return self.app(environ, start_response)
         return self.app(environ, _with_headers(start_response, outcome))
 
-    def _check(self, request: RequestInfo, caller: Caller | None, cost: int) -> Outcome:
-        """Decide every matching limit in one call; never raise."""
+    def _check(
+        self, environ: WSGIEnvironment, request: RequestInfo, caller: Caller | None, cost: int
+    ) -> Outcome:
+        """Decide every matching limit in one call; never raise.
+
+        The Decision is left for the app in ``environ["applimit.decision"]``
+        (``request.environ`` in Flask): what a shadow limit would have decided, the
+        remaining counts, whether Redis answered.
+        """
         subject = self.gate.subject(request, caller)
         try:
             decision = self.limiter.check_request(
@@ -139,6 +150,7 @@ class RateLimitMiddleware:
             )
         except Exception:
             return self.gate.failed()
+        environ[DECISION_ENVIRON_KEY] = decision
         return self.gate.outcome(decision, subject.tier)
 
 

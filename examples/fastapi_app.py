@@ -12,6 +12,9 @@ Environment: ``REDIS_URL`` (else the policy's ``app.redis_url``), ``TRUSTED_PROX
 (comma-separated addresses or CIDRs of your load balancers), ``BEHIND_CLOUDFLARE=1``.
 Pass ``--no-proxy-headers`` to uvicorn: the middleware reads X-Forwarded-For itself, and only
 from the proxies you trust.
+
+``/metrics`` serves the limiter's decisions in the Prometheus format (``applimit.prometheus``,
+the ``prometheus`` extra): refusals by limit, tier and outcome, Redis latency, breaker state.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import Depends, FastAPI
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from applimit import AsyncLimiter
 from applimit.asgi import Caller, RateLimitMiddleware, RequestInfo
 from applimit.fastapi import RateLimit, add_problem_handler
+from applimit.prometheus import PrometheusObserver
 
 POLICY = Path(__file__).with_name("policy.yaml")
 
@@ -66,7 +71,13 @@ def create_app(
         trusted_proxies = _env_list("TRUSTED_PROXIES")
     if behind_cloudflare is None:
         behind_cloudflare = os.environ.get("BEHIND_CLOUDFLARE") == "1"
-    limiter = AsyncLimiter.from_policy(policy, redis_url=redis_url or os.environ.get("REDIS_URL"))
+    # A registry per app, so that several apps (tests, the fleet demo) live in one process.
+    registry = CollectorRegistry()
+    limiter = AsyncLimiter.from_policy(
+        policy,
+        redis_url=redis_url or os.environ.get("REDIS_URL"),
+        observers=[PrometheusObserver(registry)],
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -81,6 +92,10 @@ def create_app(
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/api/items")
     async def items() -> dict[str, object]:

@@ -12,6 +12,9 @@ The ``applimit.flask.Limits`` extension checks every request against the policy'
 whose ``match:`` applies, and ``/reports/<name>`` also draws 5 units of the ``search`` limit
 through the per-view decorator (its ``match:`` covers only ``/api/search``, so no request is
 counted twice). Refusals are 429s with the rate-limit headers and a problem+json body.
+
+``/metrics`` serves the limiter's decisions in the Prometheus format (``applimit.prometheus``,
+the ``prometheus`` extra): refusals by limit, tier and outcome, Redis latency, breaker state.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from flask import Flask, Response, jsonify
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from applimit import Limiter
 from applimit.flask import Caller, Limits, RequestInfo
+from applimit.prometheus import PrometheusObserver
 
 POLICY = Path(__file__).with_name("policy.yaml")
 
@@ -59,7 +64,13 @@ def create_app(
     if behind_cloudflare is None:
         behind_cloudflare = os.environ.get("BEHIND_CLOUDFLARE") == "1"
     app = Flask(__name__)
-    limiter = Limiter.from_policy(policy, redis_url=redis_url or os.environ.get("REDIS_URL"))
+    # A registry per app, so that several apps (tests) live in one process.
+    registry = CollectorRegistry()
+    limiter = Limiter.from_policy(
+        policy,
+        redis_url=redis_url or os.environ.get("REDIS_URL"),
+        observers=[PrometheusObserver(registry)],
+    )
     limits = Limits(
         app,
         limiter=limiter,
@@ -72,6 +83,10 @@ def create_app(
     @app.get("/healthz")
     def healthz() -> Response:
         return jsonify(status="ok")
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
 
     @app.get("/api/items")
     def items() -> Response:
