@@ -22,10 +22,9 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Self, cast, runtime_checkable
 
 from ._breaker import BreakerState
 from ._core import Prepared
@@ -55,9 +54,8 @@ class Outcome(StrEnum):
     DEGRADED_DENIED = "degraded_denied"
 
 
-@dataclass(frozen=True, slots=True)
-class DecisionEvent:
-    """One limit result of one decision, as an observer hears of it.
+class DecisionEvent(tuple[Any, ...]):
+    """One limit result of one decision, as an observer hears of it (immutable).
 
     ``limit``, ``tier`` and ``algorithm`` name the rate that was checked; ``operation`` is
     ``hit`` (also ``check_request``) or ``peek``. ``remaining`` is that rate's count after
@@ -65,21 +63,120 @@ class DecisionEvent:
     the same for each event of one decision; ``first`` is true for the first event of its
     decision, so that per-decision numbers (latency) are counted once. ``answered_locally``
     is true when the denial cache or approximate mode answered without Redis.
-    ``identity_hash`` is the hashed counter key (or the raw key when the limiter was built
-    with ``log_identities=True``): never put it in a metric label.
+    ``identity_hash`` is the hashed counter key (or the raw key when the limiter was
+    built with ``log_identities=True``), computed when read: never put it in a metric
+    label.
+
+    A tuple underneath, as a named tuple is: one is built per limit result of every
+    decision, and a tuple is the cheapest immutable object to build. The counter key it
+    holds is reachable only hashed.
     """
 
-    limit: str
-    tier: str
-    algorithm: str
-    outcome: Outcome
-    operation: str
-    cost: int
-    remaining: int
-    latency: float
-    answered_locally: bool
-    first: bool
-    identity_hash: str
+    __slots__ = ()
+
+    def __new__(  # noqa: PLR0917 (the fields, in order)
+        cls,
+        limit: str,
+        tier: str,
+        algorithm: str,
+        outcome: Outcome,
+        operation: str,
+        cost: int,
+        remaining: int,
+        latency: float,
+        answered_locally: bool,
+        first: bool,
+        key: str,
+        hashed: Callable[[str], str],
+    ) -> Self:
+        """An event; ``key`` is the counter key, ``hashed`` what hides it."""
+        return tuple.__new__(
+            cls,
+            (
+                limit,
+                tier,
+                algorithm,
+                outcome,
+                operation,
+                cost,
+                remaining,
+                latency,
+                answered_locally,
+                first,
+                key,
+                hashed,
+            ),
+        )
+
+    @property
+    def limit(self) -> str:
+        """The policy's limit name."""
+        return cast(str, self[0])
+
+    @property
+    def tier(self) -> str:
+        """The tier whose rate was checked."""
+        return cast(str, self[1])
+
+    @property
+    def algorithm(self) -> str:
+        """``sliding_log``, ``sliding_window`` or ``gcra``."""
+        return cast(str, self[2])
+
+    @property
+    def outcome(self) -> Outcome:
+        """What the result came to."""
+        return cast(Outcome, self[3])
+
+    @property
+    def operation(self) -> str:
+        """``hit`` (also ``check_request``) or ``peek``."""
+        return cast(str, self[4])
+
+    @property
+    def cost(self) -> int:
+        """The request's cost."""
+        return cast(int, self[5])
+
+    @property
+    def remaining(self) -> int:
+        """The rate's count after the decision (0 when degraded)."""
+        return cast(int, self[6])
+
+    @property
+    def latency(self) -> float:
+        """The whole decision's time, in seconds."""
+        return cast(float, self[7])
+
+    @property
+    def answered_locally(self) -> bool:
+        """True when the denial cache or approximate mode answered, without Redis."""
+        return cast(bool, self[8])
+
+    @property
+    def first(self) -> bool:
+        """True for the first event of its decision."""
+        return cast(bool, self[9])
+
+    @property
+    def identity_hash(self) -> str:
+        """The counter key (prefix, limit, identity) as it may appear in logs."""
+        hashed = cast(Callable[[str], str], self[11])
+        return hashed(cast(str, self[10]))
+
+    def __repr__(self) -> str:
+        """The fields, without the counter key."""
+        return (
+            f"DecisionEvent(limit={self[0]!r}, tier={self[1]!r}, algorithm={self[2]!r}, "
+            f"outcome={self[3].value!r}, operation={self[4]!r}, cost={self[5]!r}, "
+            f"remaining={self[6]!r}, latency={self[7]!r}, answered_locally={self[8]!r}, "
+            f"first={self[9]!r})"
+        )
+
+
+# The decision's path builds events without the call to __new__ (a test checks that both
+# build the same event).
+_tuple_new = tuple.__new__
 
 
 @runtime_checkable
@@ -161,18 +258,22 @@ class Notifier:
                 self._log_shadow(result.name, result.tier, outcome, hashed(key))
             if not observers:
                 continue
-            event = DecisionEvent(
-                result.name,
-                result.tier,
-                result.algorithm,
-                outcome,
-                operation,
-                cost,
-                result.remaining,
-                latency,
-                local,
-                first,
-                hashed(key),
+            event = _tuple_new(
+                DecisionEvent,
+                (
+                    result.name,
+                    result.tier,
+                    result.algorithm,
+                    outcome,
+                    operation,
+                    cost,
+                    result.remaining,
+                    latency,
+                    local,
+                    first,
+                    key,
+                    hashed,
+                ),
             )
             first = False
             for observer in observers:

@@ -27,12 +27,19 @@ identity, so the number of series is bounded by the policy):
 
 from __future__ import annotations
 
-import weakref
+import bisect
+import math
+import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from ._breaker import BreakerState
@@ -62,11 +69,16 @@ DURATION_BUCKETS: Sequence[float] = (
 _REDIS_OUTCOMES = frozenset({Outcome.ALLOWED, Outcome.DENIED, Outcome.SHADOW_DENIED})
 
 
-class PrometheusObserver:
+class PrometheusObserver(Collector):
     """Counts every decision of the limiters it is given to, in a Prometheus registry.
 
     One observer may serve several limiters (pass it to each); build one per registry,
     since the metric names can be registered only once in each.
+
+    It is its own collector: a decision only adds to plain counts under one lock (a
+    prometheus_client Counter child and Histogram would take a lock each, and cost more
+    than the rest of an async decision's bookkeeping); the metric families are built
+    from the counts at scrape time.
     """
 
     def __init__(
@@ -75,32 +87,18 @@ class PrometheusObserver:
         *,
         buckets: Sequence[float] = DURATION_BUCKETS,
     ) -> None:
-        """Register the metrics in ``registry`` (prometheus_client's default one)."""
-        self.decisions = Counter(
-            "applimit_decisions",
-            "Limit results of the rate limiter's decisions, by limit, tier and outcome.",
-            ("limit", "tier", "outcome"),
-            registry=registry,
-        )
-        self.local_answers = Counter(
-            "applimit_local_answers",
-            "Limit results answered without Redis (denial cache, approximate mode).",
-            ("limit", "tier"),
-            registry=registry,
-        )
-        self.redis_duration = Histogram(
-            "applimit_redis_duration_seconds",
-            "Time of the rate limiter's decisions that Redis answered.",
-            buckets=buckets,
-            registry=registry,
-        )
+        """Register the metrics in ``registry`` (prometheus_client's default one; None
+        registers nothing, for a registry of your own: ``registry.register(observer)``)."""
+        self._bounds = sorted(float(b) for b in buckets if not math.isinf(b))
+        self._lock = threading.Lock()
+        self._decisions: dict[tuple[str, str, str], int] = {}
+        self._local: dict[tuple[str, str], int] = {}
+        # One count per bucket (not cumulative; +Inf last), the sum of the observations.
+        self._buckets = [0] * (len(self._bounds) + 1)
+        self._sum = 0.0
         self._attached = Attached()
-        # The labelled children, looked up once: .labels() takes a lock and builds a key
-        # on every call, which a decision's path should not pay.
-        self._children: dict[tuple[str, str, str], Any] = {}
-        self._local: dict[tuple[str, str], Any] = {}
         if registry is not None:
-            registry.register(_BreakerCollector(self))
+            registry.register(self)
 
     def attach(self, limiter: LimiterBase[Any]) -> None:
         """Called by the limiter it is given to: its breakers are reported on scrape."""
@@ -111,40 +109,70 @@ class PrometheusObserver:
         if event.operation == "peek":
             return
         key = (event.limit, event.tier, event.outcome.value)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children.setdefault(key, self.decisions.labels(*key))
-        child.inc()
-        if event.answered_locally:
-            pair = (event.limit, event.tier)
-            local = self._local.get(pair)
-            if local is None:
-                local = self._local.setdefault(pair, self.local_answers.labels(*pair))
-            local.inc()
-        elif event.first and event.outcome in _REDIS_OUTCOMES:
-            self.redis_duration.observe(event.latency)
+        timed = not event.answered_locally and event.first and event.outcome in _REDIS_OUTCOMES
+        slot = bisect.bisect_left(self._bounds, event.latency) if timed else 0
+        with self._lock:
+            decisions = self._decisions
+            decisions[key] = decisions.get(key, 0) + 1
+            if event.answered_locally:
+                pair = (event.limit, event.tier)
+                self._local[pair] = self._local.get(pair, 0) + 1
+            elif timed:
+                self._buckets[slot] += 1
+                self._sum += event.latency
 
     def breaker_states(self) -> dict[str, BreakerState]:
         """The worst state of each node's breaker over the attached limiters."""
         return self._attached.breaker_states()
 
+    def describe(self) -> Iterator[Metric]:
+        """The metric names, for the registry's duplicate check (no counts read)."""
+        return self._families(empty=True)
 
-class _BreakerCollector(Collector):
-    """``applimit_breaker_state``, read from the attached limiters at each scrape."""
+    def collect(self) -> Iterator[Metric]:
+        """The metrics as they are now."""
+        return self._families(empty=False)
 
-    def __init__(self, observer: PrometheusObserver) -> None:
-        self._observer = weakref.ref(observer)
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        """One series per node and state: 1 for the state the breaker is in."""
-        family = GaugeMetricFamily(
+    def _families(self, *, empty: bool) -> Iterator[Metric]:
+        with self._lock:
+            decisions = {} if empty else dict(self._decisions)
+            local = {} if empty else dict(self._local)
+            buckets = list(self._buckets)
+            total = self._sum
+        family = CounterMetricFamily(
+            "applimit_decisions",
+            "Limit results of the rate limiter's decisions, by limit, tier and outcome.",
+            labels=("limit", "tier", "outcome"),
+        )
+        for labels, value in sorted(decisions.items()):
+            family.add_metric(labels, value)
+        yield family
+        family = CounterMetricFamily(
+            "applimit_local_answers",
+            "Limit results answered without Redis (denial cache, approximate mode).",
+            labels=("limit", "tier"),
+        )
+        for pair, value in sorted(local.items()):
+            family.add_metric(pair, value)
+        yield family
+        cumulative: list[tuple[str, float]] = []
+        running = 0
+        for bound, count in zip([*self._bounds, math.inf], buckets, strict=True):
+            running += count
+            cumulative.append(("+Inf" if math.isinf(bound) else repr(bound), running))
+        histogram = HistogramMetricFamily(
+            "applimit_redis_duration_seconds",
+            "Time of the rate limiter's decisions that Redis answered.",
+        )
+        histogram.add_metric([], cumulative, total)
+        yield histogram
+        gauge = GaugeMetricFamily(
             "applimit_breaker_state",
             "The rate limiter's circuit breaker per Redis node: 1 for its current state.",
             labels=("node", "state"),
         )
-        observer = self._observer()
-        states = {} if observer is None else observer.breaker_states()
+        states = {} if empty else self.breaker_states()
         for node, current in sorted(states.items()):
             for state in BreakerState:
-                family.add_metric((node, state.value), 1.0 if state is current else 0.0)
-        yield family
+                gauge.add_metric((node, state.value), 1.0 if state is current else 0.0)
+        yield gauge

@@ -39,6 +39,7 @@ BENCHMARKS = {
     "redis_cost": "bench.bench_redis_cost",
     "cluster": "bench.bench_cluster",
     "approx": "bench.bench_approx",
+    "observe": "bench.bench_observe",
 }
 DEFAULT_RESULTS = ROOT / "bench" / "results"
 DEFAULT_DOCS = ROOT / "docs" / "benchmarks.md"

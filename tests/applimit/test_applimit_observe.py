@@ -354,3 +354,22 @@ async def test_a_hung_redis_is_an_outage_not_a_busy_process(
     assert not any("too busy" in m for m in messages), messages
     events = [getattr(r, "applimit_event", None) for r in caplog.records]
     assert events.count("redis_outage") == 1 and events.count("redis_recovered") == 1
+
+
+def test_the_fast_event_constructor_agrees_with_the_class() -> None:
+    """The decision's path builds events with tuple.__new__; they are the events the
+    class' own constructor builds, and the counter key shows only hashed."""
+    from applimit._observe import _tuple_new
+
+    def hashed(key: str) -> str:
+        return f"h({key})"
+
+    values = ("api", "free", "gcra", Outcome.DENIED, "hit", 2, 0, 0.001, True, False)
+    made = _tuple_new(DecisionEvent, (*values, "k", hashed))
+    built = DecisionEvent(*values, "k", hashed)
+    assert made == built and type(made) is DecisionEvent
+    names = ("limit", "tier", "algorithm", "outcome", "operation", "cost", "remaining")
+    names += ("latency", "answered_locally", "first")
+    assert tuple(getattr(made, name) for name in names) == values
+    assert made.identity_hash == "h(k)"
+    assert "'k'" not in repr(made)
