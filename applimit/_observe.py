@@ -202,6 +202,13 @@ def outcome_of(allowed: bool, shadow: bool, degraded: bool) -> Outcome:
     return Outcome.SHADOW_DENIED if shadow else Outcome.DENIED
 
 
+_ALLOWED = Outcome.ALLOWED
+_DENIED = Outcome.DENIED
+_SHADOW_DENIED = Outcome.SHADOW_DENIED
+_DEGRADED_ALLOWED = Outcome.DEGRADED_ALLOWED
+_DEGRADED_DENIED = Outcome.DEGRADED_DENIED
+
+
 class Notifier:
     """Tells a limiter's observers of its decisions, and logs shadow denials.
 
@@ -252,9 +259,15 @@ class Notifier:
         first = True
         for index, result in enumerate(results):
             shadow = result.shadow
-            outcome = outcome_of(result.allowed, shadow, degraded)
+            # outcome_of, inlined: this runs for every result of every decision.
+            if degraded:
+                outcome = _DEGRADED_ALLOWED if result.allowed else _DEGRADED_DENIED
+            elif result.allowed:
+                outcome = _ALLOWED
+            else:
+                outcome = _SHADOW_DENIED if shadow else _DENIED
             key = checks[index].key if index < len(checks) else result.name
-            if shadow and outcome is not Outcome.ALLOWED:
+            if shadow and outcome is not _ALLOWED:
                 self._log_shadow(result.name, result.tier, outcome, hashed(key))
             if not observers:
                 continue

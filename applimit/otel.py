@@ -81,23 +81,25 @@ class OpenTelemetryObserver:
 
     def on_decision(self, event: DecisionEvent) -> None:
         """Record one limit result."""
-        if event.operation == "peek":
+        # The event is a tuple: one unpacking instead of a property call per field.
+        limit, tier, _, outcome, operation, _, _, latency, local, first = event[:10]
+        if operation == "peek":
             return
-        key = (event.limit, event.tier, event.outcome.value)
+        key = (limit, tier, outcome)
         attributes = self._attributes.get(key)
         if attributes is None:
             attributes = self._attributes.setdefault(
-                key, {"limit": key[0], "tier": key[1], "outcome": key[2]}
+                key, {"limit": limit, "tier": tier, "outcome": str(outcome)}
             )
         self.decisions.add(1, attributes)
-        if event.answered_locally:
-            pair = (event.limit, event.tier)
-            local = self._local.get(pair)
-            if local is None:
-                local = self._local.setdefault(pair, {"limit": pair[0], "tier": pair[1]})
-            self.local_answers.add(1, local)
-        elif event.first and event.outcome in _REDIS_OUTCOMES:
-            self.redis_duration.record(event.latency)
+        if local:
+            pair = (limit, tier)
+            counted = self._local.get(pair)
+            if counted is None:
+                counted = self._local.setdefault(pair, {"limit": limit, "tier": tier})
+            self.local_answers.add(1, counted)
+        elif first and outcome in _REDIS_OUTCOMES:
+            self.redis_duration.record(latency)
 
     def _breaker_states(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
         for node, current in sorted(self._attached.breaker_states().items()):

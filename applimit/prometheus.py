@@ -106,20 +106,21 @@ class PrometheusObserver(Collector):
 
     def on_decision(self, event: DecisionEvent) -> None:
         """Count one limit result."""
-        if event.operation == "peek":
+        # The event is a tuple: one unpacking instead of a property call per field.
+        limit, tier, _, outcome, operation, _, _, latency, local, first = event[:10]
+        if operation == "peek":
             return
-        key = (event.limit, event.tier, event.outcome.value)
-        timed = not event.answered_locally and event.first and event.outcome in _REDIS_OUTCOMES
-        slot = bisect.bisect_left(self._bounds, event.latency) if timed else 0
+        # An Outcome is a str: the key holds it as is, and the label is written from it.
+        key = (limit, tier, outcome)
         with self._lock:
             decisions = self._decisions
             decisions[key] = decisions.get(key, 0) + 1
-            if event.answered_locally:
-                pair = (event.limit, event.tier)
+            if local:
+                pair = (limit, tier)
                 self._local[pair] = self._local.get(pair, 0) + 1
-            elif timed:
-                self._buckets[slot] += 1
-                self._sum += event.latency
+            elif first and outcome in _REDIS_OUTCOMES:
+                self._buckets[bisect.bisect_left(self._bounds, latency)] += 1
+                self._sum += latency
 
     def breaker_states(self) -> dict[str, BreakerState]:
         """The worst state of each node's breaker over the attached limiters."""
@@ -144,8 +145,8 @@ class PrometheusObserver(Collector):
             "Limit results of the rate limiter's decisions, by limit, tier and outcome.",
             labels=("limit", "tier", "outcome"),
         )
-        for labels, value in sorted(decisions.items()):
-            family.add_metric(labels, value)
+        for (limit, tier, outcome), value in sorted(decisions.items()):
+            family.add_metric((limit, tier, str(outcome)), value)
         yield family
         family = CounterMetricFamily(
             "applimit_local_answers",
