@@ -62,10 +62,11 @@ class DecisionEvent(tuple[Any, ...]):
     the decision (0 when degraded). ``latency`` is the whole decision's time in seconds,
     the same for each event of one decision; ``first`` is true for the first event of its
     decision, so that per-decision numbers (latency) are counted once. ``answered_locally``
-    is true when the denial cache or approximate mode answered without Redis.
-    ``identity_hash`` is the hashed counter key (or the raw key when the limiter was
-    built with ``log_identities=True``), computed when read: never put it in a metric
-    label.
+    is true when the denial cache or approximate mode answered without Redis;
+    ``approximate`` when the limit is in approximate mode (such a result that Redis
+    answered is a sync). ``identity_hash`` is the hashed counter key (or the raw key when
+    the limiter was built with ``log_identities=True``), computed when read: never put it
+    in a metric label.
 
     A tuple underneath, as a named tuple is: one is built per limit result of every
     decision, and a tuple is the cheapest immutable object to build. The counter key it
@@ -86,6 +87,7 @@ class DecisionEvent(tuple[Any, ...]):
         latency: float,
         answered_locally: bool,
         first: bool,
+        approximate: bool,
         key: str,
         hashed: Callable[[str], str],
     ) -> Self:
@@ -103,6 +105,7 @@ class DecisionEvent(tuple[Any, ...]):
                 latency,
                 answered_locally,
                 first,
+                approximate,
                 key,
                 hashed,
             ),
@@ -159,10 +162,16 @@ class DecisionEvent(tuple[Any, ...]):
         return cast(bool, self[9])
 
     @property
+    def approximate(self) -> bool:
+        """True when the limit is in approximate mode (``mode: approximate``): such a
+        result not answered locally is a sync with Redis."""
+        return cast(bool, self[10])
+
+    @property
     def identity_hash(self) -> str:
         """The counter key (prefix, limit, identity) as it may appear in logs."""
-        hashed = cast(Callable[[str], str], self[11])
-        return hashed(cast(str, self[10]))
+        hashed = cast(Callable[[str], str], self[12])
+        return hashed(cast(str, self[11]))
 
     def __repr__(self) -> str:
         """The fields, without the counter key."""
@@ -170,7 +179,7 @@ class DecisionEvent(tuple[Any, ...]):
             f"DecisionEvent(limit={self[0]!r}, tier={self[1]!r}, algorithm={self[2]!r}, "
             f"outcome={self[3].value!r}, operation={self[4]!r}, cost={self[5]!r}, "
             f"remaining={self[6]!r}, latency={self[7]!r}, answered_locally={self[8]!r}, "
-            f"first={self[9]!r})"
+            f"first={self[9]!r}, approximate={self[10]!r})"
         )
 
 
@@ -266,7 +275,12 @@ class Notifier:
                 outcome = _ALLOWED
             else:
                 outcome = _SHADOW_DENIED if shadow else _DENIED
-            key = checks[index].key if index < len(checks) else result.name
+            if index < len(checks):
+                check = checks[index]
+                key = check.key
+                approximate = check.rule.approximate
+            else:
+                key, approximate = result.name, False
             if shadow and outcome is not _ALLOWED:
                 self._log_shadow(result.name, result.tier, outcome, hashed(key))
             if not observers:
@@ -284,6 +298,7 @@ class Notifier:
                     latency,
                     local,
                     first,
+                    approximate,
                     key,
                     hashed,
                 ),

@@ -17,6 +17,8 @@ words, never an identity):
     One per limit result of each ``hit``/``check_request``; peeks are not counted.
 ``applimit.local_answers`` (counter; ``limit``, ``tier``)
     Results answered without Redis by the denial cache or approximate mode.
+``applimit.approx.syncs`` (counter; ``limit``, ``tier``)
+    Results of approximate-mode limits that Redis answered (syncs of the local counts).
 ``applimit.redis.duration`` (histogram, seconds)
     The time of each decision that Redis answered.
 ``applimit.breaker.state`` (observable gauge; ``node``, ``state``)
@@ -59,6 +61,11 @@ class OpenTelemetryObserver:
             unit="{result}",
             description="Limit results answered without Redis (denial cache, approximate mode).",
         )
+        self.approx_syncs = meter.create_counter(
+            "applimit.approx.syncs",
+            unit="{result}",
+            description="Results of approximate-mode limits that Redis answered (syncs).",
+        )
         self.redis_duration = meter.create_histogram(
             "applimit.redis.duration",
             unit="s",
@@ -82,7 +89,7 @@ class OpenTelemetryObserver:
     def on_decision(self, event: DecisionEvent) -> None:
         """Record one limit result."""
         # The event is a tuple: one unpacking instead of a property call per field.
-        limit, tier, _, outcome, operation, _, _, latency, local, first = event[:10]
+        limit, tier, _, outcome, operation, _, _, latency, local, first, approx = event[:11]
         if operation == "peek":
             return
         key = (limit, tier, outcome)
@@ -98,8 +105,15 @@ class OpenTelemetryObserver:
             if counted is None:
                 counted = self._local.setdefault(pair, {"limit": limit, "tier": tier})
             self.local_answers.add(1, counted)
-        elif first and outcome in _REDIS_OUTCOMES:
-            self.redis_duration.record(latency)
+        elif outcome in _REDIS_OUTCOMES:
+            if first:
+                self.redis_duration.record(latency)
+            if approx:
+                pair = (limit, tier)
+                synced = self._local.get(pair)
+                if synced is None:
+                    synced = self._local.setdefault(pair, {"limit": limit, "tier": tier})
+                self.approx_syncs.add(1, synced)
 
     def _breaker_states(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
         for node, current in sorted(self._attached.breaker_states().items()):

@@ -16,6 +16,9 @@ identity, so the number of series is bounded by the policy):
     ``degraded_allowed`` or ``degraded_denied``.
 ``applimit_local_answers_total{limit, tier}``
     Results answered without Redis by the denial cache or approximate mode.
+``applimit_approx_syncs_total{limit, tier}``
+    Results of approximate-mode limits that Redis answered (a sync of the local counts);
+    with ``applimit_local_answers_total``, how much of such a limit Redis still sees.
 ``applimit_redis_duration_seconds``
     A histogram of the time of each decision that Redis answered (the round trip, the
     script and reading its reply): how slow Redis is, as the app sees it.
@@ -93,6 +96,7 @@ class PrometheusObserver(Collector):
         self._lock = threading.Lock()
         self._decisions: dict[tuple[str, str, str], int] = {}
         self._local: dict[tuple[str, str], int] = {}
+        self._syncs: dict[tuple[str, str], int] = {}
         # One count per bucket (not cumulative; +Inf last), the sum of the observations.
         self._buckets = [0] * (len(self._bounds) + 1)
         self._sum = 0.0
@@ -107,7 +111,7 @@ class PrometheusObserver(Collector):
     def on_decision(self, event: DecisionEvent) -> None:
         """Count one limit result."""
         # The event is a tuple: one unpacking instead of a property call per field.
-        limit, tier, _, outcome, operation, _, _, latency, local, first = event[:10]
+        limit, tier, _, outcome, operation, _, _, latency, local, first, approx = event[:11]
         if operation == "peek":
             return
         # An Outcome is a str: the key holds it as is, and the label is written from it.
@@ -118,9 +122,13 @@ class PrometheusObserver(Collector):
             if local:
                 pair = (limit, tier)
                 self._local[pair] = self._local.get(pair, 0) + 1
-            elif first and outcome in _REDIS_OUTCOMES:
-                self._buckets[bisect.bisect_left(self._bounds, latency)] += 1
-                self._sum += latency
+            elif outcome in _REDIS_OUTCOMES:
+                if first:
+                    self._buckets[bisect.bisect_left(self._bounds, latency)] += 1
+                    self._sum += latency
+                if approx:
+                    pair = (limit, tier)
+                    self._syncs[pair] = self._syncs.get(pair, 0) + 1
 
     def breaker_states(self) -> dict[str, BreakerState]:
         """The worst state of each node's breaker over the attached limiters."""
@@ -138,6 +146,7 @@ class PrometheusObserver(Collector):
         with self._lock:
             decisions = {} if empty else dict(self._decisions)
             local = {} if empty else dict(self._local)
+            syncs = {} if empty else dict(self._syncs)
             buckets = list(self._buckets)
             total = self._sum
         family = CounterMetricFamily(
@@ -154,6 +163,15 @@ class PrometheusObserver(Collector):
             labels=("limit", "tier"),
         )
         for pair, value in sorted(local.items()):
+            family.add_metric(pair, value)
+        yield family
+        family = CounterMetricFamily(
+            "applimit_approx_syncs",
+            "Results of approximate-mode limits that Redis answered: the syncs of the "
+            "counts kept locally.",
+            labels=("limit", "tier"),
+        )
+        for pair, value in sorted(syncs.items()):
             family.add_metric(pair, value)
         yield family
         cumulative: list[tuple[str, float]] = []

@@ -364,12 +364,51 @@ def test_the_fast_event_constructor_agrees_with_the_class() -> None:
     def hashed(key: str) -> str:
         return f"h({key})"
 
-    values = ("api", "free", "gcra", Outcome.DENIED, "hit", 2, 0, 0.001, True, False)
+    values = ("api", "free", "gcra", Outcome.DENIED, "hit", 2, 0, 0.001, True, False, False)
     made = _tuple_new(DecisionEvent, (*values, "k", hashed))
     built = DecisionEvent(*values, "k", hashed)
     assert made == built and type(made) is DecisionEvent
     names = ("limit", "tier", "algorithm", "outcome", "operation", "cost", "remaining")
-    names += ("latency", "answered_locally", "first")
+    names += ("latency", "answered_locally", "first", "approximate")
     assert tuple(getattr(made, name) for name in names) == values
     assert made.identity_hash == "h(k)"
     assert "'k'" not in repr(made)
+
+
+APPROX_POLICY = """
+version: 1
+tiers: [free]
+app: {key_prefix: obsax, timeout: 2s}
+limits:
+  - name: a
+    app: {algorithm: sliding_log, mode: approximate, sync_every: 10, tiers: {free: 1000/1m}}
+cloudflare: {plan: business}
+"""
+
+
+async def test_approximate_mode_syncs_and_local_answers_are_counted(
+    redis_client: Any, redis_server: RedisServer, flavour: str
+) -> None:
+    """An approximate limit (sync_every 10): of 25 hits, those Redis answered are syncs
+    and the rest local answers; together they are every hit."""
+    registry = CollectorRegistry()
+    recorder = Recorder()
+    cls = Limiter if flavour == "sync" else AsyncLimiter
+    limiter = Driver(
+        cls(
+            policy.loads(APPROX_POLICY),
+            redis_url=redis_server.url,
+            observers=[PrometheusObserver(registry), recorder],
+        )
+    )
+    try:
+        for _ in range(25):
+            assert (await limiter.hit("a", "mallory")).allowed
+    finally:
+        await limiter.close()
+    assert all(e.approximate for e in recorder.events)
+    syncs = _sample(registry, "applimit_approx_syncs_total", limit="a", tier="free")
+    local = _sample(registry, "applimit_local_answers_total", limit="a", tier="free")
+    assert syncs >= 3 and local >= 10
+    assert syncs + local == 25
+    assert syncs == sum(not e.answered_locally for e in recorder.events)
