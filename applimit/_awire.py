@@ -630,7 +630,11 @@ class AsyncClusterWire(SlotMap):
             except Exception as error:
                 # A cluster still failing over: the next failed call asks again, and the
                 # breaker answers meanwhile.
-                logger.debug("reading the cluster's slot map failed: %s", error)
+                logger.debug(
+                    "reading the cluster's slot map failed: %s",
+                    error,
+                    extra={"applimit_event": "slot_map_failed", "error": type(error).__name__},
+                )
             known = self._nodes.nodes_cache
             gone = [name for name in self._wires if name not in known]
             for name in gone:

@@ -187,6 +187,7 @@ class ScriptProtocol:
                 "Redis refused Redis Functions (%s); the limiter runs its script with "
                 "EVALSHA instead, which costs about 2 µs more per decision in Redis.",
                 reply,
+                extra={"applimit_event": "functions_refused"},
             )
 
     @staticmethod

@@ -558,6 +558,7 @@ class Gate:
                     shown,
                     ", ".join(self.tiers),
                     self.lowest_tier,
+                    extra={"applimit_event": "unknown_tier", "tier": shown},
                 )
             tier = self.lowest_tier
         # The user id carries the caller's app keys (a KeyedIdentity), so that every shell
@@ -583,6 +584,11 @@ class Gate:
             if self.on_identify_error == "anonymous"
             else "refuses the request with 503",
             exc_info=error,
+            extra={
+                "applimit_event": "identify_failed",
+                "on_identify_error": self.on_identify_error,
+                "error": type(error).__name__,
+            },
         )
         if self.on_identify_error == "anonymous":
             return None
@@ -699,7 +705,10 @@ class Gate:
         The limiter turns every Redis failure into a degraded decision, so this is a bug or
         a misuse (a closed limiter); the app keeps serving while the log says what broke.
         """
-        logger.exception("the rate limiter raised; the request is let through unlimited")
+        logger.exception(
+            "the rate limiter raised; the request is let through unlimited",
+            extra={"applimit_event": "limiter_failed"},
+        )
         return PASS
 
     def _degraded(self, decision: Decision, items: list[PolicyItem]) -> Outcome:

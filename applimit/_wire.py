@@ -538,7 +538,11 @@ class ClusterWire(SlotMap):
         except Exception as error:
             # A cluster still failing over: the next failed call asks again, and the
             # breaker answers meanwhile.
-            logger.debug("reading the cluster's slot map failed: %s", error)
+            logger.debug(
+                "reading the cluster's slot map failed: %s",
+                error,
+                extra={"applimit_event": "slot_map_failed", "error": type(error).__name__},
+            )
         finally:
             with self._lock:
                 self._refreshing = False

@@ -212,7 +212,7 @@ class RateLimitMiddleware:
             raise error
         message = await receive()
         if message["type"] == "lifespan.startup":
-            logger.error("%s", error)
+            logger.error("%s", error, extra={"applimit_event": "startup_failed"})
             await send({"type": "lifespan.startup.failed", "message": str(error)})
 
 

@@ -188,3 +188,41 @@ def test_the_examples_serve_their_metrics(
     text = metrics.text
     assert 'applimit_decisions_total{limit="api",outcome="allowed",tier="free"} 1.0' in text
     assert 'applimit_breaker_state{node="main",state="closed"} 1.0' in text
+
+
+def test_the_middlewares_log_records_carry_structured_fields(
+    redis_client: Any, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An identify() that raises, with on_identify_error='anonymous', and a tier the policy
+    does not list: the request passes, and each record the middleware writes names its
+    event for JSON handlers (WSGI under waitress, real Redis)."""
+    caplog.set_level(logging.INFO, logger="applimit")
+    limiter = Limiter(policy.loads(POLICY), redis_url=redis_server.url)
+    calls = 0
+
+    def identify(request: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("token service down")
+        from applimit.wsgi import Caller
+
+        return Caller("nina", tier="platinum")
+
+    app = flask.Flask(__name__)
+
+    @app.get("/api/thing")
+    def endpoint() -> Any:
+        return flask.jsonify(_described(flask.request.environ.get(DECISION_ENVIRON_KEY)))
+
+    wrapped = WsgiMiddleware(app, limiter=limiter, identify=identify, on_identify_error="anonymous")
+    try:
+        with serve_wsgi(wrapped) as base, httpx.Client(base_url=base) as client:
+            assert client.get("/api/thing").status_code == 200
+            assert client.get("/api/thing").status_code == 200
+    finally:
+        limiter.close()
+    records = [r for r in caplog.records if r.name == "applimit"]
+    events = [getattr(r, "applimit_event", None) for r in records]
+    assert "identify_failed" in events and "unknown_tier" in events
+    assert all(isinstance(event, str) for event in events)
