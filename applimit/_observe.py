@@ -238,6 +238,8 @@ class Notifier:
         self.shadow = shadow
         self.log_identities = log_identities
         self._key = secrets.token_bytes(16)
+        # The bound method, made once: each event holds it, to hash its key when read.
+        self._hashed = self.hashed
         self._logged: dict[object, float] = {}
 
     @property
@@ -264,7 +266,7 @@ class Notifier:
         checks = prepared.checks
         operation = prepared.operation
         cost = prepared.cost
-        hashed = self.hashed
+        hashed = self._hashed
         first = True
         for index, result in enumerate(results):
             shadow = result.shadow

@@ -89,7 +89,7 @@ class OpenTelemetryObserver:
     def on_decision(self, event: DecisionEvent) -> None:
         """Record one limit result."""
         # The event is a tuple: one unpacking instead of a property call per field.
-        limit, tier, _, outcome, operation, _, _, latency, local, first, approx = event[:11]
+        limit, tier, _, outcome, operation, _, _, latency, local, first, approx, _, _ = event
         if operation == "peek":
             return
         key = (limit, tier, outcome)

@@ -111,7 +111,7 @@ class PrometheusObserver(Collector):
     def on_decision(self, event: DecisionEvent) -> None:
         """Count one limit result."""
         # The event is a tuple: one unpacking instead of a property call per field.
-        limit, tier, _, outcome, operation, _, _, latency, local, first, approx = event[:11]
+        limit, tier, _, outcome, operation, _, _, latency, local, first, approx, _, _ = event
         if operation == "peek":
             return
         # An Outcome is a str: the key holds it as is, and the label is written from it.
