@@ -107,10 +107,10 @@ def served(
     stack = request.param
     stack_exits: list[Any] = []
 
-    def serve(url: str = redis_server.url) -> tuple[str, CollectorRegistry]:
+    def serve(url: str = redis_server.url, text: str = POLICY) -> tuple[str, CollectorRegistry]:
         registry = CollectorRegistry()
         observers = [PrometheusObserver(registry)]
-        loaded = policy.loads(POLICY)
+        loaded = policy.loads(text)
         if stack == "asgi":
             alimiter = AsyncLimiter(loaded, redis_url=url, observers=observers)
             context = serve_asgi(starlette_app(alimiter))
@@ -188,6 +188,29 @@ def test_the_examples_serve_their_metrics(
     text = metrics.text
     assert 'applimit_decisions_total{limit="api",outcome="allowed",tier="free"} 1.0' in text
     assert 'applimit_breaker_state{node="main",state="closed"} 1.0' in text
+
+
+def test_refusals_through_the_middleware_are_counted(served: Any) -> None:
+    """The eleventh request of 10/1m is refused (429) and counted as denied; with Redis
+    unreachable, a limit that fails closed refuses (503) and is counted as
+    degraded_denied, the fail-open one beside it as degraded_allowed."""
+    base, registry = served()
+    with httpx.Client(base_url=base) as client:
+        statuses = [client.get("/api/thing").status_code for _ in range(11)]
+    assert statuses == [200] * 10 + [429]
+    assert _count(registry, "api", "allowed") == 10
+    assert _count(registry, "api", "denied") == 1
+
+    closed = POLICY.replace(
+        "app: {algorithm: sliding_log, tiers: {free: 10/1m}}",
+        "app: {algorithm: sliding_log, on_redis_error: deny, tiers: {free: 10/1m}}",
+    )
+    base, registry = served(f"redis://127.0.0.1:{_closed_port()}", closed)
+    with httpx.Client(base_url=base) as client:
+        statuses = [client.get("/api/thing").status_code for _ in range(2)]
+    assert statuses == [503, 503]
+    assert _count(registry, "api", "degraded_denied") == 2
+    assert _count(registry, "new-api", "degraded_allowed") == 2
 
 
 def test_the_middlewares_log_records_carry_structured_fields(
