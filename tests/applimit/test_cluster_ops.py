@@ -195,7 +195,10 @@ async def test_master_failover_under_traffic(cluster: RedisCluster) -> None:
     """SIGKILL a master: degraded decisions stay inside the failover window and follow the
     failure policy; the replica takes over and the same limiters decide normally again;
     admissions exceed the quota by at most the writes the dead master had not replicated."""
-    sync, async_ = await _limiters(cluster)
+    # A killed master refuses connections at once, so the fault never needs the timeout
+    # to show; a generous one keeps a scheduling stall of the busy two-core machine (six
+    # nodes, two traffic sources, the test suite) from degrading a decision before the kill.
+    sync, async_ = await _limiters(cluster, POLICY.replace("timeout: 200ms", "timeout: 1s"))
     traffic = Traffic(sync, async_)
     try:
         traffic.start()
