@@ -25,6 +25,7 @@ from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from ._errors import ConfigurationError
 from ._sync import Limiter
+from ._views import check_request
 from ._web import (
     PASS,
     QUOTA_EXCEEDED,
@@ -137,21 +138,10 @@ class RateLimitMiddleware:
         (``request.environ`` in Flask): what a shadow limit would have decided, the
         remaining counts, whether Redis answered.
         """
-        subject = self.gate.subject(request, caller)
-        try:
-            decision = self.limiter.check_request(
-                request.method,
-                request.path,
-                subject.identity,
-                tier=subject.tier,
-                cost=cost,
-                ip=subject.ip,
-                host=request.host,
-            )
-        except Exception:
-            return self.gate.failed()
-        environ[DECISION_ENVIRON_KEY] = decision
-        return self.gate.outcome(decision, subject.tier)
+        decision, outcome = check_request(self.limiter, self.gate, request, caller, cost)
+        if decision is not None:
+            environ[DECISION_ENVIRON_KEY] = decision
+        return outcome
 
 
 def _with_headers(start_response: StartResponse, outcome: Outcome) -> StartResponse:
