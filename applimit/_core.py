@@ -530,8 +530,7 @@ class Core:
 
     @staticmethod
     def keys(identity: object, keys: Mapping[str, str] | None) -> Mapping[str, str] | None:
-        """The app keys of a call: ``keys=`` if given, else those the identity carries
-        (a :class:`~applimit._keys.KeyedIdentity`, which the web shells pass on)."""
+        """The app keys of a call (``keys=``, checked), or None."""
         if keys is not None:
             if not isinstance(keys, Mapping):
                 raise InvalidArgumentError(
@@ -540,7 +539,7 @@ class Core:
                     f"{type(keys).__name__}; e.g. keys={{'org': org.id}}.",
                 )
             return keys
-        return _keys.carried_keys(identity)
+        return None
 
     def _key_value(self, rule: AppRule, keys: Mapping[str, str] | None) -> str | None:
         """The value of the app key ``rule`` counts by, checked; None when it is missing."""

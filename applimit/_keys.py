@@ -37,7 +37,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
-from collections.abc import Mapping
 
 # Bytes kept as they are. Everything else, '%' first among them, is written %XX.
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~@+!*,;")
@@ -86,28 +85,6 @@ def identity_tag(kind: str, identity: str) -> str:
 def named_kind(name: str) -> str:
     """The kind of a key of the app's own called ``name`` (``per: org``): ``k:org``."""
     return NAMED + escape(_utf8(name))
-
-
-class KeyedIdentity(str):
-    """A user id that carries the caller's app keys (``Caller.keys``) with it.
-
-    The web shells pass the subject's identity to ``check_request`` and ``hit`` unchanged;
-    made from a :class:`~applimit.Caller` with keys, it brings them along, so every shell
-    counts ``per: <key>`` limits without a change of its own. As a str it is the user id,
-    and counted as that user. An explicit ``keys=`` argument takes precedence.
-    """
-
-    keys: Mapping[str, str]
-
-    def __new__(cls, user: str, keys: Mapping[str, str]) -> KeyedIdentity:
-        made = super().__new__(cls, user)
-        made.keys = keys
-        return made
-
-
-def carried_keys(identity: object) -> Mapping[str, str] | None:
-    """The app keys an identity carries (a :class:`KeyedIdentity`), else None."""
-    return identity.keys if isinstance(identity, KeyedIdentity) else None
 
 
 def limit_component(name: str) -> str:

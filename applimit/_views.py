@@ -78,6 +78,7 @@ def check_request(
             cost=cost,
             ip=subject.ip,
             host=request.host,
+            keys=subject.keys,
         )
     except Exception:
         return None, gate.failed()
@@ -100,7 +101,9 @@ def hit_limit(
     """
     subject = gate.subject(request, caller)
     try:
-        decision = limiter.hit(name, subject.identity, tier=subject.tier, cost=cost, ip=subject.ip)
+        decision = limiter.hit(
+            name, subject.identity, tier=subject.tier, cost=cost, ip=subject.ip, keys=subject.keys
+        )
     except Exception:
         return None, gate.failed()
     return decision, gate.outcome(decision, subject.tier)

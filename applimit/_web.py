@@ -39,7 +39,6 @@ from policy import KeyName, decode_path, header_key, normalize_host
 from ._core import MAX_COST
 from ._decision import Decision, LimitResult
 from ._errors import ConfigurationError, InvalidArgumentError
-from ._keys import KeyedIdentity
 
 logger = logging.getLogger("applimit")
 
@@ -490,7 +489,7 @@ class Subject:
     identity: str | None
     tier: str
     ip: str
-    # The caller's app keys (Caller.keys); the identity carries them too (KeyedIdentity).
+    # The caller's app keys (Caller.keys), passed as keys= wherever the identity goes.
     keys: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -561,9 +560,7 @@ class Gate:
                     extra={"applimit_event": "unknown_tier", "tier": shown},
                 )
             tier = self.lowest_tier
-        # The user id carries the caller's app keys (a KeyedIdentity), so that every shell
-        # that passes the identity on to check_request or hit counts per: <key> limits.
-        identity = KeyedIdentity(caller.user, caller.keys) if caller.keys else caller.user
+        identity = caller.user
         return Subject(identity=identity, tier=tier, ip=ip, keys=caller.keys)
 
     def identify_failed(self, request: RequestInfo, error: Exception) -> Outcome | None:

@@ -185,6 +185,7 @@ class RateLimitMiddleware:
                 cost=cost,
                 ip=subject.ip,
                 host=request.host,
+                keys=subject.keys,
             )
         except Exception:
             return self.gate.failed()

@@ -163,7 +163,7 @@ class RateLimit:
         return decision
 
     async def _decide(self, info: RequestInfo, subject: Subject) -> Decision:
-        limiter, tier, cost = self.limiter, subject.tier, self.cost
+        limiter, tier, cost, keys = self.limiter, subject.tier, self.cost, subject.keys
         if self.name is None:
             method, path, who, ip, host = (
                 info.method,
@@ -174,18 +174,18 @@ class RateLimit:
             )
             if isinstance(limiter, AsyncLimiter):
                 return await limiter.check_request(
-                    method, path, who, tier=tier, cost=cost, ip=ip, host=host
+                    method, path, who, tier=tier, cost=cost, ip=ip, host=host, keys=keys
                 )
             return await run_in_threadpool(
                 lambda: limiter.check_request(
-                    method, path, who, tier=tier, cost=cost, ip=ip, host=host
+                    method, path, who, tier=tier, cost=cost, ip=ip, host=host, keys=keys
                 )
             )
         # The user, or (identity None) an anonymous caller counted by address, in the
         # bucket check_request counts it in; a per-IP limit counts the address.
         name, identity, ip = self.name, subject.identity, subject.ip
         if isinstance(limiter, AsyncLimiter):
-            return await limiter.hit(name, identity, tier=tier, cost=cost, ip=ip)
+            return await limiter.hit(name, identity, tier=tier, cost=cost, ip=ip, keys=keys)
         return await run_in_threadpool(
-            lambda: limiter.hit(name, identity, tier=tier, cost=cost, ip=ip)
+            lambda: limiter.hit(name, identity, tier=tier, cost=cost, ip=ip, keys=keys)
         )
