@@ -39,6 +39,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from abc import ABC, abstractmethod
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -298,25 +299,28 @@ class MemoryStore:
         return out
 
 
-class _Algorithm:
+class _Algorithm(ABC):
     """What each algorithm file registers in ALG (see its Lua contract)."""
 
     @staticmethod
+    @abstractmethod
     def check(store: MemoryStore, key: str, now: int, c: _Check) -> _State:
         """The check's state at ``now``, read only."""
-        raise NotImplementedError
+        ...
 
     @staticmethod
+    @abstractmethod
     def apply(
         store: MemoryStore, key: str, st: _State, c: _Check, *, now: int, nonce: str, slack_ms: int
     ) -> None:
         """Consume what ``check`` found to fit; ``st`` gets the numbers after it."""
-        raise NotImplementedError
+        ...
 
     @staticmethod
+    @abstractmethod
     def refund(store: MemoryStore, key: str, now: int, c: _Check, nonce: str) -> None:
         """Undo an earlier apply that used ``nonce`` at ``now``."""
-        raise NotImplementedError
+        ...
 
 
 def _parse_checks(args: tuple[str, ...]) -> list[_Check] | BaseException:

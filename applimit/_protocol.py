@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Generator, Sequence
 from typing import Any
 
@@ -343,17 +344,18 @@ class OneServer:
         return None
 
 
-class SlotMap:
+class SlotMap(ABC):
     """What the cluster wires (sync and async) read from the slot map that redis-py's
     cluster client keeps (``_nodes``, its NodesManager; None until it is first read).
     Each wire reads the map again its own way (:meth:`refresh`)."""
 
     _nodes: Any = None
 
+    @abstractmethod
     def refresh(self, failed: str | None = None) -> None:
         """Read the slot map again, in the background; ``failed`` names a node that just
         failed, asked last."""
-        raise NotImplementedError
+        ...
 
     def route(self, slot: int) -> str | None:
         """The name (host:port) of the master serving ``slot``; None before the slot map

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -52,7 +53,7 @@ class Wire(Transport, Protocol):
 WireT = TypeVar("WireT", bound=Wire)
 
 
-class LimiterBase(Generic[WireT]):
+class LimiterBase(ABC, Generic[WireT]):
     """Construction and the I/O-free parts of each decision, for both shells."""
 
     def __init__(
@@ -137,13 +138,15 @@ class LimiterBase(Generic[WireT]):
 
     # -- what each shell provides ---------------------------------------------------------
 
+    @abstractmethod
     def _resolve(self, client: object | None, url: str, cluster: bool) -> Target[Any]:
         """Where the connections go: from ``client``'s settings, else from ``url``."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _open(self, target: Target[Any]) -> WireT:
         """The wire to ``target``, built without I/O."""
-        raise NotImplementedError
+        ...
 
     # -- parts ----------------------------------------------------------------------------
 
