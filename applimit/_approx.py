@@ -21,12 +21,18 @@ per key and instance, so at any moment K instances hold at most K x (sync_every 
 admitted requests Redis has not counted; every one of them is counted later. Per window
 of the limit the requests admitted beyond what Redis allows are therefore at most
 K x (sync_every - 1).
+
+Overshoot: pending requests that a denied batch shows did not fit (Redis' room was
+smaller than what this instance had admitted) were admitted over the limit. Each is
+reported once, through ``overshoot(limit, tier, count)``, when a sync first finds it over;
+it stays pending as a *debt* (``_Entry.debt``) so a later sync that still cannot count it
+does not report it again.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from ._core import Check, Core, Prepared
@@ -44,6 +50,8 @@ class _Entry:
     result: LimitResult | None = None
     synced: float = float("-inf")
     pending: int = 0
+    # The part of ``pending`` already reported as overshoot (the oldest part).
+    debt: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +62,8 @@ class Sync:
     batch: Prepared
     taken: tuple[int, ...]
     sent: float
+    # The debts among ``taken`` (already reported as overshoot).
+    debts: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,15 +73,24 @@ class Flush:
     sync: Sync
     prepared: Prepared | None
     left: tuple[int, ...] = field(default=())
+    fits: tuple[int, ...] = field(default=())
 
 
 class ApproxCache:
     """Local pending counts and last known results, shared by both shells."""
 
-    def __init__(self, core: Core, clock: Callable[[], float]) -> None:
-        """``core`` builds the batch plans; ``clock`` gives seconds (the test clock in tests)."""
+    def __init__(
+        self,
+        core: Core,
+        clock: Callable[[], float],
+        overshoot: Callable[[str, str, int], None] | None = None,
+    ) -> None:
+        """``core`` builds the batch plans; ``clock`` gives seconds (the test clock in
+        tests); ``overshoot(limit, tier, count)`` hears of requests a sync found were
+        admitted over the limit (called outside the lock, never for a count of 0)."""
         self.core = core
         self.clock = clock
+        self.overshoot = overshoot
         self._entries: dict[tuple[str, str], _Entry] = {}
         self._lock = threading.Lock()
 
@@ -99,6 +118,7 @@ class ApproxCache:
                     results.append(self._local(entry, now))
                 return combine(results)
             taken = tuple(e.pending for e in entries)
+            debts = tuple(e.debt for e in entries)
             for entry in entries:
                 # Counted by the batch from now on: the local view stays as low as it was.
                 if entry.result is not None:
@@ -106,15 +126,16 @@ class ApproxCache:
                         entry.result, remaining=max(0, entry.result.remaining - entry.pending)
                     )
                 entry.pending = 0
+                entry.debt = 0
         if not any(taken):
-            return Sync(prepared, prepared, taken, now)
+            return Sync(prepared, prepared, taken, now, debts)
         checks = [replace(c, cost=c.cost + p) for c, p in zip(prepared.checks, taken, strict=True)]
-        return Sync(prepared, self.core.prepare("hit", checks), taken, now)
+        return Sync(prepared, self.core.prepare("hit", checks), taken, now, debts)
 
     def settle(self, sync: Sync, decision: Decision) -> Flush | None:
         """Take in the batch's decision; a Flush when pending requests are left to count."""
         if decision.degraded:
-            self._restore(sync.prepared.checks, sync.taken)
+            self._restore(sync.prepared.checks, sync.taken, sync.debts)
             return None
         self._learn(sync.prepared.checks, decision, sync.sent)
         if decision.allowed or not any(sync.taken):
@@ -129,17 +150,33 @@ class ApproxCache:
             replace(c, cost=n) for c, n in zip(sync.prepared.checks, fits, strict=True) if n > 0
         ]
         flush = self.core.prepare("hit", checks) if checks else None
-        return Flush(sync, flush, tuple(left))
+        return Flush(sync, flush, tuple(left), tuple(fits))
 
     def flushed(self, flush: Flush, decision: Decision | None) -> bool:
         """Take in the flush's outcome; True when nothing is left pending (ask Redis)."""
-        checks = flush.sync.prepared.checks
-        left = list(flush.left)
-        if flush.prepared is not None and decision is not None and not decision.allowed:
-            # Nothing was counted (it failed, or others took the room meanwhile): all of
-            # it stays pending.
-            left = list(flush.sync.taken)
-        self._restore(checks, tuple(left))
+        sync = flush.sync
+        checks = sync.prepared.checks
+        left = flush.left
+        # What the flush counted: what fit, unless it was not counted.
+        counted = flush.fits
+        over = left
+        if flush.prepared is not None and decision is not None:
+            if decision.degraded:
+                # Redis did not answer (an allowed degraded decision counted nothing
+                # either): all of it stays pending; only what the batch showed did not
+                # fit is known to be over.
+                left, counted = sync.taken, (0,) * len(left)
+            elif not decision.allowed:
+                # Others took the room meanwhile: nothing was counted and all of it is
+                # over the limit.
+                left = over = sync.taken
+                counted = (0,) * len(left)
+        # The debt left unpaid is the oldest part of what was not counted; the rest of
+        # what is over was admitted since the last sync and is reported now.
+        kept = tuple(max(0, d - c) for d, c in zip(sync.debts, counted, strict=True))
+        debts = tuple(max(o, k) for o, k in zip(over, kept, strict=True))
+        self._restore(checks, left, debts)
+        self._report(checks, [d - k for d, k in zip(debts, kept, strict=True)])
         return not any(left)
 
     def learn(self, prepared: Prepared, decision: Decision) -> None:
@@ -199,8 +236,27 @@ class ApproxCache:
                 entry.result = result
                 entry.synced = sent
 
-    def _restore(self, checks: tuple[Check, ...], counts: tuple[int, ...]) -> None:
+    def _restore(
+        self, checks: tuple[Check, ...], counts: tuple[int, ...], debts: tuple[int, ...]
+    ) -> None:
         with self._lock:
-            for check, n in zip(checks, counts, strict=True):
+            for check, n, debt in zip(checks, counts, debts, strict=True):
                 if n:
-                    self._entry(check).pending += n
+                    entry = self._entry(check)
+                    entry.pending += n
+                    entry.debt += min(n, debt)
+
+    def _report(self, checks: tuple[Check, ...], counts: Sequence[int]) -> None:
+        """Tell ``overshoot`` of the requests newly found over each limit and tier. The
+        rates of one tier hold the same requests: the most any of them found is the
+        count (not their sum)."""
+        report = self.overshoot
+        if report is None or not any(counts):
+            return
+        found: dict[tuple[str, str], int] = {}
+        for check, n in zip(checks, counts, strict=True):
+            pair = (check.rule.name, check.tier)
+            found[pair] = max(found.get(pair, 0), n)
+        for (limit, tier), n in found.items():
+            if n:
+                report(limit, tier, n)

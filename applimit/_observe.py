@@ -195,11 +195,26 @@ class Observer(Protocol):
     ``on_decision`` runs inline, on the caller's thread or event loop, once per limit
     result: it must be quick and must not block (count, or hand off to a queue). An
     observer may also define ``attach(limiter)``, which the limiter calls once when it is
-    built, for what it reads at scrape time (the breakers).
+    built, for what it reads at scrape time (the breakers), and
+    ``on_overshoot(limit, tier, count)`` (see :class:`OvershootObserver`).
     """
 
     def on_decision(self, event: DecisionEvent) -> None:
         """Take note of one limit result of a decision."""
+
+
+@runtime_checkable
+class OvershootObserver(Protocol):
+    """What an observer may add to hear of approximate mode's overshoot.
+
+    ``count`` requests (cost units) of ``limit`` for ``tier`` that this instance admitted
+    locally were found over the limit by a sync with Redis; each request is reported once,
+    when a sync first finds it over. Called on the thread or event loop of the decision
+    that synced; quick and non-blocking, as ``on_decision``.
+    """
+
+    def on_overshoot(self, limit: str, tier: str, count: int) -> None:
+        """Take note of ``count`` requests admitted over ``limit`` for ``tier``."""
 
 
 def outcome_of(allowed: bool, shadow: bool, degraded: bool) -> Outcome:
@@ -235,6 +250,11 @@ class Notifier:
                     f"observer {observer!r} has no on_decision(event) method; an observer "
                     "is an object with one (see applimit.Observer)."
                 )
+        self._overshooters = tuple(
+            cast(OvershootObserver, observer)
+            for observer in self.observers
+            if callable(getattr(observer, "on_overshoot", None))
+        )
         self.shadow = shadow
         self.log_identities = log_identities
         self._key = secrets.token_bytes(16)
@@ -312,6 +332,15 @@ class Notifier:
                 except Exception as error:
                     # An observer must not break a decision: logged, and the next one runs.
                     self._log_observer(observer, error)
+
+    def overshoot(self, limit: str, tier: str, count: int) -> None:
+        """Tell the observers that have ``on_overshoot`` of requests admitted over a
+        limit in approximate mode. Never raises."""
+        for observer in self._overshooters:
+            try:
+                observer.on_overshoot(limit, tier, count)
+            except Exception as error:
+                self._log_observer(cast(Observer, observer), error)
 
     def _due(self, what: object) -> bool:
         now = time.monotonic()

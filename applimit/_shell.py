@@ -184,8 +184,12 @@ class LimiterBase(ABC, Generic[WireT]):
     def _approx_cache(self) -> ApproxCache | None:
         """The approximate counts, if some limit is in approximate mode."""
         if any(rule.approximate for rule in self.compiled.rules):
-            return ApproxCache(self.core, self._clock)
+            return ApproxCache(self.core, self._clock, self._overshoot)
         return None
+
+    def _overshoot(self, limit: str, tier: str, count: int) -> None:
+        """Requests a sync found were admitted over a limit: the observers hear of them."""
+        self.notifier.overshoot(limit, tier, count)
 
     def forget_local(self) -> None:
         """Drop every answer this instance holds locally (cached denials, approximate

@@ -19,6 +19,9 @@ words, never an identity):
     Results answered without Redis by the denial cache or approximate mode.
 ``applimit.approx.syncs`` (counter; ``limit``, ``tier``)
     Results of approximate-mode limits that Redis answered (syncs of the local counts).
+``applimit.approx.overshoot`` (counter; ``limit``, ``tier``)
+    Requests of approximate-mode limits admitted locally that a sync found were over the
+    limit, each counted once.
 ``applimit.redis.duration`` (histogram, seconds)
     The time of each decision that Redis answered.
 ``applimit.breaker.state`` (observable gauge; ``node``, ``state``)
@@ -65,6 +68,12 @@ class OpenTelemetryObserver:
             "applimit.approx.syncs",
             unit="{result}",
             description="Results of approximate-mode limits that Redis answered (syncs).",
+        )
+        self.approx_overshoot = meter.create_counter(
+            "applimit.approx.overshoot",
+            unit="{request}",
+            description="Requests of approximate-mode limits admitted locally that a sync "
+            "found were over the limit.",
         )
         self.redis_duration = meter.create_histogram(
             "applimit.redis.duration",
@@ -114,6 +123,14 @@ class OpenTelemetryObserver:
                 if synced is None:
                     synced = self._local.setdefault(pair, {"limit": limit, "tier": tier})
                 self.approx_syncs.add(1, synced)
+
+    def on_overshoot(self, limit: str, tier: str, count: int) -> None:
+        """Record requests an approximate-mode sync found admitted over the limit."""
+        pair = (limit, tier)
+        attributes = self._local.get(pair)
+        if attributes is None:
+            attributes = self._local.setdefault(pair, {"limit": limit, "tier": tier})
+        self.approx_overshoot.add(count, attributes)
 
     def _breaker_states(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
         for node, current in sorted(self._attached.breaker_states().items()):

@@ -19,6 +19,11 @@ identity, so the number of series is bounded by the policy):
 ``applimit_approx_syncs_total{limit, tier}``
     Results of approximate-mode limits that Redis answered (a sync of the local counts);
     with ``applimit_local_answers_total``, how much of such a limit Redis still sees.
+``applimit_approx_overshoot_total{limit, tier}``
+    Requests (cost units) of approximate-mode limits that this instance admitted locally
+    and a later sync found were over the limit: what approximate mode admitted beyond an
+    exact limiter, each counted once (documented bound: instances x (sync_every - 1) per
+    window).
 ``applimit_redis_duration_seconds``
     A histogram of the time of each decision that Redis answered (the round trip, the
     script and reading its reply): how slow Redis is, as the app sees it.
@@ -97,6 +102,7 @@ class PrometheusObserver(Collector):
         self._decisions: dict[tuple[str, str, str], int] = {}
         self._local: dict[tuple[str, str], int] = {}
         self._syncs: dict[tuple[str, str], int] = {}
+        self._overshoot: dict[tuple[str, str], int] = {}
         # One count per bucket (not cumulative; +Inf last), the sum of the observations.
         self._buckets = [0] * (len(self._bounds) + 1)
         self._sum = 0.0
@@ -130,6 +136,12 @@ class PrometheusObserver(Collector):
                     pair = (limit, tier)
                     self._syncs[pair] = self._syncs.get(pair, 0) + 1
 
+    def on_overshoot(self, limit: str, tier: str, count: int) -> None:
+        """Count requests an approximate-mode sync found admitted over the limit."""
+        pair = (limit, tier)
+        with self._lock:
+            self._overshoot[pair] = self._overshoot.get(pair, 0) + count
+
     def breaker_states(self) -> dict[str, BreakerState]:
         """The worst state of each node's breaker over the attached limiters."""
         return self._attached.breaker_states()
@@ -147,6 +159,7 @@ class PrometheusObserver(Collector):
             decisions = {} if empty else dict(self._decisions)
             local = {} if empty else dict(self._local)
             syncs = {} if empty else dict(self._syncs)
+            overshoot = {} if empty else dict(self._overshoot)
             buckets = list(self._buckets)
             total = self._sum
         family = CounterMetricFamily(
@@ -172,6 +185,15 @@ class PrometheusObserver(Collector):
             labels=("limit", "tier"),
         )
         for pair, value in sorted(syncs.items()):
+            family.add_metric(pair, value)
+        yield family
+        family = CounterMetricFamily(
+            "applimit_approx_overshoot",
+            "Requests of approximate-mode limits admitted locally that a sync found were "
+            "over the limit.",
+            labels=("limit", "tier"),
+        )
+        for pair, value in sorted(overshoot.items()):
             family.add_metric(pair, value)
         yield family
         cumulative: list[tuple[str, float]] = []
