@@ -1,0 +1,530 @@
+"""Each layer's counting model for ``edgegen replay``: the app's algorithms, a Cloudflare
+rate limiting rule, and the Workers Rate Limiting binding.
+
+Every model holds the state of one limit rate (app), one rule or one binding (edge) for
+every key it counts, in plain dicts keyed by the identity (app) or by the counter key the
+engine builds (edge: the characteristics' values with the data centre). Time is integer µs
+(``_replay_types``). The models import nothing of ``applimit``: edgegen depends on
+``policy`` only, so the app models restate ``applimit/lua`` here, and
+tests/edgegen/test_replay_models.py holds them to it, decision for decision, on a real
+Redis.
+
+App models (:func:`app_model`, :func:`app_models`, :func:`admit`)
+    Decide exactly as ``applimit/lua/{decide,common,<algorithm>}.lua`` do for the
+    arguments ``applimit/_core.py`` sends: limit = the rate's quota, period in µs, cost,
+    and for gcra a burst that defaults to the quota. ``check`` is decide.lua's phase 1
+    (reads only), ``apply`` its phase 2 (records an admitted cost), ``hit`` both for a
+    request that only this model counts. The arithmetic is the scripts': integers in µs
+    (x limit for gcra, x period for sliding_window), floor divisions, ``<=`` where the
+    scripts compare with ``<=``. What the scripts do when the clock goes back is kept too
+    (sliding_log scores an entry no earlier than the newest; sliding_window keeps counting
+    in the stored window). Redis expiry is not modelled: a key expires only once its state
+    no longer changes a decision (common.lua's expiry cells), which ``sweep`` restates.
+
+Rule model (:func:`rule_counter`)
+    Cloudflare's request-rate calculation (developers.cloudflare.com/waf/rate-limiting-
+    rules/request-rate/ and .../parameters/), counted with the sliding-window approximation
+    Cloudflare published for its rate limiting (blog.cloudflare.com/counting-things-a-lot-
+    of-different-things/). See :class:`RuleCounter` for the assumptions.
+
+Worker model (:func:`worker_counter`)
+    The Workers Rate Limiting binding as workerd's local emulation implements it
+    (Miniflare's ratelimit.worker.ts): fixed windows of the period aligned to the Unix
+    epoch, a refused call not counted. See :class:`WorkerCounter`.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Hashable, Iterable, Sequence
+
+from policy import Action, Algorithm, Rate
+
+from ._replay_types import AppModel, EdgeCounter
+
+US_PER_MS = 1_000
+US_PER_S = 1_000_000
+# The Workers binding accepts these periods only (wrangler and Miniflare refuse others).
+WORKER_PERIODS_S = (10, 60)
+# A sliding log drops its trimmed entries from memory once this many have piled up at the
+# front and they are at least half of the list (trimming itself only moves an index).
+_LOG_COMPACT_AT = 64
+
+
+def _period_us(rate: Rate) -> int:
+    return rate.period.ms * US_PER_MS
+
+
+def _positive(value: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what} must be a whole number of at least 1, not {value!r}.")
+    return value
+
+
+class GcraModel:
+    """gcra.lua: one theoretical arrival time per key.
+
+    The script keeps the TAT as whole µs ``tat`` plus ``frac / limit`` µs; this model keeps
+    the one integer ``tat * limit + frac`` (µs x limit), which is what every comparison of
+    the script reads: ahead = stored - now x limit, at least 0; a cost fits when
+    ahead + cost x period <= burst x period; apply stores now x limit + ahead + cost x period.
+    """
+
+    __slots__ = ("_capacity", "_limit", "_period", "_tats")
+
+    def __init__(self, limit: int, period_us: int, burst: int) -> None:
+        """``limit`` requests per ``period_us``, at most ``burst`` at once."""
+        self._limit = _positive(limit, "limit")
+        self._period = _positive(period_us, "period_us")
+        self._capacity = _positive(burst, "burst") * period_us
+        self._tats: dict[Hashable, int] = {}
+
+    def __len__(self) -> int:
+        """The number of keys held."""
+        return len(self._tats)
+
+    def check(self, key: Hashable, now_us: int, cost: int) -> bool:
+        """Whether ``cost`` fits now (phase 1: nothing changes)."""
+        base = now_us * self._limit
+        tat = self._tats.get(key)
+        if tat is None or tat < base:
+            return cost * self._period <= self._capacity
+        return tat - base + cost * self._period <= self._capacity
+
+    def apply(self, key: Hashable, now_us: int, cost: int) -> None:
+        """Record an admitted ``cost`` (phase 2)."""
+        base = now_us * self._limit
+        tat = self._tats.get(key)
+        if tat is None or tat < base:
+            tat = base
+        self._tats[key] = tat + cost * self._period
+
+    def hit(self, key: Hashable, now_us: int, cost: int = 1) -> bool:
+        """check, and apply when admitted: one request counted by this model alone."""
+        base = now_us * self._limit
+        tat = self._tats.get(key)
+        if tat is None or tat < base:
+            tat = base
+        after = tat + cost * self._period
+        if after - base <= self._capacity:
+            self._tats[key] = after
+            return True
+        return False
+
+    def sweep(self, now_us: int) -> None:
+        """Forget keys whose TAT has passed: they decide as a key never seen."""
+        base = now_us * self._limit
+        tats = self._tats
+        for key in [k for k, tat in tats.items() if tat <= base]:
+            del tats[key]
+
+
+class SlidingWindowModel:
+    """sliding_window.lua: per key the current fixed window's index and count and the
+    previous window's count; the previous count weighs (period - elapsed) / period.
+
+    A key's state is a list [window, current, previous], changed in place.
+    """
+
+    __slots__ = ("_full", "_limit", "_period", "_state")
+
+    def __init__(self, limit: int, period_us: int) -> None:
+        """``limit`` requests per ``period_us``."""
+        self._limit = _positive(limit, "limit")
+        self._period = _positive(period_us, "period_us")
+        self._full = limit * period_us
+        self._state: dict[Hashable, list[int]] = {}
+
+    def __len__(self) -> int:
+        """The number of keys held."""
+        return len(self._state)
+
+    def check(self, key: Hashable, now_us: int, cost: int) -> bool:
+        """Whether ``cost`` fits now (phase 1: nothing changes)."""
+        period = self._period
+        window = now_us // period
+        state = self._state.get(key)
+        elapsed = now_us - window * period
+        cur = prev = 0
+        if state is not None:
+            stored = state[0]
+            if stored == window:
+                cur, prev = state[1], state[2]
+            elif stored == window - 1:
+                prev = state[1]
+            elif stored > window:
+                # The clock went back across a window edge: the script keeps counting in
+                # the stored window, with the previous one at full weight.
+                cur, prev, elapsed = state[1], state[2], 0
+        return prev * (period - elapsed) + (cur + cost) * period <= self._full
+
+    def apply(self, key: Hashable, now_us: int, cost: int) -> None:
+        """Record an admitted ``cost`` (phase 2)."""
+        window = now_us // self._period
+        state = self._state.get(key)
+        if state is None:
+            self._state[key] = [window, cost, 0]
+            return
+        stored = state[0]
+        if stored == window or stored > window:
+            state[1] += cost
+        elif stored == window - 1:
+            state[0], state[1], state[2] = window, cost, state[1]
+        else:
+            state[0], state[1], state[2] = window, cost, 0
+
+    def hit(self, key: Hashable, now_us: int, cost: int = 1) -> bool:
+        """check, and apply when admitted: one request counted by this model alone."""
+        if self.check(key, now_us, cost):
+            self.apply(key, now_us, cost)
+            return True
+        return False
+
+    def sweep(self, now_us: int) -> None:
+        """Forget keys last written two or more windows ago: they count nothing now."""
+        before = now_us // self._period - 1
+        state = self._state
+        for key in [k for k, s in state.items() if s[0] < before]:
+            del state[key]
+
+
+class _Log:
+    """One key's sliding log: entry scores (never decreasing) and, per entry, the units
+    admitted up to and including it (``ends``). Entries before ``lo`` are trimmed; ``base``
+    is the units admitted before the first entry the lists still hold."""
+
+    __slots__ = ("base", "ends", "lo", "scores")
+
+    def __init__(self) -> None:
+        self.scores: list[int] = []
+        self.ends: list[int] = []
+        self.lo = 0
+        self.base = 0
+
+    def count(self, floor: int) -> int:
+        """The units of the entries scored after ``floor`` (the window (floor, now])."""
+        scores = self.scores
+        if not scores or scores[-1] <= floor:
+            return 0
+        first = bisect_right(scores, floor, self.lo)
+        before = self.ends[first - 1] if first else self.base
+        return self.ends[-1] - before
+
+
+class SlidingLogModel:
+    """sliding_log.lua: every admitted request is an entry scored with its time and
+    holding its cost; the window is (now - period, now].
+
+    As in the script, check reads only and apply trims the entries at or before the floor
+    before adding its own, scored no earlier than the newest entry (later than now only
+    when the clock went back), so entries stay in admission order. Memory holds the
+    entries within a period (plus at most a few dozen trimmed ones awaiting compaction).
+    """
+
+    __slots__ = ("_limit", "_logs", "_period")
+
+    def __init__(self, limit: int, period_us: int) -> None:
+        """``limit`` units per ``period_us``."""
+        self._limit = _positive(limit, "limit")
+        self._period = _positive(period_us, "period_us")
+        self._logs: dict[Hashable, _Log] = {}
+
+    def __len__(self) -> int:
+        """The number of keys held."""
+        return len(self._logs)
+
+    def entries(self, key: Hashable) -> int:
+        """The number of entries held for ``key`` (trimmed ones not yet dropped included)."""
+        log = self._logs.get(key)
+        return 0 if log is None else len(log.scores) - log.lo
+
+    def check(self, key: Hashable, now_us: int, cost: int) -> bool:
+        """Whether ``cost`` fits now (phase 1: nothing changes)."""
+        log = self._logs.get(key)
+        count = 0 if log is None else log.count(now_us - self._period)
+        return cost <= self._limit - count
+
+    def apply(self, key: Hashable, now_us: int, cost: int) -> None:
+        """Record an admitted ``cost`` (phase 2): trim, then add the entry."""
+        log = self._logs.get(key)
+        if log is None:
+            log = self._logs[key] = _Log()
+        scores = log.scores
+        score = now_us
+        if scores:
+            if scores[-1] > now_us:
+                score = scores[-1]
+            lo = bisect_right(scores, now_us - self._period, log.lo)
+            if lo == len(scores):
+                # Everything left the window: start the lists afresh.
+                log.base = log.ends[-1]
+                scores.clear()
+                log.ends.clear()
+                lo = 0
+            elif lo >= _LOG_COMPACT_AT and 2 * lo >= len(scores):
+                log.base = log.ends[lo - 1]
+                del scores[:lo]
+                del log.ends[:lo]
+                lo = 0
+            log.lo = lo
+        scores.append(score)
+        log.ends.append((log.ends[-1] if log.ends else log.base) + cost)
+
+    def hit(self, key: Hashable, now_us: int, cost: int = 1) -> bool:
+        """check, and apply when admitted: one request counted by this model alone."""
+        if self.check(key, now_us, cost):
+            self.apply(key, now_us, cost)
+            return True
+        return False
+
+    def sweep(self, now_us: int) -> None:
+        """Forget keys whose newest entry has left the window: they count nothing now."""
+        floor = now_us - self._period
+        logs = self._logs
+        for key in [k for k, log in logs.items() if not log.scores or log.scores[-1] <= floor]:
+            del logs[key]
+
+
+def app_model(algorithm: Algorithm, rate: Rate, burst: int | None) -> AppModel:
+    """The model of one app limit rate: ``rate.limit`` per ``rate.period`` with
+    ``algorithm``; ``burst`` for gcra (None: the rate's limit, as applimit sends it)."""
+    period_us = _period_us(rate)
+    if algorithm is Algorithm.GCRA:
+        return GcraModel(rate.limit, period_us, burst if burst is not None else rate.limit)
+    if burst is not None:
+        raise ValueError(
+            f"burst applies to gcra only, not {algorithm.value}; pass burst=None for "
+            f"{algorithm.value}."
+        )
+    if algorithm is Algorithm.SLIDING_WINDOW:
+        return SlidingWindowModel(rate.limit, period_us)
+    if algorithm is Algorithm.SLIDING_LOG:
+        return SlidingLogModel(rate.limit, period_us)
+    raise ValueError(f"no replay model for algorithm {algorithm!r}.")
+
+
+def app_models(
+    algorithm: Algorithm, rates: Iterable[Rate], burst: int | None
+) -> tuple[AppModel, ...]:
+    """The models of one tier's rates, one per period, as applimit checks them: of two
+    rates with the same period only the smaller limit is checked (applimit/_core.py)."""
+    best: dict[int, Rate] = {}
+    for rate in rates:
+        seen = best.get(_period_us(rate))
+        if seen is None or rate.limit < seen.limit:
+            best[_period_us(rate)] = rate
+    return tuple(app_model(algorithm, rate, burst) for rate in best.values())
+
+
+def admit(checks: Sequence[tuple[AppModel, Hashable, bool]], now_us: int, cost: int = 1) -> bool:
+    """One request through every check that applies to it, as decide.lua decides a hit.
+
+    ``checks`` holds (model, key, shadow) per rate of every limit that applies. Phase 1
+    checks them all; the request is admitted when no enforced (non-shadow) check refuses.
+    Phase 2, only then, applies every check that admitted on its own: all the enforced
+    ones, and the shadow ones that would have admitted (a shadow check counts the traffic
+    that gets through). A refused request changes nothing.
+    """
+    passed = [model.check(key, now_us, cost) for model, key, _shadow in checks]
+    for (_model, _key, shadow), ok in zip(checks, passed, strict=True):
+        if not ok and not shadow:
+            return False
+    for (model, key, _shadow), ok in zip(checks, passed, strict=True):
+        if ok:
+            model.apply(key, now_us, cost)
+    return True
+
+
+class RuleCounter:
+    """One Cloudflare rate limiting rule's counters, per counter key (the value combination
+    of the rule's characteristics, data centre included: counters are per data centre).
+
+    The model, and what it assumes where Cloudflare does not say:
+
+    - **Counting window.** The rate is Cloudflare's published sliding-window estimate:
+      fixed windows of the period, aligned to multiples of the period since the Unix epoch
+      (an assumption: the windows' phase is not documented), and the rate at a time
+      ``elapsed`` into the current window is
+      ``previous x (period - elapsed) / period + current``, compared in integers (x period).
+    - **When the action applies.** A request is counted first, then the rule acts on it
+      when the estimate is above ``requests_per_period`` (request-rate page, example A:
+      with 1 request per period, the request that sets the counter to 2 is blocked).
+    - **Mitigation timeout.** Once the rate is exceeded the action applies to every
+      request of that key for ``mitigation_timeout`` seconds, whatever the rate (parameters
+      page, "For duration"). With a timeout of 0 (throttling: challenge actions below
+      Enterprise, block on Enterprise) only the requests that find the rate exceeded get
+      the action.
+    - **Mitigated requests count.** Every matching request increments its counter, those
+      that get the action included: example A counts request 3 (counter 2) and blocks it,
+      and the rule's counting expression defaults to its matching expression. So a key
+      that keeps sending above the rate through its mitigation is mitigated again as soon
+      as the timeout ends, and under throttling a key whose whole rate is above the limit
+      gets the action on all its requests until its rate falls.
+    - **Challenges are not solved.** Passing a challenge resets the counter (parameters
+      page); a log cannot say who would have solved one, so none is, and a challenged
+      request counts like any other.
+    - **Response-based counting** (a counting expression with response fields, example B)
+      is :meth:`hit_counted_on_response`; edgegen's rules do not use one.
+    """
+
+    __slots__ = (
+        "_limit_scaled",
+        "_period",
+        "_state",
+        "action",
+        "mitigation_timeout_us",
+        "requests_per_period",
+    )
+
+    def __init__(
+        self,
+        period_s: int,
+        requests_per_period: int,
+        mitigation_timeout_s: int,
+        action: Action | str,
+    ) -> None:
+        """A rule of ``requests_per_period`` per ``period_s`` seconds whose ``action``
+        (block, a challenge, log) applies for ``mitigation_timeout_s`` (0: throttling)."""
+        self._period = _positive(period_s, "period_s") * US_PER_S
+        self.requests_per_period = _positive(requests_per_period, "requests_per_period")
+        if isinstance(mitigation_timeout_s, bool) or mitigation_timeout_s < 0:
+            raise ValueError(
+                f"mitigation_timeout_s must be 0 (throttle) or a number of seconds, not "
+                f"{mitigation_timeout_s!r}."
+            )
+        self.mitigation_timeout_us = mitigation_timeout_s * US_PER_S
+        try:
+            self.action = Action(action)
+        except ValueError:
+            names = ", ".join(a.value for a in Action)
+            raise ValueError(f"unknown rule action {action!r}; use one of {names}.") from None
+        self._limit_scaled = self.requests_per_period * self._period
+        # key -> [window, current count, previous count, mitigated until (µs)]
+        self._state: dict[Hashable, list[int]] = {}
+
+    def __len__(self) -> int:
+        """The number of counters held."""
+        return len(self._state)
+
+    def _counter(self, key: Hashable, now_us: int) -> tuple[list[int], int]:
+        """The key's counter moved on to the window of ``now_us``, and the µs elapsed in it."""
+        period = self._period
+        window = now_us // period
+        state = self._state.get(key)
+        if state is None:
+            state = self._state[key] = [window, 0, 0, 0]
+        else:
+            stored = state[0]
+            if stored == window - 1:
+                state[0], state[1], state[2] = window, 0, state[1]
+            elif stored < window - 1:
+                state[0], state[1], state[2] = window, 0, 0
+            elif stored > window:
+                # A request logged out of order: counted in the newer window.
+                window = stored
+        elapsed = now_us - window * period
+        return state, elapsed if elapsed > 0 else 0
+
+    def _exceeded(self, state: list[int], elapsed: int) -> bool:
+        period = self._period
+        return state[2] * (period - elapsed) + state[1] * period > self._limit_scaled
+
+    def hit(self, key: Hashable, now_us: int) -> bool:
+        """Count one matching request; True when the rule's action applies to it."""
+        state, elapsed = self._counter(key, now_us)
+        state[1] += 1
+        if now_us < state[3]:
+            return True
+        if self._exceeded(state, elapsed):
+            if self.mitigation_timeout_us:
+                state[3] = now_us + self.mitigation_timeout_us
+            return True
+        return False
+
+    def hit_counted_on_response(self, key: Hashable, now_us: int, counted: bool) -> bool:
+        """One matching request of a rule whose counting expression reads the response:
+        the rule decides on the counter as it stands, and only a request that reached the
+        origin and whose response matched (``counted``) increments it afterwards (example
+        B). True when the action applies; such a request never reaches the origin and is
+        not counted."""
+        state, elapsed = self._counter(key, now_us)
+        if now_us < state[3]:
+            return True
+        if self._exceeded(state, elapsed):
+            if self.mitigation_timeout_us:
+                state[3] = now_us + self.mitigation_timeout_us
+            return True
+        if counted:
+            state[1] += 1
+        return False
+
+    def sweep(self, now_us: int) -> None:
+        """Forget counters that weigh nothing now and whose mitigation has ended."""
+        before = now_us // self._period - 1
+        state = self._state
+        for key in [k for k, s in state.items() if s[0] < before and s[3] <= now_us]:
+            del state[key]
+
+
+class WorkerCounter:
+    """The Workers Rate Limiting binding (``limit({key})``), as workerd's local emulation
+    implements it (Miniflare, src/workers/ratelimit/ratelimit.worker.ts):
+
+    - one fixed window of the period, 10 or 60 s, numbered floor(ms since the epoch /
+      period): windows are aligned to the Unix epoch, not to a key's first call;
+    - when a call falls in another window than the last call's, every key's count is
+      cleared (one window for the whole binding);
+    - a call whose key has already counted ``limit`` answers ``success: false`` and is not
+      counted; otherwise it is counted and answers ``success: true``.
+
+    Cloudflare documents the binding's counters as per location (the engine puts the data
+    centre in the key) and eventually consistent ("permissive"); this model counts exactly.
+    """
+
+    __slots__ = ("_counts", "_epoch", "_period", "limit")
+
+    def __init__(self, limit: int, period_s: int) -> None:
+        """A binding of ``limit`` calls per key per ``period_s`` (10 or 60) seconds."""
+        self.limit = _positive(limit, "limit")
+        if period_s not in WORKER_PERIODS_S:
+            raise ValueError(
+                f"the Workers Rate Limiting binding's period is 10 or 60 seconds, not {period_s!r}."
+            )
+        self._period = period_s * US_PER_S
+        self._epoch: int | None = None
+        self._counts: dict[Hashable, int] = {}
+
+    def __len__(self) -> int:
+        """The number of counters held."""
+        return len(self._counts)
+
+    def hit(self, key: Hashable, now_us: int) -> bool:
+        """One ``limit({key})`` call; True when it answers ``success: false``."""
+        epoch = now_us // self._period
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._counts.clear()
+        count = self._counts.get(key, 0)
+        if count >= self.limit:
+            return True
+        self._counts[key] = count + 1
+        return False
+
+    def sweep(self, now_us: int) -> None:
+        """Clear the counts once their window has ended (the next call would)."""
+        epoch = now_us // self._period
+        if self._epoch is not None and epoch > self._epoch:
+            self._epoch = epoch
+            self._counts.clear()
+
+
+def rule_counter(
+    period_s: int, requests_per_period: int, mitigation_timeout_s: int, action: Action | str
+) -> EdgeCounter:
+    """The counters of one Cloudflare rate limiting rule (see :class:`RuleCounter`)."""
+    return RuleCounter(period_s, requests_per_period, mitigation_timeout_s, action)
+
+
+def worker_counter(limit: int, period_s: int) -> EdgeCounter:
+    """The counters of one Workers Rate Limiting binding (see :class:`WorkerCounter`)."""
+    return WorkerCounter(limit, period_s)
