@@ -1,0 +1,1063 @@
+"""Recorded traffic for a replay: five log formats, read as a stream and merged by time.
+
+``read_traffic(paths, options)`` opens every file at once (so a missing file or a format
+that cannot be told fails before anything is replayed), then yields :class:`Request` records
+lazily: memory holds one line per file and a short reorder buffer, never a file.
+
+Formats (detected from a file's first non-empty line unless ``options.format`` names one):
+
+``combined``
+    nginx/Apache combined (or common) log lines, optionally followed by ``name=value`` or
+    ``name="value"`` fields appended in nginx's ``log_format``. Appended ``host``, ``tier``,
+    ``msec`` (nginx ``$msec``: sub-second time) and ``authenticated`` are understood; the
+    user is ``%u`` unless ``user_from`` names an appended field.
+``logpush``
+    Cloudflare Logpush ``http_requests`` NDJSON, any ``timestamp_format`` (``unixnano``,
+    ``unix``, ``rfc3339``), with the ``RequestHeaders`` and ``Cookies`` custom fields when
+    the job logs them.
+``events``
+    applimit's decision-event log (one JSON object per decision result); only ``hit``
+    operations are records, each bound to its app limit.
+``ndjson`` / ``csv``
+    named columns: ``timestamp``, ``method``, ``host``, ``path``, ``ip`` and optionally
+    ``user``, ``tier``, ``authenticated``, ``colo``, ``status``.
+
+Any of them may be gzip-compressed (told by the magic bytes, not the name); ``-`` is stdin.
+
+A record's ``authenticated`` comes from ``options.authenticated`` when set, else from the
+log's evidence (the headers and cookies of ``authenticated_when`` where the log carries
+them, or an ``authenticated`` column), else it is None and the replay decides. Its tier is
+the logged tier, else the tiers file's entry for its user, else ``options.default_tier``.
+
+A malformed line is counted by reason with its first examples (``file:line: reason``) in
+:class:`TrafficStats` and skipped; under ``options.strict`` the first one raises
+:class:`TrafficError`. Examples never quote a whole line: only the value at fault, cut
+before any query string and truncated, so credentials in a log do not reach a report.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import heapq
+import io
+import json
+import re
+import sys
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, timezone
+from operator import attrgetter
+from pathlib import Path
+from typing import IO, Any, Final, cast
+
+import yaml
+
+from ._replay_types import Request
+from .errors import EdgegenError
+
+FORMATS: Final = ("combined", "logpush", "events", "ndjson", "csv")
+
+# Records of one file may be this much out of time order (Apache writes %t, the time a
+# request arrived, when it finishes; a proxy's buffers flush out of order) and still be
+# replayed in order; anything later is counted as malformed "out of order".
+REORDER_WINDOW_US: Final = 5_000_000
+# Examples kept per file, so a report can point at the lines without listing thousands.
+MAX_EXAMPLES: Final = 5
+_SHOWN_CHARS = 40
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+_MONTHS: Final = {
+    m: i
+    for i, m in enumerate(
+        ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1
+    )
+}
+
+
+class TrafficError(EdgegenError):
+    """A traffic file cannot be read, its format cannot be told, an option does not fit it,
+    or (under ``strict``) a line is malformed. ``file`` and ``line`` locate it when known."""
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None) -> None:
+        super().__init__(message)
+        self.file = file
+        self.line = line
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficOptions:
+    """How to read traffic files.
+
+    ``format``: one of :data:`FORMATS`, or None to detect each file's. ``user_from``: where
+    the user is: ``header:NAME`` or ``cookie:NAME`` (Logpush's ``RequestHeaders`` and
+    ``Cookies``), or a field or column name (an appended field of a combined log). ``tiers``:
+    user -> tier (:func:`load_tiers`); ``default_tier`` for records whose tier is unknown.
+    ``authenticated_headers`` and ``authenticated_cookies``: the policy's
+    ``authenticated_when``; ``authenticated`` forces every record's value. ``strict``: the
+    first malformed line is an error.
+    """
+
+    format: str | None = None
+    user_from: str | None = None
+    tiers: Mapping[str, str] = field(default_factory=dict)
+    default_tier: str | None = None
+    authenticated_headers: Sequence[str] = ()
+    authenticated_cookies: Sequence[str] = ()
+    authenticated: bool | None = None
+    strict: bool = False
+    reorder_window_us: int = REORDER_WINDOW_US
+
+
+@dataclass(slots=True)
+class FileStats:
+    """What was read from one file; filled in while its records are iterated.
+
+    ``malformed`` counts malformed lines by reason; ``examples`` holds the first few as
+    ``file:line: reason``. ``skipped`` counts well-formed lines that are not requests
+    (decision events of a ``peek``). ``first_us`` and ``last_us`` bound the records' times.
+    """
+
+    file: str
+    format: str
+    gzip: bool
+    records: int = 0
+    skipped: int = 0
+    malformed: dict[str, int] = field(default_factory=dict)
+    examples: list[str] = field(default_factory=list)
+    first_us: int | None = None
+    last_us: int | None = None
+
+    @property
+    def malformed_total(self) -> int:
+        """Malformed lines of every reason."""
+        return sum(self.malformed.values())
+
+
+@dataclass(slots=True)
+class TrafficStats:
+    """What was read from every file, in the order the files were named."""
+
+    files: list[FileStats]
+
+    @property
+    def records(self) -> int:
+        """Records read from every file."""
+        return sum(f.records for f in self.files)
+
+    @property
+    def malformed(self) -> int:
+        """Malformed lines in every file."""
+        return sum(f.malformed_total for f in self.files)
+
+    @property
+    def first_us(self) -> int | None:
+        """The earliest record's time, None before any was read."""
+        times = [f.first_us for f in self.files if f.first_us is not None]
+        return min(times) if times else None
+
+    @property
+    def last_us(self) -> int | None:
+        """The latest record's time, None before any was read."""
+        times = [f.last_us for f in self.files if f.last_us is not None]
+        return max(times) if times else None
+
+    def describe(self) -> list[str]:
+        """One line per file, then its malformed reasons and examples, for a report."""
+        out: list[str] = []
+        for f in self.files:
+            packed = ", gzip" if f.gzip else ""
+            span = ""
+            if f.first_us is not None and f.last_us is not None:
+                span = f", {_iso(f.first_us)} .. {_iso(f.last_us)}"
+            line = f"{f.file} ({f.format}{packed}): {f.records} records{span}"
+            if f.skipped:
+                line += f", {f.skipped} skipped"
+            if f.malformed:
+                line += f", {f.malformed_total} malformed"
+            out.append(line)
+            out.extend(f"  {n} {reason}" for reason, n in sorted(f.malformed.items()))
+            out.extend(f"  e.g. {example}" for example in f.examples)
+        return out
+
+
+class Traffic:
+    """The records of :func:`read_traffic`, in time order (iterate once), and their stats.
+
+    Closing (or leaving a ``with`` block) closes every file, also after a partial read.
+    """
+
+    def __init__(self, records: Iterator[Request], stats: TrafficStats, closers: list[IO[Any]]):
+        self._records: Iterator[Request] | None = records
+        self.stats = stats
+        self._closers = closers
+
+    def __iter__(self) -> Iterator[Request]:
+        if self._records is None:
+            raise RuntimeError("recorded traffic is a stream: it can be iterated only once")
+        records, self._records = self._records, None
+        return records
+
+    def close(self) -> None:
+        """Close every file (stdin is left open)."""
+        for handle in self._closers:
+            handle.close()
+        self._closers = []
+
+    def __enter__(self) -> Traffic:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+class _Malformed(Exception):
+    """One line is not a record: ``reason`` is the counted kind, ``detail`` the rest."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.detail = detail
+
+
+# A parser turns one line (no newline) into a record, None for a line to skip, or raises
+# _Malformed.
+_Parser = Callable[[str], Request | None]
+
+
+def read_traffic(paths: Sequence[str | Path], options: TrafficOptions) -> Traffic:
+    """Open ``paths`` (``-`` is stdin), tell each one's format, and stream their records.
+
+    Raises :class:`TrafficError` now for a file that cannot be opened, whose format cannot
+    be told, or that an option does not fit; later, while iterating, for a file that ends
+    in the middle of a gzip stream and (under ``strict``) for the first malformed line.
+    """
+    if not paths:
+        raise TrafficError("no traffic files were given; name at least one (or - for stdin)")
+    if options.format is not None and options.format not in FORMATS:
+        raise TrafficError(
+            f"unknown traffic format {options.format!r}; use one of {', '.join(FORMATS)}"
+        )
+    if options.reorder_window_us < 0:
+        raise TrafficError("the reorder window must be zero or positive")
+    if sum(1 for p in paths if str(p) == "-") > 1:
+        raise TrafficError("stdin (-) can be read only once; name it once")
+    user_from = _user_from(options.user_from)
+    streams: list[Iterator[Request]] = []
+    stats = TrafficStats([])
+    closers: list[IO[Any]] = []
+    try:
+        for path in paths:
+            label, text, packed, closer = _open(path)
+            if closer is not None:
+                closers.append(closer)
+            lines = _numbered(text, label)
+            lineno, first = _first_line(lines)
+            # An empty file has no records in any format: it is "empty", not a guess.
+            fmt = options.format or (_detect(first, label, lineno) if first else "empty")
+            file_stats = FileStats(label, fmt, packed)
+            stats.files.append(file_stats)
+            parse, rest = _parser(
+                fmt,
+                first=first,
+                lineno=lineno,
+                lines=lines,
+                label=label,
+                user_from=user_from,
+                options=options,
+            )
+            streams.append(_ordered(rest, parse, file_stats, options, label))
+    except BaseException:
+        for handle in closers:
+            handle.close()
+        raise
+    if len(streams) == 1:
+        merged: Iterator[Request] = streams[0]
+    else:
+        # Each file is in time order; ties keep the order the files were named in.
+        merged = heapq.merge(*streams, key=attrgetter("at_us"))
+    return Traffic(merged, stats, closers)
+
+
+# --- files ---------------------------------------------------------------------------------
+
+
+def _open(path: str | Path) -> tuple[str, IO[str], bool, IO[Any] | None]:
+    """The file's label, its text, whether it is gzip, and what to close (None: stdin)."""
+    label = str(path)
+    raw: IO[bytes]
+    if label == "-":
+        label = "<stdin>"
+        raw = sys.stdin.buffer
+        closer: IO[Any] | None = None
+    else:
+        try:
+            raw = Path(path).open("rb")  # noqa: SIM115 (closed by Traffic.close)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise TrafficError(
+                f"cannot read traffic file {label}: {reason}; check the path", file=label
+            ) from exc
+        closer = raw
+    # peek needs a buffered reader (a test's stdin may be a plain BytesIO).
+    reader = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(cast(Any, raw))
+    packed = reader.peek(2)[:2] == b"\x1f\x8b"
+    body = cast(IO[bytes], gzip.GzipFile(fileobj=reader, mode="rb") if packed else reader)
+    # utf-8-sig drops the byte order mark spreadsheets write; bytes that are not UTF-8 (a
+    # binary probe logged raw) become U+FFFD and make that line malformed, not the file.
+    text = io.TextIOWrapper(body, encoding="utf-8-sig", errors="replace")
+    return label, text, packed, (text if closer is not None else None)
+
+
+def _numbered(text: IO[str], label: str) -> Iterator[tuple[int, str]]:
+    """``(line number, line without its end)``; a damaged gzip stream is a TrafficError."""
+    lineno = 0
+    try:
+        for lineno, line in enumerate(text, 1):
+            yield lineno, line.rstrip("\r\n")
+    except (EOFError, OSError, zlib.error) as exc:
+        raise TrafficError(
+            f"{label}:{lineno + 1}: the file cannot be read past this line ({exc}); a gzip "
+            "file that ends early was cut off: copy it again, or gunzip what is there",
+            file=label,
+            line=lineno + 1,
+        ) from exc
+
+
+def _first_line(lines: Iterator[tuple[int, str]]) -> tuple[int, str]:
+    """The first non-empty line (0, "" for an empty file)."""
+    for lineno, line in lines:
+        if line.strip():
+            return lineno, line
+    return 0, ""
+
+
+def _detect(line: str, label: str, lineno: int) -> str:
+    """The format a file's first non-empty line is in."""
+    stripped = line.strip()
+    if stripped.startswith("{"):
+        try:
+            obj = json.loads(stripped)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict):
+            if "v" in obj and "limit" in obj and "identity" in obj:
+                return "events"
+            if any(k in obj for k in ("EdgeStartTimestamp", "ClientRequestURI", "ClientIP")):
+                return "logpush"
+            if "timestamp" in obj:
+                return "ndjson"
+    elif _COMBINED.match(stripped):
+        return "combined"
+    elif "," in stripped and "timestamp" in _csv_header(stripped):
+        return "csv"
+    raise TrafficError(
+        f"{label}:{lineno}: cannot tell the format of this traffic file from its first line: "
+        "it is not a combined log line, a Logpush or decision-event JSON object, NDJSON with "
+        "a 'timestamp' key, or a CSV header with a 'timestamp' column; name the format with "
+        f"--format ({', '.join(FORMATS)})",
+        file=label,
+        line=lineno,
+    )
+
+
+def _parser(
+    fmt: str,
+    *,
+    first: str,
+    lineno: int,
+    lines: Iterator[tuple[int, str]],
+    label: str,
+    user_from: tuple[str, str] | None,
+    options: TrafficOptions,
+) -> tuple[_Parser, Iterator[tuple[int, str]]]:
+    """The line parser of ``fmt`` and the lines it reads (the first one included, unless it
+    is a CSV header)."""
+    if user_from is not None and user_from[0] != "field" and fmt != "logpush":
+        raise TrafficError(
+            f"{label}: --user-from {options.user_from} reads a request {user_from[0]}, which "
+            f"only Logpush logs carry, but this file is {fmt}; log the value as a field or "
+            "column and name that field instead",
+            file=label,
+        )
+    if fmt == "empty":
+        return _no_records, lines
+    if fmt == "csv":
+        if not first:
+            return _csv_parser(label, [], user_from, options), lines
+        return _csv_parser(label, _csv_header(first), user_from, options), lines
+    rest = _chain((lineno, first), lines) if first else lines
+    factory = {
+        "combined": _combined_parser,
+        "logpush": _logpush_parser,
+        "events": _events_parser,
+        "ndjson": _ndjson_parser,
+    }[fmt]
+    return factory(user_from, options), rest
+
+
+def _no_records(line: str) -> Request | None:
+    raise _Malformed("not a log line", "the file was empty when its format was told")
+
+
+def _chain(head: tuple[int, str], rest: Iterator[tuple[int, str]]) -> Iterator[tuple[int, str]]:
+    yield head
+    yield from rest
+
+
+def _ordered(
+    lines: Iterable[tuple[int, str]],
+    parse: _Parser,
+    stats: FileStats,
+    options: TrafficOptions,
+    label: str,
+) -> Iterator[Request]:
+    """One file's records in time order, through a reorder buffer of ``reorder_window_us``.
+
+    A record is held until one ``window`` later has been read, so records up to a window
+    late are put back in order; a record later than that (its time is before the newest
+    seen minus the window) cannot be, since records after it may already have been given
+    out, and is malformed "out of order".
+    """
+    window = options.reorder_window_us
+    strict = options.strict
+    heap: list[tuple[int, int, Request]] = []
+    newest = -(1 << 62)
+    seq = 0
+    push, pop = heapq.heappush, heapq.heappop
+    for lineno, line in lines:
+        if not line or line.isspace():
+            continue
+        try:
+            record = parse(line)
+            if record is None:
+                stats.skipped += 1
+                continue
+            at = record.at_us
+            if at < newest - window:
+                late = (newest - at) / 1e6
+                raise _Malformed(
+                    "out of order",
+                    f"{late:.3f} s before a record already read (the tolerance is "
+                    f"{window / 1e6:g} s; sort the file by time)",
+                )
+        except _Malformed as bad:
+            _count(stats, label, lineno, bad, strict)
+            continue
+        newest = max(newest, at)
+        push(heap, (at, seq, record))
+        seq += 1
+        due = newest - window
+        while heap[0][0] < due:
+            out = pop(heap)[2]
+            _emitted(stats, out.at_us)
+            yield out
+    while heap:
+        out = pop(heap)[2]
+        _emitted(stats, out.at_us)
+        yield out
+
+
+def _emitted(stats: FileStats, at: int) -> None:
+    if stats.first_us is None:
+        stats.first_us = at
+    stats.last_us = at
+    stats.records += 1
+
+
+def _count(stats: FileStats, label: str, lineno: int, bad: _Malformed, strict: bool) -> None:
+    """Count a malformed line (or, under strict, raise for it)."""
+    said = f"{bad.reason}: {bad.detail}" if bad.detail else bad.reason
+    where = f"{label}:{lineno}"
+    if strict:
+        raise TrafficError(
+            f"{where}: malformed line ({said}); fix or remove the line, or leave out --strict "
+            "to count malformed lines and go on",
+            file=label,
+            line=lineno,
+        )
+    stats.malformed[bad.reason] = stats.malformed.get(bad.reason, 0) + 1
+    if len(stats.examples) < MAX_EXAMPLES:
+        stats.examples.append(f"{where}: {said}")
+
+
+# --- values shared by the formats ------------------------------------------------------------
+
+
+def _user_from(value: str | None) -> tuple[str, str] | None:
+    """``header:x-user`` -> ("header", "x-user"); ``cookie:NAME``; anything else a field."""
+    if value is None:
+        return None
+    kind, sep, name = value.partition(":")
+    if sep and kind in ("header", "cookie"):
+        if not name:
+            raise TrafficError(
+                f"--user-from {value!r} names no {kind}; write {kind}:NAME, e.g. header:x-user"
+            )
+        return kind, name.lower() if kind == "header" else name
+    if not value.strip():
+        raise TrafficError("--user-from is empty; name a field, header:NAME or cookie:NAME")
+    return "field", value
+
+
+def _shown(value: object) -> str:
+    """A logged value as a report may quote it: before any query string (where tokens
+    travel), with anything credential-like cut, and short."""
+    text = str(value)
+    text = text.split("?", 1)[0]
+    text = _SECRETISH.sub(r"\1<redacted>", text)
+    if len(text) > _SHOWN_CHARS:
+        text = text[:_SHOWN_CHARS] + "..."
+    return repr(text)
+
+
+# A header or cookie that may carry a credential, with whatever follows it on the line.
+_SECRETISH = re.compile(r"(?i)((?:authorization|cookie|bearer|basic|token|session)\W*).*")
+
+
+def _host(raw: str) -> str:
+    """Lower case, without a port (``[::1]:8443`` -> ``[::1]``)."""
+    host = raw.lower()
+    if host.startswith("["):
+        end = host.find("]")
+        return host[: end + 1] if end > 0 else host
+    if host.count(":") == 1:
+        return host.partition(":")[0]
+    return host
+
+
+def _tier(
+    logged: str | None, user: str | None, tiers: Mapping[str, str], default: str | None
+) -> str | None:
+    if logged:
+        return logged
+    if user is not None and tiers:
+        return tiers.get(user, default)
+    return default
+
+
+_TRUE = frozenset(("1", "true", "yes", "y", "t"))
+_FALSE = frozenset(("0", "false", "no", "n", "f"))
+
+
+def _flag(value: object) -> bool | None:
+    """An ``authenticated`` column's value; empty is unknown."""
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if not text or text == "-":
+        return None
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise _Malformed("authenticated", f"{_shown(value)} is not true or false")
+
+
+def _rfc3339_us(text: str) -> int:
+    """``2026-12-03T08:00:00.5Z`` -> µs; an offset is required (a local time is a guess)."""
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise _Malformed("timestamp", f"{_shown(text)} is not an RFC 3339 time") from None
+    if when.tzinfo is None:
+        raise _Malformed("timestamp", f"{_shown(text)} has no UTC offset (add Z or +00:00)")
+    return (when - _EPOCH) // _MICROSECOND
+
+
+def _unix_us(text: str) -> int:
+    """``1764748800.123456`` (unix seconds, any fraction) -> µs, exactly."""
+    whole, _, frac = text.partition(".")
+    if not whole.isdigit() or (frac and not frac.isdigit()):
+        raise _Malformed("timestamp", f"{_shown(text)} is not unix seconds or RFC 3339")
+    return int(whole) * 1_000_000 + (int((frac + "000000")[:6]) if frac else 0)
+
+
+def _time_us(value: object) -> int:
+    """A named column's or JSON field's time: unix seconds (number or text) or RFC 3339."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value * 1_000_000
+    if isinstance(value, float) and value >= 0:
+        return round(value * 1_000_000)
+    if isinstance(value, str) and value:
+        if value[0].isdigit() and "-" not in value and ":" not in value:
+            return _unix_us(value)
+        return _rfc3339_us(value)
+    raise _Malformed("timestamp", f"{_shown(value)} is not a time")
+
+
+def _epoch_number_us(value: int) -> int:
+    """An integer epoch time in seconds, ms, µs or ns (told by its size) -> µs.
+
+    Logpush writes seconds (``unix``) or nanoseconds (``unixnano``, the default); the sizes
+    do not overlap for any time between 1973 and 5138.
+    """
+    if value < 100_000_000_000:
+        return value * 1_000_000
+    if value < 100_000_000_000_000:
+        return value * 1_000
+    if value < 100_000_000_000_000_000:
+        return value
+    return value // 1_000
+
+
+def _logpush_time_us(value: object) -> int:
+    """``EdgeStartTimestamp`` in any of Logpush's timestamp formats -> µs."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return _epoch_number_us(value)
+    if isinstance(value, str) and value.isdigit():
+        return _epoch_number_us(int(value))
+    if isinstance(value, float) and value >= 0:
+        return round(value * 1_000_000)
+    if isinstance(value, str) and value:
+        return _rfc3339_us(value)
+    raise _Malformed("timestamp", f"EdgeStartTimestamp {_shown(value)} is not a time")
+
+
+def _path(target: str) -> str:
+    """The path part of a logged target: no query, no fragment."""
+    cut = target.find("?")
+    if cut >= 0:
+        target = target[:cut]
+    cut = target.find("#")
+    return target[:cut] if cut >= 0 else target
+
+
+def _text_field(obj: Mapping[str, Any], key: str, *, required: bool = True) -> str:
+    value = obj.get(key)
+    if isinstance(value, str) and value:
+        return value
+    if value is None or value == "":
+        if required:
+            raise _Malformed("missing field", f"no {key!r}")
+        return ""
+    raise _Malformed("field type", f"{key!r} is not text")
+
+
+def _load_object(line: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        # The position, not the text: the line may hold headers and cookies.
+        pos = getattr(exc, "colno", None)
+        at = f" (column {pos})" if pos else ""
+        raise _Malformed("not JSON", f"the line is not a JSON object{at}") from None
+    if not isinstance(obj, dict):
+        raise _Malformed("not JSON", "the line is JSON but not an object")
+    return obj
+
+
+def _optional_text(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise _Malformed("field type", f"{_shown(value)} is not text")
+    text = str(value)
+    return text if text and text != "-" else None
+
+
+def _status(value: object) -> int | None:
+    if value is None or value in ("", "-"):
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value or None
+    if isinstance(value, str) and value.isdigit():
+        return int(value) or None
+    raise _Malformed("status", f"{_shown(value)} is not a status code")
+
+
+# --- combined ------------------------------------------------------------------------------
+
+# %h %l %u [%t] "%r" %>s %b, then "%{Referer}i" "%{User-agent}i" (combined) and appended
+# fields. Quoted parts may hold backslash escapes (Apache \", nginx \x22).
+_QUOTED = r'"((?:[^"\\]|\\.)*)"'
+_COMBINED = re.compile(
+    rf"(\S+) (\S+) (\S+) \[([^\]]*)\] {_QUOTED} (\S+) (\S+)(?: {_QUOTED} {_QUOTED})?(.*)"
+)
+_APPENDED = re.compile(rf"([A-Za-z_][\w.-]*)=(?:{_QUOTED}|(\S*))")
+_ESCAPE = re.compile(r"\\(x[0-9A-Fa-f]{2}|.)")
+
+
+def _unescape(text: str) -> str:
+    """nginx's and Apache's escapes (``\\x22``, ``\\"``, ``\\\\``) -> the logged text."""
+    if "\\" not in text:
+        return text
+    out = bytearray()
+    pos = 0
+    for m in _ESCAPE.finditer(text):
+        out += text[pos : m.start()].encode()
+        code = m.group(1)
+        out += bytes((int(code[1:], 16),)) if len(code) == 3 else code.encode()
+        pos = m.end()
+    out += text[pos:].encode()
+    return out.decode("utf-8", "replace")
+
+
+def _clf_time_us(text: str) -> int:
+    """``10/Oct/2000:13:55:36 -0700`` -> µs (the offset honoured)."""
+    try:
+        if len(text) != 26 or text[2] != "/" or text[6] != "/" or text[20] != " ":
+            raise ValueError(text)
+        sign = {"+": 1, "-": -1}[text[21]]
+        offset = timedelta(hours=int(text[22:24]), minutes=int(text[24:26]))
+        when = datetime(
+            int(text[7:11]),
+            _MONTHS[text[3:6]],
+            int(text[0:2]),
+            int(text[12:14]),
+            int(text[15:17]),
+            int(text[18:20]),
+            tzinfo=timezone(sign * offset),
+        )
+    except (ValueError, KeyError):
+        raise _Malformed("timestamp", f"[{_shown(text)}] is not a log time") from None
+    return (when - _EPOCH) // _MICROSECOND
+
+
+def _request_line(line: str) -> tuple[str, str, str]:
+    """``GET /a?b HTTP/1.1`` -> method, path (and the host of an absolute target)."""
+    parts = line.split(" ")
+    if len(parts) == 3:
+        method, target, protocol = parts
+        if not protocol.startswith("HTTP/"):
+            raise _Malformed("request line", f"{_shown(line)} is not a request")
+    elif len(parts) == 2:  # HTTP/0.9: no protocol
+        method, target = parts
+    else:
+        raise _Malformed("request line", f"{_shown(line)} is not a request")
+    if not (method.isalpha() and method.isascii()):
+        raise _Malformed("request line", f"{_shown(line)} is not a request")
+    if target.startswith("/"):
+        return method.upper(), _path(target), ""
+    if target == "*":
+        return method.upper(), "*", ""
+    lowered = target[:8].lower()
+    if lowered.startswith(("http://", "https://")):
+        # An absolute-form target (a request to a proxy): its host, then the path.
+        rest = target.split("://", 1)[1]
+        slash = rest.find("/")
+        host = rest if slash < 0 else rest[:slash]
+        path = "/" if slash < 0 else _path(rest[slash:])
+        return method.upper(), path, _host(host)
+    raise _Malformed("request line", f"{_shown(line)} has no path")
+
+
+def _appended(rest: str) -> dict[str, str]:
+    """The ``name=value`` and ``name="value"`` fields after the combined part."""
+    if not rest:
+        return {}
+    return {k: _unescape(q if q is not None else v or "") for k, q, v in _APPENDED.findall(rest)}
+
+
+def _combined_parser(user_from: tuple[str, str] | None, options: TrafficOptions) -> _Parser:
+    match = _COMBINED.match
+    user_field = user_from[1] if user_from is not None else None
+    tiers, default_tier, forced = options.tiers, options.default_tier, options.authenticated
+    # Log times repeat for every request of a second: parse each distinct text once.
+    last_time, last_us = "", 0
+
+    def parse(line: str) -> Request:
+        nonlocal last_time, last_us
+        m = match(line)
+        if m is None:
+            raise _Malformed("not a log line", "it does not have the combined log layout")
+        ip, _, remote_user, when, request, status, _, _, _, rest = m.groups()
+        if when != last_time:
+            last_us = _clf_time_us(when)
+            last_time = when
+        at = last_us
+        method, path, host = _request_line(_unescape(request) if "\\" in request else request)
+        user = None if remote_user == "-" else _unescape(remote_user)
+        tier = authenticated = None
+        if rest or user_field is not None:
+            fields = _appended(rest)
+            if not host:
+                host = _host(_optional_text(fields.get("host")) or "")
+            tier = _optional_text(fields.get("tier"))
+            if "msec" in fields:
+                at = _time_us(fields["msec"])
+            authenticated = _flag(fields.get("authenticated"))
+            if user_field is not None:
+                user = _optional_text(fields.get(user_field))
+        if forced is not None:
+            authenticated = forced
+        return Request(
+            at,
+            method,
+            host,
+            path,
+            ip,
+            user,
+            _tier(tier, user, tiers, default_tier),
+            authenticated,
+            None,
+            _status(status),
+        )
+
+    return parse
+
+
+# --- Logpush -------------------------------------------------------------------------------
+
+
+def _logpush_parser(user_from: tuple[str, str] | None, options: TrafficOptions) -> _Parser:
+    auth_headers = tuple(h.lower() for h in options.authenticated_headers)
+    auth_cookies = tuple(options.authenticated_cookies)
+    tiers, default_tier, forced = options.tiers, options.default_tier, options.authenticated
+    kind, name = user_from if user_from is not None else ("", "")
+
+    def parse(line: str) -> Request:
+        obj = _load_object(line)
+        if "EdgeStartTimestamp" not in obj:
+            raise _Malformed("missing field", "no 'EdgeStartTimestamp'")
+        at = _logpush_time_us(obj["EdgeStartTimestamp"])
+        path = obj.get("ClientRequestPath")
+        if not (isinstance(path, str) and path):
+            path = _path(_text_field(obj, "ClientRequestURI"))
+        headers = obj.get("RequestHeaders")
+        cookies = obj.get("Cookies")
+        if not isinstance(headers, dict):
+            headers = None
+        if not isinstance(cookies, dict):
+            cookies = None
+        source = headers if kind == "header" else cookies if kind == "cookie" else obj
+        user = _optional_text(source.get(name)) if kind and source else None
+        authenticated = forced
+        if forced is None and (headers is not None or cookies is not None):
+            # The job logs these fields: a credential absent from them was not sent.
+            authenticated = bool(headers and any(headers.get(h) for h in auth_headers)) or bool(
+                cookies and any(cookies.get(c) for c in auth_cookies)
+            )
+        status = _status(obj.get("EdgeResponseStatus")) or _status(obj.get("OriginResponseStatus"))
+        colo = obj.get("EdgeColoCode")
+        return Request(
+            at,
+            _text_field(obj, "ClientRequestMethod").upper(),
+            _host(_text_field(obj, "ClientRequestHost", required=False)),
+            path,
+            _text_field(obj, "ClientIP"),
+            user,
+            _tier(None, user, tiers, default_tier),
+            authenticated,
+            colo if isinstance(colo, str) and colo else None,
+            status,
+        )
+
+    return parse
+
+
+# --- decision events -----------------------------------------------------------------------
+
+
+def _events_parser(_: tuple[str, str] | None, options: TrafficOptions) -> _Parser:
+    """Decision events name their identity: ``user_from`` does not apply to them."""
+    default_tier = options.default_tier
+
+    def parse(line: str) -> Request | None:
+        obj = _load_object(line)
+        if obj.get("v") != 1:
+            raise _Malformed("event version", f"version {_shown(obj.get('v'))} is not 1")
+        if obj.get("operation", "hit") != "hit":
+            return None
+        cost = obj.get("cost", 1)
+        if not isinstance(cost, int) or isinstance(cost, bool) or cost < 1:
+            raise _Malformed("cost", f"{_shown(cost)} is not a positive integer")
+        tier = obj.get("tier")
+        return Request(
+            _time_us(obj.get("ts")),
+            "",
+            "",
+            "",
+            "",
+            user=_text_field(obj, "identity"),
+            tier=tier if isinstance(tier, str) and tier else default_tier,
+            limit=_text_field(obj, "limit"),
+            cost=cost,
+        )
+
+    return parse
+
+
+# --- named columns (NDJSON, CSV) -----------------------------------------------------------
+
+_REQUIRED_COLUMNS: Final = ("timestamp", "method", "path", "ip")
+
+
+def _named(row: Mapping[str, Any], user_key: str, options: TrafficOptions) -> Request:
+    """A record from named values (a JSON object, or a CSV row as text)."""
+    for key in _REQUIRED_COLUMNS:
+        if row.get(key) in (None, ""):
+            raise _Malformed("missing field", f"no {key!r}")
+    method, path, ip = row["method"], row["path"], row["ip"]
+    if not (isinstance(method, str) and isinstance(path, str) and isinstance(ip, str)):
+        raise _Malformed("field type", "'method', 'path' and 'ip' must be text")
+    host = row.get("host") or ""
+    if not isinstance(host, str):
+        raise _Malformed("field type", "'host' is not text")
+    user = _optional_text(row.get(user_key))
+    authenticated = options.authenticated
+    if authenticated is None:
+        authenticated = _flag(row.get("authenticated"))
+    return Request(
+        _time_us(row["timestamp"]),
+        method.upper(),
+        _host(host),
+        _path(path),
+        ip,
+        user,
+        _tier(_optional_text(row.get("tier")), user, options.tiers, options.default_tier),
+        authenticated,
+        _optional_text(row.get("colo")),
+        _status(row.get("status")),
+    )
+
+
+def _ndjson_parser(user_from: tuple[str, str] | None, options: TrafficOptions) -> _Parser:
+    user_key = user_from[1] if user_from is not None else "user"
+
+    def parse(line: str) -> Request:
+        return _named(_load_object(line), user_key, options)
+
+    return parse
+
+
+def _csv_header(line: str) -> list[str]:
+    return [name.strip().lower() for name in next(csv.reader((line,)))]
+
+
+def _csv_parser(
+    label: str, header: list[str], user_from: tuple[str, str] | None, options: TrafficOptions
+) -> _Parser:
+    missing = [c for c in _REQUIRED_COLUMNS if c not in header]
+    if header and missing:
+        raise TrafficError(
+            f"{label}: the CSV header has no {', '.join(repr(c) for c in missing)} column; "
+            f"traffic CSV needs {', '.join(_REQUIRED_COLUMNS)} (and may have host, user, "
+            "tier, authenticated, colo, status)",
+            file=label,
+        )
+    user_key = user_from[1] if user_from is not None else "user"
+    if user_from is not None and header and user_key not in header:
+        raise TrafficError(
+            f"{label}: --user-from {user_key!r} is not a column of this CSV file (its columns "
+            f"are {', '.join(header)}); name one of them",
+            file=label,
+        )
+    width = len(header)
+
+    def parse(line: str) -> Request:
+        # Most rows hold no quotes: split them directly, and let csv handle the rest.
+        values = line.split(",") if '"' not in line else next(csv.reader((line,)))
+        if len(values) != width:
+            raise _Malformed("columns", f"{len(values)} values for {width} columns")
+        return _named(dict(zip(header, values, strict=True)), user_key, options)
+
+    return parse
+
+
+# --- tiers files ---------------------------------------------------------------------------
+
+
+def load_tiers(path: str | Path) -> dict[str, str]:
+    """A tiers file: a YAML or JSON mapping user -> tier, or CSV rows ``user,tier`` (with
+    or without a ``user,tier`` header). Errors name the file and line."""
+    label = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise TrafficError(
+            f"cannot read tiers file {label}: {reason}; check the path", file=label
+        ) from exc
+    suffix = Path(path).suffix.lower()
+    if suffix == ".csv" or (suffix not in (".yaml", ".yml", ".json") and _looks_csv(text)):
+        return _tiers_csv(label, text)
+    return _tiers_yaml(label, text)
+
+
+def _looks_csv(text: str) -> bool:
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            return "," in line and ":" not in line and not line.lstrip().startswith("{")
+    return False
+
+
+def _tiers_csv(label: str, text: str) -> dict[str, str]:
+    tiers: dict[str, str] = {}
+    rows = csv.reader(io.StringIO(text))
+    for row in rows:
+        lineno = rows.line_num
+        cells = [cell.strip() for cell in row]
+        if not any(cells) or cells[0].startswith("#"):
+            continue
+        if not tiers and [c.lower() for c in cells] == ["user", "tier"]:
+            continue
+        if len(cells) != 2 or not cells[0] or not cells[1]:
+            raise TrafficError(
+                f"{label}:{lineno}: a tiers CSV row is 'user,tier', with both set; this row "
+                f"has {len(cells)} values",
+                file=label,
+                line=lineno,
+            )
+        _add_tier(tiers, cells[0], cells[1], label, lineno)
+    return tiers
+
+
+def _tiers_yaml(label: str, text: str) -> dict[str, str]:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        where = f"{label}:{line}" if line else label
+        problem = getattr(exc, "problem", None) or "not valid YAML or JSON"
+        raise TrafficError(
+            f"{where}: the tiers file is not valid YAML or JSON ({problem}); write a mapping "
+            "of user to tier, e.g. 'alice: pro'",
+            file=label,
+            line=line,
+        ) from exc
+    if root is None:
+        return {}
+    if not isinstance(root, yaml.MappingNode):
+        raise TrafficError(
+            f"{label}:{root.start_mark.line + 1}: the tiers file must be a mapping of user to "
+            "tier (e.g. 'alice: pro'), or CSV rows 'user,tier'",
+            file=label,
+            line=root.start_mark.line + 1,
+        )
+    tiers: dict[str, str] = {}
+    for key, value in root.value:
+        lineno = key.start_mark.line + 1
+        if not isinstance(key, yaml.ScalarNode) or not isinstance(value, yaml.ScalarNode):
+            raise TrafficError(
+                f"{label}:{lineno}: each entry maps one user to one tier name; this one is a "
+                "list or mapping",
+                file=label,
+                line=lineno,
+            )
+        if not key.value or not value.value:
+            raise TrafficError(
+                f"{label}:{lineno}: an entry has an empty user or tier; write 'user: tier'",
+                file=label,
+                line=lineno,
+            )
+        _add_tier(tiers, str(key.value), str(value.value), label, lineno)
+    return tiers
+
+
+def _add_tier(tiers: dict[str, str], user: str, tier: str, label: str, lineno: int) -> None:
+    if user in tiers and tiers[user] != tier:
+        raise TrafficError(
+            f"{label}:{lineno}: user {user!r} is listed again, with tier {tier!r} after "
+            f"{tiers[user]!r}; keep one entry per user",
+            file=label,
+            line=lineno,
+        )
+    tiers[user] = tier
+
+
+def _iso(at_us: int) -> str:
+    return (_EPOCH + timedelta(microseconds=at_us)).isoformat().replace("+00:00", "Z")
