@@ -14,6 +14,8 @@ Public surface::
     ApplimitError and its subclasses             see applimit._errors
     rate_limited(limiter, name, identity=...)    a limit on a plain function (RateLimited)
     Observer, DecisionEvent, Outcome             observers=[...]: every decision, per limit
+    OvershootObserver                            on_overshoot: approximate mode's overshoot
+    EventLogObserver(path_or_stream)             one NDJSON line per hit result, for replay
 
     applimit.prometheus / applimit.otel          exporters of the decisions as metrics
 
@@ -37,7 +39,8 @@ from ._errors import (
     UnknownLimitError,
     UnknownTierError,
 )
-from ._observe import DecisionEvent, Observer, Outcome
+from ._eventlog import EventLogObserver
+from ._observe import DecisionEvent, Observer, Outcome, OvershootObserver
 from ._sync import Limiter
 
 __all__ = [
@@ -47,11 +50,13 @@ __all__ = [
     "ConfigurationError",
     "Decision",
     "DecisionEvent",
+    "EventLogObserver",
     "InvalidArgumentError",
     "LimitResult",
     "Limiter",
     "Observer",
     "Outcome",
+    "OvershootObserver",
     "RateLimited",
     "UnknownLimitError",
     "UnknownTierError",
