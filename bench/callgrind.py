@@ -1,0 +1,343 @@
+"""Instructions per decision, counted by callgrind: a measure of cost that load cannot move.
+
+Wall-clock rates on a small shared machine move with whatever else runs; the number of
+instructions a decision executes does not (to within a fraction of a percent). This
+driver runs a fixed loop of decisions under ``valgrind --tool=callgrind`` for each
+scenario, against a ``redis-server`` it starts on a free port (the server runs natively,
+outside valgrind: only the client's instructions are counted), and writes
+``bench/profiles/<scenario>.txt``: instructions per decision and the top entries of
+``callgrind_annotate``.
+
+Only the measured loop is counted. Setup (imports, the policy, connecting, a warm-up)
+runs first, uncounted; the loop then runs inside a call of ``functools.reduce`` (over two items, so
+it calls back once), and callgrind collects only while inside it
+(``--collect-atstart=no --toggle-collect=functools_reduce``). Nothing in a decision
+calls ``reduce``, so the counts are the loop's alone, and per decision they are the total over
+the number of decisions.
+
+Usage (from the repository root; needs ``valgrind`` and ``redis-server`` on the PATH)::
+
+    python -m bench.callgrind                      every scenario, into bench/profiles/
+    python -m bench.callgrind --only sync_hit      a selection
+    python -m bench.callgrind --out /tmp/p --label after   elsewhere, with a label
+
+What a scenario counts is in :data:`SCENARIOS`. The child process (``--child``) is the
+workload itself; it is what runs under valgrind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ._common import ROOT, Identities, LimitSpec, make_policy, redis_server
+
+# Scenario -> what it decides (one line for the report).
+SCENARIOS = {
+    "sync_hit": "Limiter.hit(), sliding_log 1000/1m, one thread, 1000 identities",
+    "sync_hit_gcra": "Limiter.hit(), gcra 1000/1m, one thread, 1000 identities",
+    "sync_request3": "Limiter.check_request(), three sliding_log limits on one path",
+    "async_hit": "AsyncLimiter.hit(), sliding_log 1000/1m, 64 concurrent callers",
+    "asgi": "RateLimitMiddleware (AsyncLimiter, sliding_log, headers on) around a bare "
+    "ASGI app, called directly, 64 concurrent requests",
+}
+# The C functions whose inclusive counts split a decision's cost, by what they do; the
+# rest is the interpreter running Python (applimit's, redis-py's, asyncio's, the app's).
+PARTS = {
+    "packing the command (hiredis pack_command)": ("py_pack_command",),
+    "socket writes": ("sock_sendall", "sock_send"),
+    "socket reads": ("sock_recv_into", "sock_recv"),
+    "reply parsing (hiredis Reader)": ("Reader_gets", "Reader_feed"),
+    "event loop polling (epoll)": ("select_epoll_poll",),
+    "garbage collection": ("gc_collect_main",),
+}
+DECISIONS = 2000
+WARMUP = 300
+CONCURRENCY = 64
+TOP = 40
+DEFAULT_OUT = ROOT / "bench" / "profiles"
+
+
+# --- the workloads (run in the child) ----------------------------------------------------
+
+
+def _counted(loop: Callable[[], None]) -> None:
+    """Run ``loop`` inside ``functools.reduce``, the only place callgrind collects."""
+    ran: list[bool] = []
+
+    def once(total: int, _item: int) -> int:
+        loop()
+        ran.append(True)
+        return total
+
+    functools.reduce(once, (0, 1))
+    if not ran:
+        raise RuntimeError("reduce never called back: the loop did not run")
+
+
+def _sync(scenario: str, url: str, count: int) -> None:
+    from applimit import Limiter
+
+    if scenario == "sync_request3":
+        specs = [
+            LimitSpec("burst", "sliding_log", "100/1s"),
+            LimitSpec("minute", "sliding_log", "1000/1m"),
+            LimitSpec("hour", "sliding_log", "10000/1h"),
+        ]
+    else:
+        algorithm = "gcra" if scenario == "sync_hit_gcra" else "sliding_log"
+        specs = [LimitSpec("api", algorithm, "1000/1m")]
+    limiter = Limiter(make_policy(url, specs))
+    who = Identities("cg", 1000)
+
+    def step() -> None:
+        if scenario == "sync_request3":
+            decision = limiter.check_request("GET", "/api/items", who(), ip="10.0.0.1")
+        else:
+            decision = limiter.hit("api", who())
+        if not decision.allowed or decision.degraded:
+            raise RuntimeError(f"a decision was not an admitted one from Redis: {decision}")
+
+    for _ in range(WARMUP):
+        step()
+
+    def loop() -> None:
+        for _ in range(count):
+            step()
+
+    _counted(loop)
+    limiter.close()
+
+
+def _async_counted(scenario: str, url: str, count: int) -> None:
+    """The async scenarios: setup and warm-up, then the counted rounds, on one event loop
+    driven by ``run_until_complete`` (inside reduce for the counted part)."""
+    from applimit import AsyncLimiter
+    from applimit.asgi import Caller, RateLimitMiddleware, RequestInfo
+
+    loop = asyncio.new_event_loop()
+    limiter = AsyncLimiter(make_policy(url, [LimitSpec("api", "sliding_log", "1000/1m")]))
+    who = Identities("cg", 1000)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok", "more_body": False})
+
+    def identify(request: RequestInfo) -> Caller:
+        return Caller(request.header("x-user") or "anonymous")
+
+    middleware = RateLimitMiddleware(app, limiter=limiter, identify=identify)
+
+    async def receive() -> MutableMapping[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start" and message["status"] != 200:
+            raise RuntimeError(f"refused: {message}")
+
+    def scope_of(user: str) -> dict[str, Any]:
+        return {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "GET",
+            "scheme": "http",
+            "path": "/api/items",
+            "raw_path": b"/api/items",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"host", b"bench"), (b"x-user", user.encode())],
+            "client": ("127.0.0.1", 40000),
+            "server": ("127.0.0.1", 8000),
+        }
+
+    async def one() -> None:
+        if scenario == "asgi":
+            await middleware(scope_of(who()), receive, send)
+            return
+        decision = await limiter.hit("api", who())
+        if not decision.allowed or decision.degraded:
+            raise RuntimeError(f"a decision was not an admitted one from Redis: {decision}")
+
+    async def rounds(total: int) -> None:
+        for _ in range(total // CONCURRENCY):
+            await asyncio.gather(*[one() for _ in range(CONCURRENCY)])
+
+    def run(coroutine: Awaitable[None]) -> None:
+        loop.run_until_complete(coroutine)
+
+    run(rounds(WARMUP))
+    _counted(lambda: run(rounds(count)))
+    run(limiter.aclose())
+    loop.close()
+
+
+def child(scenario: str, url: str, count: int) -> None:
+    """The workload of ``scenario``: what runs under valgrind."""
+    if scenario.startswith("sync"):
+        _sync(scenario, url, count)
+    else:
+        _async_counted(scenario, url, count)
+
+
+# --- the driver ----------------------------------------------------------------------------
+
+_TOTALS = re.compile(r"^summary:\s+(\d+)", re.MULTILINE)
+
+
+def _valgrind(scenario: str, url: str, count: int, work: Path) -> tuple[int, str]:
+    """Run one scenario under callgrind; its instruction total and annotated summary."""
+    output = work / f"callgrind.{scenario}.out"
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+    subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--quiet",
+            "--collect-atstart=no",
+            "--toggle-collect=functools_reduce",
+            f"--callgrind-out-file={output}",
+            sys.executable,
+            "-m",
+            "bench.callgrind",
+            "--child",
+            scenario,
+            url,
+            str(count),
+        ],
+        cwd=ROOT,
+        env=env,
+        check=True,
+    )
+    return summarise(output, count)
+
+
+def summarise(output: Path, count: int) -> tuple[int, str]:
+    """The instruction total of a callgrind file and its summary (parts, top functions)."""
+    summary = output.read_text(encoding="utf-8", errors="replace")
+    found = _TOTALS.search(summary)
+    if found is None:
+        raise RuntimeError(f"no instruction total in {output}")
+    annotated = subprocess.run(
+        ["callgrind_annotate", "--inclusive=no", "--threshold=99", str(output)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    inclusive = subprocess.run(
+        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(output)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    total = int(found.group(1))
+    return total, _parts(inclusive, total, count) + "\n" + _top(annotated, "exclusive")
+
+
+def _parts(inclusive: str, total: int, count: int) -> str:
+    """Per decision: the instructions of each of PARTS (inclusive), and the rest."""
+    rows: list[tuple[str, float]] = []
+    for label, names in PARTS.items():
+        spent = 0
+        for name in names:
+            # The function's own line ("file:name [object]"); inlined copies carry no object.
+            pattern = re.compile(r"^\s*([\d,]+) .*:" + re.escape(name) + r" \[", re.MULTILINE)
+            spent += max(
+                (int(m.group(1).replace(",", "")) for m in pattern.finditer(inclusive)), default=0
+            )
+        rows.append((label, spent / count))
+    rest = total / count - sum(value for _, value in rows)
+    rows.append(("the rest: the interpreter running Python", rest))
+    width = max(len(label) for label, _ in rows)
+    lines = [
+        f"  {label:{width}}  {value:>9,.0f}  {value / (total / count):6.1%}"
+        for label, value in rows
+    ]
+    return "Per decision, by part (inclusive instructions):\n" + "\n".join(lines) + "\n"
+
+
+def _top(annotated: str, kind: str) -> str:
+    """The first TOP function lines of a callgrind_annotate report, paths shortened."""
+    lines = annotated.splitlines()
+    start = next(
+        (i for i, line in enumerate(lines) if re.search(r"file:function", line)), len(lines)
+    )
+    body = [line for line in lines[start + 1 :] if line.strip() and not line.startswith("-")]
+    shortened = [
+        re.sub(r"/[^ :]*/(site-packages|lib/python3\.\d+)/", r".../\1/", line) for line in body
+    ]
+    return f"Top {TOP} functions by {kind} instructions:\n" + "\n".join(shortened[:TOP]) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the scenarios under callgrind and write their summaries; 2 without valgrind."""
+    parser = argparse.ArgumentParser(prog="python -m bench.callgrind", description=__doc__)
+    parser.add_argument("--only", default="", help=f"comma-separated of {', '.join(SCENARIOS)}")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for summaries")
+    parser.add_argument("--label", default="", help="appended to each file name (-LABEL)")
+    parser.add_argument("--decisions", type=int, default=DECISIONS, help="decisions counted")
+    parser.add_argument("--keep", type=Path, help="keep the raw callgrind files here")
+    parser.add_argument("--child", nargs=3, metavar=("SCENARIO", "URL", "COUNT"), help="internal")
+    args = parser.parse_args(argv)
+    if args.child:
+        scenario, url, count = args.child
+        child(scenario, url, int(count))
+        return 0
+    if shutil.which("valgrind") is None:
+        print("valgrind is not installed: apt-get install valgrind", file=sys.stderr)
+        return 2
+    chosen = [s.strip() for s in args.only.split(",") if s.strip()] or list(SCENARIOS)
+    unknown = [s for s in chosen if s not in SCENARIOS]
+    if unknown:
+        print(
+            f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}", file=sys.stderr
+        )
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    count = args.decisions - args.decisions % CONCURRENCY
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    with redis_server() as server, tempfile.TemporaryDirectory() as temporary:
+        url = f"redis://127.0.0.1:{server.port}/0"
+        work = args.keep or Path(temporary)
+        work.mkdir(parents=True, exist_ok=True)
+        for scenario in chosen:
+            began = time.perf_counter()
+            total, top = _valgrind(scenario, url, count, work)
+            per = total / count
+            suffix = f"-{args.label}" if args.label else ""
+            path = args.out / f"{scenario}{suffix}.txt"
+            path.write_text(
+                f"{scenario}: {SCENARIOS[scenario]}\n"
+                f"commit {commit} (working tree may differ){suffix and ', ' + args.label}\n"
+                f"decisions counted: {count}\n"
+                f"instructions: {total:,} in all, {per:,.0f} per decision\n\n{top}",
+                encoding="utf-8",
+            )
+            shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+            print(
+                f"{scenario:15} {per:>10,.0f} instructions per decision "
+                f"({time.perf_counter() - began:.0f} s) -> {shown}",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
