@@ -13,7 +13,7 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from ._decision import Decision
+from ._decision import Decision, combine
 from ._decorator import RateLimited
 from ._sync import Limiter
 from ._web import Caller, Gate, Outcome, RequestInfo, is_preflight, request_cost
@@ -115,6 +115,23 @@ def rate_limited_outcome(gate: Gate, error: RateLimited) -> Outcome:
     results = error.decision.results
     tier = results[0].tier if results else gate.lowest_tier
     return gate.outcome(error.decision, tier)
+
+
+def joined(previous: Decision | None, decision: Decision) -> Decision:
+    """The Decision a request carries for the app once ``decision`` is made too.
+
+    A request may be decided more than once (the request's check, then a view's own
+    limit): the app sees one Decision holding every limit result, denied when any
+    enforced one denied and degraded when either was, so ``shadow_denied_by`` names every
+    shadow limit that would have refused it.
+    """
+    if previous is None or not previous.results:
+        return decision
+    if not decision.results:
+        return previous
+    return combine(
+        (*previous.results, *decision.results), degraded=previous.degraded or decision.degraded
+    )
 
 
 class HeaderMap(Protocol):

@@ -53,6 +53,7 @@ from django.utils.module_loading import import_string  # type: ignore[import-unt
 
 from policy import PolicyError
 
+from ._decision import Decision
 from ._decorator import RateLimited
 from ._errors import ConfigurationError
 from ._sync import Limiter
@@ -60,6 +61,7 @@ from ._views import (
     check_request,
     hit_limit,
     identify_safely,
+    joined,
     known_limit,
     merge_headers,
     native_cost,
@@ -98,6 +100,8 @@ _OPTIONS = {
     "problem_type": "the type URI of the 429 problem body",
 }
 _CALLER = "_applimit_caller"
+# Where the Decision of a request is left for its view (see docs/web.md).
+DECISION_ATTRIBUTE = "applimit_decision"
 _REFUSAL = "_applimit_refusal"
 
 
@@ -313,7 +317,8 @@ class RateLimitMiddleware:
             outcome = refused
         else:
             units = native_cost(config.cost, request, info)
-            _, outcome = check_request(config.limiter, config.gate, info, caller, units)
+            decision, outcome = check_request(config.limiter, config.gate, info, caller, units)
+            _keep(request, decision)
         if outcome.refusal is not None:
             return refusal_response(outcome.refusal)
         return _add_headers(self.get_response(request), outcome)
@@ -333,8 +338,22 @@ def _hit(name: str, cost: Cost, request: Any) -> Outcome:
     if refused is not None:
         return refused
     units = native_cost(cost, request, info)
-    _, outcome = hit_limit(config.limiter, config.gate, name, info, caller=caller, cost=units)
+    decision, outcome = hit_limit(
+        config.limiter, config.gate, name, info, caller=caller, cost=units
+    )
+    _keep(request, decision)
     return outcome
+
+
+def _keep(request: Any, decision: Decision | None) -> None:
+    """Leave the Decision for the view as ``request.applimit_decision`` (joined with one
+    made before for the same request)."""
+    if decision is not None:
+        setattr(
+            request,
+            DECISION_ATTRIBUTE,
+            joined(getattr(request, DECISION_ATTRIBUTE, None), decision),
+        )
 
 
 def rate_limit(name: str, *, cost: Cost = 1) -> Callable[[V], V]:

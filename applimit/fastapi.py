@@ -34,6 +34,7 @@ from ._decision import Decision
 from ._errors import UnknownLimitError
 from ._flow import UNLIMITED
 from ._sync import Limiter
+from ._views import joined
 from ._web import (
     QUOTA_EXCEEDED,
     Caller,
@@ -45,6 +46,7 @@ from ._web import (
     identify_async,
     middleware_gate,
 )
+from .asgi import DECISION_STATE_KEY
 
 __all__ = [
     "Caller",
@@ -155,6 +157,11 @@ class RateLimit:
         caller = await identify_async(self.identify, info)
         subject = self.gate.subject(info, caller)
         decision = await self._decide(info, subject)
+        # Left for the app as the ASGI middleware leaves it (joined with its, or with an
+        # earlier dependency's, when the request was decided before).
+        request.state.applimit_decision = joined(
+            getattr(request.state, DECISION_STATE_KEY, None), decision
+        )
         outcome = self.gate.outcome(decision, subject.tier)
         if outcome.refusal is not None:
             raise RateLimitExceeded(decision, outcome.refusal)

@@ -35,7 +35,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from flask import Flask, Request, Response, request
+from flask import Flask, Request, Response, g, request
 from werkzeug.exceptions import HTTPException
 
 from ._decision import Decision
@@ -46,6 +46,7 @@ from ._views import (
     check_request,
     hit_limit,
     identify_safely,
+    joined,
     known_limit,
     merge_headers,
     native_cost,
@@ -68,6 +69,7 @@ from ._web import (
     request_cost,
 )
 from ._web import Cost as RequestCost
+from .wsgi import DECISION_ENVIRON_KEY
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
@@ -265,6 +267,15 @@ class Limits:
 
     @staticmethod
     def _apply(outcome: Outcome, decision: Decision | None) -> None:
+        if decision is not None:
+            # Left for the app as the WSGI middleware leaves it (and joined with its, when
+            # both decide), and in flask.g; g may outlive the request (an app context a
+            # test keeps), so the environ holds the request's own.
+            environ = request.environ
+            kept = environ[DECISION_ENVIRON_KEY] = joined(
+                environ.get(DECISION_ENVIRON_KEY), decision
+            )
+            g.applimit_decision = kept
         if outcome.refusal is not None:
             raise RateLimitExceeded(outcome.refusal, decision)
         if outcome.headers:
