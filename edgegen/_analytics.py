@@ -3,7 +3,7 @@
 ``report(client, scope, since=...)`` reads the zone's http_ratelimit entrypoint to find the
 rules edgegen owns (``ref`` starting with ``edgegen:``, as plan and apply identify them) and
 their Cloudflare ids, then asks the GraphQL Analytics API (``POST /graphql``, through the
-one transport: token, deadlines, size cap, retries on 429 with Retry-After) for:
+one transport: token, deadlines, size cap; a query is retried as a read is) for:
 
 - ``firewallEventsAdaptiveGroups`` of the zone, ``source: "ratelimit"`` and ``ruleId`` of
   each owned rule: events by ``action``, by ``clientCountryName`` and by ``coloCode``;
@@ -27,7 +27,6 @@ from typing import Any
 from . import _json
 from ._cloudflare import Client
 from ._ids import RULE_REF_PREFIX
-from ._messages import MAYBE_DONE
 from ._state import Scope
 from .errors import CloudflareAPIError, ErrorDetail, UsageError
 
@@ -441,16 +440,13 @@ ACCOUNT_PERMISSION = "Account > Account Analytics > Read"
 def _post(client: Client, request: dict[str, Any], permission: str) -> Any:
     """Send one GraphQL request; its JSON body (errors in it are the caller's to read).
 
-    A GraphQL query changes nothing, so no error says it "may have been made"; 401 and 403
-    (the token, or its permissions) get a message that names the analytics permission, a
-    5xx one that says the fault is Cloudflare's. (The transport retries a POST only on a
-    429 or when it never left: a query answered with a 5xx is not asked again.)
+    The client retries a query as a read (5xx, 429, no answer) with its backoff; a query
+    changes nothing, so no error says it "may have been made". 401 and 403 (the token, or
+    its permissions) get a message that names the analytics permission, a 5xx that
+    outlasted the retries one that says the fault is Cloudflare's.
     """
-    # The transport is the package's one HTTP module; a GraphQL answer is not a v4
-    # envelope, so it is sent as is and read here.
-    transport = client._transport
     try:
-        reply = transport.send("POST", GRAPHQL_PATH, json_body=request)
+        content = client.post_graphql(GRAPHQL_PATH, request)
     except CloudflareAPIError as exc:
         if exc.status in (401, 403):
             raise CloudflareAPIError(
@@ -464,32 +460,20 @@ def _post(client: Client, request: dict[str, Any], permission: str) -> Any:
             ) from None
         if exc.status is not None and exc.status >= 500:
             raise CloudflareAPIError(
-                f"Cloudflare failed to answer a GraphQL Analytics query (HTTP {exc.status}); "
-                "this is on Cloudflare's side: run edgegen report again later, and check "
-                "https://www.cloudflarestatus.com",
+                f"Cloudflare failed to answer a GraphQL Analytics query (HTTP {exc.status}), "
+                "also when asked again; this is on Cloudflare's side: run edgegen report "
+                "again later, and check https://www.cloudflarestatus.com",
                 method="POST",
                 path=GRAPHQL_PATH,
                 status=exc.status,
                 errors=exc.errors,
-            ) from None
-        if exc.ambiguous:
-            # A query changes nothing: drop the "may have made this change" the transport
-            # adds to an unanswered POST.
-            raise CloudflareAPIError(
-                str(exc).replace(MAYBE_DONE, ""),
-                method="POST",
-                path=GRAPHQL_PATH,
-                status=exc.status,
-                errors=exc.errors,
-                retry_after=exc.retry_after,
-                enveloped=exc.enveloped,
             ) from None
         raise
     try:
-        body = _json.loads(reply.content)
+        body = _json.loads(content)
     except ValueError:
         raise _bad_shape("a JSON body") from None
-    return _redacted(body, transport.redact)
+    return _redacted(body, client.redact)
 
 
 def _redacted(body: Any, redact: Callable[[str], str]) -> Any:

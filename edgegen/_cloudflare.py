@@ -180,6 +180,16 @@ class Client:
         """Text from the server, fit to quote: without the token, cut short."""
         return self._transport.redact(text)
 
+    def post_graphql(self, path: str, request: Mapping[str, Any]) -> bytes:
+        """POST one GraphQL request (``query`` and ``variables``) to ``path``; the 2xx
+        answer's body, unread (it is no v4 envelope; GraphQL errors are in it).
+
+        A query changes nothing, so it is retried as a read is: on 429, 408, 409 and 5xx
+        with the client's backoff (and Retry-After), and when unanswered; a final failure
+        raises :class:`CloudflareAPIError`, never saying a change may have been made.
+        """
+        return self._transport.send("POST", path, json_body=dict(request), query=True).content
+
     def _get_or_none(self, path: str, missing_code: int) -> Any:
         """GET, returning None only when Cloudflare clearly says the thing does not exist.
 

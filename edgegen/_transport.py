@@ -343,9 +343,12 @@ class Transport:
         params: tuple[tuple[str, str], ...] = (),
         json_body: Any = None,
         parts: tuple[Part, ...] = (),
+        query: bool = False,
     ) -> Reply:
-        """Send with retries; returns a 2xx answer, else raises CloudflareAPIError."""
-        request = _retry.Request.of(method, params)
+        """Send with retries; returns a 2xx answer, else raises CloudflareAPIError.
+        ``query``: whatever its method, the request only reads (a GraphQL query), so it is
+        retried as a GET is and no failure of it may have changed anything."""
+        request = _retry.Request(True, False) if query else _retry.Request.of(method, params)
         files = (
             [(p.name, (p.filename, p.content, p.content_type)) for p in parts] if parts else None
         )

@@ -30,6 +30,7 @@ from zone_support import EXAMPLE, HAND_MADE, Sleeps
 import edgegen
 import policy
 from edgegen import _analytics, _cli_report, cli
+from edgegen._retry import RetryPolicy
 
 WORKER = "api-edge-limits"
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
@@ -407,18 +408,53 @@ def test_a_429_is_retried_after_retry_after() -> None:
 
 
 def test_a_5xx_is_cloudflares_fault_and_changed_nothing() -> None:
-    """A 5xx from the GraphQL endpoint says the fault is Cloudflare's; a query changes
-    nothing, so the error never says a change may have been made."""
+    """A 5xx from the GraphQL endpoint is asked again with the client's backoff, as a read
+    is; once the attempts run out, the error says the fault is Cloudflare's and, a query
+    changing nothing, never that a change may have been made."""
     zone = zone_with_rules()
+    sleeps = Sleeps()
     with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
-        router.post("/graphql").mock(return_value=httpx.Response(502, text="Bad gateway"))
+        graphql = router.post("/graphql").mock(return_value=httpx.Response(502, text="Bad gateway"))
         router.route().mock(side_effect=zone.handle)
-        with client() as made_client, pytest.raises(edgegen.CloudflareAPIError) as caught:
+        with (
+            edgegen.Client(
+                edgegen.Token(TOKEN), sleep=sleeps, jitter=lambda low, high: high
+            ) as made_client,
+            pytest.raises(edgegen.CloudflareAPIError) as caught,
+        ):
             edgegen.report(made_client, SCOPE, now=lambda: NOW)
+    policy_ = RetryPolicy()
+    assert graphql.call_count == policy_.attempts
+    assert sleeps == [policy_.backoff(n, lambda low, high: high) for n in range(4)]
+    assert sleeps == [0.5, 1.0, 2.0, 4.0]
     assert caught.value.status == 502
     assert "Cloudflare's side" in str(caught.value)
     assert "may or may not" not in str(caught.value)
     assert not caught.value.ambiguous
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+def test_a_passing_5xx_is_asked_again_and_the_report_is_complete(status: int) -> None:
+    """One 5xx, then the fake's answer: the query is sent again after one backoff wait
+    (no Retry-After) and the report is whole."""
+    zone = zone_with_rules()
+    rule_id = owned(zone)[0]["id"]
+    analytics = FakeGraphQL(events=[event(rule_id, "block", "DE", "FRA", HOUR, 7)])
+    failures = [httpx.Response(status, text="upstream trouble")]
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        return failures.pop() if failures else analytics.handle(request)
+
+    sleeps = Sleeps()
+    with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+        router.post("/graphql").mock(side_effect=flaky)
+        router.route().mock(side_effect=zone.handle)
+        with edgegen.Client(
+            edgegen.Token(TOKEN), sleep=sleeps, jitter=lambda low, high: high
+        ) as made_client:
+            made = edgegen.report(made_client, SCOPE, now=lambda: NOW)
+    assert sleeps == [0.5]
+    assert made.rules[0].mitigated == 7
 
 
 def test_an_unanswered_query_never_claims_a_change() -> None:
