@@ -6,6 +6,10 @@
    their own in-memory counter, and once to a fleet that uses applimit's shared Redis.
 2. A window boundary: the same number of requests just before and just after the boundary of
    a fixed window (how the edge counts) against applimit's sliding window, log and GCRA.
+3. What the applimit fleet's own metrics say: each instance serves ``/metrics``
+   (``applimit.prometheus``); the demo reads all four and prints the decisions summed by
+   limit, tier and outcome, the numbers an operator's dashboard would show
+   (examples/grafana-dashboard.json).
 
 Run it with ``make demo`` or ``.venv/bin/python examples/fleet_demo.py``. Needs
 ``redis-server`` on PATH; every process it starts is stopped before it exits, also on Ctrl-C.
@@ -45,6 +49,8 @@ INSTANCES = 4
 REQUESTS = 600
 CONCURRENCY = 24
 USER_KEY = "key-alice"  # a free-tier user in examples/fastapi_app.py
+EXPORTER_KEY = "key-bob"  # a pro-tier user: downloads exports (a shadow limit, 50/1h for pro)
+EXPORTS = 60
 STARTUP_TIMEOUT = 30.0
 
 Scope = MutableMapping[str, Any]
@@ -329,12 +335,14 @@ class FleetResult:
     seconds: float
 
 
-async def _burst(front: str, count: int) -> FleetResult:
+async def _burst(
+    front: str, count: int, *, key: str = USER_KEY, path: str = "/api/items"
+) -> FleetResult:
     statuses: list[tuple[int, str]] = []
     queue: asyncio.Queue[int] = asyncio.Queue()
     for n in range(count):
         queue.put_nowait(n)
-    headers = {"Authorization": f"Bearer {USER_KEY}"}
+    headers = {"Authorization": f"Bearer {key}"}
 
     async def worker(client: httpx.AsyncClient) -> None:
         while True:
@@ -342,7 +350,7 @@ async def _burst(front: str, count: int) -> FleetResult:
                 queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            reply = await client.get(f"{front}/api/items", headers=headers)
+            reply = await client.get(f"{front}{path}", headers=headers)
             statuses.append((reply.status_code, reply.headers.get("x-served-by", "?")))
 
     started = time.monotonic()
@@ -360,15 +368,78 @@ async def _burst(front: str, count: int) -> FleetResult:
     )
 
 
+# --- the fleet's metrics -----------------------------------------------------------------
+
+# What the metrics table shows, in this order; the outcomes after the first two only when
+# some instance counted one.
+OUTCOMES = ("allowed", "denied", "shadow_denied", "degraded_allowed", "degraded_denied")
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(base: str) -> Samples:
+    """One instance's ``/metrics``: each sample by name and sorted labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{base}/metrics", timeout=5).text
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def decisions(scraped: list[Samples]) -> dict[tuple[str, str], Counter[str]]:
+    """``applimit_decisions_total`` summed over the instances: (limit, tier) -> outcomes."""
+    table: dict[tuple[str, str], Counter[str]] = {}
+    for samples in scraped:
+        for (name, labels), value in samples.items():
+            if name != "applimit_decisions_total":
+                continue
+            label = dict(labels)
+            counts = table.setdefault((label["limit"], label["tier"]), Counter())
+            counts[label["outcome"]] += int(value)
+    return table
+
+
+def metrics_table(table: dict[tuple[str, str], Counter[str]]) -> list[str]:
+    """The lines ``make demo`` prints for the fleet's decisions.
+
+    The metric counts limit *results*: a tier with two rates (api's pro tier, 1000/1m and
+    20000/1h) counts each request once per rate, which a note under the table says.
+    """
+    import policy
+
+    loaded = policy.load(POLICY)
+    shown = list(OUTCOMES[:2])
+    shown += [o for o in OUTCOMES[2:] if any(counts[o] for counts in table.values())]
+    widths = [max(len(o), 7) + 2 for o in shown]
+    lines = [
+        f"   {'limit':10}{'tier':12}"
+        + "".join(f"{o:>{w}}" for o, w in zip(shown, widths, strict=True))
+    ]
+    notes = []
+    for (limit, tier), counts in sorted(table.items()):
+        cells = "".join(f"{counts[o]:>{w}}" for o, w in zip(shown, widths, strict=True))
+        lines.append(f"   {limit:10}{tier:12}{cells}")
+        app = loaded.limit(limit).app
+        rates = app.tiers.get(tier, ()) if app is not None else ()
+        if len(rates) > 1:
+            listed = ", ".join(str(rate) for rate in rates)
+            notes.append(
+                f"   ({limit} {tier} has {len(rates)} rates, {listed}: each request is counted "
+                "once per rate)"
+            )
+    return lines + notes
+
+
 def start_fleet(target: str, redis_url: str) -> tuple[Callable[[], str], ...]:
     """Start the instances and return their waiters (see :func:`start_uvicorn`)."""
     env = {"REDIS_URL": redis_url, "TRUSTED_PROXIES": HOST}
     return tuple(start_uvicorn(target, env) for _ in range(INSTANCES))
 
 
-def start_front(instances: tuple[Callable[[], str], ...]) -> Callable[[], str]:
-    """Wait for the instances, then start the round-robin front over them."""
-    backends = [wait() for wait in instances]
+def start_front(backends: list[str]) -> Callable[[], str]:
+    """Start the round-robin front over the instances at ``backends``."""
     return start_uvicorn("fleet_demo:front_app", {"FLEET_BACKENDS": ",".join(backends)})
 
 
@@ -395,14 +466,21 @@ def _run(redis_binary: str, workdir: Path) -> None:
     # Both fleets start at once: the instances come up in parallel.
     naive_fleet = start_fleet("fleet_demo:naive_app", redis_url)
     shared_fleet = start_fleet("fastapi_app:app", redis_url)
-    naive_front = start_front(naive_fleet)()
-    shared_front = start_front(shared_fleet)()
+    shared_backends = [wait() for wait in shared_fleet]
+    naive_front = start_front([wait() for wait in naive_fleet])()
+    shared_front = start_front(shared_backends)()
     print(
         f"   alice (free tier: api {rate}) sends {REQUESTS} requests to "
         "/api/items through the front"
     )
     naive = asyncio.run(_burst(naive_front, REQUESTS))
     shared = asyncio.run(_burst(shared_front, REQUESTS))
+    # Bob's downloads meet the shadow limit "exports": never refused, but counted.
+    exports = asyncio.run(
+        _burst(shared_front, EXPORTS, key=EXPORTER_KEY, path="/api/v1/exports/monthly")
+    )
+    if exports.refused:
+        raise DemoError(f"{exports.refused} of bob's exports were refused; none should be")
     print()
     print(f"   {'':34}{'admitted':>9}{'refused':>9}   x limit   per instance")
     for label, result in (
@@ -417,9 +495,22 @@ def _run(redis_binary: str, workdir: Path) -> None:
             f"   {result.admitted / limit:>6.1f}x   {split}"
         )
     print()
+    print(
+        f"   bob (pro tier) downloads {EXPORTS} exports: the shadow limit exports (pro 50/1h) "
+        "refuses none"
+    )
+    print()
+    # Read before the fleet stops; shown last, as the numbers a dashboard would show.
+    table = metrics_table(decisions([scrape(base) for base in shared_backends]))
     # The fleets are done; stopping them leaves the machine quiet for the timed part.
     stop([p for p in _CHILDREN if p is not redis_proc])
     boundary(redis_url, workdir)
+    print(
+        f"== the applimit fleet's /metrics (applimit_decisions_total, summed over the "
+        f"{INSTANCES} instances)"
+    )
+    for line in table:
+        print(line)
 
 
 # --- the window boundary -----------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,3 +44,58 @@ def test_diff_of_the_example_versions(capsys: pytest.CaptureFixture[str]) -> Non
 def test_previous_example_policy_is_valid(capsys: pytest.CaptureFixture[str]) -> None:
     """The previous version is itself a clean policy (--strict)."""
     assert cli.main(["validate", "--strict", str(EXAMPLES / "policy-previous.yaml")]) == 0
+
+
+def _fleet_output() -> str:
+    """The fleet demo's output, run as `make demo` runs it."""
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "fleet_demo.py")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _metrics_rows(out: str) -> dict[tuple[str, str], dict[str, int]]:
+    """The metrics table the demo printed: (limit, tier) -> outcome -> count."""
+    lines = out.split("/metrics (applimit_decisions_total", 1)[1].splitlines()[1:]
+    header = lines[0].split()
+    assert header[:4] == ["limit", "tier", "allowed", "denied"]
+    rows: dict[tuple[str, str], dict[str, int]] = {}
+    for line in lines[1:]:
+        if not line.strip() or line.strip().startswith("("):
+            break
+        limit, tier, *counts = line.split()
+        rows[(limit, tier)] = dict(zip(header[2:], map(int, counts), strict=True))
+    return rows
+
+
+@pytest.mark.slow
+def test_the_fleet_demo_prints_its_metrics_and_they_match_its_own_counts() -> None:
+    """`make demo` ends the fleet part with applimit_decisions_total summed over the
+    instances' /metrics: alice's admitted and refused requests are the api/free row
+    (degraded decisions included, should Redis have been slow), bob's exports the
+    exports/pro row (at most the shadow limit's 50 allowed, the rest shadow_denied), and
+    the api/pro row counts each of them once per rate, as the note says."""
+    out = _fleet_output()
+    admitted, refused = map(
+        int,
+        re.search(r"applimit \(shared Redis\)\s+(\d+)\s+(\d+)", out).groups(),  # type: ignore[union-attr]
+    )
+    rows = _metrics_rows(out)
+    assert set(rows) == {("api", "free"), ("api", "pro"), ("exports", "pro")}
+    free = rows[("api", "free")]
+    assert free["allowed"] + free.get("degraded_allowed", 0) == admitted
+    assert free["denied"] + free.get("degraded_denied", 0) == refused
+    assert admitted + refused == 600
+    exports = rows[("exports", "pro")]
+    assert exports["denied"] == 0
+    assert exports["allowed"] <= 50
+    assert sum(exports.values()) == 60
+    assert exports["shadow_denied"] >= 60 - 50 - exports.get("degraded_allowed", 0)
+    pro = rows[("api", "pro")]
+    assert pro["allowed"] + pro.get("degraded_allowed", 0) == 2 * 60
+    assert "(api pro has 2 rates, 1000/1m, 20000/1h: each request is counted once per rate)" in out
