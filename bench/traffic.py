@@ -40,7 +40,7 @@ from typing import IO, Final
 from edgegen._replay_types import Request
 
 # 2026-12-01T00:00:00Z: a fixed day, so generated files are the same everywhere.
-DEFAULT_START: Final = 1_764_547_200
+DEFAULT_START: Final = 1_796_083_200
 FORMATS: Final = ("ndjson", "csv", "combined", "logpush", "events")
 
 _COLOS: Final = ("FRA", "AMS", "LHR", "CDG", "IAD", "ORD", "SJC", "GRU", "SIN", "NRT")
@@ -324,7 +324,7 @@ def write_combined(records: Iterable[Request], out: IO[str]) -> int:
 
         log_format replay '$remote_addr - $remote_user [$time_local] "$request" $status '
                           '$body_bytes_sent "$http_referer" "$http_user_agent" host=$host '
-                          'user="$upstream_http_x_user" tier=$upstream_http_x_tier msec=$msec';
+                          'user="$upstream_http_x_user" tier="$upstream_http_x_tier" msec=$msec';
 
     The time has milliseconds (``msec``); colo and authentication are not carried.
     """
@@ -343,7 +343,7 @@ def write_combined(records: Iterable[Request], out: IO[str]) -> int:
         out.write(
             f'{r.ip} - - [{stamp}] "{r.method} {_nginx_escape(r.path)} HTTP/1.1" {status} '
             f'{len(r.path) * 7 % 5000} "-" "{agent}" host={r.host or "-"} user="{user}" '
-            f"tier={tier} msec={second}.{micros // 1000:03d}\n"
+            f'tier="{tier}" msec={second}.{micros // 1000:03d}\n'
         )
         count += 1
     return count

@@ -45,6 +45,7 @@ import json
 import re
 import sys
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
@@ -407,7 +408,7 @@ def _chain(head: tuple[int, str], rest: Iterator[tuple[int, str]]) -> Iterator[t
     yield from rest
 
 
-def _ordered(
+def _ordered(  # noqa: C901, PLR0912 (every record's hot loop: one body, no calls per record)
     lines: Iterable[tuple[int, str]],
     parse: _Parser,
     stats: FileStats,
@@ -423,10 +424,11 @@ def _ordered(
     """
     window = options.reorder_window_us
     strict = options.strict
-    heap: list[tuple[int, int, Request]] = []
+    # (time, record) in time order. Nearly every record is the newest yet and is appended;
+    # a late one is inserted from the right, where records a little later than it are.
+    pending: deque[tuple[int, Request]] = deque()
+    append, popleft, insert = pending.append, pending.popleft, pending.insert
     newest = -(1 << 62)
-    seq = 0
-    push, pop = heapq.heappush, heapq.heappop
     for lineno, line in lines:
         if not line or line.isspace():
             continue
@@ -446,25 +448,30 @@ def _ordered(
         except _Malformed as bad:
             _count(stats, label, lineno, bad, strict)
             continue
-        newest = max(newest, at)
-        push(heap, (at, seq, record))
-        seq += 1
+        if at >= newest:
+            newest = at
+            append((at, record))
+        else:
+            i = len(pending)
+            while i and pending[i - 1][0] > at:
+                i -= 1
+            insert(i, (at, record))
         due = newest - window
-        while heap[0][0] < due:
-            out = pop(heap)[2]
-            _emitted(stats, out.at_us)
-            yield out
-    while heap:
-        out = pop(heap)[2]
-        _emitted(stats, out.at_us)
-        yield out
-
-
-def _emitted(stats: FileStats, at: int) -> None:
-    if stats.first_us is None:
-        stats.first_us = at
-    stats.last_us = at
-    stats.records += 1
+        if pending[0][0] < due:
+            if stats.first_us is None:
+                stats.first_us = pending[0][0]
+            while pending[0][0] < due:
+                at, record = popleft()
+                stats.records += 1
+                stats.last_us = at
+                yield record
+    while pending:
+        at, record = popleft()
+        if stats.first_us is None:
+            stats.first_us = at
+        stats.records += 1
+        stats.last_us = at
+        yield record
 
 
 def _count(stats: FileStats, label: str, lineno: int, bad: _Malformed, strict: bool) -> None:
@@ -577,6 +584,8 @@ def _unix_us(text: str) -> int:
 
 def _time_us(value: object) -> int:
     """A named column's or JSON field's time: unix seconds (number or text) or RFC 3339."""
+    if type(value) is str and len(value) > 10 and value[10] in "Tt ":
+        return _rfc3339_us(value)
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value * 1_000_000
     if isinstance(value, float) and value >= 0:
@@ -636,9 +645,14 @@ def _text_field(obj: Mapping[str, Any], key: str, *, required: bool = True) -> s
     raise _Malformed("field type", f"{key!r} is not text")
 
 
+_decode = json.JSONDecoder().raw_decode
+
+
 def _load_object(line: str) -> dict[str, Any]:
     try:
-        obj = json.loads(line)
+        obj, end = _decode(line)
+        if end != len(line) and line[end:].strip():
+            raise json.JSONDecodeError("extra data after the object", line, end)
     except ValueError as exc:
         # The position, not the text: the line may hold headers and cookies.
         pos = getattr(exc, "colno", None)
@@ -672,7 +686,7 @@ def _status(value: object) -> int | None:
 
 # %h %l %u [%t] "%r" %>s %b, then "%{Referer}i" "%{User-agent}i" (combined) and appended
 # fields. Quoted parts may hold backslash escapes (Apache \", nginx \x22).
-_QUOTED = r'"((?:[^"\\]|\\.)*)"'
+_QUOTED = r'"([^"\\]*(?:\\.[^"\\]*)*)"'
 _COMBINED = re.compile(
     rf"(\S+) (\S+) (\S+) \[([^\]]*)\] {_QUOTED} (\S+) (\S+)(?: {_QUOTED} {_QUOTED})?(.*)"
 )
@@ -748,11 +762,41 @@ def _appended(rest: str) -> dict[str, str]:
     """The ``name=value`` and ``name="value"`` fields after the combined part."""
     if not rest:
         return {}
-    return {k: _unescape(q if q is not None else v or "") for k, q, v in _APPENDED.findall(rest)}
+    # findall gives "" for the alternative that did not match: a quoted value, or a bare one.
+    return {k: _unescape(q or v) for k, q, v in _APPENDED.findall(rest)}
+
+
+def _combined_parts(line: str) -> tuple[str, str, str, str, str, str]:
+    """ip, %u, time, request line, status and what follows (appended fields).
+
+    Most lines hold no backslash escape, so splitting on quotes takes them apart; any other
+    line goes through the regular expression, which also says what is malformed.
+    """
+    if "\\" not in line:
+        parts = line.split('"')
+        if len(parts) >= 3:
+            head = parts[0].split(" ", 3)
+            middle = parts[2].split()
+            if (
+                len(head) == 4
+                and len(middle) == 2
+                and head[3].startswith("[")
+                and head[3].endswith("] ")
+                and "]" not in head[3][1:-2]
+            ):
+                if len(parts) == 3:
+                    return head[0], head[2], head[3][1:-2], parts[1], middle[0], ""
+                if len(parts) >= 6 and parts[4] == " " and parts[2].endswith(" "):
+                    rest = '"'.join(parts[6:])
+                    return head[0], head[2], head[3][1:-2], parts[1], middle[0], rest
+    m = _COMBINED.match(line)
+    if m is None:
+        raise _Malformed("not a log line", "it does not have the combined log layout")
+    ip, _, remote_user, when, request, status, _, _, _, rest = m.groups()
+    return ip, remote_user, when, request, status, rest
 
 
 def _combined_parser(user_from: tuple[str, str] | None, options: TrafficOptions) -> _Parser:
-    match = _COMBINED.match
     user_field = user_from[1] if user_from is not None else None
     tiers, default_tier, forced = options.tiers, options.default_tier, options.authenticated
     # Log times repeat for every request of a second: parse each distinct text once.
@@ -760,10 +804,7 @@ def _combined_parser(user_from: tuple[str, str] | None, options: TrafficOptions)
 
     def parse(line: str) -> Request:
         nonlocal last_time, last_us
-        m = match(line)
-        if m is None:
-            raise _Malformed("not a log line", "it does not have the combined log layout")
-        ip, _, remote_user, when, request, status, _, _, _, rest = m.groups()
+        ip, remote_user, when, request, status, rest = _combined_parts(line)
         if when != last_time:
             last_us = _clf_time_us(when)
             last_time = when
@@ -773,14 +814,18 @@ def _combined_parser(user_from: tuple[str, str] | None, options: TrafficOptions)
         tier = authenticated = None
         if rest or user_field is not None:
             fields = _appended(rest)
-            if not host:
-                host = _host(_optional_text(fields.get("host")) or "")
-            tier = _optional_text(fields.get("tier"))
+            given = fields.get("host")
+            if given and given != "-" and not host:
+                host = _host(given)
+            given = fields.get("tier")
+            tier = given if given and given != "-" else None
             if "msec" in fields:
-                at = _time_us(fields["msec"])
-            authenticated = _flag(fields.get("authenticated"))
+                at = _unix_us(fields["msec"])
+            if "authenticated" in fields:
+                authenticated = _flag(fields["authenticated"])
             if user_field is not None:
-                user = _optional_text(fields.get(user_field))
+                given = fields.get(user_field)
+                user = given if given and given != "-" else None
         if forced is not None:
             authenticated = forced
         return Request(
@@ -793,7 +838,7 @@ def _combined_parser(user_from: tuple[str, str] | None, options: TrafficOptions)
             _tier(tier, user, tiers, default_tier),
             authenticated,
             None,
-            _status(status),
+            int(status) if status.isdigit() else _status(status),
         )
 
     return parse
@@ -887,30 +932,43 @@ _REQUIRED_COLUMNS: Final = ("timestamp", "method", "path", "ip")
 
 def _named(row: Mapping[str, Any], user_key: str, options: TrafficOptions) -> Request:
     """A record from named values (a JSON object, or a CSV row as text)."""
-    for key in _REQUIRED_COLUMNS:
-        if row.get(key) in (None, ""):
-            raise _Malformed("missing field", f"no {key!r}")
-    method, path, ip = row["method"], row["path"], row["ip"]
-    if not (isinstance(method, str) and isinstance(path, str) and isinstance(ip, str)):
+    try:
+        when, method, path, ip = row["timestamp"], row["method"], row["path"], row["ip"]
+    except KeyError as exc:
+        raise _Malformed("missing field", f"no {exc.args[0]!r}") from None
+    if type(method) is not str or type(path) is not str or type(ip) is not str:
         raise _Malformed("field type", "'method', 'path' and 'ip' must be text")
+    if not (method and path and ip):
+        raise _Malformed("missing field", "'method', 'path' and 'ip' must not be empty")
     host = row.get("host") or ""
-    if not isinstance(host, str):
+    if type(host) is not str:
         raise _Malformed("field type", "'host' is not text")
-    user = _optional_text(row.get(user_key))
+    user = row.get(user_key)
+    if user is not None and (type(user) is not str or not user or user == "-"):
+        user = _optional_text(user)
+    tier = row.get("tier")
+    if tier is not None and (type(tier) is not str or not tier or tier == "-"):
+        tier = _optional_text(tier)
+    colo = row.get("colo")
+    if colo is not None and (type(colo) is not str or not colo or colo == "-"):
+        colo = _optional_text(colo)
     authenticated = options.authenticated
     if authenticated is None:
         authenticated = _flag(row.get("authenticated"))
+    status = row.get("status")
+    if status is not None and type(status) is not int:
+        status = _status(status)
     return Request(
-        _time_us(row["timestamp"]),
+        _time_us(when),
         method.upper(),
-        _host(host),
+        _host(host) if host else "",
         _path(path),
         ip,
         user,
-        _tier(_optional_text(row.get("tier")), user, options.tiers, options.default_tier),
+        tier or _tier(None, user, options.tiers, options.default_tier),
         authenticated,
-        _optional_text(row.get("colo")),
-        _status(row.get("status")),
+        colo,
+        status or None,
     )
 
 
