@@ -1,0 +1,702 @@
+"""The replay engine: recorded requests through the policy's layers, in the order traffic
+meets them (Cloudflare's rate limiting rules, the Worker, the app), each with its own
+counting model (``_replay_models``).
+
+Pure: it takes :class:`~edgegen._replay_types.Request` values in time order and returns
+counts; reading files (``_traffic``) and formatting (``_replay_report``) live elsewhere.
+A request refused at one layer does not reach the next. Memory is bounded by the identities
+active within a period (the models forget idle keys; ``sweep``), plus what the report keeps
+by design: one entry per distinct identity that a limit counted (for "identities affected"
+and the headroom figures) and a per-minute timeline.
+
+What each layer sees, and the assumptions this module makes (``ASSUMPTIONS``, printed in
+every report), are in docs/replay.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from policy import (
+    Action,
+    EdgeTarget,
+    Limit,
+    Policy,
+    Rate,
+    ip_bucket,
+    normalize_host,
+    request_paths,
+)
+from policy import Matcher as PolicyMatcher
+
+from . import _placement
+from ._replay_models import app_model, rule_counter, worker_counter
+from ._replay_types import AppModel, EdgeCounter, Request
+
+# Forget idle counters every this many records (and at the end): cheap, and often enough
+# that memory follows the active identities.
+_SWEEP_EVERY = 65_536
+# The matching caches: requests repeat a small set of (method, host, path) combinations;
+# past this many entries a cache is cleared rather than grown (a scanner's random paths).
+_CACHE_LIMIT = 65_536
+_MINUTE_US = 60_000_000
+_TOP = 10
+
+ASSUMPTIONS = (
+    "Rules and the Worker see the path as the app does after normalisation (decoded, "
+    "canonical); the spellings docs/edge.md lists as gaps of the rule expressions are not "
+    "modelled.",
+    "A rule counts per data centre and client address (ip.src: each IPv6 address apart); "
+    "records without a data centre are counted in one.",
+    "The Worker sees only requests on its routes, counted per data centre and client network "
+    "(the policy's ipv6_prefix), in fixed windows of its binding's period.",
+    "A challenged request stops at the edge unless --challenges pass is given (a client "
+    "that solves challenges reaches the app).",
+    "The app decides every limit exactly (approximate mode and the denial cache are "
+    "modelled as exact decisions); a caller keeps one tier through the replay.",
+    "A limit that counts by an app key (per: org) counts the record's user in its place.",
+)
+
+
+class Layer(StrEnum):
+    """Where a request was decided, in the order traffic meets the layers."""
+
+    RULES = "rules"
+    WORKER = "worker"
+    APP = "app"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    """How to replay: ``challenges`` is "stop" (a challenged request goes no further) or
+    "pass"; ``show_identities`` prints identities as they are instead of hashed;
+    ``layers`` limits the replay to some layers (all by default)."""
+
+    challenges: str = "stop"
+    show_identities: bool = False
+    layers: frozenset[Layer] = frozenset(Layer)
+
+
+class Row:
+    """What one limit (one rule, binding or app limit and tier) did to the replayed traffic.
+
+    ``counted`` requests reached it and matched; ``refused`` were refused by it (``shadow``
+    would have been, for a limit in shadow mode; ``challenged`` got a challenge). Per
+    identity: how many it counted and refused, and the peak count in one fixed period
+    (aligned to the epoch) against ``limit`` for the headroom figure.
+    """
+
+    __slots__ = (
+        "action",
+        "challenged",
+        "counted",
+        "enforced",
+        "layer",
+        "limit",
+        "name",
+        "peaks",
+        "period_us",
+        "rate",
+        "refused",
+        "refused_by",
+        "shadow",
+        "tier",
+        "windows",
+    )
+
+    def __init__(
+        self,
+        layer: Layer,
+        name: str,
+        tier: str | None,
+        rate: Rate,
+        *,
+        enforced: bool = True,
+        action: str | None = None,
+    ) -> None:
+        self.layer = layer
+        self.name = name
+        self.tier = tier
+        self.rate = rate
+        self.limit = rate.limit
+        self.period_us = round(rate.period.seconds * 1_000_000)
+        self.enforced = enforced
+        self.action = action
+        self.counted = 0
+        self.refused = 0
+        self.shadow = 0
+        self.challenged = 0
+        # identity -> [window index, count in that window, peak count in one window]
+        self.windows: dict[Hashable, list[int]] = {}
+        self.refused_by: dict[Hashable, int] = {}
+        self.peaks: dict[Hashable, int] = {}
+
+    def count(self, identity: Hashable, at_us: int, cost: int) -> None:
+        """One request counted by this limit, for its identity."""
+        self.counted += 1
+        window = at_us // self.period_us
+        state = self.windows.get(identity)
+        if state is None:
+            self.windows[identity] = [window, cost, cost]
+        elif state[0] == window:
+            state[1] += cost
+            state[2] = max(state[2], state[1])
+        else:
+            state[0] = window
+            state[1] = cost
+            state[2] = max(state[2], cost)
+
+    def refuse(self, identity: Hashable) -> None:
+        """That request was refused by this limit."""
+        self.refused_by[identity] = self.refused_by.get(identity, 0) + 1
+
+    @property
+    def identities(self) -> int:
+        """Distinct identities this limit counted."""
+        return len(self.windows)
+
+    def peak_of(self, identity: Hashable) -> int:
+        """An identity's peak count in one period."""
+        return self.windows[identity][2]
+
+    def busiest(self, n: int = 3) -> list[tuple[Hashable, int]]:
+        """The ``n`` identities with the highest peak, highest first."""
+        peaks = ((identity, state[2]) for identity, state in self.windows.items())
+        return sorted(peaks, key=lambda item: (-item[1], str(item[0])))[:n]
+
+    def top_refused(self, n: int = _TOP) -> list[tuple[Hashable, int]]:
+        """The ``n`` identities refused most often."""
+        return sorted(self.refused_by.items(), key=lambda item: (-item[1], str(item[0])))[:n]
+
+
+@dataclass(slots=True)
+class _Rule:
+    """One Cloudflare rule as the replay runs it."""
+
+    row: Row
+    matcher: PolicyMatcher
+    counter: EdgeCounter
+    # None: every request; True: only requests with a credential; False: only without.
+    credentialed: bool | None
+    challenge: bool
+
+
+@dataclass(slots=True)
+class _Binding:
+    """One counter of the Worker (a limit's own, or its credentialed one)."""
+
+    row: Row
+    matcher: PolicyMatcher
+    counter: EdgeCounter
+    credentialed: bool | None
+
+
+@dataclass(slots=True)
+class _AppCheck:
+    """One rate of one app limit for one tier."""
+
+    row: Row
+    model: AppModel
+    # None: by the caller (user, or address when anonymous); "ip": always by address.
+    per_ip: bool
+    shadow: bool
+
+
+@dataclass(slots=True)
+class _AppLimit:
+    name: str
+    matcher: PolicyMatcher
+    per_ip: bool
+    shadow: bool
+    tiers: dict[str, list[_AppCheck]]
+
+
+@dataclass(slots=True)
+class Timeline:
+    """Per minute since the first record: admitted, and refused by each layer."""
+
+    start_minute: int | None = None
+    minutes: dict[int, list[int]] = field(default_factory=dict)
+
+    def add(self, at_us: int, column: int) -> None:
+        minute = at_us // _MINUTE_US
+        if self.start_minute is None or minute < self.start_minute:
+            self.start_minute = minute
+        counts = self.minutes.get(minute)
+        if counts is None:
+            counts = self.minutes[minute] = [0, 0, 0, 0]
+        counts[column] += 1
+
+
+_COLUMN = {None: 0, Layer.RULES: 1, Layer.WORKER: 2, Layer.APP: 3}
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """What a replay found: one row per limit and tier per layer, totals, a timeline."""
+
+    rows: list[Row]
+    requests: int = 0
+    admitted: int = 0
+    refused: dict[Layer, int] = field(default_factory=lambda: dict.fromkeys(Layer, 0))
+    challenged: int = 0
+    first_us: int | None = None
+    last_us: int | None = None
+    timeline: Timeline = field(default_factory=Timeline)
+    layers: tuple[Layer, ...] = ()
+    notes: list[str] = field(default_factory=list)
+    label: Callable[[Hashable], str] = str
+
+    def rows_of(self, layer: Layer) -> list[Row]:
+        """The rows of one layer, in policy order."""
+        return [row for row in self.rows if row.layer is layer]
+
+
+def _identity_label(show: bool) -> Callable[[Hashable], str]:
+    """How identities are printed: as they are, or hashed with a key that lives only in
+    this process (the same identity hashes the same within one run, so two policies
+    replayed side by side name it alike, but a report cannot be reversed by guessing)."""
+    if show:
+        return _plain
+    key = os.urandom(16)
+
+    def hashed(identity: Hashable) -> str:
+        kind, _, _ = _plain(identity).partition(":")
+        digest = hmac.new(key, _plain(identity).encode(), hashlib.sha256).hexdigest()[:10]
+        return f"{kind}:{digest}"
+
+    return hashed
+
+
+def _plain(identity: Hashable) -> str:
+    if isinstance(identity, tuple):
+        return ":".join(str(part) for part in identity)
+    return str(identity)
+
+
+class Replay:
+    """The layers of one policy, fed one request at a time (:meth:`feed`), then
+    :meth:`result`. Two Replays fed the same records compare two policies (``diff
+    --traffic``)."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        options: ReplayOptions | None = None,
+        *,
+        label: Callable[[Hashable], str] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.options = options or ReplayOptions()
+        self.tiers = tuple(policy.tiers)
+        self.lowest = self.tiers[0] if self.tiers else "default"
+        self.prefix = policy.clients.ipv6_prefix
+        self.rows: list[Row] = []
+        self.rules: list[_Rule] = []
+        self.bindings: list[_Binding] = []
+        self.routes: list[tuple[str, str]] = []
+        self.apps: list[_AppLimit] = []
+        self.app_by_name: dict[str, _AppLimit] = {}
+        self.notes: list[str] = []
+        layers = self.options.layers
+        if policy.cloudflare is not None and (layers & {Layer.RULES, Layer.WORKER}):
+            self._edge(policy)
+        if Layer.APP in layers:
+            self._app(policy)
+        self.result_ = ReplayResult(
+            rows=self.rows,
+            layers=tuple(layer for layer in Layer if layer in layers),
+            notes=self.notes,
+            label=label or _identity_label(self.options.show_identities),
+        )
+        self._seen = 0
+        self._paths: dict[str, tuple[str, ...]] = {}
+        self._buckets: dict[str, str] = {}
+        self._rule_cache: dict[tuple[str, str, str, bool], list[_Rule]] = {}
+        self._binding_cache: dict[tuple[str, str, str, bool], list[_Binding] | None] = {}
+        self._app_cache: dict[tuple[str, str, str], list[_AppLimit]] = {}
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def _edge(self, policy: Policy) -> None:
+        assert policy.cloudflare is not None
+        when = policy.authenticated_when
+        lists_credentials = bool(when.headers or when.cookies)
+        worker = policy.cloudflare.worker
+        if worker is not None:
+            self.routes = [_route_parts(route) for route in worker.routes]
+        for placement in _placement.place(policy):
+            limit = policy.limits[placement.index]
+            edge = limit.edge
+            if edge is None or placement.target is None or placement.period is None:
+                continue
+            unauthenticated = edge.unauthenticated_only and lists_credentials
+            matcher = limit.match.matcher()
+            credentialed = placement.credentialed
+            if placement.target is EdgeTarget.RULE and Layer.RULES in self.options.layers:
+                assert placement.mitigation_timeout is not None
+                self._rule(limit, matcher, edge.rate, placement.mitigation_timeout, unauthenticated)
+                if credentialed is not None:
+                    timeout = placement.credentialed_timeout or 0
+                    self._rule(limit, matcher, credentialed, timeout, True, credentialed=True)
+            elif placement.target is EdgeTarget.WORKER and Layer.WORKER in self.options.layers:
+                self._binding(limit, matcher, edge.rate, placement.period, unauthenticated)
+                if credentialed is not None:
+                    period = credentialed.period.whole_seconds or placement.period
+                    self._binding(limit, matcher, credentialed, period, True, credentialed=True)
+        if self.bindings and not self.routes:
+            self.notes.append(
+                "The Worker has no routes, so it would see no traffic; the replay gives it "
+                "every request to show what its limits would do."
+            )
+
+    def _rule(
+        self,
+        limit: Limit,
+        matcher: PolicyMatcher,
+        rate: Rate,
+        timeout: int,
+        unauthenticated: bool,
+        *,
+        credentialed: bool = False,
+    ) -> None:
+        edge = limit.edge
+        assert edge is not None
+        period = rate.period.whole_seconds
+        assert period is not None
+        name = f"{limit.name} (credentialed)" if credentialed else limit.name
+        row = Row(Layer.RULES, name, None, rate, action=edge.action.value)
+        self.rows.append(row)
+        self.rules.append(
+            _Rule(
+                row=row,
+                matcher=matcher,
+                counter=rule_counter(period, rate.limit, timeout, edge.action),
+                credentialed=True if credentialed else (False if unauthenticated else None),
+                challenge=edge.action is not Action.BLOCK,
+            )
+        )
+
+    def _binding(
+        self,
+        limit: Limit,
+        matcher: PolicyMatcher,
+        rate: Rate,
+        period: int,
+        unauthenticated: bool,
+        *,
+        credentialed: bool = False,
+    ) -> None:
+        name = f"{limit.name} (credentialed)" if credentialed else limit.name
+        row = Row(Layer.WORKER, name, None, rate, action="block")
+        self.rows.append(row)
+        self.bindings.append(
+            _Binding(
+                row=row,
+                matcher=matcher,
+                counter=worker_counter(rate.limit, period),
+                credentialed=True if credentialed else (False if unauthenticated else None),
+            )
+        )
+
+    def _app(self, policy: Policy) -> None:
+        for limit in policy.limits:
+            app = limit.app
+            if app is None:
+                continue
+            shadow = not app.enforce
+            per_ip = str(app.per) == "ip"
+            tiers: dict[str, list[_AppCheck]] = {}
+            for tier in self.tiers:
+                rates = app.tiers.get(tier)
+                if not rates:
+                    continue
+                checks = []
+                for rate in rates:
+                    row = Row(Layer.APP, limit.name, tier, rate, enforced=not shadow)
+                    self.rows.append(row)
+                    checks.append(
+                        _AppCheck(row, app_model(app.algorithm, rate, app.burst), per_ip, shadow)
+                    )
+                tiers[tier] = checks
+            entry = _AppLimit(limit.name, limit.match.matcher(), per_ip, shadow, tiers)
+            self.apps.append(entry)
+            self.app_by_name[limit.name] = entry
+
+    # -- feeding --------------------------------------------------------------------------
+
+    def _forms(self, path: str) -> tuple[str, ...]:
+        forms = self._paths.get(path)
+        if forms is None:
+            if len(self._paths) >= _CACHE_LIMIT:
+                self._paths.clear()
+            forms = self._paths[path] = request_paths(path)
+        return forms
+
+    def _bucket(self, ip: str) -> str:
+        bucket = self._buckets.get(ip)
+        if bucket is None:
+            if len(self._buckets) >= _CACHE_LIMIT:
+                self._buckets.clear()
+            bucket = self._buckets[ip] = ip_bucket(ip, self.prefix)
+        return bucket
+
+    def feed(self, request: Request) -> Layer | None:
+        """Replay one request; the layer that refused it, or None when it reached the app
+        (or the last layer replayed) and was admitted."""
+        result = self.result_
+        at = request.at_us
+        if result.first_us is None:
+            result.first_us = at
+        result.last_us = at
+        result.requests += 1
+        self._seen += 1
+        if self._seen % _SWEEP_EVERY == 0:
+            self.sweep(at)
+        refused = self._app_event(request) if request.limit is not None else self._request(request)
+        if refused is None:
+            result.admitted += 1
+        else:
+            result.refused[refused] += 1
+        result.timeline.add(at, _COLUMN[refused])
+        return refused
+
+    def _request(self, request: Request) -> Layer | None:
+        method = "GET" if request.method == "HEAD" else request.method
+        host = request.host
+        path = request.path
+        authenticated = (
+            request.authenticated if request.authenticated is not None else request.user is not None
+        )
+        if self.rules:
+            refused = self._rules(request, method, host, path, authenticated)
+            if refused:
+                return Layer.RULES
+        if self.bindings and self._worker(request, method, host, path, authenticated):
+            return Layer.WORKER
+        if self.apps and self._app_request(request, method, host, path):
+            return Layer.APP
+        return None
+
+    def _rules(
+        self, request: Request, method: str, host: str, path: str, authenticated: bool
+    ) -> bool:
+        cache_key = (method, host, path, authenticated)
+        rules = self._rule_cache.get(cache_key)
+        if rules is None:
+            forms = self._forms(path)
+            rules = [
+                rule
+                for rule in self.rules
+                if (rule.credentialed is None or rule.credentialed == authenticated)
+                and rule.matcher.matches_any(method, forms, host)
+            ]
+            if len(self._rule_cache) >= _CACHE_LIMIT:
+                self._rule_cache.clear()
+            self._rule_cache[cache_key] = rules
+        if not rules:
+            return False
+        # Characteristics cf.colo.id and ip.src: each address apart, per data centre.
+        key = (request.colo or "", request.ip)
+        identity = ("ip", request.ip)
+        at = request.at_us
+        for rule in rules:
+            row = rule.row
+            row.count(identity, at, 1)
+            if rule.counter.hit(key, at):
+                row.refuse(identity)
+                if rule.challenge:
+                    row.challenged += 1
+                    self.result_.challenged += 1
+                    if self.options.challenges == "pass":
+                        # A client that solves the challenge goes on to the next rule.
+                        continue
+                else:
+                    row.refused += 1
+                return True
+        return False
+
+    def _on_routes(self, host: str, path: str) -> bool:
+        if not self.routes:
+            return True
+        return any(_route_covers(route, host, path) for route in self.routes)
+
+    def _worker(
+        self, request: Request, method: str, host: str, path: str, authenticated: bool
+    ) -> bool:
+        cache_key = (method, host, path, authenticated)
+        bindings = self._binding_cache.get(cache_key, ())
+        if bindings == ():
+            if self._on_routes(host, path):
+                forms = self._forms(path)
+                bindings = [
+                    binding
+                    for binding in self.bindings
+                    if (binding.credentialed is None or binding.credentialed == authenticated)
+                    and binding.matcher.matches_any(method, forms, host)
+                ]
+            else:
+                bindings = None
+            if len(self._binding_cache) >= _CACHE_LIMIT:
+                self._binding_cache.clear()
+            self._binding_cache[cache_key] = bindings
+        if not bindings:
+            return False
+        bucket = self._bucket(request.ip)
+        key = (request.colo or "", bucket)
+        identity = ("ip", bucket)
+        at = request.at_us
+        for binding in bindings:
+            binding.row.count(identity, at, 1)
+            if binding.counter.hit(key, at):
+                binding.row.refused += 1
+                binding.row.refuse(identity)
+                return True
+        return False
+
+    def _tier(self, request: Request) -> str:
+        tier = request.tier
+        return tier if tier is not None and tier in self.tiers else self.lowest
+
+    def _app_request(self, request: Request, method: str, host: str, path: str) -> bool:
+        cache_key = (method, host, path)
+        limits = self._app_cache.get(cache_key)
+        if limits is None:
+            forms = self._forms(path)
+            limits = [app for app in self.apps if app.matcher.matches_any(method, forms, host)]
+            if len(self._app_cache) >= _CACHE_LIMIT:
+                self._app_cache.clear()
+            self._app_cache[cache_key] = limits
+        if not limits:
+            return False
+        user = request.user
+        tier = self._tier(request) if user is not None else self.lowest
+        checks: list[tuple[_AppCheck, Hashable]] = []
+        for limit in limits:
+            rates = limit.tiers.get(tier)
+            if not rates:
+                continue
+            if user is None or limit.per_ip:
+                identity: Hashable = ("ip", self._bucket(request.ip))
+            else:
+                identity = ("user", user)
+            checks.extend((check, identity) for check in rates)
+        return self._decide(checks, request.at_us, request.cost)
+
+    def _app_event(self, request: Request) -> Layer | None:
+        """A record of the app's decision-event log: one hit of one named limit."""
+        limit = self.app_by_name.get(request.limit or "")
+        if limit is None:
+            return None
+        rates = limit.tiers.get(self._tier(request))
+        if not rates:
+            return None
+        identity: Hashable = ("user", request.user or "")
+        checks = [(check, identity) for check in rates]
+        return Layer.APP if self._decide(checks, request.at_us, request.cost) else None
+
+    @staticmethod
+    def _decide(checks: list[tuple[_AppCheck, Hashable]], at: int, cost: int) -> bool:
+        """decide.lua's two phases: every check without writing; when every enforced one
+        admits, the writes of those that admitted (shadow ones included). True: refused."""
+        if not checks:
+            return False
+        admitted: list[bool] = []
+        refused = False
+        for check, identity in checks:
+            ok = check.model.check(identity, at, cost)
+            admitted.append(ok)
+            row = check.row
+            row.count(identity, at, cost)
+            if not ok:
+                row.refuse(identity)
+                if check.shadow:
+                    row.shadow += 1
+                else:
+                    row.refused += 1
+                    refused = True
+        if not refused:
+            for (check, identity), ok in zip(checks, admitted, strict=True):
+                if ok:
+                    check.model.apply(identity, at, cost)
+        return refused
+
+    def sweep(self, now_us: int) -> None:
+        """Let every model forget what can no longer change a decision."""
+        for rule in self.rules:
+            rule.counter.sweep(now_us)
+        for binding in self.bindings:
+            binding.counter.sweep(now_us)
+        for app in self.apps:
+            for checks in app.tiers.values():
+                for check in checks:
+                    check.model.sweep(now_us)
+
+    def result(self) -> ReplayResult:
+        """The counts so far."""
+        return self.result_
+
+
+def replay(
+    policy: Policy, records: Iterable[Request], options: ReplayOptions | None = None
+) -> ReplayResult:
+    """Replay ``records`` (in time order) through ``policy``'s layers."""
+    engine = Replay(policy, options)
+    feed = engine.feed
+    for record in records:
+        feed(record)
+    return engine.result()
+
+
+def replay_pair(
+    old: Policy, new: Policy, records: Iterable[Request], options: ReplayOptions | None = None
+) -> tuple[ReplayResult, ReplayResult]:
+    """Replay the same records through two policies in one pass (identities are labelled
+    alike in both results)."""
+    options = options or ReplayOptions()
+    label = _identity_label(options.show_identities)
+    before = Replay(old, options, label=label)
+    after = Replay(new, options, label=label)
+    for record in records:
+        before.feed(record)
+        after.feed(record)
+    return before.result(), after.result()
+
+
+def _route_parts(route: str) -> tuple[str, str]:
+    """A Worker route pattern's host and path parts (``*.example.com``, ``/api/*``)."""
+    pattern = route.split("://", 1)[-1]
+    host, slash, path = pattern.partition("/")
+    return host.lower(), slash + path if slash else "/*"
+
+
+def _route_covers(route: tuple[str, str], host: str, path: str) -> bool:
+    """Whether a route sends a request to the Worker: ``*`` leads the host or ends the path,
+    as Cloudflare's route patterns allow."""
+    route_host, route_path = route
+    name = normalize_host(host)
+    if route_host.startswith("*"):
+        if not name.endswith(route_host[1:]):
+            return False
+    elif route_host != name:
+        return False
+    if route_path.endswith("*"):
+        return path.startswith(route_path[:-1])
+    return path == route_path
+
+
+__all__ = [
+    "ASSUMPTIONS",
+    "Layer",
+    "Replay",
+    "ReplayOptions",
+    "ReplayResult",
+    "Row",
+    "replay",
+    "replay_pair",
+]
