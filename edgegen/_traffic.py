@@ -251,9 +251,8 @@ def read_traffic(paths: Sequence[str | Path], options: TrafficOptions) -> Traffi
     closers: list[IO[Any]] = []
     try:
         for path in paths:
-            label, text, packed, closer = _open(path)
-            if closer is not None:
-                closers.append(closer)
+            label, text, packed, to_close = _open(path)
+            closers.extend(to_close)
             lines = _numbered(text, label)
             lineno, first = _first_line(lines)
             # An empty file has no records in any format: it is "empty", not a guess.
@@ -269,7 +268,7 @@ def read_traffic(paths: Sequence[str | Path], options: TrafficOptions) -> Traffi
                 user_from=user_from,
                 options=options,
             )
-            streams.append(_ordered(rest, parse, file_stats, options, label))
+            streams.append(_closing(_ordered(rest, parse, file_stats, options, label), to_close))
     except BaseException:
         for handle in closers:
             handle.close()
@@ -285,14 +284,15 @@ def read_traffic(paths: Sequence[str | Path], options: TrafficOptions) -> Traffi
 # --- files ---------------------------------------------------------------------------------
 
 
-def _open(path: str | Path) -> tuple[str, IO[str], bool, IO[Any] | None]:
-    """The file's label, its text, whether it is gzip, and what to close (None: stdin)."""
+def _open(path: str | Path) -> tuple[str, IO[str], bool, list[IO[Any]]]:
+    """The file's label, its text, whether it is gzip, and what to close (nothing for
+    stdin)."""
     label = str(path)
     raw: IO[bytes]
     if label == "-":
         label = "<stdin>"
         raw = sys.stdin.buffer
-        closer: IO[Any] | None = None
+        owned = False
     else:
         try:
             raw = Path(path).open("rb")  # noqa: SIM115 (closed by Traffic.close)
@@ -301,7 +301,7 @@ def _open(path: str | Path) -> tuple[str, IO[str], bool, IO[Any] | None]:
             raise TrafficError(
                 f"cannot read traffic file {label}: {reason}; check the path", file=label
             ) from exc
-        closer = raw
+        owned = True
     # peek needs a buffered reader (a test's stdin may be a plain BytesIO).
     reader = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(cast(Any, raw))
     packed = reader.peek(2)[:2] == b"\x1f\x8b"
@@ -309,7 +309,8 @@ def _open(path: str | Path) -> tuple[str, IO[str], bool, IO[Any] | None]:
     # utf-8-sig drops the byte order mark spreadsheets write; bytes that are not UTF-8 (a
     # binary probe logged raw) become U+FFFD and make that line malformed, not the file.
     text = io.TextIOWrapper(body, encoding="utf-8-sig", errors="replace")
-    return label, text, packed, (text if closer is not None else None)
+    # A GzipFile given a file object leaves it open: close the file itself too.
+    return label, text, packed, ([text, raw] if owned else [])
 
 
 def _numbered(text: IO[str], label: str) -> Iterator[tuple[int, str]]:
@@ -376,7 +377,7 @@ def _parser(
 ) -> tuple[_Parser, Iterator[tuple[int, str]]]:
     """The line parser of ``fmt`` and the lines it reads (the first one included, unless it
     is a CSV header)."""
-    if user_from is not None and user_from[0] != "field" and fmt != "logpush":
+    if user_from is not None and user_from[0] != "field" and fmt not in ("logpush", "empty"):
         raise TrafficError(
             f"{label}: --user-from {options.user_from} reads a request {user_from[0]}, which "
             f"only Logpush logs carry, but this file is {fmt}; log the value as a field or "
@@ -406,6 +407,15 @@ def _no_records(line: str) -> Request | None:
 def _chain(head: tuple[int, str], rest: Iterator[tuple[int, str]]) -> Iterator[tuple[int, str]]:
     yield head
     yield from rest
+
+
+def _closing(records: Iterator[Request], handles: list[IO[Any]]) -> Iterator[Request]:
+    """``records``, closing the file once they are read, fail, or are dropped unread."""
+    try:
+        yield from records
+    finally:
+        for handle in handles:
+            handle.close()
 
 
 def _ordered(  # noqa: C901, PLR0912 (every record's hot loop: one body, no calls per record)
