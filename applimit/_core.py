@@ -243,10 +243,14 @@ class _Block:
     tail: tuple[str, str]
     result_head: tuple[str, str, str, int, float, bool]
     args_cost_1: tuple[str, ...] = ()
+    packed_cost_1: bytes = b""
 
     def __post_init__(self) -> None:
-        # The arguments of a request of cost 1, nearly every request's, made once.
-        object.__setattr__(self, "args_cost_1", (*self.head, "1", *self.tail))
+        # The arguments of a request of cost 1, nearly every request's, made once, and
+        # their RESP encoding (see ScriptCall.packed).
+        args = (*self.head, "1", *self.tail)
+        object.__setattr__(self, "args_cost_1", args)
+        object.__setattr__(self, "packed_cost_1", bulks(args))
 
 
 def _blocks(prefix: str, rule: AppRule, tier: str) -> tuple[_Block, ...]:
@@ -274,11 +278,49 @@ def _blocks(prefix: str, rule: AppRule, tier: str) -> tuple[_Block, ...]:
 @dataclass(slots=True)
 class ScriptCall:
     """One call of the limiter's script: its keys, its arguments, and on Redis Cluster
-    the hash slot of its keys (which tells the shell which node's breaker applies)."""
+    the hash slot of its keys (which tells the shell which node's breaker applies).
+
+    ``packed`` is the number of keys, the keys and the arguments as RESP bulk strings, in
+    order, when the core encoded them: a wire then only puts the command's head before it
+    (``_protocol.pack``). Most of those bytes are the same for every request of a limit
+    and tier, so they are encoded once (``_Block.packed_cost_1``); hiredis' packer
+    formats every argument's length with ``sprintf``, which cost a seventh of a sync
+    decision. Empty: the wire packs ``keys`` and ``args`` itself.
+    """
 
     keys: tuple[str, ...]
     args: tuple[str, ...]
     slot: int | None = None
+    packed: bytes = b""
+
+
+def bulk(value: str) -> bytes:
+    """``value`` as a RESP bulk string, UTF-8 encoded as hiredis encodes a str."""
+    data = value.encode()
+    return b"$%d\r\n%b\r\n" % (len(data), data)
+
+
+def bulks(values: Iterable[str]) -> bytes:
+    """``values`` as consecutive RESP bulk strings."""
+    return b"".join([bulk(value) for value in values])
+
+
+# The operations' bulk strings, and an empty one (``now`` without a test clock).
+_OPERATION_BULKS = {name: bulk(name) for name in ("hit", "peek", "refund")}
+_EMPTY_BULK = bulk("")
+# "1": the number of keys, and the number of checks, of a call with one check.
+_ONE_BULK = bulk("1")
+
+
+def _lead(operation: str, now: str, nonce: str, slack: str) -> bytes:
+    """The encoded arguments every call of a plan starts with: operation, now, nonce,
+    slack (see decide.lua)."""
+    return b"%b%b%b%b" % (
+        _OPERATION_BULKS[operation],
+        bulk(now) if now else _EMPTY_BULK,
+        bulk(nonce) if nonce else _EMPTY_BULK,
+        bulk(slack),
+    )
 
 
 def wrote(call: ScriptCall, reply: object) -> bool:
@@ -296,17 +338,41 @@ def _script_call(
     nonce: str,
     slack: str,
     slot: int | None,
+    lead: bytes,
 ) -> ScriptCall:
+    """The call running ``checks``; ``lead`` is ``_lead(operation, now, nonce, slack)``,
+    encoded once for every call of a plan."""
     if len(checks) == 1:
         # One rate of one limit (most decisions): no list to build.
         check = checks[0]
         block = check.block
-        tail = block.args_cost_1 if check.cost == 1 else check.args()
-        return ScriptCall((check.key,), (operation, now, nonce, slack, "1", *tail), slot)
+        key = check.key.encode()
+        if check.cost == 1:
+            tail = block.args_cost_1
+            packed_tail = block.packed_cost_1
+        else:
+            tail = check.args()
+            packed_tail = bulks(tail)
+        return ScriptCall(
+            (check.key,),
+            (operation, now, nonce, slack, "1", *tail),
+            slot,
+            b"%b$%d\r\n%b\r\n%b%b%b" % (_ONE_BULK, len(key), key, lead, _ONE_BULK, packed_tail),
+        )
     args: list[str] = [operation, now, nonce, slack, str(len(checks))]
+    packed: list[bytes] = [bulk(str(len(checks)))]
+    packed.extend([bulk(check.key) for check in checks])
+    packed.append(lead)
+    packed.append(bulk(args[4]))
     for check in checks:
-        args.extend(check.args())
-    return ScriptCall(tuple([c.key for c in checks]), tuple(args), slot)
+        if check.cost == 1:
+            args.extend(check.block.args_cost_1)
+            packed.append(check.block.packed_cost_1)
+        else:
+            more = check.args()
+            args.extend(more)
+            packed.append(bulks(more))
+    return ScriptCall(tuple([c.key for c in checks]), tuple(args), slot, b"".join(packed))
 
 
 @dataclass(slots=True)
@@ -369,14 +435,16 @@ class Prepared:
                 spent = [i for i in group if final[i].consumed]
                 if not spent:
                     continue
+                refund_now = str(now)
                 refunds.append(
                     _script_call(
                         "refund",
                         [self.checks[i] for i in spent],
-                        now=str(now),
+                        now=refund_now,
                         nonce=self.nonce,
                         slack="0",
                         slot=call.slot,
+                        lead=_lead("refund", refund_now, self.nonce, "0"),
                     )
                 )
                 for i in spent:
@@ -719,7 +787,13 @@ class Core:
             if not checks:
                 return Prepared(operation, (), (), (), nonce, self._slack)
             call = _script_call(
-                operation, checks, now=now, nonce=nonce, slack=self._slack, slot=None
+                operation,
+                checks,
+                now=now,
+                nonce=nonce,
+                slack=self._slack,
+                slot=None,
+                lead=_lead(operation, now, nonce, self._slack),
             )
             return Prepared(
                 operation, tuple(checks), _one_group(len(checks)), (call,), nonce, self._slack
@@ -729,6 +803,7 @@ class Core:
             by_slot.setdefault(key_slot(check.key.encode()), []).append(index)
         groups = tuple(tuple(g) for g in by_slot.values())
         slots = list(by_slot)
+        lead = _lead(operation, now, nonce, self._slack)
         calls = tuple(
             _script_call(
                 operation,
@@ -737,6 +812,7 @@ class Core:
                 nonce=nonce,
                 slack=self._slack,
                 slot=slot,
+                lead=lead,
             )
             for group, slot in zip(groups, slots, strict=True)
         )

@@ -59,9 +59,34 @@ def pack_command(args: tuple[str | bytes | int, ...]) -> bytes:
     return bytes(hiredis.pack_command(args))  # type: ignore[arg-type]
 
 
+# The head of a call's command (the command, the function's name, SHA or script), by
+# command, number of keys and number of arguments: bounded by the policy's limits.
+_PACKED_HEADS: dict[tuple[bytes, int, int], bytes] = {}
+
+
+def _packed_head(how: bytes, keys: int, args: int) -> bytes:
+    """The RESP array header and the command's first two bulk strings."""
+    command, name = _HEADS[how]
+    encoded = name.encode()
+    head = b"*%d\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
+        3 + keys + args,
+        len(command),
+        command,
+        len(encoded),
+        encoded,
+    )
+    _PACKED_HEADS[how, keys, args] = head
+    return head
+
+
 def pack(call: ScriptCall, how: bytes) -> bytes:
     """``call`` as one RESP command: FCALL of the library's function, EVALSHA by the
     script's SHA, or EVAL with the script's text."""
+    if call.packed:
+        # The core encoded the keys and arguments (ScriptCall.packed): only the head.
+        keys, args = len(call.keys), len(call.args)
+        head = _PACKED_HEADS.get((how, keys, args)) or _packed_head(how, keys, args)
+        return head + call.packed
     return pack_command((*_HEADS[how], len(call.keys), *call.keys, *call.args))
 
 
