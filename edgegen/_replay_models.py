@@ -21,6 +21,12 @@ App models (:func:`app_model`, :func:`app_models`, :func:`admit`)
     in the stored window). Redis expiry is not modelled: a key expires only once its state
     no longer changes a decision (common.lua's expiry cells), which ``sweep`` restates.
 
+Sweeps (every model)
+    ``sweep(t)`` forgets what can no longer change a decision at ``t`` or later. A call at
+    an earlier time than ``t`` may then decide otherwise than without the sweep, so an
+    engine that reads records slightly out of order sweeps at the earliest time a record
+    still to come may carry.
+
 Rule model (:func:`rule_counter`)
     Cloudflare's request-rate calculation (developers.cloudflare.com/waf/rate-limiting-
     rules/request-rate/ and .../parameters/), counted with the sliding-window approximation

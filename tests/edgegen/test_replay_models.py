@@ -2,9 +2,12 @@
 
 - The app models against applimit's Lua: hypothesis draws traces (several identities in
   two tiers, one of them with several rates, random gaps with bursts, exact window and
-  emission edges and idle gaps longer than the period, random costs, sweeps at random
-  points) and runs each through applimit's real ``Limiter`` on a real redis-server, its time
-  set by ``test_clock``, and through the models; every decision must be the same.
+  emission edges, idle gaps longer than the period, a clock that sometimes goes back as
+  out-of-order records make it, random costs, sweeps at random points) and runs each
+  through applimit's real ``Limiter`` on a real redis-server, its time set by
+  ``test_clock``, and through the models; every decision must be the same. Hand-written
+  traces pin each algorithm's exact edges, and two enforced limits and a shadow one on one
+  request are held to decide.lua's all-or-nothing.
 - The rule counter against the examples of Cloudflare's request-rate page.
 - The Worker counter against workerd: Miniflare's ratelimit binding driven at chosen times.
 - Sweeps: memory goes with the keys active within a period, and decisions do not change.
@@ -104,6 +107,8 @@ def traces(draw: st.DrawFn, algorithm: Algorithm) -> dict[str, Any]:
         st.sampled_from([k * period // limit for limit, period in rates for k in (1, 2)]),
         # Idle for longer than every period.
         st.integers(longest + 1, 4 * longest),
+        # A record logged out of order: the clock goes back a little.
+        st.integers(-periods[0], -1),
     )
     # Or land on a fraction of one rate's window (+-1 µs): where a sliding window's
     # previous count weighs a whole number of requests.
@@ -138,6 +143,7 @@ def traces(draw: st.DrawFn, algorithm: Algorithm) -> dict[str, Any]:
         "tiers": [draw(st.sampled_from(TIERS)) for _ in range(identities)],
         "events": events,
         "start": draw(st.integers(0, longest)),
+        "back": periods[0],
     }
 
 
@@ -178,9 +184,11 @@ def replay_against_lua(
                 clock.us = target if target >= clock.us else target + period
             tier = trace["tiers"][who]
             if sweep:
+                # At the earliest time a later record may carry (the clock goes back by
+                # less than the shortest period), as the engine sweeps.
                 for tier_models in models.values():
                     for model in tier_models:
-                        model.sweep(clock.us)
+                        model.sweep(clock.us - trace["back"])
             decision = limiter.hit("x", users[who], tier=tier, cost=cost)
             assert not decision.degraded
             checks = [(model, who, False) for model in models[tier]]
@@ -227,6 +235,7 @@ def edge_trace(limit: int, burst: int | None, events: list[tuple[int, int, int]]
         "tiers": ["free", "free"],
         "events": [(who, gap, cost, False, None) for who, gap, cost in events],
         "start": 0,
+        "back": 0,
     }
 
 
