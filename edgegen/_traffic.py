@@ -67,6 +67,8 @@ REORDER_WINDOW_US: Final = 5_000_000
 # Examples kept per file, so a report can point at the lines without listing thousands.
 MAX_EXAMPLES: Final = 5
 _SHOWN_CHARS = 40
+# No request's log line is this long; a longer one is skipped as malformed, unread.
+MAX_LINE_CHARS: Final = 1 << 20
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -254,7 +256,7 @@ def read_traffic(paths: Sequence[str | Path], options: TrafficOptions) -> Traffi
             label, text, packed, to_close = _open(path)
             closers.extend(to_close)
             lines = _numbered(text, label)
-            lineno, first = _first_line(lines)
+            lineno, first = _first_line(lines, label)
             # An empty file has no records in any format: it is "empty", not a guess.
             fmt = options.format or (_detect(first, label, lineno) if first else "empty")
             file_stats = FileStats(label, fmt, packed)
@@ -313,12 +315,21 @@ def _open(path: str | Path) -> tuple[str, IO[str], bool, list[IO[Any]]]:
     return label, text, packed, ([text, raw] if owned else [])
 
 
-def _numbered(text: IO[str], label: str) -> Iterator[tuple[int, str]]:
-    """``(line number, line without its end)``; a damaged gzip stream is a TrafficError."""
+def _numbered(text: IO[str], label: str) -> Iterator[tuple[int, str | None]]:
+    """``(line number, line without its end)``, None for a line longer than
+    :data:`MAX_LINE_CHARS` (skipped unread, so a file without line ends cannot fill
+    memory); a damaged gzip stream is a TrafficError."""
     lineno = 0
+    readline = text.readline
     try:
-        for lineno, line in enumerate(text, 1):
-            yield lineno, line.rstrip("\r\n")
+        while line := readline(MAX_LINE_CHARS):
+            lineno += 1
+            if len(line) == MAX_LINE_CHARS and line[-1] != "\n":
+                while (line := readline(MAX_LINE_CHARS)) and line[-1] != "\n":
+                    pass
+                yield lineno, None
+            else:
+                yield lineno, line.rstrip("\r\n")
     except (EOFError, OSError, zlib.error) as exc:
         raise TrafficError(
             f"{label}:{lineno + 1}: the file cannot be read past this line ({exc}); a gzip "
@@ -328,9 +339,17 @@ def _numbered(text: IO[str], label: str) -> Iterator[tuple[int, str]]:
         ) from exc
 
 
-def _first_line(lines: Iterator[tuple[int, str]]) -> tuple[int, str]:
+def _first_line(lines: Iterator[tuple[int, str | None]], label: str) -> tuple[int, str]:
     """The first non-empty line (0, "" for an empty file)."""
     for lineno, line in lines:
+        if line is None:
+            raise TrafficError(
+                f"{label}:{lineno}: the line is longer than {MAX_LINE_CHARS:,} characters, "
+                "so this is no log of requests (a binary file, or JSON without line ends?); "
+                "name a log file with one request per line",
+                file=label,
+                line=lineno,
+            )
         if line.strip():
             return lineno, line
     return 0, ""
@@ -370,11 +389,11 @@ def _parser(
     *,
     first: str,
     lineno: int,
-    lines: Iterator[tuple[int, str]],
+    lines: Iterator[tuple[int, str | None]],
     label: str,
     user_from: tuple[str, str] | None,
     options: TrafficOptions,
-) -> tuple[_Parser, Iterator[tuple[int, str]]]:
+) -> tuple[_Parser, Iterator[tuple[int, str | None]]]:
     """The line parser of ``fmt`` and the lines it reads (the first one included, unless it
     is a CSV header)."""
     if user_from is not None and user_from[0] != "field" and fmt not in ("logpush", "empty"):
@@ -404,7 +423,9 @@ def _no_records(line: str) -> Request | None:
     raise _Malformed("not a log line", "the file was empty when its format was told")
 
 
-def _chain(head: tuple[int, str], rest: Iterator[tuple[int, str]]) -> Iterator[tuple[int, str]]:
+def _chain(
+    head: tuple[int, str], rest: Iterator[tuple[int, str | None]]
+) -> Iterator[tuple[int, str | None]]:
     yield head
     yield from rest
 
@@ -419,7 +440,7 @@ def _closing(records: Iterator[Request], handles: list[IO[Any]]) -> Iterator[Req
 
 
 def _ordered(  # noqa: C901, PLR0912 (every record's hot loop: one body, no calls per record)
-    lines: Iterable[tuple[int, str]],
+    lines: Iterable[tuple[int, str | None]],
     parse: _Parser,
     stats: FileStats,
     options: TrafficOptions,
@@ -441,6 +462,9 @@ def _ordered(  # noqa: C901, PLR0912 (every record's hot loop: one body, no call
     newest = -(1 << 62)
     for lineno, line in lines:
         if not line or line.isspace():
+            if line is None:
+                too_long = _Malformed("line too long", f"over {MAX_LINE_CHARS:,} characters")
+                _count(stats, label, lineno, too_long, strict)
             continue
         try:
             record = parse(line)

@@ -721,3 +721,35 @@ def test_generator_cli_writes_gzip(tmp_path: Path) -> None:
     assert records == [
         projected(r, "logpush") for r in gen.generate(1, seconds=20, rate_per_s=10, users=20)
     ]
+
+
+# --- bounded memory ------------------------------------------------------------------------
+
+
+def test_overlong_line_is_skipped_unread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A line longer than MAX_LINE_CHARS is malformed "line too long", read in pieces and
+    never held whole; the lines after it are read as usual."""
+    from edgegen import _traffic
+
+    monkeypatch.setattr(_traffic, "MAX_LINE_CHARS", 100)
+    path = ndjson_at(tmp_path / "long.ndjson", [0, 1, 2])
+    lines = path.read_text().splitlines(keepends=True)
+    lines.insert(2, '{"timestamp": 1796284801, "junk": "' + "x" * 1000 + '"}\n')
+    path.write_text("".join(lines))
+    records, stats = read([path])
+    assert len(records) == 3
+    assert only(stats).malformed == {"line too long": 1}
+    assert only(stats).examples[0].startswith(f"{path}:3: line too long")
+
+
+def test_overlong_first_line_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A first line longer than MAX_LINE_CHARS (a binary file, one-line JSON) is refused
+    when the file is opened, with its file and line."""
+    from edgegen import _traffic
+
+    monkeypatch.setattr(_traffic, "MAX_LINE_CHARS", 100)
+    path = tmp_path / "blob.json"
+    path.write_text("[" + "1," * 500 + "1]")
+    with pytest.raises(TrafficError, match="longer than 100 characters") as caught:
+        read_traffic([path], TrafficOptions())
+    assert (caught.value.file, caught.value.line) == (str(path), 1)
