@@ -14,18 +14,23 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import policy
 from policy import Cloudflare, Policy
 
-from . import _apply, _diff, _formats, _plan_format
+from . import _apply, _diff, _formats, _plan_format, _replay_report
 from ._artifacts import Artifacts
+from ._cli_replay import describe_source, replay_options, traffic_args, traffic_options
 from ._cloudflare import Client, Write
 from ._pipeline import load_and_build
 from ._plan import SavedPlan, ZonePlan
+from ._plan_format import markdown_text, terminal_text
+from ._replay import replay_pair
 from ._state import RemoteState, Scope
+from ._traffic import read_traffic
 from ._zone import ApplyEvent, apply, plan, pull
 from .errors import UsageError, ZoneError
 
@@ -132,6 +137,7 @@ def register(sub: Any) -> None:
         action="store_true",
         help="exit 0 with no changes, 2 with changes, 1 on error",
     )
+    traffic_args(diff, required=False)
     diff.set_defaults(func=run_diff)
 
 
@@ -406,12 +412,40 @@ def run_diff(args: argparse.Namespace) -> int:
     old = _diff.load_version(args.old)
     new = _diff.load_version(args.new)
     result = _diff.diff(old, new)
+    impact = _traffic_impact(args, old.policy, new.policy) if args.traffic else None
     if args.format == "markdown":
         sys.stdout.write(_diff.to_markdown(result))
+        if impact is not None:
+            sys.stdout.write("\n" + impact.markdown)
     elif args.format == "json":
-        sys.stdout.write(json.dumps(_diff.to_json(result), indent=2) + "\n")
+        data = _diff.to_json(result)
+        if impact is not None:
+            data["impact"] = impact.json
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
         sys.stdout.write(_diff.to_text(result))
+        if impact is not None:
+            sys.stdout.write("\n" + terminal_text(impact.text))
     if args.detailed_exitcode and _diff.has_changes(result):
         return 2
     return 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Impact:
+    text: str
+    markdown: str
+    json: dict[str, Any]
+
+
+def _traffic_impact(args: argparse.Namespace, old: Policy, new: Policy) -> _Impact:
+    """Replay ``--traffic`` through both policies in one pass, and say what changes."""
+    with read_traffic(args.traffic, traffic_options(args, new)) as traffic:
+        before, after = replay_pair(old, new, traffic, replay_options(args))
+    impacts = _replay_report.impact(before, after)
+    source = describe_source(traffic.stats)
+    return _Impact(
+        text=_replay_report.impact_text(impacts, before, after, source),
+        markdown=_replay_report.impact_markdown(impacts, before, after, markdown_text(source)),
+        json=_replay_report.impact_json(impacts, before, after),
+    )

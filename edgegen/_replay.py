@@ -223,14 +223,14 @@ class Timeline:
     start_minute: int | None = None
     minutes: dict[int, list[int]] = field(default_factory=dict)
 
-    def add(self, at_us: int, column: int) -> None:
-        minute = at_us // _MINUTE_US
+    def counts(self, minute: int) -> list[int]:
+        """The counts of one minute (minutes since the epoch), to be added to in place."""
         if self.start_minute is None or minute < self.start_minute:
             self.start_minute = minute
         counts = self.minutes.get(minute)
         if counts is None:
             counts = self.minutes[minute] = [0, 0, 0, 0]
-        counts[column] += 1
+        return counts
 
 
 _COLUMN = {None: 0, Layer.RULES: 1, Layer.WORKER: 2, Layer.APP: 3}
@@ -314,7 +314,10 @@ class Replay:
             notes=self.notes,
             label=label or _identity_label(self.options.show_identities),
         )
-        self._seen = 0
+        self._next_sweep = _SWEEP_EVERY
+        self._minute = -1
+        self._counts: list[int] = [0, 0, 0, 0]
+        self._tier_names = frozenset(self.tiers)
         self._paths: dict[str, tuple[str, ...]] = {}
         self._buckets: dict[str, str] = {}
         self._rule_cache: dict[tuple[str, str, str, bool], list[_Rule]] = {}
@@ -455,15 +458,22 @@ class Replay:
             result.first_us = at
         result.last_us = at
         result.requests += 1
-        self._seen += 1
-        if self._seen % _SWEEP_EVERY == 0:
+        if result.requests >= self._next_sweep:
+            self._next_sweep += _SWEEP_EVERY
             self.sweep(at)
         refused = self._app_event(request) if request.limit is not None else self._request(request)
         if refused is None:
             result.admitted += 1
+            column = 0
         else:
             result.refused[refused] += 1
-        result.timeline.add(at, _COLUMN[refused])
+            column = _COLUMN[refused]
+        # The timeline, inlined for the common case of a record in the same minute.
+        minute = at // _MINUTE_US
+        if minute != self._minute:
+            self._minute = minute
+            self._counts = result.timeline.counts(minute)
+        self._counts[column] += 1
         return refused
 
     def _request(self, request: Request) -> Layer | None:
@@ -563,7 +573,9 @@ class Replay:
         tier = request.tier
         return tier if tier is not None and tier in self.tiers else self.lowest
 
-    def _app_request(self, request: Request, method: str, host: str, path: str) -> bool:
+    def _app_request(  # noqa: C901 (one flat loop per request; split, it costs calls)
+        self, request: Request, method: str, host: str, path: str
+    ) -> bool:
         cache_key = (method, host, path)
         limits = self._app_cache.get(cache_key)
         if limits is None:
@@ -575,17 +587,27 @@ class Replay:
         if not limits:
             return False
         user = request.user
-        tier = self._tier(request) if user is not None else self.lowest
+        if user is None:
+            tier = self.lowest
+        else:
+            tier = request.tier or self.lowest
+            if tier not in self._tier_names:
+                tier = self.lowest
+        by_user: Hashable = None if user is None else ("user", user)
+        by_ip: Hashable = None
         checks: list[tuple[_AppCheck, Hashable]] = []
         for limit in limits:
             rates = limit.tiers.get(tier)
             if not rates:
                 continue
-            if user is None or limit.per_ip:
-                identity: Hashable = ("ip", self._bucket(request.ip))
+            if by_user is None or limit.per_ip:
+                if by_ip is None:
+                    by_ip = ("ip", self._bucket(request.ip))
+                identity = by_ip
             else:
-                identity = ("user", user)
-            checks.extend((check, identity) for check in rates)
+                identity = by_user
+            for check in rates:
+                checks.append((check, identity))
         return self._decide(checks, request.at_us, request.cost)
 
     def _app_event(self, request: Request) -> Layer | None:
@@ -603,27 +625,42 @@ class Replay:
     @staticmethod
     def _decide(checks: list[tuple[_AppCheck, Hashable]], at: int, cost: int) -> bool:
         """decide.lua's two phases: every check without writing; when every enforced one
-        admits, the writes of those that admitted (shadow ones included). True: refused."""
-        if not checks:
-            return False
-        admitted: list[bool] = []
+        admits, the writes of those that admitted (shadow ones included). True: refused.
+
+        Row.count is inlined: this runs for every check of every request.
+        """
+        admitted: list[tuple[AppModel, Hashable]] = []
         refused = False
         for check, identity in checks:
-            ok = check.model.check(identity, at, cost)
-            admitted.append(ok)
+            model = check.model
+            ok = model.check(identity, at, cost)
             row = check.row
-            row.count(identity, at, cost)
-            if not ok:
-                row.refuse(identity)
+            row.counted += 1
+            window = at // row.period_us
+            state = row.windows.get(identity)
+            if state is None:
+                row.windows[identity] = [window, cost, cost]
+            elif state[0] == window:
+                state[1] += cost
+                if state[1] > state[2]:  # noqa: PLR1730 (cheaper than max() per check)
+                    state[2] = state[1]
+            else:
+                state[0] = window
+                state[1] = cost
+                if cost > state[2]:  # noqa: PLR1730
+                    state[2] = cost
+            if ok:
+                admitted.append((model, identity))
+            else:
+                row.refused_by[identity] = row.refused_by.get(identity, 0) + 1
                 if check.shadow:
                     row.shadow += 1
                 else:
                     row.refused += 1
                     refused = True
         if not refused:
-            for (check, identity), ok in zip(checks, admitted, strict=True):
-                if ok:
-                    check.model.apply(identity, at, cost)
+            for model, identity in admitted:
+                model.apply(identity, at, cost)
         return refused
 
     def sweep(self, now_us: int) -> None:

@@ -16,7 +16,7 @@ from typing import TextIO
 
 from policy import PolicyLoadError, write_diagnostics
 
-from . import _cli_build, _cli_policy, _cli_report, _cli_zone
+from . import _cli_build, _cli_policy, _cli_replay, _cli_report, _cli_zone
 from ._plan_format import terminal_text
 from .errors import EdgegenError
 
@@ -30,7 +30,7 @@ DETAILED_ERROR = 1
 
 # Modules that add subcommands; each has ``register(subparsers) -> None`` and sets
 # ``func`` on its parsers. Order here is the order of ``edgegen --help``.
-COMMAND_MODULES = (_cli_policy, _cli_build, _cli_zone, _cli_report)
+COMMAND_MODULES = (_cli_policy, _cli_build, _cli_zone, _cli_report, _cli_replay)
 
 
 class _Parser(argparse.ArgumentParser):

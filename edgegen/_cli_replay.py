@@ -1,0 +1,256 @@
+"""``edgegen replay`` and ``edgegen suggest``: recorded traffic through the policy's layers.
+
+A thin shell: it reads the command line, the policy and the traffic files (``_traffic``),
+runs the replay (``_replay``, ``_suggest``) and prints the report (``_replay_report``).
+``edgegen diff --traffic`` uses :func:`traffic_args` and :func:`open_traffic` from here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from policy import Policy
+
+from ._pipeline import load_and_build
+from ._plan_format import markdown_text, terminal_text
+from ._replay import Layer, Replay, ReplayOptions
+from ._replay_report import to_json, to_markdown, to_text, write_chart
+from ._suggest import suggest, suggestions_json, suggestions_table
+from ._traffic import FORMATS, TrafficOptions, TrafficStats, load_tiers, read_traffic
+from .errors import UsageError
+
+
+def traffic_args(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    """The options that say where recorded traffic is and how to read it."""
+    parser.add_argument(
+        "--traffic",
+        nargs="+",
+        required=required,
+        metavar="FILE",
+        help="recorded requests: combined access logs, Cloudflare Logpush http_requests "
+        "NDJSON, applimit decision-event logs, CSV or NDJSON with named columns; gzip or "
+        "not; - for standard input",
+    )
+    parser.add_argument(
+        "--traffic-format",
+        choices=FORMATS,
+        help="the files' format (default: detected per file from its first line)",
+    )
+    parser.add_argument(
+        "--user-from",
+        metavar="FIELD",
+        help="where the caller's identity is: a field or column name, header:NAME or "
+        "cookie:NAME (see docs/replay.md)",
+    )
+    parser.add_argument("--tiers", metavar="FILE", help="a YAML, JSON or CSV map of user to tier")
+    parser.add_argument(
+        "--default-tier", metavar="TIER", help="the tier of a user the log and --tiers omit"
+    )
+    parser.add_argument(
+        "--challenges",
+        choices=("stop", "pass"),
+        default="stop",
+        help="whether a client that gets a challenge at the edge goes on (default stop)",
+    )
+    parser.add_argument(
+        "--show-identities",
+        action="store_true",
+        help="print identities as they are (default: hashed with a key of this run)",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="stop at the first malformed record (default: count and report them)",
+    )
+
+
+def register(sub: Any) -> None:
+    """Add ``replay`` and ``suggest`` to the CLI."""
+    replay = sub.add_parser(
+        "replay",
+        help="replay recorded requests through the policy's layers and report refusals",
+        description="Run recorded requests through the policy as Cloudflare's rules, the "
+        "Worker and the app would decide them, in that order, and report per limit and tier "
+        "what each layer refused. See docs/replay.md.",
+    )
+    replay.add_argument("policy", metavar="POLICY", help="the policy file (YAML)")
+    traffic_args(replay, required=True)
+    replay.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    replay.add_argument(
+        "--layers",
+        default="rules,worker,app",
+        metavar="LIST",
+        help="which layers to replay, comma separated (default rules,worker,app)",
+    )
+    replay.add_argument("--chart", metavar="FILE", help="draw the timeline to FILE (.svg or .png)")
+    replay.set_defaults(func=run_replay)
+
+    suggested = sub.add_parser(
+        "suggest",
+        help="suggest app limits from recorded traffic",
+        description="For each app limit, tier and rate, the count per period at which at most "
+        "the target share of identities would ever be refused, from a replay of recorded "
+        "traffic. See docs/replay.md for the method.",
+    )
+    suggested.add_argument("policy", metavar="POLICY", help="the policy file (YAML)")
+    traffic_args(suggested, required=True)
+    suggested.add_argument(
+        "--target",
+        default="1%",
+        metavar="SHARE",
+        help="the share of identities that may be refused, e.g. 1%% or 0.5%% (default 1%%)",
+    )
+    suggested.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    suggested.set_defaults(func=run_suggest)
+
+
+def parse_layers(text: str) -> frozenset[Layer]:
+    """``--layers`` as a set; a UsageError naming the layers when one is unknown."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    known = {layer.value: layer for layer in Layer}
+    unknown = [name for name in names if name not in known]
+    if unknown or not names:
+        raise UsageError(f"--layers {text!r}: name one or more of {', '.join(known)}")
+    return frozenset(known[name] for name in names)
+
+
+def parse_target(text: str) -> float:
+    """``--target`` (``1%``, ``0.5%`` or ``0.01``) as a share."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise UsageError(f"--target {text!r}: write a share such as 1% or 0.01") from None
+    if not 0 <= value < 1:
+        raise UsageError(f"--target {text!r}: the share must be at least 0% and below 100%")
+    return value
+
+
+def traffic_options(args: argparse.Namespace, loaded: Policy) -> TrafficOptions:
+    """What the readers need from the command line and the policy."""
+    tiers = load_tiers(args.tiers) if args.tiers else {}
+    if args.default_tier is not None and args.default_tier not in loaded.tiers:
+        raise UsageError(
+            f"--default-tier {args.default_tier!r} is not a tier of the policy "
+            f"({', '.join(loaded.tiers)})"
+        )
+    when = loaded.authenticated_when
+    return TrafficOptions(
+        format=args.traffic_format,
+        user_from=args.user_from,
+        tiers=tiers,
+        default_tier=args.default_tier,
+        authenticated_headers=tuple(when.headers),
+        authenticated_cookies=tuple(when.cookies),
+        strict=args.strict,
+    )
+
+
+def stats_lines(stats: TrafficStats) -> list[str]:
+    """What was read: per file its format, records and malformed records."""
+    return stats.describe()
+
+
+def stats_json(stats: TrafficStats) -> dict[str, Any]:
+    """What was read, as JSON."""
+    return {
+        "records": stats.records,
+        "malformed": stats.malformed,
+        "files": [
+            {
+                "file": f.file,
+                "format": f.format,
+                "gzip": f.gzip,
+                "records": f.records,
+                "skipped": f.skipped,
+                "malformed": dict(sorted(f.malformed.items())),
+                "examples": list(f.examples),
+            }
+            for f in stats.files
+        ],
+    }
+
+
+def describe_source(stats: TrafficStats) -> str:
+    """The traffic in a few words, for the impact section: the files and how many records."""
+    names = ", ".join(f.file for f in stats.files)
+    return f"{names}; {stats.records:,} records"
+
+
+def replay_options(
+    args: argparse.Namespace, layers: frozenset[Layer] | None = None
+) -> ReplayOptions:
+    """The replay's options from the command line."""
+    return ReplayOptions(
+        challenges=args.challenges,
+        show_identities=args.show_identities,
+        layers=layers if layers is not None else frozenset(Layer),
+    )
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    """Replay the traffic through the policy and print the report."""
+    layers = parse_layers(args.layers)
+    chart = Path(args.chart) if args.chart else None
+    if chart is not None and chart.suffix.lower() not in (".svg", ".png"):
+        raise UsageError(f"--chart {chart}: the chart is written as .svg or .png; name one")
+    loaded, _ = load_and_build(args.policy)
+    engine = Replay(loaded, replay_options(args, layers))
+    feed = engine.feed
+    with read_traffic(args.traffic, traffic_options(args, loaded)) as traffic:
+        for record in traffic:
+            feed(record)
+    stats = traffic.stats
+    result = engine.result()
+    if chart is not None:
+        write_chart(result, chart, title=f"Replay of {args.policy}")
+    if args.format == "json":
+        data = to_json(result, stats_json(stats), policy=args.policy)
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    elif args.format == "markdown":
+        sys.stdout.write(to_markdown(result, [markdown_text(line) for line in stats_lines(stats)]))
+    else:
+        sys.stdout.write(terminal_text(to_text(result, stats_lines(stats))))
+    return 0
+
+
+def run_suggest(args: argparse.Namespace) -> int:
+    """Print suggested app rates for the target share."""
+    target = parse_target(args.target)
+    loaded, _ = load_and_build(args.policy)
+    if not any(limit.app is not None for limit in loaded.limits):
+        raise UsageError(f"{args.policy} has no app limits to suggest rates for")
+    with read_traffic(args.traffic, traffic_options(args, loaded)) as traffic:
+        items, _ = suggest(loaded, traffic, target, replay_options(args))
+    stats = traffic.stats
+    if args.format == "json":
+        data = suggestions_json(items, target)
+        data["traffic"] = stats_json(stats)
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        return 0
+    table = suggestions_table(items)
+    heading = f"Suggested app rates: at most {target:.2%} of identities refused"
+    if args.format == "markdown":
+        lines = [f"### {heading}", ""]
+        lines.append("| " + " | ".join(table[0]) + " |")
+        lines.append("|" + "|".join("---" for _ in table[0]) + "|")
+        lines.extend(
+            "| " + " | ".join(markdown_text(cell) for cell in row) + " |" for row in table[1:]
+        )
+        sys.stdout.write("\n".join(lines) + "\n")
+        return 0
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    lines = [*stats_lines(stats), heading + ":"]
+    lines.extend(
+        "  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
+        for row in table
+    )
+    lines.append(
+        "Exact for sliding_log; for sliding_window and gcra a guide (docs/replay.md, Suggestions)."
+    )
+    sys.stdout.write(terminal_text("\n".join(lines) + "\n"))
+    return 0
