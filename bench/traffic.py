@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import gzip
-import io
 import json
 import math
 import random
@@ -433,8 +432,10 @@ def write(
     if compress is None:
         compress = str(path).endswith(".gz")
     # Level 6: nearly level 9's size at a fraction of its time, so a day writes quickly.
-    raw = gzip.open(path, "wb", compresslevel=6) if compress else Path(path).open("wb")  # noqa: SIM115 (closed by the with below)
-    with raw, io.TextIOWrapper(raw, encoding="utf-8", newline="\n") as text:
+    if compress:
+        with gzip.open(path, "wt", compresslevel=6, encoding="utf-8", newline="\n") as packed:
+            return writer(records, packed)
+    with Path(path).open("w", encoding="utf-8", newline="\n") as text:
         return writer(records, text)
 
 
