@@ -6,6 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 NODE_STAMP := workers/node_modules/.installed-stamp
+BENCH_STAMP := $(VENV)/.bench-installed-stamp
 
 .PHONY: demo test lint typecheck unit deps node-deps bench soak clean
 
@@ -57,8 +58,13 @@ test: lint typecheck unit
 
 ## bench: every benchmark, about two minutes; results in bench/results/, report in
 ## docs/benchmarks.md (make bench BENCH_ARGS="--only sync,async" for a selection)
-bench: $(STAMP)
+## (the HTTP benchmark is run only when named: make bench BENCH_ARGS="--only http"; it needs wrk)
+bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
 
 ## soak: mixed traffic through applimit for SOAK_SECONDS (default 120) against reference
 ## models, with Redis memory, key expiry and connection counts checked

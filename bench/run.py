@@ -7,12 +7,15 @@ Usage (from the repository root; ``make bench`` runs the first form)::
                                                 last results from the results directory)
     python -m bench.run --quick                 a smoke run: seconds, numbers meaningless
     python -m bench.run --list                  the benchmarks and what they measure
+    python -m bench.run --only http             the HTTP benchmark (needs wrk; not in
+                                                the default set: about two minutes)
 
 Results go to ``bench/results/<name>.json`` (``bench/results/quick/`` for quick runs, so a
 smoke run never replaces real numbers). The docs and the chart are regenerated from every
 result in the results directory, in the order below; a quick run writes docs only when
-``--docs`` is given. The exit status is 1 when a benchmark failed to run; a missed target
-is a result, not a failure.
+``--docs`` is given. The exit status is 1 when a benchmark failed to run (2 when one
+lacked a tool, e.g. wrk, and said how to install it); a missed target is a result, not a
+failure.
 """
 
 from __future__ import annotations
@@ -40,7 +43,11 @@ BENCHMARKS = {
     "cluster": "bench.bench_cluster",
     "approx": "bench.bench_approx",
     "observe": "bench.bench_observe",
+    "http": "bench.bench_http",
 }
+# Run only when asked for by --only: they need tools beyond the bench extra (wrk) and
+# minutes of their own.
+OPTIONAL = ("http",)
 DEFAULT_RESULTS = ROOT / "bench" / "results"
 DEFAULT_DOCS = ROOT / "docs" / "benchmarks.md"
 CHART_NAME = "benchmarks.svg"
@@ -57,7 +64,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         default="",
-        help=f"comma-separated benchmarks to run (default: all of {', '.join(BENCHMARKS)})",
+        help=(
+            f"comma-separated benchmarks to run (default: all but {', '.join(OPTIONAL)}, of "
+            f"{', '.join(BENCHMARKS)})"
+        ),
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny and fast")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 5)")
@@ -71,7 +81,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def _selection(only: str) -> list[str]:
     if not only:
-        return list(BENCHMARKS)
+        return [name for name in BENCHMARKS if name not in OPTIONAL]
     chosen = [name.strip() for name in only.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in BENCHMARKS]
     if unknown:
@@ -141,6 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results_dir.mkdir(parents=True, exist_ok=True)
     machine = machine_info()
     failed: list[str] = []
+    missing = False
     began = time.perf_counter()
     for name in chosen:
         module = _module(name)
@@ -148,6 +159,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         stamp = now_iso()
         try:
             result: Result = module.run(settings)
+        except SystemExit as stop:
+            # A benchmark that cannot run on this machine (bench_http without wrk) says
+            # what to install; the others still run, and the exit status is 2.
+            print(f"{name}: {stop}", file=sys.stderr)
+            failed.append(name)
+            missing = True
+            continue
         except Exception:
             # One broken benchmark must not cost the results of the others.
             traceback.print_exc()
@@ -159,6 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             json.dumps(result.to_json(), indent=1, allow_nan=True), encoding="utf-8"
         )
         _print_result(result)
+        if hasattr(module, "chart"):
+            # A benchmark with a chart of its own (bench_http) draws it beside its JSON.
+            module.chart(result, results_dir / f"{name}.svg")
     machine["load_average_after"] = machine_info()["load_average"]
     machine["total_seconds"] = round(time.perf_counter() - began, 1)
     (results_dir / "machine.json").write_text(json.dumps(machine, indent=1), encoding="utf-8")
@@ -169,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_docs(results_dir, docs)
     if failed:
         print(f"\nfailed to run: {', '.join(failed)}", file=sys.stderr)
-        return 1
+        return 2 if missing else 1
     return 0
 
 

@@ -1,0 +1,608 @@
+"""Through HTTP: a FastAPI app under uvicorn and a Flask app under waitress, driven by wrk.
+
+What a rate limit costs a real app, measured end to end over loopback: each stack is
+served four ways, each by its own server process, all started at once and measured
+side by side (one ``wrk`` slice each, in an order rotated every round):
+
+- ``bare``: the app alone, no Redis;
+- ``ping``: the app awaiting one Redis ``PING`` per request before the handler (FastAPI:
+  a pure ASGI middleware on ``redis.asyncio``; Flask: a ``before_request`` on a shared
+  ``redis.Redis``): what one round trip per request costs, the issue's reference;
+- ``applimit``: applimit's middleware (``applimit.asgi.RateLimitMiddleware`` with an
+  ``AsyncLimiter``; ``applimit.wsgi.RateLimitMiddleware`` with a ``Limiter``), one
+  sliding_log limit on ``/api/``, per user, headers on;
+- ``slowapi`` (FastAPI) and ``flask_limiter`` (Flask), at equivalent settings: the same
+  limit as a default limit, moving window (their sliding log), headers on, the same Redis.
+
+Every request is ``GET /api/items`` as one of 1000 users (an ``X-User`` header, set by a
+wrk Lua script), and the limit (100000/1m per user) never refuses, so every variant does
+the same work for every request; a refusal or an error fails the run. The server
+processes are single: one uvicorn worker, one waitress process with ``THREADS`` threads.
+
+The issue's targets: applimit >= 1.0x the one-PING app, >= 2x slowapi and flask-limiter,
+and a path towards 0.85x the bare app.
+
+Needs ``wrk`` (Debian: ``apt-get install wrk``; macOS: ``brew install wrk``), the
+``bench`` extra (``pip install -e '.[dev,bench]'``: slowapi, flask-limiter) and
+``redis-server``. It is not in the default set of ``make bench`` (it takes about two
+minutes); run it with::
+
+    .venv/bin/python -m bench.run --only http
+    .venv/bin/python -m bench.bench_http --rounds 3 --seconds 2     # alone, printed only
+
+Without wrk it says how to install it and exits 2. The chart goes to
+``bench/results/http.svg`` (quick runs: ``bench/results/quick/http.svg``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._common import (
+    ROOT,
+    LimitSpec,
+    Result,
+    Settings,
+    Table,
+    Target,
+    fmt_rate,
+    fmt_ratio,
+    make_policy,
+    median,
+    quartiles,
+    ratios,
+    redis_server,
+)
+
+NAME = "http"
+TITLE = "Through HTTP: FastAPI under uvicorn and Flask under waitress, driven by wrk"
+
+INSTALL_WRK = (
+    "the HTTP benchmark needs wrk, the HTTP load generator: install it with "
+    "`apt-get install wrk` (Debian, Ubuntu) or `brew install wrk` (macOS), then run it again."
+)
+INSTALL_EXTRA = (
+    "the HTTP benchmark needs the bench extra (slowapi, flask-limiter): "
+    "`.venv/bin/pip install -e '.[dev,bench]'` (make bench installs it)."
+)
+RATE = "100000/1m"
+# The same rate in the notation of limits, which slowapi and flask-limiter use.
+LIMITS_RATE = "100000/minute"
+USERS = 1000
+CONNECTIONS = 16
+THREADS = 8
+STACKS: dict[str, tuple[str, ...]] = {
+    "fastapi": ("bare", "ping", "applimit", "slowapi"),
+    "flask": ("bare", "ping", "applimit", "flask_limiter"),
+}
+LABELS = {
+    "fastapi": "FastAPI under uvicorn",
+    "flask": f"Flask under waitress ({THREADS} threads)",
+    "slowapi": "slowapi",
+    "flask_limiter": "flask-limiter",
+}
+PING_TARGET = 1.0
+RIVAL_TARGET = 2.0
+BARE_TARGET = 0.85
+# Every request is one of USERS users; wrk's Lua runs per request, in every variant alike.
+WRK_SCRIPT = f"""
+local n = 0
+request = function()
+  n = n + 1
+  return wrk.format("GET", "/api/items", {{["X-User"] = "user-" .. (n % {USERS})}})
+end
+"""
+
+
+class MissingTool(SystemExit):
+    """wrk or the bench extra is missing: the message says how to install it; exit 2."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# --- the apps (run in the server processes) ----------------------------------------------
+
+
+def fastapi_app(variant: str, url: str) -> Any:
+    """The FastAPI app of ``variant`` (see the module's docstring)."""
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.get("/api/items")
+    async def items() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/health")
+    async def health() -> dict[str, bool]:
+        return {"ok": True}
+
+    if variant == "ping":
+        import redis.asyncio
+
+        client = redis.asyncio.Redis.from_url(url)
+
+        class Ping:
+            """One awaited PING per request, then the app: one round trip's cost."""
+
+            def __init__(self, app: Any) -> None:
+                self.app = app
+
+            async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+                if scope["type"] == "http":
+                    await client.ping()
+                await self.app(scope, receive, send)
+
+        app.add_middleware(Ping)
+    elif variant == "applimit":
+        from applimit import AsyncLimiter
+        from applimit.asgi import Caller, RateLimitMiddleware, RequestInfo
+
+        limiter = AsyncLimiter(_policy(url))
+
+        def identify(request: RequestInfo) -> Caller | None:
+            user = request.header("x-user")
+            return Caller(user) if user else None
+
+        app.add_middleware(RateLimitMiddleware, limiter=limiter, identify=identify)
+    elif variant == "slowapi":
+        from slowapi import Limiter as SlowLimiter
+        from slowapi.middleware import SlowAPIASGIMiddleware
+        from starlette.requests import Request as StarletteRequest
+
+        def key(request: StarletteRequest) -> str:
+            return request.headers.get("x-user", "anonymous")
+
+        slow = SlowLimiter(
+            key_func=key,
+            default_limits=[LIMITS_RATE],
+            storage_uri=url,
+            strategy="moving-window",
+            headers_enabled=True,
+        )
+        app.state.limiter = slow
+        app.add_middleware(SlowAPIASGIMiddleware)
+    elif variant != "bare":
+        raise ValueError(f"unknown FastAPI variant {variant!r}")
+    return app
+
+
+def flask_app(variant: str, url: str) -> Any:
+    """The Flask app of ``variant`` (see the module's docstring)."""
+    from flask import Flask, request
+
+    app = Flask("bench_http")
+
+    @app.get("/api/items")
+    def items() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/health")
+    def health() -> dict[str, bool]:
+        return {"ok": True}
+
+    if variant == "ping":
+        import redis
+
+        client = redis.Redis.from_url(url, max_connections=THREADS * 2)
+
+        @app.before_request
+        def ping() -> None:
+            client.ping()
+
+    elif variant == "applimit":
+        from applimit import Limiter
+        from applimit.wsgi import Caller, RateLimitMiddleware, RequestInfo
+
+        limiter = Limiter(_policy(url))
+
+        def identify(info: RequestInfo) -> Caller | None:
+            user = info.header("x-user")
+            return Caller(user) if user else None
+
+        app.wsgi_app = RateLimitMiddleware(  # type: ignore[method-assign]
+            app.wsgi_app, limiter=limiter, identify=identify
+        )
+    elif variant == "flask_limiter":
+        from flask_limiter import Limiter as FlaskLimiter
+
+        FlaskLimiter(
+            lambda: request.headers.get("X-User", "anonymous"),
+            app=app,
+            default_limits=[LIMITS_RATE],
+            storage_uri=url,
+            strategy="moving-window",
+            headers_enabled=True,
+        )
+    elif variant != "bare":
+        raise ValueError(f"unknown Flask variant {variant!r}")
+    return app
+
+
+def _policy(url: str) -> Any:
+    return make_policy(url, [LimitSpec("api", "sliding_log", RATE)])
+
+
+def serve(stack: str, variant: str, port: int, url: str) -> None:
+    """Serve one variant on 127.0.0.1:``port`` until terminated (the server process)."""
+    if stack == "fastapi":
+        import uvicorn
+
+        uvicorn.run(
+            fastapi_app(variant, url),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            access_log=False,
+        )
+    else:
+        import waitress
+
+        waitress.serve(
+            flask_app(variant, url),
+            host="127.0.0.1",
+            port=port,
+            threads=THREADS,
+            # wrk keeps CONNECTIONS connections open; waitress' default backlog is enough,
+            # but its default connection limit (100) must not be what is measured.
+            connection_limit=max(100, CONNECTIONS * 4),
+            _quiet=True,
+        )
+
+
+# --- the driver --------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    """One variant's server process and where it listens."""
+
+    stack: str
+    variant: str
+    port: int
+    process: subprocess.Popen[bytes]
+
+    @property
+    def name(self) -> str:
+        """``<stack>.<variant>``, the key of its rates."""
+        return f"{self.stack}.{self.variant}"
+
+    @property
+    def url(self) -> str:
+        """The URL wrk requests (its Lua script sets the path and the user)."""
+        return f"http://127.0.0.1:{self.port}/api/items"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_ready(server: Server, log: Path, timeout: float = 60.0) -> None:
+    """Until ``/health`` answers 200; the server's log in the error if it died or hung."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if server.process.poll() is not None:
+            raise RuntimeError(
+                f"the {server.name} server exited with {server.process.returncode}:\n"
+                + log.read_text(encoding="utf-8", errors="replace")[-2000:]
+            )
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{server.port}/health", timeout=1
+            ) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"the {server.name} server did not answer within {timeout:.0f} s")
+        # Polling interval while the process imports and binds; the condition is re-checked.
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def servers(stacks: dict[str, tuple[str, ...]], url: str, logs: Path) -> Iterator[list[Server]]:
+    """Every variant's server process, started together, ready, and stopped on exit."""
+    started: list[Server] = []
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    try:
+        for stack, variants in stacks.items():
+            for variant in variants:
+                port = _free_port()
+                with (logs / f"{stack}.{variant}.log").open("wb") as log:
+                    process = subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "bench.bench_http",
+                            "--serve",
+                            stack,
+                            variant,
+                            "--port",
+                            str(port),
+                            "--redis",
+                            url,
+                        ],
+                        cwd=ROOT,
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                started.append(Server(stack, variant, port, process))
+        for server in started:
+            _wait_ready(server, logs / f"{server.name}.log")
+        yield started
+    finally:
+        for server in started:
+            if server.process.poll() is None:
+                server.process.send_signal(signal.SIGINT)
+        for server in started:
+            try:
+                server.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.process.kill()
+                server.process.wait()
+
+
+@dataclass
+class Slice:
+    """What one wrk run measured."""
+
+    rate: float
+    requests: int
+    failed: int
+
+
+_RATE = re.compile(r"^Requests/sec:\s+([\d.]+)", re.MULTILINE)
+_REQUESTS = re.compile(r"^\s*(\d+) requests in", re.MULTILINE)
+_NON_2XX = re.compile(r"Non-2xx or 3xx responses:\s+(\d+)")
+_ERRORS = re.compile(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)")
+
+
+def run_wrk(wrk: str, script: Path, target: str, seconds: int, connections: int) -> Slice:
+    """One wrk run against ``target``: requests per second and the failed responses."""
+    completed = subprocess.run(
+        [wrk, "-t1", f"-c{connections}", f"-d{seconds}s", "-s", str(script), target],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    out = completed.stdout
+    found = _RATE.search(out)
+    count = _REQUESTS.search(out)
+    if found is None or count is None:
+        raise RuntimeError(f"wrk printed no rate:\n{out}\n{completed.stderr}")
+    failed = 0
+    non_2xx = _NON_2XX.search(out)
+    if non_2xx is not None:
+        failed += int(non_2xx.group(1))
+    errors = _ERRORS.search(out)
+    if errors is not None:
+        # Timeouts are slow answers, not failures; connect, read and write errors are.
+        failed += sum(int(errors.group(i)) for i in (1, 2, 3))
+    return Slice(float(found.group(1)), int(count.group(1)), failed)
+
+
+def _plan(settings: Settings) -> tuple[int, int]:
+    """Rounds and whole seconds per slice (wrk takes whole seconds)."""
+    if settings.quick:
+        return 1, 1
+    # The defaults of make bench: 25 rounds of 0.08 s; here 5 rounds of 2 s per variant.
+    seconds = max(1, round(settings.seconds * 25))
+    rounds = max(2, round(settings.rounds / 5))
+    return rounds, seconds
+
+
+def measure(
+    settings: Settings, stacks: dict[str, tuple[str, ...]] = STACKS
+) -> tuple[dict[str, list[float]], dict[str, int], dict[str, Any]]:
+    """Per-round rates of every variant, the failed responses of each, and parameters."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise MissingTool(INSTALL_WRK)
+    wanted = {variant for variants in stacks.values() for variant in variants}
+    for module in ("slowapi", "flask_limiter"):
+        if module not in wanted:
+            continue
+        try:
+            __import__(module)
+        except ImportError:
+            raise MissingTool(INSTALL_EXTRA) from None
+    rounds, seconds = _plan(settings)
+    rates: dict[str, list[float]] = {}
+    failed: dict[str, int] = {}
+    with (
+        redis_server() as redis,
+        tempfile.TemporaryDirectory() as temporary,
+    ):
+        work = Path(temporary)
+        script = work / "users.lua"
+        script.write_text(WRK_SCRIPT, encoding="utf-8")
+        url = f"redis://127.0.0.1:{redis.port}/0"
+        with servers(stacks, url, work) as started:
+            for server in started:
+                rates[server.name] = []
+                failed[server.name] = 0
+                if not settings.quick:
+                    # Warm-up: connections, the script cache, lazily built state.
+                    run_wrk(wrk, script, server.url, 1, CONNECTIONS)
+            for index in range(rounds):
+                shift = index % len(started)
+                for server in [*started[shift:], *started[:shift]]:
+                    measured = run_wrk(wrk, script, server.url, seconds, CONNECTIONS)
+                    rates[server.name].append(measured.rate)
+                    failed[server.name] += measured.failed
+    params = {
+        "rounds": rounds,
+        "seconds": seconds,
+        "connections": CONNECTIONS,
+        "wrk_threads": 1,
+        "waitress_threads": THREADS,
+        "users": USERS,
+        "rate": RATE,
+        "algorithm": "sliding_log / moving window",
+    }
+    return rates, failed, params
+
+
+def run(settings: Settings) -> Result:
+    """The benchmark (see the module's docstring)."""
+    began = time.perf_counter()
+    rates, failed, params = measure(settings)
+    bad = {name: count for name, count in failed.items() if count}
+    if bad:
+        raise RuntimeError(
+            f"responses other than 200 (or socket errors) spoil the comparison: {bad}; "
+            "every variant must answer every request with 200"
+        )
+    result = Result(
+        name=NAME,
+        title=TITLE,
+        summary=(
+            "Requests per second of a FastAPI app under uvicorn and a Flask app under "
+            f"waitress ({THREADS} threads), each served bare, with one Redis `PING` per "
+            "request, with applimit's middleware and with slowapi or flask-limiter (moving "
+            f"window, headers on, the same Redis), driven by wrk ({CONNECTIONS} "
+            f"connections, one thread) over loopback, {USERS} users, alternated in every round."
+        ),
+        params=params,
+        rates=rates,
+    )
+    rows: list[list[str]] = []
+    for stack, variants in STACKS.items():
+        rival = variants[-1]
+        app = rates[f"{stack}.applimit"]
+        bare = rates[f"{stack}.bare"]
+        ping = rates[f"{stack}.ping"]
+        other = rates[f"{stack}.{rival}"]
+        pairs = {
+            "applimit/ping": ratios(app, ping),
+            "applimit/bare": ratios(app, bare),
+            f"applimit/{rival}": ratios(app, other),
+            "ping/bare": ratios(ping, bare),
+            f"{rival}/bare": ratios(other, bare),
+        }
+        for key, values in pairs.items():
+            result.ratios[f"{stack}.{key}"] = values
+        rows.append(
+            [
+                LABELS[stack],
+                fmt_rate(median(bare)),
+                fmt_rate(median(ping)),
+                fmt_rate(median(app)),
+                f"{LABELS[rival]}: {fmt_rate(median(other))}",
+                fmt_ratio(median(pairs["applimit/ping"])),
+                fmt_ratio(median(pairs["applimit/bare"])),
+                fmt_ratio(median(pairs[f"applimit/{rival}"])),
+                fmt_ratio(median(pairs["ping/bare"])),
+            ]
+        )
+        for key, threshold, text, short in (
+            ("applimit/ping", PING_TARGET, "vs the same app awaiting one Redis PING", "/ PING"),
+            (f"applimit/{rival}", RIVAL_TARGET, f"vs {LABELS[rival]}", f"/ {LABELS[rival]}"),
+            ("applimit/bare", BARE_TARGET, "vs the bare app (the issue's path towards)", "/ bare"),
+        ):
+            values = pairs[key]
+            result.targets.append(
+                Target(
+                    key=f"http.{stack}.{key.replace('/', '.')}",
+                    text=f"{LABELS[stack]}: applimit's middleware {text}",
+                    measured=median(values),
+                    spread=quartiles(values),
+                    threshold=threshold,
+                    short=f"http {stack}: applimit {short}",
+                )
+            )
+    result.tables.append(
+        Table(
+            title="Requests per second (medians) and ratios (medians of per-round ratios)",
+            columns=[
+                "stack",
+                "bare",
+                "one PING",
+                "applimit",
+                "alternative",
+                "applimit / PING",
+                "applimit / bare",
+                "applimit / alternative",
+                "PING / bare",
+            ],
+            rows=rows,
+        )
+    )
+    result.notes.append(
+        "Each variant is its own server process, started together and measured in turn "
+        f"({params['rounds']} rounds of {params['seconds']} s each, the order rotated every "
+        "round); the server, Redis and wrk share the machine's cores, as on a small app "
+        "server."
+    )
+    result.seconds = time.perf_counter() - began
+    return result
+
+
+def chart(result: Result, path: Path) -> None:
+    """The targets of ``result`` as a chart (the style of docs/benchmarks.svg)."""
+    from ._report import render_chart
+
+    render_chart([result], path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve one variant (``--serve``), or run the benchmark and print it (2: no wrk)."""
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_http", description=TITLE)
+    parser.add_argument("--serve", nargs=2, metavar=("STACK", "VARIANT"), help="internal")
+    parser.add_argument("--port", type=int, default=0, help="internal: the server's port")
+    parser.add_argument("--redis", default="", help="internal: the Redis URL")
+    parser.add_argument("--rounds", type=int, help="rounds (default 5)")
+    parser.add_argument("--seconds", type=int, help="seconds per variant and round (default 2)")
+    parser.add_argument("--quick", action="store_true", help="one round of one second")
+    parser.add_argument("--chart", type=Path, help="write the chart (SVG) here")
+    args = parser.parse_args(argv)
+    if args.serve:
+        stack, variant = args.serve
+        serve(stack, variant, args.port, args.redis)
+        return 0
+    settings = Settings.for_mode(quick=args.quick)
+    if args.rounds is not None or args.seconds is not None:
+        rounds = args.rounds if args.rounds is not None else 5
+        seconds = args.seconds if args.seconds is not None else 2
+        # _plan turns these back into the given rounds and seconds.
+        settings = Settings(rounds=rounds * 5, seconds=seconds / 25)
+    try:
+        result = run(settings)
+    except MissingTool as missing:
+        print(missing.message, file=sys.stderr)
+        return 2
+    from .run import _print_result
+
+    _print_result(result)
+    if args.chart is not None:
+        chart(result, args.chart)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

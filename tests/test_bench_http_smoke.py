@@ -1,0 +1,52 @@
+"""Smoke test of the HTTP benchmark (bench/bench_http.py), so it does not rot between runs.
+
+Three of its server processes (FastAPI bare and with applimit's middleware, Flask with
+applimit's middleware) under one second of wrk each: every request answered 200, a rate
+for every one. The numbers' size is not asserted: timings on a shared machine are not
+something a test can assert. Skipped where wrk is not installed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench._common import Settings
+from bench.bench_http import INSTALL_WRK, measure
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
+@pytest.mark.timeout(120)
+def test_each_variant_answers_every_request_and_has_a_rate() -> None:
+    """A quick run of three variants: one round each, a finite rate above zero, and no
+    response other than 200 (a refusal or an error would spoil any comparison)."""
+    stacks = {"fastapi": ("bare", "applimit"), "flask": ("applimit",)}
+    rates, failed, params = measure(Settings.for_mode(quick=True), stacks)
+    assert set(rates) == {"fastapi.bare", "fastapi.applimit", "flask.applimit"}
+    for name, series in rates.items():
+        assert len(series) == params["rounds"] == 1, name
+        assert all(math.isfinite(rate) and rate > 0 for rate in series), name
+    assert failed == dict.fromkeys(rates, 0)
+
+
+def test_without_wrk_it_says_how_to_install_it_and_exits_2(tmp_path: Path) -> None:
+    """With no wrk on the PATH the benchmark prints how to install it and exits 2."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.bench_http", "--quick"],
+        cwd=ROOT,
+        env={**os.environ, "PATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 2, completed.stdout + completed.stderr
+    assert INSTALL_WRK in completed.stderr
