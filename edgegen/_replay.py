@@ -45,6 +45,7 @@ _SWEEP_EVERY = 65_536
 # past this many entries a cache is cleared rather than grown (a scanner's random paths).
 _CACHE_LIMIT = 65_536
 _MINUTE_US = 60_000_000
+_SWEEP_SLACK_US = 60_000_000
 _TOP = 10
 
 ASSUMPTIONS = (
@@ -420,7 +421,7 @@ class Replay:
                 if not rates:
                     continue
                 checks = []
-                for rate in rates:
+                for rate in _checked_rates(rates):
                     row = Row(Layer.APP, limit.name, tier, rate, enforced=not shadow)
                     self.rows.append(row)
                     checks.append(
@@ -460,7 +461,9 @@ class Replay:
         result.requests += 1
         if result.requests >= self._next_sweep:
             self._next_sweep += _SWEEP_EVERY
-            self.sweep(at)
+            # A little before this record's time: a sweep at t may change the decision of a
+            # record dated before t, and readers tolerate records a few seconds out of order.
+            self.sweep(at - _SWEEP_SLACK_US)
         refused = self._app_event(request) if request.limit is not None else self._request(request)
         if refused is None:
             result.admitted += 1
@@ -703,6 +706,17 @@ def replay_pair(
         before.feed(record)
         after.feed(record)
     return before.result(), after.result()
+
+
+def _checked_rates(rates: Iterable[Rate]) -> list[Rate]:
+    """The rates of a tier that applimit checks: of two with the same period, only the
+    smaller limit (applimit/_core.py), in the policy's order."""
+    best: dict[float, Rate] = {}
+    for rate in rates:
+        seen = best.get(rate.period.seconds)
+        if seen is None or rate.limit < seen.limit:
+            best[rate.period.seconds] = rate
+    return [rate for rate in rates if best[rate.period.seconds] is rate]
 
 
 def _route_parts(route: str) -> tuple[str, str]:

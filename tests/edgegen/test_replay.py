@@ -392,3 +392,18 @@ def test_suggest_ignores_identities_without_requests(share: float) -> None:
     )
     items, _ = suggest(loaded, [], share)
     assert all(item.identities == 0 and item.suggested is None for item in items)
+
+
+def test_of_two_rates_with_one_period_only_the_smaller_is_checked() -> None:
+    """As applimit checks a tier's rates: 10/1m beside 5/1m adds nothing."""
+    loaded = load(
+        """
+  - name: api
+    match: { path_prefix: /api/ }
+    app: { algorithm: sliding_window, tiers: { free: [10/1m, 5/1m, 100/1h] } }
+"""
+    )
+    result = replay(loaded, [req(i, user="u1") for i in range(7)])
+    rates = [str(r.rate) for r in result.rows_of(Layer.APP)]
+    assert rates == ["5/1m", "100/1h"]
+    assert result.refused[Layer.APP] == 2
