@@ -49,6 +49,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
+from itertools import chain
 from operator import attrgetter
 from pathlib import Path
 from typing import IO, Any, Final, cast
@@ -69,6 +70,8 @@ MAX_EXAMPLES: Final = 5
 _SHOWN_CHARS = 40
 # No request's log line is this long; a longer one is skipped as malformed, unread.
 MAX_LINE_CHARS: Final = 1 << 20
+# The format is told from the first non-empty line that shows one among this many.
+DETECT_LINES: Final = 10
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -256,19 +259,13 @@ def read_traffic(paths: Sequence[str | Path], options: TrafficOptions) -> Traffi
             label, text, packed, to_close = _open(path)
             closers.extend(to_close)
             lines = _numbered(text, label)
-            lineno, first = _first_line(lines, label)
+            head = _head(lines, label)
             # An empty file has no records in any format: it is "empty", not a guess.
-            fmt = options.format or (_detect(first, label, lineno) if first else "empty")
+            fmt = options.format or (_detect(head, label) if _content(head) else "empty")
             file_stats = FileStats(label, fmt, packed)
             stats.files.append(file_stats)
             parse, rest = _parser(
-                fmt,
-                first=first,
-                lineno=lineno,
-                lines=lines,
-                label=label,
-                user_from=user_from,
-                options=options,
+                fmt, head=head, lines=lines, label=label, user_from=user_from, options=options
             )
             streams.append(_closing(_ordered(rest, parse, file_stats, options, label), to_close))
     except BaseException:
@@ -339,10 +336,12 @@ def _numbered(text: IO[str], label: str) -> Iterator[tuple[int, str | None]]:
         ) from exc
 
 
-def _first_line(lines: Iterator[tuple[int, str | None]], label: str) -> tuple[int, str]:
-    """The first non-empty line (0, "" for an empty file)."""
+def _head(lines: Iterator[tuple[int, str | None]], label: str) -> list[tuple[int, str | None]]:
+    """The lines up to the :data:`DETECT_LINES`-th non-empty one, read to tell the format."""
+    head: list[tuple[int, str | None]] = []
+    seen = 0
     for lineno, line in lines:
-        if line is None:
+        if line is None and not seen:
             raise TrafficError(
                 f"{label}:{lineno}: the line is longer than {MAX_LINE_CHARS:,} characters, "
                 "so this is no log of requests (a binary file, or JSON without line ends?); "
@@ -350,52 +349,79 @@ def _first_line(lines: Iterator[tuple[int, str | None]], label: str) -> tuple[in
                 file=label,
                 line=lineno,
             )
-        if line.strip():
-            return lineno, line
-    return 0, ""
+        head.append((lineno, line))
+        if line is None or line.strip():
+            seen += 1
+            if seen == DETECT_LINES:
+                break
+    return head
 
 
-def _detect(line: str, label: str, lineno: int) -> str:
-    """The format a file's first non-empty line is in."""
-    stripped = line.strip()
-    if stripped.startswith("{"):
-        try:
-            obj = json.loads(stripped)
-        except ValueError:
-            obj = None
-        if isinstance(obj, dict):
-            if "v" in obj and "limit" in obj and "identity" in obj:
-                return "events"
-            if any(k in obj for k in ("EdgeStartTimestamp", "ClientRequestURI", "ClientIP")):
-                return "logpush"
-            if "timestamp" in obj:
-                return "ndjson"
-    elif _COMBINED.match(stripped):
-        return "combined"
-    elif "," in stripped and "timestamp" in _csv_header(stripped):
-        return "csv"
+def _content(head: Sequence[tuple[int, str | None]]) -> list[tuple[int, str]]:
+    """The non-empty lines of ``head``."""
+    return [(lineno, line) for lineno, line in head if line is not None and line.strip()]
+
+
+def _detect(head: Sequence[tuple[int, str | None]], label: str) -> str:
+    """The format of the first of the file's first lines that shows one.
+
+    Usually that is the first line; the next few are tried so that one damaged line at the
+    start (a log rotated while a line was being written) does not hide the format. A CSV
+    header must be the first line.
+    """
+    content = _content(head)
+    for i, (_, line) in enumerate(content):
+        found = _detect_line(line.strip(), csv_header=i == 0)
+        if found is not None:
+            return found
     raise TrafficError(
-        f"{label}:{lineno}: cannot tell the format of this traffic file from its first line: "
-        "it is not a combined log line, a Logpush or decision-event JSON object, NDJSON with "
-        "a 'timestamp' key, or a CSV header with a 'timestamp' column; name the format with "
-        f"--format ({', '.join(FORMATS)})",
+        f"{label}:{content[0][0]}: cannot tell the format of this traffic file from its first "
+        f"{'line' if len(content) == 1 else f'{len(content)} lines'}: none is a combined log "
+        "line, a Logpush or decision-event JSON object, NDJSON with a 'timestamp' key, or a "
+        f"CSV header with a 'timestamp' column; name the format with --format "
+        f"({', '.join(FORMATS)})",
         file=label,
-        line=lineno,
+        line=content[0][0],
     )
+
+
+def _detect_line(line: str, *, csv_header: bool) -> str | None:
+    """The format one line is in, if it shows one."""
+    if line.startswith("{"):
+        return _detect_object(line)
+    if _COMBINED.match(line):
+        return "combined"
+    if csv_header and "," in line and "timestamp" in _csv_header(line):
+        return "csv"
+    return None
+
+
+def _detect_object(line: str) -> str | None:
+    """The JSON format a line is in, told by its keys."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    if "v" in obj and "limit" in obj and "identity" in obj:
+        return "events"
+    if any(k in obj for k in ("EdgeStartTimestamp", "ClientRequestURI", "ClientIP")):
+        return "logpush"
+    return "ndjson" if "timestamp" in obj else None
 
 
 def _parser(
     fmt: str,
     *,
-    first: str,
-    lineno: int,
+    head: list[tuple[int, str | None]],
     lines: Iterator[tuple[int, str | None]],
     label: str,
     user_from: tuple[str, str] | None,
     options: TrafficOptions,
 ) -> tuple[_Parser, Iterator[tuple[int, str | None]]]:
-    """The line parser of ``fmt`` and the lines it reads (the first one included, unless it
-    is a CSV header)."""
+    """The line parser of ``fmt`` and the lines it reads (``head`` included, but for a CSV
+    header)."""
     if user_from is not None and user_from[0] != "field" and fmt not in ("logpush", "empty"):
         raise TrafficError(
             f"{label}: --user-from {options.user_from} reads a request {user_from[0]}, which "
@@ -405,11 +431,14 @@ def _parser(
         )
     if fmt == "empty":
         return _no_records, lines
+    content = _content(head)
     if fmt == "csv":
-        if not first:
+        if not content:
             return _csv_parser(label, [], user_from, options), lines
-        return _csv_parser(label, _csv_header(first), user_from, options), lines
-    rest = _chain((lineno, first), lines) if first else lines
+        header_at, header = content[0]
+        after = [(n, line) for n, line in head if n > header_at]
+        return _csv_parser(label, _csv_header(header), user_from, options), chain(after, lines)
+    rest = chain(head, lines)
     factory = {
         "combined": _combined_parser,
         "logpush": _logpush_parser,
@@ -421,13 +450,6 @@ def _parser(
 
 def _no_records(line: str) -> Request | None:
     raise _Malformed("not a log line", "the file was empty when its format was told")
-
-
-def _chain(
-    head: tuple[int, str], rest: Iterator[tuple[int, str | None]]
-) -> Iterator[tuple[int, str | None]]:
-    yield head
-    yield from rest
 
 
 def _closing(records: Iterator[Request], handles: list[IO[Any]]) -> Iterator[Request]:

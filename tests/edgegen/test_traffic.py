@@ -327,6 +327,17 @@ def test_stdin_only_once() -> None:
         read_traffic(["-", "-"], TrafficOptions())
 
 
+def test_format_told_past_a_damaged_first_line(tmp_path: Path) -> None:
+    """A damaged first line (a log rotated mid-write) does not hide the format: the next
+    lines tell it, and the damaged one is malformed."""
+    path = tmp_path / "rotated.log"
+    path.write_text('ET /half-a-line HTTP/1.1" 200 5\n' + (HERE / "combined.log").read_text())
+    records, stats = read([path])
+    assert only(stats).format == "combined"
+    assert len(records) == 4
+    assert only(stats).malformed == {"not a log line": 1}
+
+
 def test_undetectable_format_names_the_fix(tmp_path: Path) -> None:
     """A first line of no known format is a TrafficError with file:line and --format."""
     path = tmp_path / "mystery.txt"
@@ -378,14 +389,16 @@ def test_missing_file_is_an_edgegen_error(tmp_path: Path) -> None:
 
 def test_truncated_gzip_is_located(tmp_path: Path) -> None:
     """A gzip file cut short fails while reading, naming the file and the line it reached."""
-    data = gzip.compress((HERE / "named.csv").read_bytes() * 50)
+    rows = "".join(f"{1796284800 + i},GET,/{i},192.0.2.1\n" for i in range(20_000))
+    data = gzip.compress(("timestamp,method,path,ip\n" + rows).encode())
     path = tmp_path / "cut.csv.gz"
     path.write_bytes(data[: len(data) // 2])
     traffic = read_traffic([path], TrafficOptions())
     with pytest.raises(TrafficError, match="cut off") as caught:
         list(traffic)
     assert caught.value.file == str(path)
-    assert caught.value.line is not None and caught.value.line > 1
+    assert caught.value.line is not None and 1000 < caught.value.line < 20_000
+    assert f"{path}:{caught.value.line}:" in str(caught.value)
 
 
 @pytest.mark.parametrize(
