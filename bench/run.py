@@ -43,6 +43,7 @@ BENCHMARKS = {
     "cluster": "bench.bench_cluster",
     "approx": "bench.bench_approx",
     "observe": "bench.bench_observe",
+    "replay": "bench.bench_replay",
     "http": "bench.bench_http",
 }
 # Run only when asked for by --only: they need tools beyond the bench extra (wrk) and
