@@ -37,6 +37,7 @@ before any query string and truncated, so credentials in a log do not reach a re
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import heapq
@@ -195,7 +196,9 @@ class Traffic:
     Closing (or leaving a ``with`` block) closes every file, also after a partial read.
     """
 
-    def __init__(self, records: Iterator[Request], stats: TrafficStats, closers: list[IO[Any]]):
+    def __init__(
+        self, records: Iterator[Request], stats: TrafficStats, closers: list[Callable[[], None]]
+    ) -> None:
         self._records: Iterator[Request] | None = records
         self.stats = stats
         self._closers = closers
@@ -208,8 +211,8 @@ class Traffic:
 
     def close(self) -> None:
         """Close every file (stdin is left open)."""
-        for handle in self._closers:
-            handle.close()
+        for release in self._closers:
+            release()
         self._closers = []
 
     def __enter__(self) -> Traffic:
@@ -253,11 +256,11 @@ def read_traffic(paths: Sequence[str | Path], options: TrafficOptions) -> Traffi
     user_from = _user_from(options.user_from)
     streams: list[Iterator[Request]] = []
     stats = TrafficStats([])
-    closers: list[IO[Any]] = []
+    closers: list[Callable[[], None]] = []
     try:
         for path in paths:
-            label, text, packed, to_close = _open(path)
-            closers.extend(to_close)
+            label, text, packed, release = _open(path)
+            closers.append(release)
             lines = _numbered(text, label)
             head = _head(lines, label)
             # An empty file has no records in any format: it is "empty", not a guess.
@@ -267,10 +270,10 @@ def read_traffic(paths: Sequence[str | Path], options: TrafficOptions) -> Traffi
             parse, rest = _parser(
                 fmt, head=head, lines=lines, label=label, user_from=user_from, options=options
             )
-            streams.append(_closing(_ordered(rest, parse, file_stats, options, label), to_close))
+            streams.append(_closing(_ordered(rest, parse, file_stats, options, label), release))
     except BaseException:
-        for handle in closers:
-            handle.close()
+        for release in closers:
+            release()
         raise
     if len(streams) == 1:
         merged: Iterator[Request] = streams[0]
@@ -283,9 +286,9 @@ def read_traffic(paths: Sequence[str | Path], options: TrafficOptions) -> Traffi
 # --- files ---------------------------------------------------------------------------------
 
 
-def _open(path: str | Path) -> tuple[str, IO[str], bool, list[IO[Any]]]:
-    """The file's label, its text, whether it is gzip, and what to close (nothing for
-    stdin)."""
+def _open(path: str | Path) -> tuple[str, IO[str], bool, Callable[[], None]]:
+    """The file's label, its text, whether it is gzip, and what releases it (closes a
+    file; leaves stdin open). Releasing twice is harmless."""
     label = str(path)
     raw: IO[bytes]
     if label == "-":
@@ -294,7 +297,7 @@ def _open(path: str | Path) -> tuple[str, IO[str], bool, list[IO[Any]]]:
         owned = False
     else:
         try:
-            raw = Path(path).open("rb")  # noqa: SIM115 (closed by Traffic.close)
+            raw = Path(path).open("rb")  # noqa: SIM115 (closed by release() below)
         except OSError as exc:
             reason = exc.strerror or str(exc)
             raise TrafficError(
@@ -308,8 +311,21 @@ def _open(path: str | Path) -> tuple[str, IO[str], bool, list[IO[Any]]]:
     # utf-8-sig drops the byte order mark spreadsheets write; bytes that are not UTF-8 (a
     # binary probe logged raw) become U+FFFD and make that line malformed, not the file.
     text = io.TextIOWrapper(body, encoding="utf-8-sig", errors="replace")
-    # A GzipFile given a file object leaves it open: close the file itself too.
-    return label, text, packed, ([text, raw] if owned else [])
+
+    def release() -> None:
+        if owned:
+            text.close()
+            # A GzipFile given a file object leaves it open: close the file itself too.
+            raw.close()
+        else:
+            # Detached, the wrapper no longer closes stdin when it is collected; a second
+            # release finds it detached already.
+            with contextlib.suppress(ValueError):
+                text.detach()
+                if reader is not raw:
+                    reader.detach()
+
+    return label, text, packed, release
 
 
 def _numbered(text: IO[str], label: str) -> Iterator[tuple[int, str | None]]:
@@ -452,13 +468,12 @@ def _no_records(line: str) -> Request | None:
     raise _Malformed("not a log line", "the file was empty when its format was told")
 
 
-def _closing(records: Iterator[Request], handles: list[IO[Any]]) -> Iterator[Request]:
+def _closing(records: Iterator[Request], release: Callable[[], None]) -> Iterator[Request]:
     """``records``, closing the file once they are read, fail, or are dropped unread."""
     try:
         yield from records
     finally:
-        for handle in handles:
-            handle.close()
+        release()
 
 
 def _ordered(  # noqa: C901, PLR0912 (every record's hot loop: one body, no calls per record)

@@ -319,6 +319,7 @@ def test_stdin(monkeypatch: pytest.MonkeyPatch, compress: bool) -> None:
     assert len(records) == 3
     assert only(stats).file == "<stdin>"
     assert only(stats).format == "csv"
+    assert not stdin.buffer.closed, "stdin is left open"
 
 
 def test_stdin_only_once() -> None:
