@@ -217,6 +217,22 @@ class OvershootObserver(Protocol):
         """Take note of ``count`` requests admitted over ``limit`` for ``tier``."""
 
 
+class Counting(Protocol):
+    """The exporters' private fast path (see :meth:`Notifier.notify`): one result of a
+    ``hit`` or ``check_request``, as the fields a count needs, with no event built."""
+
+    def _count_result(  # noqa: PLR0917 (the fields, in order)
+        self,
+        limit: str,
+        tier: str,
+        outcome: Outcome,
+        latency: float,
+        local: bool,
+        first: bool,
+        approximate: bool,
+    ) -> None: ...
+
+
 def outcome_of(allowed: bool, shadow: bool, degraded: bool) -> Outcome:
     """The outcome of one result: degraded first, then shadow, then the result itself."""
     if degraded:
@@ -250,6 +266,19 @@ class Notifier:
                     f"observer {observer!r} has no on_decision(event) method; an observer "
                     "is an object with one (see applimit.Observer)."
                 )
+        # The exporters of this package count a result from a few of its fields: they are
+        # handed those (no event is built for them) and never hear of peeks. Every other
+        # observer gets the event.
+        self._counters = tuple(
+            (observer, cast(Counting, observer)._count_result)
+            for observer in self.observers
+            if callable(getattr(observer, "_count_result", None))
+        )
+        self._listeners = tuple(
+            observer
+            for observer in self.observers
+            if not callable(getattr(observer, "_count_result", None))
+        )
         self._overshooters = tuple(
             cast(OvershootObserver, observer)
             for observer in self.observers
@@ -277,14 +306,16 @@ class Notifier:
         self, prepared: Prepared, decision: Decision, latency: float, *, local: bool
     ) -> None:
         """Tell every observer of ``decision`` (one event per result), and log a shadow
-        denial. Never raises."""
+        denial. Never raises. The exporters of this package are handed the fields a count
+        needs (``_count_result``), with no event built: this runs on every decision."""
         results = decision.results
         if not results:
             return
         degraded = decision.degraded
-        observers = self.observers
-        checks = prepared.checks
+        observers = self._listeners
         operation = prepared.operation
+        counters = self._counters if operation != "peek" else ()
+        checks = prepared.checks
         cost = prepared.cost
         hashed = self._hashed
         first = True
@@ -305,33 +336,40 @@ class Notifier:
                 key, approximate = result.name, False
             if shadow and outcome is not _ALLOWED:
                 self._log_shadow(result.name, result.tier, outcome, hashed(key))
-            if not observers:
-                continue
-            event = _tuple_new(
-                DecisionEvent,
-                (
-                    result.name,
-                    result.tier,
-                    result.algorithm,
-                    outcome,
-                    operation,
-                    cost,
-                    result.remaining,
-                    latency,
-                    local,
-                    first,
-                    approximate,
-                    key,
-                    hashed,
-                ),
-            )
-            first = False
-            for observer in observers:
+            for counter, count in counters:
                 try:
-                    observer.on_decision(event)
+                    count(result.name, result.tier, outcome, latency, local, first, approximate)
                 except Exception as error:
-                    # An observer must not break a decision: logged, and the next one runs.
-                    self._log_observer(observer, error)
+                    self._log_observer(counter, error)
+            if observers:
+                event = _tuple_new(
+                    DecisionEvent,
+                    (
+                        result.name,
+                        result.tier,
+                        result.algorithm,
+                        outcome,
+                        operation,
+                        cost,
+                        result.remaining,
+                        latency,
+                        local,
+                        first,
+                        approximate,
+                        key,
+                        hashed,
+                    ),
+                )
+                self._tell(observers, event)
+            first = False
+
+    def _tell(self, observers: tuple[Observer, ...], event: DecisionEvent) -> None:
+        for observer in observers:
+            try:
+                observer.on_decision(event)
+            except Exception as error:
+                # An observer must not break a decision: logged, and the next one runs.
+                self._log_observer(observer, error)
 
     def overshoot(self, limit: str, tier: str, count: int) -> None:
         """Tell the observers that have ``on_overshoot`` of requests admitted over a

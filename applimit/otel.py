@@ -96,11 +96,23 @@ class OpenTelemetryObserver:
         self._attached.add(limiter)
 
     def on_decision(self, event: DecisionEvent) -> None:
-        """Record one limit result."""
+        """Record one limit result (the limiters call :meth:`_count_result` directly)."""
         # The event is a tuple: one unpacking instead of a property call per field.
         limit, tier, _, outcome, operation, _, _, latency, local, first, approx, _, _ = event
-        if operation == "peek":
-            return
+        if operation != "peek":
+            self._count_result(limit, tier, outcome, latency, local, first, approx)
+
+    def _count_result(  # noqa: PLR0917 (the fields, in order; see applimit._observe.Counting)
+        self,
+        limit: str,
+        tier: str,
+        outcome: Outcome,
+        latency: float,
+        local: bool,
+        first: bool,
+        approximate: bool,
+    ) -> None:
+        """Record one result of a hit, with no event built for it."""
         key = (limit, tier, outcome)
         attributes = self._attributes.get(key)
         if attributes is None:
@@ -117,7 +129,7 @@ class OpenTelemetryObserver:
         elif outcome in _REDIS_OUTCOMES:
             if first:
                 self.redis_duration.record(latency)
-            if approx:
+            if approximate:
                 pair = (limit, tier)
                 synced = self._local.get(pair)
                 if synced is None:

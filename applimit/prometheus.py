@@ -115,26 +115,49 @@ class PrometheusObserver(Collector):
         self._attached.add(limiter)
 
     def on_decision(self, event: DecisionEvent) -> None:
-        """Count one limit result."""
+        """Count one limit result (the limiters call :meth:`_count_result` directly)."""
         # The event is a tuple: one unpacking instead of a property call per field.
         limit, tier, _, outcome, operation, _, _, latency, local, first, approx, _, _ = event
-        if operation == "peek":
-            return
+        if operation != "peek":
+            self._count_result(limit, tier, outcome, latency, local, first, approx)
+
+    def _count_result(  # noqa: PLR0917 (the fields, in order; see applimit._observe.Counting)
+        self,
+        limit: str,
+        tier: str,
+        outcome: Outcome,
+        latency: float,
+        local: bool,
+        first: bool,
+        approximate: bool,
+    ) -> None:
+        """Count one result of a hit: what runs on every decision, so as little as can be
+        under the lock (the bucket is found before taking it)."""
         # An Outcome is a str: the key holds it as is, and the label is written from it.
         key = (limit, tier, outcome)
-        with self._lock:
-            decisions = self._decisions
-            decisions[key] = decisions.get(key, 0) + 1
-            if local:
-                pair = (limit, tier)
+        decisions = self._decisions
+        if local:
+            pair = (limit, tier)
+            with self._lock:
+                decisions[key] = decisions.get(key, 0) + 1
                 self._local[pair] = self._local.get(pair, 0) + 1
-            elif outcome in _REDIS_OUTCOMES:
-                if first:
-                    self._buckets[bisect.bisect_left(self._bounds, latency)] += 1
-                    self._sum += latency
-                if approx:
+            return
+        redis = outcome in _REDIS_OUTCOMES
+        if redis and first:
+            bucket = bisect.bisect_left(self._bounds, latency)
+            with self._lock:
+                decisions[key] = decisions.get(key, 0) + 1
+                self._buckets[bucket] += 1
+                self._sum += latency
+                if approximate:
                     pair = (limit, tier)
                     self._syncs[pair] = self._syncs.get(pair, 0) + 1
+            return
+        with self._lock:
+            decisions[key] = decisions.get(key, 0) + 1
+            if redis and approximate:
+                pair = (limit, tier)
+                self._syncs[pair] = self._syncs.get(pair, 0) + 1
 
     def on_overshoot(self, limit: str, tier: str, count: int) -> None:
         """Count requests an approximate-mode sync found admitted over the limit."""

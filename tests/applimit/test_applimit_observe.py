@@ -412,3 +412,36 @@ async def test_approximate_mode_syncs_and_local_answers_are_counted(
     assert syncs >= 3 and local >= 10
     assert syncs + local == 25
     assert syncs == sum(not e.answered_locally for e in recorder.events)
+
+
+async def test_an_exporter_fed_events_counts_as_one_attached_to_a_limiter(
+    make: MakeDriver,
+) -> None:
+    """The limiters hand the exporters a result's fields without building an event; an
+    exporter fed the events themselves (by another observer forwarding them) ends with
+    the same series, and neither hears of peeks."""
+    attached_registry, fed_registry = CollectorRegistry(), CollectorRegistry()
+    attached = PrometheusObserver(attached_registry)
+    fed = PrometheusObserver(fed_registry)
+
+    class Forward:
+        def on_decision(self, event: DecisionEvent) -> None:
+            fed.on_decision(event)
+
+    limiter = make(observers=[attached, Forward()])
+    for _ in range(3):
+        await limiter.hit("api", "trent")
+        await limiter.hit("trial", "trent")
+        await limiter.peek("api", "trent")
+
+    def decisions(registry: CollectorRegistry) -> dict[tuple[str, ...], float]:
+        return {
+            tuple(sorted(sample.labels.items())): sample.value  # type: ignore[misc]
+            for metric in registry.collect()
+            if metric.name == "applimit_decisions"
+            for sample in metric.samples
+            if sample.name == "applimit_decisions_total"
+        }
+
+    assert decisions(attached_registry) == decisions(fed_registry)
+    assert sum(decisions(attached_registry).values()) == 6
