@@ -9,7 +9,8 @@ the free tier, so the 101st request within a minute gets a 429 with ``Retry-Afte
 problem+json body. Requests without a key are anonymous and counted by client IP.
 
 Environment: ``REDIS_URL`` (else the policy's ``app.redis_url``), ``TRUSTED_PROXIES``
-(comma-separated addresses or CIDRs of your load balancers), ``BEHIND_CLOUDFLARE=1``.
+(comma-separated addresses or CIDRs of your load balancers), ``BEHIND_CLOUDFLARE=1``,
+``RATE_LIMIT_POLICY`` (a policy file other than examples/policy.yaml).
 Pass ``--no-proxy-headers`` to uvicorn: the middleware reads X-Forwarded-For itself, and only
 from the proxies you trust.
 
@@ -56,7 +57,7 @@ def _env_list(name: str) -> list[str]:
 def create_app(
     *,
     redis_url: str | None = None,
-    policy: str | os.PathLike[str] = POLICY,
+    policy: str | os.PathLike[str] | None = None,
     trusted_proxies: list[str] | None = None,
     behind_cloudflare: bool | None = None,
     legacy_headers: bool = True,
@@ -67,6 +68,8 @@ def create_app(
     ``rate_limited=False`` leaves the middleware out (the fleet demo wraps that bare app in
     a per-instance counter, to show what goes wrong without a shared store).
     """
+    if policy is None:
+        policy = os.environ.get("RATE_LIMIT_POLICY") or POLICY
     if trusted_proxies is None:
         trusted_proxies = _env_list("TRUSTED_PROXIES")
     if behind_cloudflare is None:

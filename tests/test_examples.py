@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from harness import RedisServer
 
 from edgegen import cli
 
@@ -99,3 +103,70 @@ def test_the_fleet_demo_prints_its_metrics_and_they_match_its_own_counts() -> No
     pro = rows[("api", "pro")]
     assert pro["allowed"] + pro.get("degraded_allowed", 0) == 2 * 60
     assert "(api pro has 2 rates, 1000/1m, 20000/1h: each request is counted once per rate)" in out
+
+
+@pytest.fixture
+def dashboard_module(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """examples/fleet_dashboard.py, imported as the script imports its neighbours."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    import fleet_dashboard
+
+    return fleet_dashboard
+
+
+def test_the_picture_draws_each_panel_of_the_dashboard(dashboard_module: Any) -> None:
+    """Every panel of examples/grafana-dashboard.json has its drawing in the script that
+    renders docs/dashboard.png, and nothing else is drawn."""
+    dashboard = json.loads((EXAMPLES / "grafana-dashboard.json").read_text(encoding="utf-8"))
+    assert set(dashboard_module.PANELS) == {p["title"] for p in dashboard["panels"]}
+
+
+def test_the_picture_computes_histogram_quantile_as_prometheus(dashboard_module: Any) -> None:
+    """Linear within the bucket the rank falls in; the highest finite bound for a rank in
+    the +Inf bucket; NaN with no observations."""
+    quantile = dashboard_module.quantile
+    bounds = [0.1, 0.2, math.inf]
+    assert quantile(0.5, bounds, [10, 20, 20]) == pytest.approx(0.1)
+    assert quantile(0.75, bounds, [10, 20, 20]) == pytest.approx(0.15)
+    assert quantile(0.99, bounds, [10, 20, 40]) == pytest.approx(0.2)
+    assert math.isnan(quantile(0.5, bounds, [0, 0, 0]))
+
+
+def test_the_picture_renders_from_scrapes_of_a_real_registry(
+    dashboard_module: Any, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Two scrapes of a limiter's registry (decisions on a real Redis between them) render
+    to a PNG with every panel."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    import policy
+    from applimit import Limiter
+    from applimit.prometheus import PrometheusObserver
+
+    registry = CollectorRegistry()
+    text = (EXAMPLES / "policy.yaml").read_text(encoding="utf-8")
+    limiter = Limiter(
+        policy.loads(text), redis_url=redis_server.url, observers=[PrometheusObserver(registry)]
+    )
+
+    def scrape(t: float) -> dict[str, Any]:
+        samples = [
+            [sample.name, dict(sample.labels), sample.value]
+            for family in text_string_to_metric_families(generate_latest(registry).decode())
+            for sample in family.samples
+        ]
+        return {"t": t, "instances": [samples]}
+
+    try:
+        scrapes = [scrape(0.0)]
+        for _ in range(120):
+            limiter.hit("api", "mallory", tier="free")
+            limiter.hit("exports", "mallory", tier="free")
+        scrapes.append(scrape(1.0))
+    finally:
+        limiter.close()
+    out = tmp_path / "dashboard.png"
+    dashboard = json.loads((EXAMPLES / "grafana-dashboard.json").read_text(encoding="utf-8"))
+    dashboard_module.render(scrapes, dashboard, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
