@@ -12,12 +12,16 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from limiter_support import MakeLimiter, TestClock
+import redis
+from harness import RedisServer
+from limiter_support import US, MakeLimiter, TestClock
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry
 
-from applimit import DecisionEvent, Observer
+import policy
+from applimit import Decision, DecisionEvent, Limiter, Observer, _script
+from applimit._flow import Send
 from applimit.otel import OpenTelemetryObserver
 from applimit.prometheus import PrometheusObserver
 
@@ -135,3 +139,83 @@ async def test_within_the_limit_nothing_is_reported(make_limiter: MakeLimiter) -
         registry.get_sample_value("applimit_approx_overshoot_total", {"limit": "a", "tier": "free"})
         is None
     )
+
+
+FLUSH_POLICY = """
+version: 1
+app: {key_prefix: flush, timeout: 2s, on_redis_error: allow}
+limits:
+  - name: a
+    app:
+      algorithm: sliding_log
+      mode: approximate
+      sync_every: 5
+      sync_interval: 1h
+      tiers: {default: 10/1m}
+"""
+
+
+def test_a_flush_redis_did_not_answer_keeps_its_requests_pending(
+    redis_client: redis.Redis, redis_server: RedisServer
+) -> None:
+    """An instance holds 4 requests admitted locally; others leave room for 2; its sync is
+    denied and the flush of the 2 that fit fails (Redis down for that call, the limit
+    failing open). None of the 4 is lost: once the window has passed, the next sync
+    counts all 4 with the request (5 in Redis), and nothing was reported as overshoot for
+    the failed flush beyond what the batch showed did not fit (2)."""
+    clock = TestClock()
+    recorder = Overshoots()
+    loaded = policy.loads(FLUSH_POLICY)
+    # Driven by hand: its calls run on a plain client, so one of them can be made to fail.
+    instance = Limiter(
+        loaded, redis_url="redis://127.0.0.1:1/0", test_clock=clock, observers=[recorder]
+    )
+    # The other instances, as one exact limiter on the same keys (its count is Redis').
+    exact = FLUSH_POLICY
+    for line in ("      mode: approximate\n", "      sync_every: 5\n", "      sync_interval: 1h\n"):
+        assert line in exact
+        exact = exact.replace(line, "")
+    other = Limiter(policy.loads(exact), redis_url=redis_server.url, test_clock=clock)
+    who = f"user-{uuid.uuid4()}"
+    sends: list[str] = []
+    # Which Send (counted from 1) fails: none until the test says.
+    failing = [0]
+
+    def answer(send: Send) -> list[object]:
+        sends.append(repr(send))
+        if len(sends) == failing[0]:
+            return [redis.exceptions.ConnectionError("Connection refused")]
+        return [
+            redis_client.eval(_script.SOURCE, len(call.keys), *call.keys, *call.args)
+            for call in send.calls
+        ]
+
+    def hit() -> Decision:
+        prepared = instance.core.for_limit("hit", "a", who, None, 1)
+        flow = instance.decider.decide_flow(prepared)
+        try:
+            send = next(flow)
+            while True:
+                send = flow.send(answer(send))
+        except StopIteration as done:
+            decision: Decision = done.value
+            return decision
+
+    try:
+        assert hit().allowed  # a sync: Redis counts 1
+        for _ in range(4):
+            assert hit().allowed  # local: 4 pending
+        for _ in range(7):
+            assert other.hit("a", who).allowed  # Redis: 8 of 10
+        # The batch (4 pending + 1) is denied with room for 2; the flush of those 2 fails.
+        failing[0] = len(sends) + 2
+        assert not hit().allowed
+        assert len(sends) == failing[0]
+        assert recorder.reports == [("a", "default", 2)]
+        clock.advance(61 * US)
+        assert hit().allowed  # a sync of the 4 kept pending and the request
+        assert other.peek("a", who).remaining == 10 - 5
+        assert recorder.reports == [("a", "default", 2)]
+    finally:
+        instance.close()
+        other.close()
