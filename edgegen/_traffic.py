@@ -4,7 +4,8 @@
 that cannot be told fails before anything is replayed), then yields :class:`Request` records
 lazily: memory holds one line per file and a short reorder buffer, never a file.
 
-Formats (detected from a file's first non-empty line unless ``options.format`` names one):
+Formats (told from a file's first non-empty line, or the first of its first ten that shows
+one, unless ``options.format`` names one):
 
 ``combined``
     nginx/Apache combined (or common) log lines, optionally followed by ``name=value`` or
@@ -1001,8 +1002,8 @@ def _events_parser(_: tuple[str, str] | None, options: TrafficOptions) -> _Parse
 _REQUIRED_COLUMNS: Final = ("timestamp", "method", "path", "ip")
 
 
-def _named(row: Mapping[str, Any], user_key: str, options: TrafficOptions) -> Request:
-    """A record from named values (a JSON object, or a CSV row as text)."""
+def _required(row: Mapping[str, Any]) -> tuple[object, str, str, str]:
+    """The timestamp, method, path and ip every named row must have."""
     try:
         when, method, path, ip = row["timestamp"], row["method"], row["path"], row["ip"]
     except KeyError as exc:
@@ -1011,6 +1012,12 @@ def _named(row: Mapping[str, Any], user_key: str, options: TrafficOptions) -> Re
         raise _Malformed("field type", "'method', 'path' and 'ip' must be text")
     if not (method and path and ip):
         raise _Malformed("missing field", "'method', 'path' and 'ip' must not be empty")
+    return when, method, path, ip
+
+
+def _named(row: Mapping[str, Any], user_key: str, options: TrafficOptions) -> Request:
+    """A record from named values (a JSON object, or a CSV row as text)."""
+    when, method, path, ip = _required(row)
     host = row.get("host") or ""
     if type(host) is not str:
         raise _Malformed("field type", "'host' is not text")
@@ -1025,15 +1032,18 @@ def _named(row: Mapping[str, Any], user_key: str, options: TrafficOptions) -> Re
         colo = _optional_text(colo)
     authenticated = options.authenticated
     if authenticated is None:
-        authenticated = _flag(row.get("authenticated"))
+        authenticated = row.get("authenticated")
+        if authenticated is not None and type(authenticated) is not bool:
+            authenticated = _flag(authenticated)
     status = row.get("status")
     if status is not None and type(status) is not int:
         status = _status(status)
     return Request(
         _time_us(when),
         method.upper(),
-        _host(host) if host else "",
-        _path(path),
+        # The calls only for the values that need them: most hold no port and no query.
+        _host(host) if ":" in host else host.lower(),
+        _path(path) if "?" in path or "#" in path else path,
         ip,
         user,
         tier or _tier(None, user, options.tiers, options.default_tier),
