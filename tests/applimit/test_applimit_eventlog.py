@@ -144,3 +144,24 @@ def test_bad_flush_settings_are_refused(tmp_path: Path) -> None:
     """flush_every below 1 is refused with a message naming both settings."""
     with pytest.raises(ValueError, match="flush_every >= 1"):
         EventLogObserver(tmp_path / "x.ndjson", flush_every=0)
+
+
+def test_edgegen_replay_reads_the_log(tmp_path: Path, redis_server: RedisServer) -> None:
+    """The log is what edgegen's traffic reader takes as decision events (issue 16's
+    replay): every hit line becomes a record with its limit, tier, identity and cost, in
+    time order, and nothing is malformed."""
+    from edgegen._traffic import TrafficOptions, read_traffic
+
+    path = tmp_path / "events.ndjson"
+    who = f"carol-{uuid.uuid4()}"
+    with (
+        EventLogObserver(path) as log,
+        Limiter(policy.loads(POLICY), redis_url=redis_server.url, observers=[log]) as limiter,
+    ):
+        for _ in range(3):
+            limiter.hit("api", who, tier="pro", cost=2)
+        limiter.peek("api", who, tier="pro")
+    with read_traffic([path], TrafficOptions(strict=True)) as traffic:
+        records = list(traffic)
+    assert [(r.limit, r.tier, r.cost) for r in records] == [("api", "pro", 2)] * 3
+    assert len({r.user for r in records}) == 1
