@@ -54,6 +54,8 @@ UNIX_SOCKET = "unix"
 # The client IP used when none can be determined (no peer address at all): such requests
 # share one anonymous bucket rather than escaping the limit.
 UNKNOWN_IP = "unknown"
+# Direct peers whose client IP TrustedProxies remembers, at most (see client_ip).
+MAX_KNOWN_PEERS = 4096
 # Unknown tiers logged once each; past this many, further ones are not logged.
 MAX_WARNED_TIERS = 64
 # What a failing identify() means (Gate's on_identify_error): "raise" propagates the app's
@@ -363,11 +365,23 @@ class TrustedProxies:
         self._networks = tuple(networks)
         self._unix = unix
         self.behind_cloudflare = behind_cloudflare
+        # Peers that decide the client IP alone (not trusted, or not an IP), and the answer:
+        # a client sends many requests, and parsing its address with ipaddress for each
+        # cost more than the rest of reading the request. Cleared when it grows past
+        # MAX_KNOWN_PEERS, so a flood of addresses cannot grow memory.
+        self._direct: dict[str, str] = {}
 
     @property
     def networks(self) -> tuple[Network, ...]:
         """The trusted networks, parsed."""
         return self._networks
+
+    def _remember(self, peer: str, client: str) -> str:
+        """Note that ``peer`` alone makes ``client`` the client IP; return it."""
+        if len(self._direct) >= MAX_KNOWN_PEERS:
+            self._direct.clear()
+        self._direct[peer] = client
+        return client
 
     def trusts(self, address: Address | None) -> bool:
         """True when ``address`` is one of ours (None: a Unix socket peer)."""
@@ -377,13 +391,23 @@ class TrustedProxies:
 
     def client_ip(self, request: RequestInfo) -> str:
         """The client's IP as a canonical string (``UNKNOWN_IP`` when there is no peer)."""
-        peer = parse_ip(request.peer) if request.peer else None
-        if request.peer and peer is None:
+        text = request.peer
+        if text:
+            known = self._direct.get(text)
+            if known is not None:
+                return known
+        return self._resolve(request, text)
+
+    def _resolve(self, request: RequestInfo, text: str | None) -> str:
+        """:meth:`client_ip` for a peer not remembered: the peer ``text``, or the
+        forwarding headers a trusted peer sent."""
+        peer = parse_ip(text) if text else None
+        if text and peer is None:
             # A peer that is not an IP (some test clients say "testclient"): it is still the
             # connection we talk to, and nothing vouches for headers behind it.
-            return request.peer
+            return self._remember(text, text)
         if not self.trusts(peer):
-            return str(peer) if peer is not None else UNKNOWN_IP
+            return self._remember(text, str(peer)) if text and peer is not None else UNKNOWN_IP
         if self.behind_cloudflare:
             cf = request.header("cf-connecting-ip")
             cf_ip = parse_ip(cf) if cf else None
@@ -526,6 +550,10 @@ class Gate:
         # Tier names come from identify(), which may pass on what a client sent: remember a
         # bounded number of them, so a stream of invented tiers cannot grow memory.
         self._warned_tiers: set[str] = set()
+        # Each (limit, quota, window)'s RateLimit-Policy member and its sf-string key, made
+        # on first use: a limit's rate is fixed by the policy, so these are formatted once
+        # instead of for every response (bounded by the policy's limits and tiers).
+        self._members: dict[tuple[str, int, float], tuple[str, str]] = {}
 
     @property
     def lowest_tier(self) -> str:
@@ -644,7 +672,13 @@ class Gate:
 
     def outcome(self, decision: Decision, tier: str) -> Outcome:
         """The outcome of a decision of ``check_request`` (or ``hit``)."""
-        items = self.items(decision.results)
+        results = decision.results
+        if len(results) == 1 and decision.allowed and not decision.degraded:
+            only = results[0]
+            if only.allowed and not only.shadow:
+                # Most responses: one enforced rate that admitted the request.
+                return self._admitted(only)
+        items = self.items(results)
         if decision.degraded:
             return self._degraded(decision, items)
         if not items:
@@ -685,6 +719,41 @@ class Gate:
         headers.append(("Content-Type", PROBLEM_JSON))
         headers.append(("Content-Length", str(len(body))))
         return Outcome(refusal=Refusal(status=429, headers=tuple(headers), body=body))
+
+    def _admitted(self, result: LimitResult) -> Outcome:
+        """What :meth:`outcome` makes of one enforced result that admits the request, with
+        its policy member formatted once per limit and rate: the same headers, in the same
+        order, as the general path's (a test holds the two to each other)."""
+        member = self._members.get((result.name, result.quota, result.window))
+        if member is None:
+            item = PolicyItem(result.name, result.name, result.quota, result.window, 0, 0, True)
+            member = (item.policy_member(), sf_string(result.name))
+            self._members[result.name, result.quota, result.window] = member
+        policy, key = member
+        quota = result.quota
+        remaining = result.remaining
+        # As items(): never below 0, never above the quota (a GCRA burst can exceed it).
+        if remaining > quota:
+            remaining = quota
+        elif remaining < 0:
+            remaining = 0
+        reset = delay_seconds(result.reset_after)
+        if self.legacy_headers:
+            return Outcome(
+                headers=(
+                    ("RateLimit-Policy", policy),
+                    ("RateLimit", f"{key};r={remaining};t={reset}"),
+                    ("X-RateLimit-Limit", str(quota)),
+                    ("X-RateLimit-Remaining", str(remaining)),
+                    ("X-RateLimit-Reset", str(reset)),
+                )
+            )
+        return Outcome(
+            headers=(
+                ("RateLimit-Policy", policy),
+                ("RateLimit", f"{key};r={remaining};t={reset}"),
+            )
+        )
 
     def _legacy(self, item: PolicyItem | None) -> list[tuple[str, str]]:
         if not self.legacy_headers or item is None:

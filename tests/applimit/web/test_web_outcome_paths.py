@@ -1,0 +1,127 @@
+"""The gate's two ways to a response's headers agree, and so do the client IP's.
+
+``Gate.outcome`` formats one admitting, enforced result (most responses) on a path of its
+own, with each limit's RateLimit-Policy member made once; ``TrustedProxies.client_ip``
+remembers the answer for a peer that alone decides it. Each shortcut must give what the
+general code gives, header for header and address for address.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from applimit import Decision, LimitResult
+from applimit._decision import combine
+from applimit._web import Gate, RequestInfo, TrustedProxies
+
+names = st.one_of(
+    st.sampled_from(["api", "login", 'we"ird\\name', "café", "a/b", "100%"]),
+    st.text(min_size=1, max_size=12),
+)
+
+
+@st.composite
+def admitting(draw: st.DrawFn) -> LimitResult:
+    """One enforced result that admits, with the edge cases of its numbers."""
+    quota = draw(st.integers(min_value=1, max_value=10**9))
+    return LimitResult(
+        name=draw(names),
+        tier="free",
+        algorithm=draw(st.sampled_from(["sliding_log", "sliding_window", "gcra"])),
+        quota=quota,
+        window=draw(st.sampled_from([0.5, 1.0, 1.5, 60.0, 3600.0, 86400.0])),
+        allowed=True,
+        consumed=draw(st.booleans()),
+        # Below 0 and above the quota (a GCRA burst) are clamped in the headers.
+        remaining=draw(st.integers(min_value=-5, max_value=quota + 5)),
+        reset_after=draw(
+            st.one_of(
+                st.sampled_from([0.0, 1.0, 2.0000000001, math.inf, math.nan]),
+                st.floats(min_value=-1.0, max_value=1e6),
+            )
+        ),
+        retry_after=None,
+        shadow=False,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(result=admitting(), legacy=st.booleans())
+def test_one_admitting_result_gets_the_general_paths_headers(
+    result: LimitResult, legacy: bool
+) -> None:
+    """The outcome of a decision with one admitting result is the one the general path
+    makes when a shadow result (never advertised) rides along: same headers, same order."""
+    gate = Gate(tiers=["free"], legacy_headers=legacy)
+    shadow = LimitResult(
+        name=result.name + "-shadow",
+        tier="free",
+        algorithm="gcra",
+        quota=1,
+        window=1.0,
+        allowed=False,
+        consumed=False,
+        remaining=0,
+        reset_after=1.0,
+        retry_after=1.0,
+        shadow=True,
+    )
+    alone = combine([result])
+    with_shadow = combine([result, shadow])
+    assert alone.allowed and with_shadow.allowed
+    # Twice: the first call formats the member, the second reuses it.
+    for _ in range(2):
+        fast = gate.outcome(alone, "free")
+        general = gate.outcome(with_shadow, "free")
+        assert fast == general
+        assert fast.headers[0][0] == "RateLimit-Policy"
+        assert fast.raw_headers == general.raw_headers
+
+
+def test_a_degraded_or_refusing_decision_takes_the_general_path() -> None:
+    """Only an admitting, enforced, Redis-answered result is formatted on the short path:
+    a degraded one has no RateLimit header, a refusal is a 429."""
+    gate = Gate(tiers=["free"])
+    admitted = LimitResult("api", "free", "gcra", 10, 60.0, True, True, 9, 6.0, None)
+    degraded = Decision(True, 10, 0, 0.0, None, "api", (admitted,), degraded=True)
+    assert [name for name, _ in gate.outcome(degraded, "free").headers] == ["RateLimit-Policy"]
+    denied = LimitResult("api", "free", "gcra", 10, 60.0, False, False, 0, 6.0, 6.0)
+    refusal = gate.outcome(combine([denied]), "free").refusal
+    assert refusal is not None and refusal.status == 429
+
+
+def _request(peer: str | None, forwarded: str | None = None) -> RequestInfo:
+    headers = (("x-forwarded-for", forwarded),) if forwarded else ()
+    return RequestInfo("GET", "/", "/", "example.com", headers, peer)
+
+
+@given(
+    peer=st.one_of(
+        st.ip_addresses().map(str),
+        st.sampled_from(["testclient", "[::1]:443", "1.2.3.4:5678", "::ffff:10.0.0.7", ""]),
+    ),
+    forwarded=st.sampled_from([None, "203.0.113.9", "garbage, 198.51.100.2"]),
+)
+def test_remembered_peers_give_the_same_client_ip(peer: str, forwarded: str | None) -> None:
+    """A peer asked about again gets the answer a fresh TrustedProxies gives, trusted or
+    not, whatever the forwarding header says this time."""
+    for trusted in ((), ("10.0.0.0/8", "::1"), ("0.0.0.0/0", "::/0")):
+        remembering = TrustedProxies(trusted)
+        first = remembering.client_ip(_request(peer))
+        again = remembering.client_ip(_request(peer, forwarded))
+        assert first == TrustedProxies(trusted).client_ip(_request(peer))
+        assert again == TrustedProxies(trusted).client_ip(_request(peer, forwarded))
+
+
+def test_remembered_peers_are_bounded() -> None:
+    """A flood of addresses does not grow what is remembered past its bound."""
+    from applimit._web import MAX_KNOWN_PEERS
+
+    proxies = TrustedProxies()
+    for index in range(MAX_KNOWN_PEERS * 2 + 3):
+        peer = f"10.{index >> 16 & 255}.{index >> 8 & 255}.{index & 255}"
+        assert proxies.client_ip(_request(peer)) == peer
+    assert len(proxies._direct) <= MAX_KNOWN_PEERS
