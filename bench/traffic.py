@@ -130,6 +130,19 @@ def _users(rng: random.Random, count: int) -> list[_Client]:
     return clients
 
 
+def user_tiers(seed: int = 1, users: int = 2_000) -> dict[str, str]:
+    """The tier of each user :func:`generate` makes with the same ``seed`` and ``users``:
+    what ``--tiers`` needs for a log that carries no tier (Logpush)."""
+    return {c.user: c.tier for c in _users(random.Random(seed), users) if c.user and c.tier}
+
+
+def write_tiers(tiers: dict[str, str], path: str | Path) -> None:
+    """A tiers file: CSV ``user,tier`` with a header."""
+    with Path(path).open("w", encoding="utf-8", newline="\n") as out:
+        out.write("user,tier\n")
+        out.writelines(f"{user},{tier}\n" for user, tier in tiers.items())
+
+
 def generate(
     seed: int = 1,
     start: int = DEFAULT_START,
@@ -456,7 +469,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-abuse", action="store_true", help="leave out the abusive clients")
     parser.add_argument("--format", choices=FORMATS, default="ndjson")
     parser.add_argument("--out", required=True, help="file to write (.gz: gzip), - for stdout")
+    parser.add_argument("--tiers-out", help="also write each user's tier to this CSV file")
     args = parser.parse_args(argv)
+    if args.tiers_out:
+        write_tiers(user_tiers(args.seed, args.users), args.tiers_out)
     began = time.perf_counter()
     records = generate(
         args.seed, _start(args.start), args.seconds, args.rate, args.users, abuse=not args.no_abuse

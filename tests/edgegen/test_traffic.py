@@ -743,6 +743,18 @@ def test_generator_shape() -> None:
     assert any(r.host == "hooks.example.com" and r.path.startswith("/webhooks/") for r in records)
 
 
+def test_generator_tiers_file_matches_the_traffic(tmp_path: Path) -> None:
+    """--tiers-out writes the tier of every generated user, so a Logpush replay (which logs
+    no tier) gets the same tiers as the records carry."""
+    out, tiers = tmp_path / "t.logpush", tmp_path / "tiers.csv"
+    assert gen.main(["--seconds", "30", "--rate", "20", "--users", "40", "--format", "logpush",
+                     "--out", str(out), "--tiers-out", str(tiers)]) == 0  # fmt: skip
+    options = dataclasses.replace(READ_OPTIONS["logpush"], tiers=load_tiers(tiers))
+    records, _ = read([out], options)
+    expected = gen.generate(1, seconds=30, rate_per_s=20, users=40)
+    assert [r.tier for r in records] == [r.tier for r in expected]
+
+
 def test_generator_cli_writes_gzip(tmp_path: Path) -> None:
     """python -m bench.traffic writes a gzip file the reader detects."""
     out = tmp_path / "day.logpush.gz"
