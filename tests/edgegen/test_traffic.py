@@ -238,6 +238,25 @@ def test_named_csv() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("API.Example.COM:8443", "api.example.com"),
+        ("[2001:DB8::1]:443", "[2001:db8::1]"),
+        ("[2001:db8::1]", "[2001:db8::1]"),
+        ("2001:db8::1", "2001:db8::1"),
+        ("", ""),
+    ],
+)
+def test_host_lower_case_without_port(host: str, expected: str, tmp_path: Path) -> None:
+    """Hosts are lower-cased and lose their port; an IPv6 literal keeps its brackets and
+    a bare IPv6 address is not cut at a colon."""
+    path = tmp_path / "h.csv"
+    path.write_text(f"timestamp,method,host,path,ip\n1796284800,GET,{host},/,192.0.2.1\n")
+    records, _ = read([path])
+    assert [r.host for r in records] == [expected]
+
+
 def test_csv_header_without_required_columns(tmp_path: Path) -> None:
     """A CSV whose header lacks a required column is refused when opened, naming it."""
     path = tmp_path / "t.csv"
