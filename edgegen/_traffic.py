@@ -395,7 +395,7 @@ def _detect(head: Sequence[tuple[int, str | None]], label: str) -> str:
         f"{label}:{content[0][0]}: cannot tell the format of this traffic file from its first "
         f"{'line' if len(content) == 1 else f'{len(content)} lines'}: none is a combined log "
         "line, a Logpush or decision-event JSON object, NDJSON with a 'timestamp' key, or a "
-        f"CSV header with a 'timestamp' column; name the format with --format "
+        f"CSV header with a 'timestamp' column; name the format with --traffic-format "
         f"({', '.join(FORMATS)})",
         file=label,
         line=content[0][0],

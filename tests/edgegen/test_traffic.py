@@ -362,7 +362,7 @@ def test_undetectable_format_names_the_fix(tmp_path: Path) -> None:
     """A first line of no known format is a TrafficError with file:line and --format."""
     path = tmp_path / "mystery.txt"
     path.write_text("\n\nhello world\n")
-    with pytest.raises(TrafficError, match="--format") as caught:
+    with pytest.raises(TrafficError, match="--traffic-format") as caught:
         read_traffic([path], TrafficOptions())
     assert caught.value.file == str(path)
     assert caught.value.line == 3
