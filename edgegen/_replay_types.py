@@ -13,12 +13,10 @@ app's scripts (Redis TIME in µs), so the app models can be compared with the Lu
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+class Request(NamedTuple):
     """One recorded request, as the reader could reconstruct it.
 
     ``path`` is the path as logged (it may carry percent-encoding; each layer normalises it
@@ -34,6 +32,10 @@ class Request:
     is one hit of that app limit (by ``user``, already hashed, in ``tier``, of ``cost``)
     recorded behind the edge, so the replay gives it to that limit alone and to no edge
     layer.
+
+    A named tuple rather than a frozen dataclass: a reader builds one per line, and a
+    tuple is built several times faster (a frozen dataclass sets each field through
+    ``object.__setattr__``); it is just as immutable, and ``_replace`` copies one.
     """
 
     at_us: int
