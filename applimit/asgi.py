@@ -46,7 +46,7 @@ from ._web import (
     Refusal,
     RequestInfo,
     TrustedProxies,
-    identify_async,
+    identified,
     is_preflight,
     middleware_gate,
     request_cost,
@@ -150,7 +150,12 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         try:
-            caller = await identify_async(self.identify, request)
+            identify = self.identify
+            caller = identify(request) if identify is not None else None
+            if caller is not None and type(caller) is not Caller:
+                # An async identify's awaitable, or a value _web checks (and refuses): the
+                # usual plain Caller or None needs no coroutine of its own per request.
+                caller = await identified(caller)
         except Exception as error:
             failed = self.gate.identify_failed(request, error)
             if failed is not None and failed.refusal is not None:

@@ -125,3 +125,41 @@ def test_remembered_peers_are_bounded() -> None:
         peer = f"10.{index >> 16 & 255}.{index >> 8 & 255}.{index & 255}"
         assert proxies.client_ip(_request(peer)) == peer
     assert len(proxies._direct) <= MAX_KNOWN_PEERS
+
+
+@given(
+    headers=st.lists(
+        st.tuples(st.binary(min_size=1, max_size=12), st.binary(max_size=20)),
+        max_size=6,
+    ),
+    path=st.sampled_from(["/api/items", "/l%6Fgin", "", "/caf\u00e9"]),
+    client=st.sampled_from([None, ("203.0.113.5", 4000), ["::1", 1]]),
+)
+def test_requests_built_from_a_scope_equal_the_constructors(
+    headers: list[tuple[bytes, bytes]], path: str, client: object
+) -> None:
+    """RequestInfo.from_asgi (built through the slots' setters) gives the object the
+    dataclass' own constructor gives for the same fields, and it stays frozen."""
+    import dataclasses
+
+    scope = {
+        "type": "http",
+        "method": "get",
+        "path": path,
+        "raw_path": path.encode("utf-8"),
+        "query_string": b"a=1",
+        "headers": headers,
+        "client": client,
+        "server": ("127.0.0.1", 8000),
+    }
+    built = RequestInfo.from_asgi(scope)
+    fields = {f.name: getattr(built, f.name) for f in dataclasses.fields(RequestInfo)}
+    assert RequestInfo(**fields) == built
+    assert built.native is scope
+    assert built.kind == "asgi" and built.method == "GET"
+    try:
+        built.path = "/elsewhere"  # type: ignore[misc]
+    except dataclasses.FrozenInstanceError:
+        pass
+    else:
+        raise AssertionError("a RequestInfo must stay frozen")
