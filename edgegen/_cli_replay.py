@@ -51,6 +51,13 @@ def traffic_args(parser: argparse.ArgumentParser, *, required: bool) -> None:
         "--default-tier", metavar="TIER", help="the tier of a user the log and --tiers omit"
     )
     parser.add_argument(
+        "--authenticated",
+        choices=("yes", "no"),
+        help="count every request as carrying a credential (yes) or none (no), for logs "
+        "that cannot tell (default: the headers or cookies the log has, else whether it "
+        "names a user)",
+    )
+    parser.add_argument(
         "--challenges",
         choices=("stop", "pass"),
         default="stop",
@@ -146,6 +153,7 @@ def traffic_options(args: argparse.Namespace, loaded: Policy) -> TrafficOptions:
         default_tier=args.default_tier,
         authenticated_headers=tuple(when.headers),
         authenticated_cookies=tuple(when.cookies),
+        authenticated=None if args.authenticated is None else args.authenticated == "yes",
         strict=args.strict,
     )
 

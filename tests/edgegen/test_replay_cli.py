@@ -169,3 +169,18 @@ def test_stdin_and_gzip_are_read(
     code, out, _ = run(["replay", POLICY, "--traffic", "-", "--format", "json"], capsys)
     assert code == 0
     assert json.loads(out)["requests"] > 0
+
+
+def test_authenticated_option_moves_requests_to_the_credentialed_counter(
+    day: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--authenticated yes: the Worker's api limit (unauthenticated only) counts nothing
+    at its own rate; every request meets its credentialed counter."""
+    code, out, _ = run(
+        ["replay", POLICY, "--traffic", str(day), "--authenticated", "yes", "--format", "json"],
+        capsys,
+    )
+    assert code == 0
+    rows = {(r["layer"], r["limit"]): r for r in json.loads(out)["rows"]}
+    assert rows[("worker", "api")]["counted"] == 0
+    assert rows[("worker", "api (credentialed)")]["counted"] > 0
