@@ -23,8 +23,9 @@ $(NODE_STAMP): workers/package.json workers/package-lock.json
 deps: $(STAMP)
 node-deps: $(NODE_STAMP)
 
-## demo: validate, show, build, plan (offline) and diff the example policy, then run the
-## fleet demonstration (four app instances behind a round-robin front, one shared Redis)
+## demo: validate, show, build, plan (offline) and diff the example policy, replay a generated
+## day of traffic through it (and the diff's impact on that day), then run the fleet
+## demonstration (four app instances behind a round-robin front, one shared Redis)
 demo: $(STAMP)
 	@echo "== edgegen validate examples/policy.yaml"
 	@$(BIN)/edgegen validate examples/policy.yaml
@@ -40,6 +41,14 @@ demo: $(STAMP)
 	@echo
 	@echo "== edgegen diff examples/policy-previous.yaml examples/policy.yaml  (what a PR comment shows)"
 	@$(BIN)/edgegen diff examples/policy-previous.yaml examples/policy.yaml | sed -n '1,/^Generated artifacts/p;/^Generated artifacts/,/^$$/p' | uniq
+	@echo
+	@echo "== edgegen replay examples/policy.yaml --traffic out/traffic-day.ndjson.gz  (a generated day, 2 req/s)"
+	@$(BIN)/python -m bench.traffic --seconds 86400 --rate 2 --format ndjson --out out/traffic-day.ndjson.gz >/dev/null
+	@$(BIN)/edgegen replay examples/policy.yaml --traffic out/traffic-day.ndjson.gz --chart out/replay.svg | sed '/^Timeline/,/^$$/d'
+	@echo "(the timeline is drawn in out/replay.svg)"
+	@echo
+	@echo "== edgegen diff examples/policy-previous.yaml examples/policy.yaml --traffic out/traffic-day.ndjson.gz  (its impact section)"
+	@$(BIN)/edgegen diff examples/policy-previous.yaml examples/policy.yaml --traffic out/traffic-day.ndjson.gz | sed -n '/^Impact on recorded traffic/,$$p'
 	@echo; $(BIN)/python examples/fleet_demo.py
 
 lint: $(STAMP)
