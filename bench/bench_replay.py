@@ -65,7 +65,7 @@ def _generated(seconds: int, rate: float, fmt: str, quick: bool) -> Path:
     CACHE.mkdir(parents=True, exist_ok=True)
     path = CACHE / f"traffic-{seconds}s-{rate:g}-{fmt}{'-quick' if quick else ''}.gz"
     if not path.exists():
-        partial = path.with_suffix(".part")
+        partial = path.with_name(path.name + ".part.gz")  # .gz: the writer compresses
         subprocess.run(
             [
                 sys.executable,

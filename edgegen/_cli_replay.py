@@ -20,7 +20,8 @@ from ._plan_format import markdown_text, terminal_text
 from ._replay import Layer, Replay, ReplayOptions
 from ._replay_report import to_json, to_markdown, to_text, write_chart
 from ._suggest import suggest, suggestions_json, suggestions_table
-from ._traffic import FORMATS, TrafficOptions, TrafficStats, load_tiers, read_traffic
+from ._traffic import FORMATS, Traffic, TrafficOptions, TrafficStats, load_tiers
+from ._traffic_pipe import open_traffic
 from .errors import UsageError
 
 
@@ -67,6 +68,13 @@ def traffic_args(parser: argparse.ArgumentParser, *, required: bool) -> None:
         "--show-identities",
         action="store_true",
         help="print identities as they are (default: hashed with a key of this run)",
+    )
+    parser.add_argument(
+        "--no-background-read",
+        dest="background_read",
+        action="store_false",
+        help="parse the files in this process (by default a second process parses large "
+        "files while this one replays)",
     )
     parser.add_argument(
         "--strict",
@@ -158,6 +166,13 @@ def traffic_options(args: argparse.Namespace, loaded: Policy) -> TrafficOptions:
     )
 
 
+def open_args_traffic(args: argparse.Namespace, loaded: Policy) -> Traffic:
+    """The records of ``--traffic``, read as the options say."""
+    return open_traffic(
+        args.traffic, traffic_options(args, loaded), background=args.background_read
+    )
+
+
 def stats_lines(stats: TrafficStats) -> list[str]:
     """What was read: per file its format, records and malformed records."""
     return stats.describe()
@@ -209,7 +224,7 @@ def run_replay(args: argparse.Namespace) -> int:
     loaded, _ = load_and_build(args.policy)
     engine = Replay(loaded, replay_options(args, layers))
     feed = engine.feed
-    with read_traffic(args.traffic, traffic_options(args, loaded)) as traffic:
+    with open_args_traffic(args, loaded) as traffic:
         for record in traffic:
             feed(record)
     stats = traffic.stats
@@ -232,7 +247,7 @@ def run_suggest(args: argparse.Namespace) -> int:
     loaded, _ = load_and_build(args.policy)
     if not any(limit.app is not None for limit in loaded.limits):
         raise UsageError(f"{args.policy} has no app limits to suggest rates for")
-    with read_traffic(args.traffic, traffic_options(args, loaded)) as traffic:
+    with open_args_traffic(args, loaded) as traffic:
         items, _ = suggest(loaded, traffic, target, replay_options(args))
     stats = traffic.stats
     if args.format == "json":

@@ -23,14 +23,13 @@ from policy import Cloudflare, Policy
 
 from . import _apply, _diff, _formats, _plan_format, _replay_report
 from ._artifacts import Artifacts
-from ._cli_replay import describe_source, replay_options, traffic_args, traffic_options
+from ._cli_replay import describe_source, open_args_traffic, replay_options, traffic_args
 from ._cloudflare import Client, Write
 from ._pipeline import load_and_build
 from ._plan import SavedPlan, ZonePlan
 from ._plan_format import markdown_text, terminal_text
 from ._replay import replay_pair
 from ._state import RemoteState, Scope
-from ._traffic import read_traffic
 from ._zone import ApplyEvent, apply, plan, pull
 from .errors import UsageError, ZoneError
 
@@ -440,7 +439,7 @@ class _Impact:
 
 def _traffic_impact(args: argparse.Namespace, old: Policy, new: Policy) -> _Impact:
     """Replay ``--traffic`` through both policies in one pass, and say what changes."""
-    with read_traffic(args.traffic, traffic_options(args, new)) as traffic:
+    with open_args_traffic(args, new) as traffic:
         before, after = replay_pair(old, new, traffic, replay_options(args))
     impacts = _replay_report.impact(before, after)
     source = describe_source(traffic.stats)
