@@ -22,6 +22,7 @@ import secrets
 import threading
 import time
 import weakref
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol, Self, cast, runtime_checkable
@@ -231,6 +232,31 @@ class Counting(Protocol):
         first: bool,
         approximate: bool,
     ) -> None: ...
+
+
+class CountingObserver(ABC):
+    """An exporter's base: ``on_decision`` hands a hit's fields to :meth:`_count_result`
+    (which the limiters call directly, with no event built; see :class:`Counting`)."""
+
+    def on_decision(self, event: DecisionEvent) -> None:
+        """Count one limit result of a hit; peeks are not counted."""
+        # The event is a tuple: one unpacking instead of a property call per field.
+        limit, tier, _, outcome, operation, _, _, latency, local, first, approx, _, _ = event
+        if operation != "peek":
+            self._count_result(limit, tier, outcome, latency, local, first, approx)
+
+    @abstractmethod
+    def _count_result(  # noqa: PLR0917 (the fields, in order)
+        self,
+        limit: str,
+        tier: str,
+        outcome: Outcome,
+        latency: float,
+        local: bool,
+        first: bool,
+        approximate: bool,
+    ) -> None:
+        """Record one result of a hit."""
 
 
 def outcome_of(allowed: bool, shadow: bool, degraded: bool) -> Outcome:

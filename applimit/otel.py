@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import metrics
 
 from ._breaker import BreakerState
-from ._observe import Attached, DecisionEvent, Outcome
+from ._observe import Attached, CountingObserver, Outcome
 
 if TYPE_CHECKING:
     from ._shell import LimiterBase
@@ -46,7 +46,7 @@ __all__ = ["OpenTelemetryObserver"]
 _REDIS_OUTCOMES = frozenset({Outcome.ALLOWED, Outcome.DENIED, Outcome.SHADOW_DENIED})
 
 
-class OpenTelemetryObserver:
+class OpenTelemetryObserver(CountingObserver):
     """Records every decision of the limiters it is given to as OpenTelemetry metrics."""
 
     def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
@@ -94,13 +94,6 @@ class OpenTelemetryObserver:
     def attach(self, limiter: LimiterBase[Any]) -> None:
         """Called by the limiter it is given to: its breakers are reported."""
         self._attached.add(limiter)
-
-    def on_decision(self, event: DecisionEvent) -> None:
-        """Record one limit result (the limiters call :meth:`_count_result` directly)."""
-        # The event is a tuple: one unpacking instead of a property call per field.
-        limit, tier, _, outcome, operation, _, _, latency, local, first, approx, _, _ = event
-        if operation != "peek":
-            self._count_result(limit, tier, outcome, latency, local, first, approx)
 
     def _count_result(  # noqa: PLR0917 (the fields, in order; see applimit._observe.Counting)
         self,

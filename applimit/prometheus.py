@@ -51,7 +51,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from ._breaker import BreakerState
-from ._observe import Attached, DecisionEvent, Outcome
+from ._observe import Attached, CountingObserver, Outcome
 
 if TYPE_CHECKING:
     from ._shell import LimiterBase
@@ -77,7 +77,7 @@ DURATION_BUCKETS: Sequence[float] = (
 _REDIS_OUTCOMES = frozenset({Outcome.ALLOWED, Outcome.DENIED, Outcome.SHADOW_DENIED})
 
 
-class PrometheusObserver(Collector):
+class PrometheusObserver(Collector, CountingObserver):
     """Counts every decision of the limiters it is given to, in a Prometheus registry.
 
     One observer may serve several limiters (pass it to each); build one per registry,
@@ -113,13 +113,6 @@ class PrometheusObserver(Collector):
     def attach(self, limiter: LimiterBase[Any]) -> None:
         """Called by the limiter it is given to: its breakers are reported on scrape."""
         self._attached.add(limiter)
-
-    def on_decision(self, event: DecisionEvent) -> None:
-        """Count one limit result (the limiters call :meth:`_count_result` directly)."""
-        # The event is a tuple: one unpacking instead of a property call per field.
-        limit, tier, _, outcome, operation, _, _, latency, local, first, approx, _, _ = event
-        if operation != "peek":
-            self._count_result(limit, tier, outcome, latency, local, first, approx)
 
     def _count_result(  # noqa: PLR0917 (the fields, in order; see applimit._observe.Counting)
         self,
