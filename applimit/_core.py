@@ -310,16 +310,20 @@ _OPERATION_BULKS = {name: bulk(name) for name in ("hit", "peek", "refund")}
 _EMPTY_BULK = bulk("")
 # "1": the number of keys, and the number of checks, of a call with one check.
 _ONE_BULK = bulk("1")
+# The slacks a Core sends (see Core.__init__), encoded once.
+_SLACK_BULKS = {slack: bulk(slack) for slack in ("0", str(TEST_CLOCK_TTL_SLACK_MS))}
 
 
 def _lead(operation: str, now: str, nonce: str, slack: str) -> bytes:
     """The encoded arguments every call of a plan starts with: operation, now, nonce,
     slack (see decide.lua)."""
-    return b"%b%b%b%b" % (
+    # The nonce is ASCII (hex digits, or empty): as many bytes as characters.
+    return b"%b%b$%d\r\n%b\r\n%b" % (
         _OPERATION_BULKS[operation],
         bulk(now) if now else _EMPTY_BULK,
-        bulk(nonce) if nonce else _EMPTY_BULK,
-        bulk(slack),
+        len(nonce),
+        nonce.encode(),
+        _SLACK_BULKS.get(slack) or bulk(slack),
     )
 
 

@@ -71,8 +71,11 @@ def _utf8(text: str) -> bytes:
 
 def identity_tag(kind: str, identity: str) -> str:
     """The hash-tag content for ``identity`` of ``kind`` (``USER`` or ``IP``)."""
-    raw = _utf8(identity)
+    raw = identity.encode("utf-8", "surrogatepass")
     if len(raw) <= MAX_ESCAPED:
+        if _ALL_SAFE.fullmatch(raw):
+            # Most identities: nothing to escape, and the bytes are the str's own (ASCII).
+            return f"{kind}={identity}"
         escaped = escape(raw)
         if len(escaped) <= MAX_ESCAPED:
             return f"{kind}={escaped}"
