@@ -48,6 +48,8 @@ SCENARIOS = {
     "sync_hit": "Limiter.hit(), sliding_log 1000/1m, one thread, 1000 identities",
     "sync_hit_gcra": "Limiter.hit(), gcra 1000/1m, one thread, 1000 identities",
     "sync_request3": "Limiter.check_request(), three sliding_log limits on one path",
+    "wsgi": "applimit.wsgi.RateLimitMiddleware (Limiter, sliding_log, headers on) around a "
+    "bare WSGI app, called directly, one thread",
     "async_hit": "AsyncLimiter.hit(), sliding_log 1000/1m, 64 concurrent callers",
     "asgi": "RateLimitMiddleware (AsyncLimiter, sliding_log, headers on) around a bare "
     "ASGI app, called directly, 64 concurrent requests",
@@ -183,9 +185,61 @@ def _async_counted(scenario: str, url: str, count: int) -> None:
     loop.close()
 
 
+def _wsgi(url: str, count: int) -> None:
+    """The WSGI middleware around a bare app, called as a WSGI server would."""
+    from applimit import Limiter
+    from applimit.wsgi import Caller, RateLimitMiddleware, RequestInfo
+
+    limiter = Limiter(make_policy(url, [LimitSpec("api", "sliding_log", "1000/1m")]))
+    who = Identities("cg", 1000)
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    def identify(request: RequestInfo) -> Caller:
+        return Caller(request.header("x-user") or "anonymous")
+
+    middleware = RateLimitMiddleware(app, limiter=limiter, identify=identify)
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        if not status.startswith("200"):
+            raise RuntimeError(f"refused: {status} {headers}")
+        return None
+
+    def step() -> None:
+        environ = {
+            "REQUEST_METHOD": "GET",
+            "SCRIPT_NAME": "",
+            "PATH_INFO": "/api/items",
+            "QUERY_STRING": "",
+            "SERVER_NAME": "bench",
+            "SERVER_PORT": "8000",
+            "SERVER_PROTOCOL": "HTTP/1.1",
+            "REMOTE_ADDR": "127.0.0.1",
+            "HTTP_HOST": "bench",
+            "HTTP_X_USER": who(),
+            "wsgi.url_scheme": "http",
+        }
+        for _ in middleware(environ, start_response):
+            pass
+
+    for _ in range(WARMUP):
+        step()
+
+    def loop() -> None:
+        for _ in range(count):
+            step()
+
+    _counted(loop)
+    limiter.close()
+
+
 def child(scenario: str, url: str, count: int) -> None:
     """The workload of ``scenario``: what runs under valgrind."""
-    if scenario.startswith("sync"):
+    if scenario == "wsgi":
+        _wsgi(url, count)
+    elif scenario.startswith("sync"):
         _sync(scenario, url, count)
     else:
         _async_counted(scenario, url, count)
