@@ -198,17 +198,18 @@ class RequestInfo:
         # gunicorn sets RAW_URI, uWSGI and waitress REQUEST_URI: the target as sent.
         raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
         raw_path = _origin_form(str(raw).split("?", 1)[0]) if raw else path
-        host = _first(tuple(headers), "host") or str(environ.get("SERVER_NAME", ""))
-        return cls(
-            method=str(environ.get("REQUEST_METHOD", "GET")).upper(),
-            path=path,
-            raw_path=raw_path,
-            host=normalize_host(host),
-            headers=tuple(headers),
-            peer=str(environ["REMOTE_ADDR"]) if environ.get("REMOTE_ADDR") else None,
-            query_string=str(environ.get("QUERY_STRING", "")),
-            kind="wsgi",
-            native=environ,
+        found = tuple(headers)
+        host = _first(found, "host") or str(environ.get("SERVER_NAME", ""))
+        return _request_info(
+            str(environ.get("REQUEST_METHOD", "GET")).upper(),
+            path,
+            raw_path,
+            normalize_host(host),
+            found,
+            str(environ["REMOTE_ADDR"]) if environ.get("REMOTE_ADDR") else None,
+            str(environ.get("QUERY_STRING", "")),
+            "wsgi",
+            environ,
         )
 
     def header(self, name: str) -> str | None:

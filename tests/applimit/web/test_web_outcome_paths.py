@@ -163,3 +163,33 @@ def test_requests_built_from_a_scope_equal_the_constructors(
         pass
     else:
         raise AssertionError("a RequestInfo must stay frozen")
+
+
+@given(
+    extra=st.dictionaries(
+        st.from_regex(r"HTTP_[A-Z_]{1,10}", fullmatch=True), st.text(max_size=10), max_size=4
+    ),
+    addr=st.sampled_from([None, "", "203.0.113.5", "::1"]),
+)
+def test_requests_built_from_an_environ_equal_the_constructors(
+    extra: dict[str, str], addr: str | None
+) -> None:
+    """RequestInfo.from_wsgi gives the object the dataclass' own constructor gives."""
+    import dataclasses
+
+    environ: dict[str, object] = {
+        "REQUEST_METHOD": "post",
+        "SCRIPT_NAME": "",
+        "PATH_INFO": "/api/items",
+        "QUERY_STRING": "q=1",
+        "SERVER_NAME": "example.com",
+        "CONTENT_TYPE": "text/plain",
+        **extra,
+    }
+    if addr is not None:
+        environ["REMOTE_ADDR"] = addr
+    built = RequestInfo.from_wsgi(environ)
+    fields = {f.name: getattr(built, f.name) for f in dataclasses.fields(RequestInfo)}
+    assert RequestInfo(**fields) == built
+    assert built.native is environ
+    assert built.kind == "wsgi" and built.method == "POST"
