@@ -41,13 +41,27 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._common import ROOT, Identities, LimitSpec, make_policy, redis_server
+import redis.asyncio
+
+from ._common import (
+    ROOT,
+    Identities,
+    LimitSpec,
+    limiter_client,
+    make_policy,
+    redis_server,
+    wire_ping,
+)
 
 # Scenario -> what it decides (one line for the report).
 SCENARIOS = {
     "sync_hit": "Limiter.hit(), sliding_log 1000/1m, one thread, 1000 identities",
     "sync_hit_gcra": "Limiter.hit(), gcra 1000/1m, one thread, 1000 identities",
     "sync_request3": "Limiter.check_request(), three sliding_log limits on one path",
+    "sync_ping": "the floor: client.ping() on the limiter's own redis-py client, one thread",
+    "sync_ping_wire": "the strictest floor: PING sent on the limiter's wire (packed once, "
+    "on a connection it holds), one thread",
+    "async_ping": "the async floor: await redis.asyncio's client.ping(), 64 concurrent callers",
     "wsgi": "applimit.wsgi.RateLimitMiddleware (Limiter, sliding_log, headers on) around a "
     "bare WSGI app, called directly, one thread",
     "async_hit": "AsyncLimiter.hit(), sliding_log 1000/1m, 64 concurrent callers",
@@ -102,8 +116,16 @@ def _sync(scenario: str, url: str, count: int) -> None:
         specs = [LimitSpec("api", algorithm, "1000/1m")]
     limiter = Limiter(make_policy(url, specs))
     who = Identities("cg", 1000)
+    client = limiter_client(limiter)
+    ping_wire = wire_ping(limiter)
 
     def step() -> None:
+        if scenario == "sync_ping":
+            client.ping()
+            return
+        if scenario == "sync_ping_wire":
+            ping_wire()
+            return
         if scenario == "sync_request3":
             decision = limiter.check_request("GET", "/api/items", who(), ip="10.0.0.1")
         else:
@@ -164,7 +186,12 @@ def _async_counted(scenario: str, url: str, count: int) -> None:
             "server": ("127.0.0.1", 8000),
         }
 
+    pinged = redis.asyncio.Redis.from_url(url, max_connections=CONCURRENCY)
+
     async def one() -> None:
+        if scenario == "async_ping":
+            await pinged.ping()
+            return
         if scenario == "asgi":
             await middleware(scope_of(who()), receive, send)
             return
@@ -182,6 +209,7 @@ def _async_counted(scenario: str, url: str, count: int) -> None:
     run(rounds(WARMUP))
     _counted(lambda: run(rounds(count)))
     run(limiter.aclose())
+    run(pinged.aclose())
     loop.close()
 
 
