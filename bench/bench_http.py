@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import re
 import shutil
@@ -564,10 +565,43 @@ def run(settings: Settings) -> Result:
 
 
 def chart(result: Result, path: Path) -> None:
-    """The targets of ``result`` as a chart (the style of docs/benchmarks.svg)."""
-    from ._report import render_chart
+    """The targets of ``result`` (as docs/benchmarks.svg draws them) above the four
+    variants' rates, side by side for each stack."""
+    import matplotlib as mpl
 
-    render_chart([result], path)
+    mpl.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ._report import _target_panel
+
+    mpl.rcParams["svg.fonttype"] = "none"
+    mpl.rcParams["svg.hashsalt"] = "applimit-bench"
+    heights = [0.42 * len(result.targets) + 0.8, 3.0] if result.targets else [3.0]
+    fig, axes = plt.subplots(
+        len(heights),
+        1,
+        figsize=(10, sum(heights) + 0.4),
+        gridspec_kw={"height_ratios": heights},
+        squeeze=False,
+    )
+    if result.targets:
+        _target_panel(axes[0][0], result.targets)
+    bottom = axes[-1][0]
+    width = 0.2
+    for index, (stack, variants) in enumerate(STACKS.items()):
+        for offset, variant in enumerate(variants):
+            rate = median(result.rates.get(f"{stack}.{variant}", []))
+            x = index + (offset - 1.5) * width
+            bar_colour = "#1f77b4" if variant == "applimit" else "#9e9e9e"
+            bottom.bar(x, 0.0 if math.isnan(rate) else rate, width * 0.9, color=bar_colour)
+            label = LABELS.get(variant, variant)
+            bottom.text(x, 0, f" {label}", rotation=90, va="bottom", ha="center", fontsize=7)
+    bottom.set_xticks(range(len(STACKS)), [LABELS[stack] for stack in STACKS], fontsize=8)
+    bottom.set_ylabel("requests per second (median)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format=path.suffix.lstrip(".") or "svg", metadata={"Date": None})
+    plt.close(fig)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

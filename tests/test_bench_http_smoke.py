@@ -17,17 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from bench._common import Settings
-from bench.bench_http import INSTALL_WRK, measure
+from bench._common import Result, Settings
+from bench.bench_http import INSTALL_WRK, chart, measure
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
 @pytest.mark.timeout(120)
-def test_each_variant_answers_every_request_and_has_a_rate() -> None:
+def test_each_variant_answers_every_request_and_has_a_rate(tmp_path: Path) -> None:
     """A quick run of three variants: one round each, a finite rate above zero, and no
-    response other than 200 (a refusal or an error would spoil any comparison)."""
+    response other than 200 (a refusal or an error would spoil any comparison); the
+    chart draws the rates (a variant not run is drawn as zero)."""
     stacks = {"fastapi": ("bare", "applimit"), "flask": ("applimit",)}
     rates, failed, params = measure(Settings.for_mode(quick=True), stacks)
     assert set(rates) == {"fastapi.bare", "fastapi.applimit", "flask.applimit"}
@@ -35,6 +36,9 @@ def test_each_variant_answers_every_request_and_has_a_rate() -> None:
         assert len(series) == params["rounds"] == 1, name
         assert all(math.isfinite(rate) and rate > 0 for rate in series), name
     assert failed == dict.fromkeys(rates, 0)
+    result = Result(name="http", title="smoke", summary="", rates=rates)
+    chart(result, tmp_path / "http.svg")
+    assert "<svg" in (tmp_path / "http.svg").read_text(encoding="utf-8")
 
 
 def test_without_wrk_it_says_how_to_install_it_and_exits_2(tmp_path: Path) -> None:
