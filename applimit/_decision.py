@@ -177,14 +177,35 @@ def _wait(result: LimitResult) -> float:
 def _binding(results: Sequence[LimitResult], allowed: bool) -> LimitResult | None:
     if not results:
         return None
+    if allowed:
+        # Every admitted request with several rates comes here: one pass, no key tuples.
+        return _tightest(results)
     enforced = [r for r in results if not r.shadow]
-    if not allowed:
-        denied = [r for r in enforced if not r.allowed]
-        if denied:
-            # max() keeps the first of equal waits: policy order breaks ties.
-            return max(denied, key=_wait)
+    denied = [r for r in enforced if not r.allowed]
+    if denied:
+        # max() keeps the first of equal waits: policy order breaks ties.
+        return max(denied, key=_wait)
     pool = enforced or results
     return min(pool, key=_tightness)
+
+
+def _tightest(results: Sequence[LimitResult]) -> LimitResult:
+    """``min(enforced or results, key=_tightness)`` in one loop: the first of the enforced
+    results (of all, when every one is shadow) with the fewest remaining, then the longest
+    reset."""
+    best: LimitResult | None = None
+    for result in results:
+        if result.shadow:
+            continue
+        if (
+            best is None
+            or result.remaining < best.remaining
+            or (result.remaining == best.remaining and result.reset_after > best.reset_after)
+        ):
+            best = result
+    if best is None:
+        return min(results, key=_tightness)
+    return best
 
 
 def _tightness(result: LimitResult) -> tuple[int, float]:
