@@ -532,6 +532,12 @@ def _int_list(reply: object, length: int) -> Sequence[int]:
     return cast("Sequence[int]", reply)
 
 
+# Entries of Core's memo of matching limits (see Core.matching), and the longest path
+# (in characters) it keeps: at most some 4096 * 1 KiB of keys.
+_MATCHING_CACHE = 4096
+_MATCHING_PATH = 1024
+
+
 class Core:
     """Builds plans from requests and decisions from replies; holds no connection."""
 
@@ -549,6 +555,32 @@ class Core:
         self._slack = str(TEST_CLOCK_TTL_SLACK_MS) if test_clock is not None else "0"
         # Each (limit, tier)'s keys and arguments, encoded on first use (policy-bounded).
         self._blocks: dict[tuple[str, str], tuple[_Block, ...]] = {}
+        # The middleware's limits that match a (method, path, host), every tier: the
+        # middleware asks matches() before identify() and check_request() after it, and
+        # both read this instead of decoding the path and walking the matchers twice.
+        # Cleared when full, so a stream of unique paths costs a lookup, never memory.
+        self._matching: dict[tuple[str, str, str | None], tuple[AppRule, ...]] = {}
+
+    def matching(self, method: str, path: str, host: str | None) -> tuple[AppRule, ...]:
+        """The limits the middleware applies that match this request, in policy order
+        (every tier: the tier is applied by the caller). Pure, and remembered."""
+        key = (method, path, host)
+        found = self._matching.get(key)
+        if found is None:
+            # The router's path and its canonical form: a limit counts the request in any
+            # form.
+            forms = request_paths(path)
+            found = tuple(
+                rule
+                for rule in self.policy.rules
+                if rule.middleware and rule.matcher.matches_any(method, forms, host)
+            )
+            # Long paths are not kept: the memo's memory stays bounded by its entries.
+            if len(path) <= _MATCHING_PATH:
+                if len(self._matching) >= _MATCHING_CACHE:
+                    self._matching.clear()
+                self._matching[key] = found
+        return found
 
     # -- argument checks ----------------------------------------------------------------
 
@@ -741,18 +773,12 @@ class Core:
         resolved = self.tier(tier)
         cost = self.cost(cost)
         keys = self.keys(identity, keys)
-        # The router's path and its canonical form: a limit counts the request in any form.
-        forms = request_paths(path)
         checks: list[Check] = []
         # The tag of each kind of identity (user, ip, an app key), made once however many
         # limits use it.
         tags: dict[str | None, str] = {}
-        for rule in self.policy.rules:
-            if (
-                not rule.middleware
-                or resolved not in rule.tiers
-                or not rule.matcher.matches_any(method, forms, host)
-            ):
+        for rule in self.matching(method, path, host):
+            if resolved not in rule.tiers:
                 continue
             # None: by address (per: ip, or an anonymous caller of a per-user limit).
             kind = rule.per_key

@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, Protocol, TypeVar
 
-from policy import Policy, load, request_paths
+from policy import Policy, load
 
 from . import _memory
 from ._approx import ApproxCache
@@ -237,11 +237,7 @@ class LimiterBase(ABC, Generic[WireT]):
         if not self.enabled:
             # Nothing is limited, so nothing needs to know who is calling.
             return False
-        forms = request_paths(path)
-        return any(
-            rule.middleware and rule.matcher.matches_any(method, forms, host)
-            for rule in self.compiled.rules
-        )
+        return bool(self.core.matching(method, path, host))
 
     @property
     def breaker_state(self) -> BreakerState:
