@@ -48,6 +48,7 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
         enabled: bool = True,
         observers: Iterable[Observer] = (),
         log_identities: bool = False,
+        batch: bool = False,
     ) -> None:
         """Enforce ``policy`` (a loaded :class:`policy.Policy`).
 
@@ -72,7 +73,16 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
         exporters ``applimit.prometheus`` and ``applimit.otel``). Identities reach them,
         and the shadow-mode log line, hashed; ``log_identities=True`` gives the raw
         counter key instead (only where logs may hold user ids).
+
+        ``batch=True`` is for apps that decide in many threads at once (gunicorn's
+        threads, waitress): while one thread's call is in flight, the calls of the others
+        queue, and the next write sends them all on one connection, each thread getting
+        its own reply (see docs/applimit.md, "Batching threads"). Decisions, timeouts,
+        the breaker and the failure policy are as without it. On Redis Cluster it changes
+        nothing: calls go one per thread.
         """
+        # Read by _open, which the base's constructor calls.
+        self.batch = batch
         super().__init__(
             policy,
             client=redis,
@@ -98,7 +108,9 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
             return MemoryWire(self.memory_store)
         # The script calls bypass redis-py's generic command path (see _wire.py): one wire
         # on a standalone or Sentinel-managed server, one per master on Redis Cluster.
-        return open_sync(target, max_connections=self.max_connections, timeout=self.timeout)
+        return open_sync(
+            target, max_connections=self.max_connections, timeout=self.timeout, batch=self.batch
+        )
 
     @classmethod
     def from_policy(cls, source: str | os.PathLike[str] | Policy, **options: Any) -> Self:

@@ -42,6 +42,7 @@ import redis
 import redis.cluster
 
 from . import _clients
+from ._batch import Combiner
 from ._clients import SyncClient, Target
 from ._core import ScriptCall
 from ._errors import CLOSED, REDIS_FAILURES, ApplimitError, PoolExhausted
@@ -129,14 +130,20 @@ class SyncWire(OneServer):
         max_connections: int,
         timeout: float,
         protocol: ScriptProtocol | None = None,
+        batch: bool = False,
     ) -> None:
-        """Send to ``target`` (made on first use), or to a client already made."""
+        """Send to ``target`` (made on first use), or to a client already made.
+
+        ``batch``: the single calls of concurrent threads are sent together, one write at
+        a time (see ``_batch.py``); other commands use the connections as before.
+        """
         self._target = target if isinstance(target, Target) else None
         self._client: redis.Redis | None = target if isinstance(target, redis.Redis) else None
         self._pool: Any = self._client.connection_pool if self._client is not None else None
         self.protocol = protocol if protocol is not None else ScriptProtocol()
         self._max = max_connections
         self._timeout = timeout
+        self._batch = batch
         self.closed = False
         self._start()
 
@@ -147,6 +154,7 @@ class SyncWire(OneServer):
         self._waiters: deque[_Waiter] = deque()
         self._lock = threading.Lock()
         self._generation = _GENERATION
+        self._combiner = Combiner(self.run_together, timeout=self._timeout) if self._batch else None
 
     # -- the transport --------------------------------------------------------------------
 
@@ -157,6 +165,12 @@ class SyncWire(OneServer):
             raise ApplimitError(CLOSED)
         if len(calls) == 1:
             # One server: every decision is one call.
+            if self._combiner is not None:
+                if self._generation != _GENERATION:
+                    # A forked child: a fresh combiner, not the parent's (its lock may
+                    # have been held at the fork).
+                    self._after_fork()
+                return [self._combiner.run(calls[0])]
             try:
                 return [self.call(calls[0])]
             except REDIS_FAILURES as error:
@@ -169,6 +183,19 @@ class SyncWire(OneServer):
                 outcomes.append(error)
                 break
         return outcomes
+
+    def run_together(self, calls: Sequence[ScriptCall]) -> Replies:
+        """The outcome of every call, sent in one write and read in order (the combined
+        calls of several threads): a connection that fails, fails them all."""
+        protocol = self.protocol
+        how = protocol.how
+        try:
+            replies = self.send(*pack_calls(calls, how))
+            if not protocol.settled(replies):
+                self._recover(calls, how, replies, asking=False)
+        except REDIS_FAILURES as error:
+            return [error] * len(calls)
+        return replies
 
     def delete(self, keys: Sequence[str]) -> None:
         """DEL ``keys`` (a reset), on the same connections."""
@@ -356,6 +383,10 @@ class SyncWire(OneServer):
             self.closed = True
             connections, self._all, self._idle = self._all, [], []
             client = self._client if self._target is not None else None
+        if self._combiner is not None:
+            # The threads waiting their turn fail now; a write in flight fails as its
+            # connection is closed below.
+            self._combiner.close()
         for connection in connections:
             if connection is not None:
                 connection.disconnect()
@@ -570,8 +601,12 @@ SyncTransport = SyncWire | ClusterWire
 """The sync limiter's wire: one server, or a cluster."""
 
 
-def open_sync(target: Target[SyncClient], *, max_connections: int, timeout: float) -> SyncTransport:
-    """The sync wire to ``target``, built without I/O."""
+def open_sync(
+    target: Target[SyncClient], *, max_connections: int, timeout: float, batch: bool = False
+) -> SyncTransport:
+    """The sync wire to ``target``, built without I/O. ``batch`` combines concurrent
+    threads' calls on one server; a cluster's calls are sent one per thread (each master
+    has a wire of its own, and a call may be redirected on its own)."""
     if target.cluster:
         return ClusterWire(target, max_connections=max_connections, timeout=timeout)
-    return SyncWire(target, max_connections=max_connections, timeout=timeout)
+    return SyncWire(target, max_connections=max_connections, timeout=timeout, batch=batch)

@@ -37,6 +37,7 @@ from ._report import machine_info, render_chart, render_markdown
 # Every benchmark, in report order: NAME -> module (each has NAME, TITLE and run()).
 BENCHMARKS = {
     "sync": "bench.bench_sync",
+    "threads": "bench.bench_threads",
     "multi": "bench.bench_multi",
     "async": "bench.bench_async",
     "redis_cost": "bench.bench_redis_cost",
