@@ -275,7 +275,9 @@ class SyncWire(OneServer):
             try:
                 return _exchange(connection, packed, count)
             except redis.exceptions.ConnectionError:
-                if not reused:
+                if not reused or self.closed:
+                    # A new connection's failure is Redis'; after close() the
+                    # connection was shut under this call, and must not reconnect.
                     raise
                 # A connection that sat idle may have been closed by the other end (a
                 # restart, the server's `timeout`, a proxy's idle cutoff): the first use
