@@ -42,6 +42,9 @@ from ._protocol import Replies
 # The most calls sent in one write: bounds how long one read of replies may take and
 # the buffer it needs; the calls beyond it go in the next write.
 MAX_BATCH = 128
+# How many writes may be in flight at once, each on a connection of its own: while one
+# write's replies are read and handed out, the next is already with Redis.
+WRITERS = 1
 
 _QUEUED = 0  # waiting in the queue
 _LEAD = 1  # handed the lead: sends the queue
@@ -71,13 +74,22 @@ class Combiner:
     failure, as a value); it is only ever called by one thread at a time.
     """
 
-    def __init__(self, send: Callable[[Sequence[ScriptCall]], Replies], *, timeout: float) -> None:
+    def __init__(
+        self,
+        send: Callable[[Sequence[ScriptCall]], Replies],
+        *,
+        timeout: float,
+        writers: int = WRITERS,
+    ) -> None:
+        """``writers``: how many writes may be in flight at once (each on a connection)."""
         self._send = send
         self._timeout = timeout
+        self._writers = writers
         self._lock = threading.Lock()
+        # The calls waiting for a leader, oldest first (leaders' own calls are not here).
         self._queue: list[_Slot] = []
-        # True while a write is in flight or the lead is being handed over.
-        self._busy = False
+        # Threads leading now: sending, or handed the lead and about to.
+        self._leading = 0
         self.closed = False
 
     def run(self, call: ScriptCall) -> object:
@@ -86,9 +98,11 @@ class Combiner:
         with self._lock:
             if self.closed:
                 return redis.exceptions.ConnectionError("the limiter was closed")
-            self._queue.append(slot)
-            lead = not self._busy
-            self._busy = True
+            lead = self._leading < self._writers
+            if lead:
+                self._leading += 1
+            else:
+                self._queue.append(slot)
         if not lead and not self._follow(slot):
             return slot.outcome
         self._lead(slot)
@@ -134,10 +148,10 @@ class Combiner:
                 # Handed the lead as the limiter closed: the queue was failed already.
                 slot.state = _DONE
                 slot.outcome = redis.exceptions.ConnectionError("the limiter was closed")
-                self._busy = False
+                self._leading -= 1
                 return
-            batch = self._queue[:MAX_BATCH]
-            del self._queue[:MAX_BATCH]
+            batch = [slot, *self._queue[: MAX_BATCH - 1]]
+            del self._queue[: MAX_BATCH - 1]
             now = time.monotonic()
             for queued in batch:
                 queued.state = _SENT
@@ -168,22 +182,22 @@ class Combiner:
                     if queued is not slot:
                         queued.ready.release()
             if self._queue:
-                following = self._queue[0]
+                # The lead passes on: the number of leaders stays the same.
+                following = self._queue.pop(0)
                 following.state = _LEAD
                 following.ready.release()
             else:
-                self._busy = False
+                self._leading -= 1
 
     def close(self) -> None:
         """Fail every queued call (the limiter was closed); a write in flight is answered
         or fails as the wire's connections close."""
         with self._lock:
             self.closed = True
+            # Those handed the lead are not queued: they wake, find the limiter closed,
+            # and fail.
             queued, self._queue = self._queue, []
             for waiting in queued:
-                if waiting.state == _LEAD:
-                    # Handed the lead: it wakes, finds the limiter closed, and fails.
-                    continue
                 waiting.state = _DONE
                 waiting.outcome = redis.exceptions.ConnectionError("the limiter was closed")
                 waiting.ready.release()

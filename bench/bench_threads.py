@@ -4,8 +4,9 @@ A threaded app (gunicorn's threads, waitress) decides in many threads at once. T
 ``Limiter`` gives each thread a connection of its pool and one round trip per decision;
 ``Limiter(..., batch=True)`` queues the calls of threads that decide while another
 thread's call is in flight and sends them in one write on one connection
-(applimit/_batch.py). Variants, interleaved in every round, for 8 and 32 threads each
-calling ``Limiter.hit()`` in a loop:
+(applimit/_batch.py). Variants, interleaved in every round, for 1, 8 and 32 threads each
+calling ``Limiter.hit()`` in a loop (one thread has nothing to batch: it shows what the
+queue's bookkeeping costs):
 
 - ``pool_<n>``: one limiter as built today (a connection per concurrent thread);
 - ``batch_<n>``: one limiter with ``batch=True``.
@@ -45,7 +46,7 @@ from ._common import (
 NAME = "threads"
 TITLE = "Sync, many threads: one call per thread against batched calls"
 
-THREADS = (8, 32)
+THREADS = (1, 8, 32)
 ALGORITHM = "sliding_log"
 RATE = "1000/1m"
 IDENTITIES = 1000
@@ -117,7 +118,7 @@ def run(settings: Settings) -> Result:
         name=NAME,
         title=TITLE,
         summary=(
-            "`Limiter.hit()` per second from 8 and 32 threads, each calling in a loop: "
+            "`Limiter.hit()` per second from 1, 8 and 32 threads, each calling in a loop: "
             "the limiter as built by default (a pool, one call per thread on a connection "
             "of its own) against `Limiter(..., batch=True)` (the calls of concurrent "
             "threads sent together, one write at a time on one connection), interleaved "

@@ -4,6 +4,7 @@ degrades every waiting thread within its timeout, and the breaker opens."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -275,3 +276,61 @@ def test_closing_releases_the_threads_waiting_on_a_batch(
     assert len(results) == 8
     assert all(d.degraded and d.allowed for d in results)
     assert took < 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+# Forking while threads run is the point here: the warning says what is tested.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_child_forked_mid_batch_decides_on_its_own(fresh_redis_server: RedisServer) -> None:
+    """Forked while a parent thread's write is in flight and another thread waits behind
+    it: the child does not wait for the parent's leader (which is not in the child), it
+    decides on connections of its own, and both processes count against one limit."""
+    limiter = Limiter(
+        _policy("k", rate="1000/1m", timeout="5s"), redis_url=fresh_redis_server.url, batch=True
+    )
+    assert limiter.hit("log", "shared").remaining == 999
+    combiner = limiter._wire._combiner  # type: ignore[union-attr]
+    assert combiner is not None
+    fresh_redis_server.pause()
+    parents = [
+        threading.Thread(target=limiter.hit, args=("log", "shared"), daemon=True) for _ in range(2)
+    ]
+    read, write = os.pipe()
+    resumed = False
+    try:
+        for thread in parents:
+            thread.start()
+        # One thread leads (its write is with the frozen server), the other is queued:
+        # the condition is polled, nothing is timed.
+        deadline = time.monotonic() + HANG
+        while not (combiner._leading == 1 and len(combiner._queue) == 1):
+            assert time.monotonic() < deadline, "the parent's threads never queued"
+            time.sleep(0.001)
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 1
+            try:
+                os.read(read, 1)  # the server runs again
+                results = _together(4, lambda _: [limiter.hit("log", "shared") for _ in range(5)])
+                decisions = [d for result, _ in results for d in result]
+                if all(d.allowed and not d.degraded for d in decisions):
+                    code = 0
+            finally:
+                os._exit(code)
+        fresh_redis_server.resume()
+        resumed = True
+        os.write(write, b"x")
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        for thread in parents:
+            thread.join(HANG)
+            assert not thread.is_alive()
+        # 1 + the parent's 2 + the child's 20.
+        assert limiter.peek("log", "shared").remaining == 1000 - 23
+    finally:
+        if not resumed:
+            fresh_redis_server.resume()
+        os.close(read)
+        os.close(write)
+        limiter.close()
