@@ -42,8 +42,10 @@ from ._protocol import Replies
 # The most calls sent in one write: bounds how long one read of replies may take and
 # the buffer it needs; the calls beyond it go in the next write.
 MAX_BATCH = 128
-# How many writes may be in flight at once, each on a connection of its own: while one
-# write's replies are read and handed out, the next is already with Redis.
+# How many writes may be in flight at once, each on a connection of its own. More than
+# one lets Redis work on the next write while this one's replies are handed out, but
+# splits the queue into smaller writes; with 8 and 32 threads two or three writers
+# measured no better than one, within the noise of a shared machine.
 WRITERS = 1
 
 _QUEUED = 0  # waiting in the queue
@@ -62,9 +64,21 @@ class _Slot:
         self.outcome: object = None
         self.state = _QUEUED
         self.sent_at = 0.0
-        # Held from the start: released once the outcome is set or the lead handed over.
-        self.ready = threading.Lock()
-        self.ready.acquire()
+        self.ready: threading.Lock | None = None
+
+    def queue(self) -> threading.Lock:
+        """The lock to wait on (only a queued call needs one): held from the start,
+        released once the outcome is set or the lead handed over."""
+        ready = self.ready = threading.Lock()
+        ready.acquire()
+        return ready
+
+
+def _wake(slot: _Slot) -> None:
+    """Let a queued thread go: its outcome is set, or it was handed the lead."""
+    ready = slot.ready
+    if ready is not None:
+        ready.release()
 
 
 class Combiner:
@@ -102,6 +116,7 @@ class Combiner:
             if lead:
                 self._leading += 1
             else:
+                slot.queue()
                 self._queue.append(slot)
         if not lead and not self._follow(slot):
             return slot.outcome
@@ -111,9 +126,11 @@ class Combiner:
     def _follow(self, slot: _Slot) -> bool:
         """Wait for the slot's outcome (False) or for the lead (True)."""
         deadline = time.monotonic() + self._timeout
+        ready = slot.ready
+        assert ready is not None
         while True:
             left = deadline - time.monotonic()
-            if left > 0 and slot.ready.acquire(timeout=left):
+            if left > 0 and ready.acquire(timeout=left):
                 return slot.state == _LEAD
             with self._lock:
                 state = slot.state
@@ -150,12 +167,17 @@ class Combiner:
                 slot.outcome = redis.exceptions.ConnectionError("the limiter was closed")
                 self._leading -= 1
                 return
-            batch = [slot, *self._queue[: MAX_BATCH - 1]]
-            del self._queue[: MAX_BATCH - 1]
-            now = time.monotonic()
-            for queued in batch:
-                queued.state = _SENT
-                queued.sent_at = now
+            slot.state = _SENT
+            if self._queue:
+                batch = [slot, *self._queue[: MAX_BATCH - 1]]
+                del self._queue[: MAX_BATCH - 1]
+                now = time.monotonic()
+                for queued in batch:
+                    queued.state = _SENT
+                    queued.sent_at = now
+            else:
+                # Alone: the common case when threads seldom decide at the same moment.
+                batch = [slot]
         outcomes: Sequence[object] = ()
         try:
             outcomes = self._send([queued.call for queued in batch])
@@ -180,12 +202,12 @@ class Combiner:
                     queued.state = _DONE
                     queued.outcome = outcome
                     if queued is not slot:
-                        queued.ready.release()
+                        _wake(queued)
             if self._queue:
                 # The lead passes on: the number of leaders stays the same.
                 following = self._queue.pop(0)
                 following.state = _LEAD
-                following.ready.release()
+                _wake(following)
             else:
                 self._leading -= 1
 
@@ -200,4 +222,4 @@ class Combiner:
             for waiting in queued:
                 waiting.state = _DONE
                 waiting.outcome = redis.exceptions.ConnectionError("the limiter was closed")
-                waiting.ready.release()
+                _wake(waiting)
