@@ -54,6 +54,11 @@ class Outcome(StrEnum):
     DEGRADED_ALLOWED = "degraded_allowed"
     DEGRADED_DENIED = "degraded_denied"
 
+    # Hashed as the str it is: Enum's own __hash__ is a Python function (hash of the
+    # member's name), called on every dict and set lookup the exporters make per decision,
+    # and it disagrees with str equality (Outcome.DENIED == "denied", hashes differed).
+    __hash__ = str.__hash__
+
 
 class DecisionEvent(tuple[Any, ...]):
     """One limit result of one decision, as an observer hears of it (immutable).

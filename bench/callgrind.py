@@ -65,6 +65,9 @@ SCENARIOS = {
     "wsgi": "applimit.wsgi.RateLimitMiddleware (Limiter, sliding_log, headers on) around a "
     "bare WSGI app, called directly, one thread",
     "async_hit": "AsyncLimiter.hit(), sliding_log 1000/1m, 64 concurrent callers",
+    "sync_hit_prometheus": "sync_hit with a PrometheusObserver attached (what the observer "
+    "adds to a decision)",
+    "async_hit_prometheus": "async_hit with a PrometheusObserver attached",
     "asgi": "RateLimitMiddleware (AsyncLimiter, sliding_log, headers on) around a bare "
     "ASGI app, called directly, 64 concurrent requests",
 }
@@ -102,6 +105,17 @@ def _counted(loop: Callable[[], None]) -> None:
         raise RuntimeError("reduce never called back: the loop did not run")
 
 
+def _observers(scenario: str) -> list[Any]:
+    """A PrometheusObserver on its own registry for the ``*_prometheus`` scenarios."""
+    if not scenario.endswith("_prometheus"):
+        return []
+    from prometheus_client import CollectorRegistry
+
+    from applimit.prometheus import PrometheusObserver
+
+    return [PrometheusObserver(CollectorRegistry())]
+
+
 def _sync(scenario: str, url: str, count: int) -> None:
     from applimit import Limiter
 
@@ -114,7 +128,7 @@ def _sync(scenario: str, url: str, count: int) -> None:
     else:
         algorithm = "gcra" if scenario == "sync_hit_gcra" else "sliding_log"
         specs = [LimitSpec("api", algorithm, "1000/1m")]
-    limiter = Limiter(make_policy(url, specs))
+    limiter = Limiter(make_policy(url, specs), observers=_observers(scenario))
     who = Identities("cg", 1000)
     client = limiter_client(limiter)
     ping_wire = wire_ping(limiter)
@@ -151,7 +165,10 @@ def _async_counted(scenario: str, url: str, count: int) -> None:
     from applimit.asgi import Caller, RateLimitMiddleware, RequestInfo
 
     loop = asyncio.new_event_loop()
-    limiter = AsyncLimiter(make_policy(url, [LimitSpec("api", "sliding_log", "1000/1m")]))
+    limiter = AsyncLimiter(
+        make_policy(url, [LimitSpec("api", "sliding_log", "1000/1m")]),
+        observers=_observers(scenario),
+    )
     who = Identities("cg", 1000)
 
     async def app(scope: Any, receive: Any, send: Any) -> None:

@@ -445,3 +445,13 @@ async def test_an_exporter_fed_events_counts_as_one_attached_to_a_limiter(
 
     assert decisions(attached_registry) == decisions(fed_registry)
     assert sum(decisions(attached_registry).values()) == 6
+
+
+def test_an_outcome_hashes_as_the_str_it_equals() -> None:
+    """Outcome.DENIED == "denied", so a mapping keyed by one finds the other."""
+    from applimit._observe import Outcome
+
+    for outcome in Outcome:
+        assert outcome == outcome.value
+        assert hash(outcome) == hash(outcome.value)
+        assert {outcome: 1}[outcome.value] == 1
