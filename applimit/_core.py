@@ -583,6 +583,10 @@ class Core:
         return found
 
     # -- argument checks ----------------------------------------------------------------
+    # Core takes what a caller passed as identity, ip=, keys= and cost= as ``object``, not
+    # as the limiters document it, until these checks: a build compiled with mypyc
+    # (setup.py) checks every typed argument on entry, and would raise a bare TypeError
+    # before the checks could say what is wrong and how to fix it.
 
     def tier(self, tier: str | None) -> str:
         """The tier to use: the given one if the policy lists it, else the lowest one."""
@@ -602,7 +606,7 @@ class Core:
         return rule
 
     @staticmethod
-    def cost(cost: int) -> int:
+    def cost(cost: object) -> int:
         """``cost`` checked: a whole number from 1 to a billion."""
         if isinstance(cost, bool) or not isinstance(cost, int):
             raise InvalidArgumentError(
@@ -633,7 +637,7 @@ class Core:
         return identity
 
     @staticmethod
-    def keys(identity: object, keys: Mapping[str, str] | None) -> Mapping[str, str] | None:
+    def keys(identity: object, keys: object) -> Mapping[str, object] | None:
         """The app keys of a call (``keys=``, checked), or None."""
         if keys is not None:
             if not isinstance(keys, Mapping):
@@ -645,7 +649,7 @@ class Core:
             return keys
         return None
 
-    def _key_value(self, rule: AppRule, keys: Mapping[str, str] | None) -> str | None:
+    def _key_value(self, rule: AppRule, keys: Mapping[str, object] | None) -> str | None:
         """The value of the app key ``rule`` counts by, checked; None when it is missing."""
         assert rule.per_key is not None
         value = keys.get(rule.per_key) if keys else None
@@ -656,9 +660,9 @@ class Core:
     def _tag(
         self,
         rule: AppRule,
-        identity: str | None,
-        ip: str | None,
-        keys: Mapping[str, str] | None = None,
+        identity: object,
+        ip: object,
+        keys: Mapping[str, object] | None = None,
     ) -> str:
         """The hash-tag content ``check_request`` counts ``rule`` by: the user, the app key
         it names (``per: org``), or the client address for a per-IP limit and a caller
@@ -676,9 +680,9 @@ class Core:
     def _limit_tag(
         self,
         rule: AppRule,
-        identity: str | None,
-        ip: str | None,
-        keys: Mapping[str, str] | None = None,
+        identity: object,
+        ip: object,
+        keys: object = None,
     ) -> str:
         """What ``hit``/``peek``/``reset`` count ``rule`` by: as ``check_request`` does.
         A per-IP limit takes the address only as ``ip=``: an identity in its place would
@@ -692,8 +696,8 @@ class Core:
                 f"address only as ip=, never as the identity; call "
                 f"hit({rule.name!r}, None, ip=client_address).",
             )
-        keys = self.keys(identity, keys)
-        if rule.per_key is not None and ip is None and self._key_value(rule, keys) is None:
+        checked = self.keys(identity, keys)
+        if rule.per_key is not None and ip is None and self._key_value(rule, checked) is None:
             raise InvalidArgumentError(
                 "keys",
                 f"limit {rule.name!r} counts per {rule.per_key}, but no keys["
@@ -701,9 +705,9 @@ class Core:
                 f"keys={{{rule.per_key!r}: value}}), or pass ip= to count a caller without "
                 f"one by address (as check_request does).",
             )
-        return self._tag(rule, identity, ip, keys)
+        return self._tag(rule, identity, ip, checked)
 
-    def _ip_tag(self, rule: AppRule, ip: str | None) -> str:
+    def _ip_tag(self, rule: AppRule, ip: object) -> str:
         """A client address as a tag of kind ``i``: IPv4 per address, IPv6 per network of
         the policy's ``clients.ipv6_prefix`` (policy.ip_bucket)."""
         if ip is None:
@@ -739,40 +743,40 @@ class Core:
         self,
         operation: Operation,
         name: str,
-        identity: str | None,
+        identity: object,
         tier: str | None,
-        cost: int,
+        cost: object,
         *,
-        ip: str | None = None,
-        keys: Mapping[str, str] | None = None,
+        ip: object = None,
+        keys: object = None,
     ) -> Prepared:
         """The plan for ``hit``/``peek`` of one named limit: for the user ``identity``, or
         with identity None for an anonymous caller at ``ip``; ``keys`` for a limit that
         counts by an app key (see _limit_tag)."""
         rule = self.rule(name)
         resolved = self.tier(tier)
-        cost = self.cost(cost)
+        counted = self.cost(cost)
         tag = self._limit_tag(rule, identity, ip, keys)
-        return self.prepare(operation, self.checks(rule, resolved, tag, cost))
+        return self.prepare(operation, self.checks(rule, resolved, tag, counted))
 
     def for_request(
         self,
         operation: Operation,
         method: str,
         path: str,
-        identity: str | None,
+        identity: object,
         *,
         tier: str | None,
-        cost: int,
-        ip: str | None,
+        cost: object,
+        ip: object,
         host: str | None,
-        keys: Mapping[str, str] | None = None,
+        keys: object = None,
     ) -> Prepared:
         """The plan for ``check_request``: every limit whose matcher applies, each counted
         by what it names (the user, the client IP, or an app key from ``keys``)."""
         resolved = self.tier(tier)
-        cost = self.cost(cost)
-        keys = self.keys(identity, keys)
+        counted = self.cost(cost)
+        checked = self.keys(identity, keys)
         checks: list[Check] = []
         # The tag of each kind of identity (user, ip, an app key), made once however many
         # limits use it.
@@ -786,10 +790,10 @@ class Core:
                 kind = _USER_KIND
             tag = tags.get(kind)
             if tag is None:
-                tag = tags[kind] = self._tag(rule, identity, ip, keys)
+                tag = tags[kind] = self._tag(rule, identity, ip, checked)
             blocks = self._blocks.get((rule.name, resolved))
             if blocks is None:
-                checks.extend(self.checks(rule, resolved, tag, cost))
+                checks.extend(self.checks(rule, resolved, tag, counted))
                 continue
             # What self.checks does, inlined: this loop runs for every request.
             for block in blocks:
@@ -799,7 +803,7 @@ class Core:
                         resolved,
                         block.rate,
                         block.key_head + tag + block.key_tail,
-                        cost,
+                        counted,
                         block,
                     )
                 )
@@ -851,11 +855,11 @@ class Core:
     def reset_keys(
         self,
         name: str,
-        identity: str | None,
+        identity: object,
         tier: str | None,
         *,
-        ip: str | None = None,
-        keys: Mapping[str, str] | None = None,
+        ip: object = None,
+        keys: object = None,
     ) -> list[str]:
         """Every key of limit ``name`` for ``identity`` (or the anonymous caller at ``ip``,
         or the app key in ``keys``): one tier's, or every tier's."""

@@ -36,6 +36,7 @@ from ._core import Core, Prepared, ScriptCall, wrote
 from ._decision import Decision
 from ._denials import DenialCache
 from ._errors import CLOSED, ApplimitError, PoolExhausted, is_outage
+from ._native import mypyc_attr
 
 logger = logging.getLogger("applimit")
 
@@ -87,6 +88,8 @@ class Transport(Protocol):
         """The name of the cluster node serving ``slot`` now (None: not known)."""
 
 
+# Subclassed by _shell.py's _Disabled, which stays interpreted.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Decider:
     """Makes decisions from plans: local answers, the calls to run, outcomes to decisions.
 

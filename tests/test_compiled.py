@@ -1,0 +1,174 @@
+"""The build compiled with mypyc (``APPLIMIT_MYPYC=1``, setup.py) decides as the pure one.
+
+The rest of the suite runs the pure-Python modules of the working tree. Here the wheel is
+built with the hot modules compiled, in a copy of the tree (never beside the sources, where
+every other test would import the extensions), its extensions are put beside the copy's
+``.py`` files, and the contract, property and key suites run again in a child pytest
+against them. A second build with a C compiler that fails shows that the pure-Python
+modules are what a machine without one installs.
+
+Building takes about a minute (mypy checks the modules, then the C compiler runs): the
+tests are marked ``slow``, and skipped where no C compiler or Python headers exist.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# What the child pytest runs against the compiled modules: the behaviour of both limiters
+# on one server and on memory:// (the contract), the algorithms against reference models
+# (the properties), and the identities and app keys that become Redis keys.
+SUITES = [
+    "tests/applimit/test_applimit_contract.py",
+    "tests/applimit/test_applimit_properties.py",
+    "tests/applimit/test_applimit_keys.py",
+]
+
+
+def _compiler() -> str | None:
+    """Why the extensions cannot be built here, or None when they can."""
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        return f"no C compiler ({compiler}) on the PATH"
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not headers.exists():
+        return f"no Python headers ({headers})"
+    return None
+
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(_compiler() is not None, reason=str(_compiler())),
+]
+
+
+def _compiled_modules() -> list[str]:
+    """The modules setup.py compiles (its ``COMPILED``), as dotted names."""
+    tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "COMPILED" for target in node.targets
+        ):
+            paths: list[str] = ast.literal_eval(node.value)
+            return [p.removesuffix(".py").replace("/", ".") for p in paths]
+    raise AssertionError("setup.py has no COMPILED list")
+
+
+def _copy_tree(destination: Path) -> Path:
+    """The sources a build and the tests need, without what the working tree has built."""
+    ignored = shutil.ignore_patterns(
+        ".git",
+        ".venv",
+        "node_modules",
+        "build",
+        "*.egg-info",
+        "__pycache__",
+        ".*_cache",
+        ".hypothesis",
+        "out",
+        "results",
+        "*.so",
+    )
+    shutil.copytree(ROOT, destination, ignore=ignored)
+    return destination
+
+
+def _build(source: Path, out: Path, **env: str) -> tuple[Path, str]:
+    """``pip wheel`` of ``source`` with ``APPLIMIT_MYPYC=1``: the wheel and the output."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(out), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "APPLIMIT_MYPYC": "1", **env},
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    [wheel] = out.glob("*.whl")
+    return wheel, output
+
+
+@pytest.fixture(scope="module")
+def compiled_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the tree whose compiled modules are the wheel's extensions."""
+    tree = _copy_tree(tmp_path_factory.mktemp("compiled") / "tree")
+    wheel, _ = _build(tree, tmp_path_factory.mktemp("wheel"))
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            if name.endswith(".so"):
+                archive.extract(name, tree)
+    return tree
+
+
+def _run(tree: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    # cwd first on sys.path (python -c, python -m): the copy's applimit, not the editable
+    # install's, and pytest's rootdir (hence conftest and pythonpath) is the copy too.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+
+
+def test_the_hot_modules_are_compiled(compiled_tree: Path) -> None:
+    """Every module setup.py names is imported from its extension, not from its .py."""
+    modules = _compiled_modules()
+    assert "applimit._core" in modules
+    code = "import importlib, sys\nfor name in sys.argv[1:]:\n"
+    code += "    print(importlib.import_module(name).__file__)"
+    result = _run(compiled_tree, "-c", code, *modules, timeout=60)
+    assert result.returncode == 0, result.stderr
+    files = result.stdout.split()
+    assert len(files) == len(modules)
+    for module, file in zip(modules, files, strict=True):
+        assert file.endswith(".so"), f"{module} was imported from {file}"
+        assert Path(file).is_relative_to(compiled_tree), file
+
+
+def test_the_compiled_modules_pass_the_contract(compiled_tree: Path) -> None:
+    """The contract, property and key suites pass against the compiled modules."""
+    result = _run(
+        compiled_tree,
+        *("-m", "pytest", *SUITES, "-q", "-p", "no:cacheprovider", "-m", "not cluster"),
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    # The suites ran, not merely collected nothing: hundreds of tests pass.
+    passed = re.search(r"(\d+) passed", result.stdout)
+    assert passed is not None, result.stdout[-2000:]
+    assert int(passed.group(1)) >= 200, result.stdout[-2000:]
+    assert " failed" not in result.stdout
+
+
+def test_without_a_working_compiler_the_build_is_pure_python(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """APPLIMIT_MYPYC=1 with a C compiler that fails still builds a wheel: it holds every
+    .py file and no extension, and the build says why."""
+    tree = _copy_tree(tmp_path_factory.mktemp("nocc") / "tree")
+    false = shutil.which("false")
+    assert false is not None
+    wheel, output = _build(tree, tmp_path_factory.mktemp("wheel"), CC=false)
+    names = zipfile.ZipFile(wheel).namelist()
+    assert [n for n in names if n.endswith(".so")] == []
+    for module in _compiled_modules():
+        assert module.replace(".", "/") + ".py" in names
+    assert "not compiled" in output or "compiling with mypyc failed" in output
