@@ -8,10 +8,10 @@ first of them sends every queued call in one pipelined write and hands each thre
 reply. Redis runs the calls in the order written, one at a time, so each call decides
 exactly as it would alone.
 
-No thread of its own: the thread that finds nobody sending leads (it sends its own call
-and whatever queued meanwhile); the others follow (each waits on a lock of its own).
-When a leader's write is answered it hands the lead to the first thread still queued,
-so a leader never sends on behalf of others after its own answer came back.
+No thread of its own: the thread that finds nobody sending sends its call at once; the
+others queue (each waits on a lock of its own). When a write is answered, its sender
+hands the lead to the first thread still queued, which sends every queued call, its own
+first; so a thread never sends on behalf of others after its own answer came back.
 
 Deadlines, as without batching (where a call waits up to the timeout for a connection,
 then the socket timeout bounds its round trip):
@@ -55,7 +55,7 @@ _DONE = 3  # its outcome is set
 
 
 class _Slot:
-    """One thread's call: its state, its outcome, and the lock it waits on."""
+    """A queued thread's call: its state, its outcome, and the lock it waits on."""
 
     __slots__ = ("call", "outcome", "ready", "sent_at", "state")
 
@@ -64,28 +64,22 @@ class _Slot:
         self.outcome: object = None
         self.state = _QUEUED
         self.sent_at = 0.0
-        self.ready: threading.Lock | None = None
-
-    def queue(self) -> threading.Lock:
-        """The lock to wait on (only a queued call needs one): held from the start,
-        released once the outcome is set or the lead handed over."""
-        ready = self.ready = threading.Lock()
-        ready.acquire()
-        return ready
-
-
-def _wake(slot: _Slot) -> None:
-    """Let a queued thread go: its outcome is set, or it was handed the lead."""
-    ready = slot.ready
-    if ready is not None:
-        ready.release()
+        # Held from the start: released once the outcome is set or the lead handed over.
+        self.ready = threading.Lock()
+        self.ready.acquire()
 
 
 class Combiner:
     """Runs one call per thread, the calls of concurrent threads sent together.
 
     ``send`` writes calls in one write and returns one outcome per call (a reply or the
-    failure, as a value); it is only ever called by one thread at a time.
+    failure, as a value); at most ``writers`` threads call it at once.
+
+    The queue only fills while every writer is busy: a writer that finishes hands the
+    lead to the first queued thread, and a thread that finds a writer free leads at once.
+    So a thread that finds a writer free also finds the queue empty, and sends its call
+    alone, with no bookkeeping beyond a count (most decisions, when threads seldom decide
+    at the same moment).
     """
 
     def __init__(
@@ -108,17 +102,25 @@ class Combiner:
 
     def run(self, call: ScriptCall) -> object:
         """The call's outcome: its reply, or its failure (as a value, never raised)."""
-        slot = _Slot(call)
         with self._lock:
             if self.closed:
                 return redis.exceptions.ConnectionError("the limiter was closed")
-            lead = self._leading < self._writers
-            if lead:
+            if self._leading < self._writers:
                 self._leading += 1
+                slot = None
             else:
-                slot.queue()
+                slot = _Slot(call)
                 self._queue.append(slot)
-        if not lead and not self._follow(slot):
+        if slot is None:
+            # A writer was free, so the queue is empty: this call goes alone.
+            outcomes: Sequence[object] = ()
+            try:
+                outcomes = self._send((call,))
+            finally:
+                with self._lock:
+                    self._pass_on()
+            return outcomes[0] if outcomes else _unanswered()
+        if not self._follow(slot):
             return slot.outcome
         self._lead(slot)
         return slot.outcome
@@ -127,7 +129,6 @@ class Combiner:
         """Wait for the slot's outcome (False) or for the lead (True)."""
         deadline = time.monotonic() + self._timeout
         ready = slot.ready
-        assert ready is not None
         while True:
             left = deadline - time.monotonic()
             if left > 0 and ready.acquire(timeout=left):
@@ -167,17 +168,12 @@ class Combiner:
                 slot.outcome = redis.exceptions.ConnectionError("the limiter was closed")
                 self._leading -= 1
                 return
-            slot.state = _SENT
-            if self._queue:
-                batch = [slot, *self._queue[: MAX_BATCH - 1]]
-                del self._queue[: MAX_BATCH - 1]
-                now = time.monotonic()
-                for queued in batch:
-                    queued.state = _SENT
-                    queued.sent_at = now
-            else:
-                # Alone: the common case when threads seldom decide at the same moment.
-                batch = [slot]
+            batch = [slot, *self._queue[: MAX_BATCH - 1]]
+            del self._queue[: MAX_BATCH - 1]
+            now = time.monotonic()
+            for queued in batch:
+                queued.state = _SENT
+                queued.sent_at = now
         outcomes: Sequence[object] = ()
         try:
             outcomes = self._send([queued.call for queued in batch])
@@ -192,9 +188,7 @@ class Combiner:
     def _hand_out(self, slot: _Slot, batch: list[_Slot], outcomes: Sequence[object]) -> None:
         """Give each thread of ``batch`` its outcome, and the lead to the first queued."""
         if len(outcomes) < len(batch):
-            # The wire stopped short (it should not): no call goes unanswered.
-            missing = redis.exceptions.ConnectionError("the batched write was not answered")
-            outcomes = [*outcomes, *[missing] * (len(batch) - len(outcomes))]
+            outcomes = [*outcomes, *[_unanswered()] * (len(batch) - len(outcomes))]
         with self._lock:
             for queued, outcome in zip(batch, outcomes, strict=False):
                 # Not one that gave up waiting (its outcome is its timeout).
@@ -202,14 +196,19 @@ class Combiner:
                     queued.state = _DONE
                     queued.outcome = outcome
                     if queued is not slot:
-                        _wake(queued)
-            if self._queue:
-                # The lead passes on: the number of leaders stays the same.
-                following = self._queue.pop(0)
-                following.state = _LEAD
-                _wake(following)
-            else:
-                self._leading -= 1
+                        queued.ready.release()
+            self._pass_on()
+
+    def _pass_on(self) -> None:
+        """A write was answered: hand the lead to the first queued thread, or free the
+        writer (under the lock)."""
+        if self._queue:
+            # The lead passes on: the number of leaders stays the same.
+            following = self._queue.pop(0)
+            following.state = _LEAD
+            following.ready.release()
+        else:
+            self._leading -= 1
 
     def close(self) -> None:
         """Fail every queued call (the limiter was closed); a write in flight is answered
@@ -222,4 +221,10 @@ class Combiner:
             for waiting in queued:
                 waiting.state = _DONE
                 waiting.outcome = redis.exceptions.ConnectionError("the limiter was closed")
-                _wake(waiting)
+                waiting.ready.release()
+
+
+def _unanswered() -> redis.exceptions.ConnectionError:
+    """The outcome of a call the wire gave no outcome for (it should not happen): no call
+    goes unanswered."""
+    return redis.exceptions.ConnectionError("the batched write was not answered")
