@@ -120,10 +120,26 @@ class Combiner:
                 with self._lock:
                     self._pass_on()
             return outcomes[0] if outcomes else _unanswered()
-        if not self._follow(slot):
-            return slot.outcome
-        self._lead(slot)
+        try:
+            lead = self._follow(slot)
+        except BaseException:
+            # Interrupted while waiting (KeyboardInterrupt in the main thread): leave the
+            # queue as if never in it, and pass on a lead handed over meanwhile, or
+            # every later call would queue behind a leader that never comes.
+            self._abandon(slot)
+            raise
+        if lead:
+            self._lead(slot)
         return slot.outcome
+
+    def _abandon(self, slot: _Slot) -> None:
+        """Take a thread that stopped waiting out of the queue and the lead."""
+        with self._lock:
+            if slot.state == _QUEUED:
+                self._queue.remove(slot)
+            elif slot.state == _LEAD:
+                self._pass_on()
+            slot.state = _DONE
 
     def _follow(self, slot: _Slot) -> bool:
         """Wait for the slot's outcome (False) or for the lead (True)."""

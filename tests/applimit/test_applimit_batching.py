@@ -5,6 +5,7 @@ degrades every waiting thread within its timeout, and the breaker opens."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -333,4 +334,62 @@ def test_a_child_forked_mid_batch_decides_on_its_own(fresh_redis_server: RedisSe
             fresh_redis_server.resume()
         os.close(read)
         os.close(write)
+        limiter.close()
+
+
+class _Interrupted(Exception):
+    """Raised by the test's signal handler in the main thread."""
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise _Interrupted
+
+
+@pytest.mark.slow
+def test_a_thread_interrupted_in_the_queue_leaves_it(fresh_redis_server: RedisServer) -> None:
+    """A signal interrupts the main thread while its call waits behind a write that a
+    hung Redis holds: the call leaves the queue, so once Redis answers again the calls
+    after it are sent at once rather than waiting for a leader that never comes."""
+    limiter = Limiter(
+        _policy("i", rate="1000/1m", timeout="5s"), redis_url=fresh_redis_server.url, batch=True
+    )
+    assert not limiter.hit("log", "warm").degraded
+    combiner = limiter._wire._combiner  # type: ignore[union-attr]
+    assert combiner is not None
+    previous = signal.signal(signal.SIGUSR1, _interrupt)
+    main = threading.get_ident()
+    fresh_redis_server.pause()
+    resumed = False
+    try:
+        leader = threading.Thread(target=limiter.hit, args=("log", "first"), daemon=True)
+        leader.start()
+        deadline = time.monotonic() + HANG
+        while combiner._leading != 1:
+            assert time.monotonic() < deadline, "the first call was never sent"
+            time.sleep(0.001)
+
+        def interrupt_when_queued() -> None:
+            while not combiner._queue:
+                assert time.monotonic() < deadline, "the main thread never queued"
+                time.sleep(0.001)
+            signal.pthread_kill(main, signal.SIGUSR1)
+
+        interrupter = threading.Thread(target=interrupt_when_queued, daemon=True)
+        interrupter.start()
+        with pytest.raises(_Interrupted):
+            limiter.hit("log", "second")
+        interrupter.join(HANG)
+        assert not combiner._queue
+        fresh_redis_server.resume()
+        resumed = True
+        leader.join(HANG)
+        assert not leader.is_alive()
+        started = time.perf_counter()
+        after = limiter.hit("log", "third")
+        assert not after.degraded and after.allowed
+        assert time.perf_counter() - started < 1.0
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        if not resumed:
+            fresh_redis_server.resume()
         limiter.close()
