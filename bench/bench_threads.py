@@ -35,6 +35,7 @@ from ._common import (
     Variant,
     fmt_rate,
     fmt_ratio,
+    fmt_us,
     interleave,
     make_policy,
     median,
@@ -61,6 +62,15 @@ class Tally:
     made: int = 0
     denied: int = 0
     degraded: int = 0
+    # This process's CPU time (all threads) over the timed slices: a machine shared with
+    # other work slows the rates, much less the CPU a decision takes.
+    cpu: float = 0.0
+    timed: int = 0
+
+    @property
+    def cpu_us(self) -> float:
+        """Microseconds of this process's CPU per decision, NaN before any."""
+        return self.cpu / self.timed * 1e6 if self.timed else float("nan")
 
 
 def threaded_loop(limiter: Limiter, threads: int, prefix: str, tally: Tally) -> Runner:
@@ -99,9 +109,12 @@ def threaded_loop(limiter: Limiter, threads: int, prefix: str, tally: Tally) -> 
         for worker in workers:
             worker.start()
         end[0] = time.perf_counter() + seconds
+        cpu = time.process_time()
         barrier.wait()
         for worker in workers:
             worker.join()
+        tally.cpu += time.process_time() - cpu
+        tally.timed += sum(counts)
         tally.made += sum(counts)
         tally.denied += sum(denied)
         tally.degraded += sum(degraded)
@@ -168,21 +181,35 @@ def run(settings: Settings) -> Result:
                 fmt_rate(median(batch)),
                 fmt_ratio(median(ratio)),
                 " - ".join(fmt_ratio(value) for value in spread) if spread else "",
+                fmt_us(tallies[f"pool_{threads}"].cpu_us),
+                fmt_us(tallies[f"batch_{threads}"].cpu_us),
             ]
         )
     result.tables.append(
         Table(
             title="Decisions per second (medians) and batched / pooled (median of per-round "
             "ratios, middle half)",
-            columns=["threads", "pool", "batch", "batch / pool", "middle half"],
+            columns=[
+                "threads",
+                "pool",
+                "batch",
+                "batch / pool",
+                "middle half",
+                "CPU per decision, pool",
+                "CPU per decision, batch",
+            ],
             rows=rows,
             note=(
                 f"{ALGORITHM} at {RATE}, {IDENTITIES} identities per thread; "
-                f"{stretched.rounds} rounds of {stretched.seconds:.2f} s per variant."
+                f"{stretched.rounds} rounds of {stretched.seconds:.2f} s per variant. CPU "
+                "per decision: this process's CPU time (every thread, user and system) "
+                "over all rounds and the warm-up, divided by the decisions made."
             ),
         )
     )
     result.data["tallies"] = {k: vars(v) for k, v in tallies.items()}
+    for key, tally in tallies.items():
+        result.data[f"cpu_us_per_decision.{key}"] = tally.cpu_us
     off = {k: (v.denied, v.degraded) for k, v in tallies.items() if v.denied or v.degraded}
     if off:
         result.notes.append(
