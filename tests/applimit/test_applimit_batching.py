@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import pytest
 import redis
-from harness import RedisServer
+from harness import RedisCluster, RedisServer
 
 import policy
 from applimit import BreakerState, Decision, Limiter
@@ -392,4 +392,29 @@ def test_a_thread_interrupted_in_the_queue_leaves_it(fresh_redis_server: RedisSe
         signal.signal(signal.SIGUSR1, previous)
         if not resumed:
             fresh_redis_server.resume()
+        limiter.close()
+
+
+@pytest.mark.parametrize("name", ["log", "gcra"])
+def test_batch_on_a_cluster_decides_one_call_per_thread(
+    redis_cluster: RedisCluster, cluster_client: object, name: str
+) -> None:
+    """On Redis Cluster ``batch=True`` changes nothing: each thread's call goes to the
+    master of its slot on its own, and the totals are exact."""
+    limiter = Limiter(
+        _policy("cl", timeout="2s"), redis_url=redis_cluster.url, cluster=True, batch=True
+    )
+    try:
+
+        def hits(index: int) -> list[Decision]:
+            # One identity shared by all, and one of each thread's own (other slots).
+            return [limiter.hit(name, "shared") for _ in range(4)] + [
+                limiter.hit(name, f"own-{index}") for _ in range(2)
+            ]
+
+        decisions = [d for result, _ in _together(16, hits) for d in result]
+        assert not any(d.degraded for d in decisions)
+        # 50 of the shared identity's 64, and every one of the threads' own 32.
+        assert sum(d.allowed for d in decisions) == 50 + 32
+    finally:
         limiter.close()
