@@ -35,7 +35,6 @@ import redis.exceptions
 from . import _script
 from ._core import ScriptCall
 from ._errors import error_code
-from ._native import mypyc_attr
 
 logger = logging.getLogger("applimit")
 
@@ -356,8 +355,6 @@ def too_many_redirections() -> redis.exceptions.ClusterError:
     )
 
 
-# Subclassed by the wires (_wire.py, _awire.py), which stay interpreted.
-@mypyc_attr(allow_interpreted_subclasses=True)
 class OneServer:
     """What a standalone wire (sync and async) says of slots: nothing, one server."""
 
@@ -372,7 +369,6 @@ class OneServer:
         return None
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class SlotMap(ABC):
     """What the cluster wires (sync and async) read from the slot map that redis-py's
     cluster client keeps (``_nodes``, its NodesManager; None until it is first read).

@@ -28,8 +28,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # What the child pytest runs against the compiled modules: the behaviour of both limiters
-# on one server and on memory:// (the contract), the algorithms against reference models
-# (the properties), and the identities and app keys that become Redis keys.
+# on one server, on a Redis Cluster and on memory:// (the contract), the algorithms against
+# reference models (the properties), and the identities and app keys that become keys.
 SUITES = [
     "tests/applimit/test_applimit_contract.py",
     "tests/applimit/test_applimit_properties.py",
@@ -147,7 +147,7 @@ def test_the_compiled_modules_pass_the_contract(compiled_tree: Path) -> None:
     """The contract, property and key suites pass against the compiled modules."""
     result = _run(
         compiled_tree,
-        *("-m", "pytest", *SUITES, "-q", "-p", "no:cacheprovider", "-m", "not cluster"),
+        *("-m", "pytest", *SUITES, "-q", "-p", "no:cacheprovider"),
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
