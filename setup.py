@@ -74,11 +74,15 @@ def _options() -> dict[str, Any]:
     try:
         from mypyc.build import mypycify
     except ImportError:
-        # Under pip's isolated build the first run of this file only asks what the build
-        # needs: setup_requires is how a setup.py adds to it, so mypy is installed for the
-        # second run. Outside one (--no-build-isolation without mypy) this stays pure.
-        _say("mypyc is not importable yet: asking the build for it")
-        return {"setup_requires": BUILD_REQUIREMENTS}
+        if "egg_info" in sys.argv[1:]:
+            # pip's isolated build first runs this file to ask what the build needs
+            # (setuptools runs egg_info for that); setup_requires is how a setup.py adds to
+            # it, so mypy is there for the runs that build.
+            _say("mypyc is not importable yet: asking the build for it")
+            return {"setup_requires": BUILD_REQUIREMENTS}
+        # A build without isolation (--no-build-isolation) in an environment without mypy.
+        _say("mypyc is not installed: building pure Python (install mypy to compile)")
+        return {}
     if {"egg_info", "dist_info"} & set(sys.argv[1:]):
         # Only the metadata is asked for (pip does so before it builds): it is the same
         # with or without extensions, and translating to C takes a while.
