@@ -23,7 +23,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from redis.crc import key_slot
 
@@ -583,25 +583,29 @@ class Core:
         return found
 
     # -- argument checks ----------------------------------------------------------------
-    # Core takes what a caller passed as identity, ip=, keys= and cost= as ``object``, not
-    # as the limiters document it, until these checks: a build compiled with mypyc
-    # (setup.py) checks every typed argument on entry, and would raise a bare TypeError
-    # before the checks could say what is wrong and how to fix it.
+    # Core takes what a caller passed as a limit's name, tier=, identity, ip=, keys= and
+    # cost= as ``object``, not as the limiters document it, until these checks: a build
+    # compiled with mypyc (setup.py) checks every typed argument on entry, and would raise a
+    # bare TypeError before the checks could say what is wrong and how to fix it. The errors
+    # show a value of the wrong type as it was given: through a variable typed Any, which
+    # mypyc does not check (it checks a cast()).
 
-    def tier(self, tier: str | None) -> str:
+    def tier(self, tier: object) -> str:
         """The tier to use: the given one if the policy lists it, else the lowest one."""
         if tier is None:
             return self.policy.tiers[0]
-        if tier not in self.policy.tiers:
-            raise UnknownTierError(tier, self.policy.tiers)
+        if not isinstance(tier, str) or tier not in self.policy.tiers:
+            given: Any = tier
+            raise UnknownTierError(given, self.policy.tiers)
         return tier
 
-    def rule(self, name: str) -> AppRule:
+    def rule(self, name: object) -> AppRule:
         """The app limit called ``name``; UnknownLimitError names the ones that exist."""
-        rule = self.policy.by_name.get(name)
+        rule = self.policy.by_name.get(name) if isinstance(name, str) else None
         if rule is None:
+            given: Any = name
             raise UnknownLimitError(
-                name, self.policy.by_name, edge_only=name in self.policy.edge_only
+                given, self.policy.by_name, edge_only=name in self.policy.edge_only
             )
         return rule
 
@@ -742,9 +746,9 @@ class Core:
     def for_limit(
         self,
         operation: Operation,
-        name: str,
+        name: object,
         identity: object,
-        tier: str | None,
+        tier: object,
         cost: object,
         *,
         ip: object = None,
@@ -766,7 +770,7 @@ class Core:
         path: str,
         identity: object,
         *,
-        tier: str | None,
+        tier: object,
         cost: object,
         ip: object,
         host: str | None,
@@ -854,9 +858,9 @@ class Core:
 
     def reset_keys(
         self,
-        name: str,
+        name: object,
         identity: object,
-        tier: str | None,
+        tier: object,
         *,
         ip: object = None,
         keys: object = None,

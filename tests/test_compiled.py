@@ -158,6 +158,67 @@ def test_the_compiled_modules_pass_the_contract(compiled_tree: Path) -> None:
     assert " failed" not in result.stdout
 
 
+# Arguments of the wrong type or value, each as an app might pass them. A compiled function
+# checks its typed arguments on entry, so Core takes them as ``object`` until its own
+# checks; this prints, per call, the error raised.
+_WRONG_ARGUMENTS = """
+import applimit._core
+from applimit import Limiter
+from policy import loads
+
+policy = loads('''
+version: 1
+tiers: [free, pro]
+limits:
+  - name: api
+    match: {paths: ["/"]}
+    app: {per: user, algorithm: sliding_log, tiers: {free: 10/1m, pro: 20/1m}}
+  - name: org
+    match: {paths: ["/"]}
+    app: {per: org, algorithm: gcra, tiers: {free: 10/1m, pro: 20/1m}}
+''', "policy.yaml")
+limiter = Limiter(policy, redis_url="memory://")
+print(applimit._core.__file__.rsplit(".", 1)[-1])
+calls = [
+    lambda: limiter.hit(5, "u"),
+    lambda: limiter.hit("nope", "u"),
+    lambda: limiter.hit("api", "u", tier=5),
+    lambda: limiter.hit("api", "u", tier="gold"),
+    lambda: limiter.hit("api", 5),
+    lambda: limiter.hit("api", ""),
+    lambda: limiter.hit("api", None, ip=5),
+    lambda: limiter.hit("api", "u", cost="3"),
+    lambda: limiter.hit("api", "u", cost=True),
+    lambda: limiter.hit("org", "u", keys={"org": 5}),
+    lambda: limiter.hit("org", "u", keys=["org"]),
+    lambda: limiter.check_request("GET", "/", "u", keys={"org": 5}),
+    lambda: limiter.check_request("GET", "/", 5),
+    lambda: limiter.check_request("GET", "/", "u", tier=5, cost=2),
+    lambda: limiter.reset("api", 5),
+]
+for call in calls:
+    try:
+        call()
+        print("no error")
+    except Exception as error:
+        print(type(error).__name__, error)
+"""
+
+
+def test_wrong_arguments_raise_the_same_errors_compiled_and_pure(compiled_tree: Path) -> None:
+    """Each argument of the wrong type or value raises the same typed error, with the same
+    message, from the compiled modules as from the pure ones (never a bare TypeError)."""
+    compiled = _run(compiled_tree, "-c", _WRONG_ARGUMENTS, timeout=60)
+    pure = _run(ROOT, "-c", _WRONG_ARGUMENTS, timeout=60)
+    assert compiled.returncode == 0, compiled.stderr
+    assert pure.returncode == 0, pure.stderr
+    compiled_lines, pure_lines = compiled.stdout.splitlines(), pure.stdout.splitlines()
+    assert (compiled_lines[0], pure_lines[0]) == ("so", "py")
+    assert len(pure_lines) == 16
+    assert compiled_lines[1:] == pure_lines[1:]
+    assert [line for line in pure_lines if line.startswith("TypeError")] == []
+
+
 def test_without_a_working_compiler_the_build_is_pure_python(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
