@@ -7,8 +7,9 @@ every other test would import the extensions), its extensions are put beside the
 against them. A second build with a C compiler that fails shows that the pure-Python
 modules are what a machine without one installs.
 
-Building takes about a minute (mypy checks the modules, then the C compiler runs): the
-tests are marked ``slow``, and skipped where no C compiler or Python headers exist.
+Building takes about a minute (mypy checks the modules, then the C compiler runs), the
+whole file about a minute and a half: the tests are marked ``slow``, and skipped where no
+C compiler or Python headers exist.
 """
 
 from __future__ import annotations
