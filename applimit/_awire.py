@@ -556,6 +556,11 @@ class AsyncClusterWire(SlotMap):
         if step is Redirect.MOVED:
             assert isinstance(error, redis.exceptions.MovedError)
             await self._nodes.move_slot(error)
+            # Where the answer says, not where the map says: a refresh running meanwhile
+            # may have read a node that has not heard of the move yet.
+            moved = self._nodes.get_node(host=error.host, port=error.port)
+            if moved is not None:
+                return moved, False
             return self._own(first, self._master, slot), False
         if step is Redirect.ASK:
             assert isinstance(error, redis.exceptions.AskError)

@@ -509,8 +509,14 @@ class ClusterWire(SlotMap):
             except REDIS_FAILURES as error:
                 step = redirection(error)
                 if step is Redirect.MOVED:
+                    assert isinstance(error, redis.exceptions.MovedError)
                     self._nodes.move_slot(error)
-                    node, asking = self._master(call.slot), False
+                    # Where the answer says, not where the map says: a refresh running
+                    # meanwhile may have read a node that has not heard of the move yet,
+                    # and sent every retry back to the old owner.
+                    moved = self._nodes.get_node(host=error.host, port=error.port)
+                    node = moved if moved is not None else self._master(call.slot)
+                    asking = False
                 elif step is Redirect.ASK:
                     assert isinstance(error, redis.exceptions.AskError)
                     found = self._nodes.get_node(host=error.host, port=error.port)

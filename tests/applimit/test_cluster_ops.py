@@ -469,3 +469,40 @@ def _errorstat(client: Any, code: str) -> int:
     stats = client.info("errorstats")
     entry = stats.get(f"errorstat_{code}", {})
     return int(entry.get("count", 0)) if isinstance(entry, dict) else 0
+
+
+async def test_moved_is_followed_to_the_node_it_names_whatever_the_slot_map_says(
+    cluster: RedisCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slot moves to another master; the limiters' slot map still names the old one and
+    is not updated by the MOVED answer (as when a refresh running meanwhile read a node that
+    had not heard of the move yet). The call goes where MOVED says, and is decided there,
+    exactly, instead of bouncing off the old owner until it runs out of redirections."""
+    sync, async_ = await _limiters(cluster)
+    try:
+        identity = "s-1"
+        slot = _slot(identity)
+        source = await asyncio.to_thread(cluster.master_for_slot, slot)
+        target = next(m for m in await asyncio.to_thread(cluster.masters) if m != source)
+        first = await asyncio.to_thread(sync.hit, "open", identity)
+        assert not first.degraded
+        await asyncio.to_thread(_migrate_slot, cluster, slot, target.port, one_by_one=False)
+
+        async def stale(self: object, error: object) -> None:
+            return None
+
+        monkeypatch.setattr(sync._wire._nodes, "move_slot", lambda _: None)
+        # redis.asyncio's NodesManager has __slots__: its class is patched (for this test).
+        monkeypatch.setattr(type(async_._wire._nodes), "move_slot", stale)
+        with source.client() as src:
+            before = _errorstat(src, "MOVED")
+            decisions = [
+                await asyncio.to_thread(sync.hit, "open", identity),
+                await async_.hit("open", identity),
+            ]
+            assert _errorstat(src, "MOVED") >= before + 2
+        assert [d.degraded for d in decisions] == [False, False]
+        assert [d.remaining for d in decisions] == [QUOTA - 2, QUOTA - 3]
+    finally:
+        sync.close()
+        await async_.aclose()
