@@ -263,6 +263,11 @@ class CountingObserver(ABC):
     ) -> None:
         """Record one result of a hit."""
 
+    def _count_allowed(self, limit: str, tier: str, latency: float, approximate: bool) -> None:
+        """Record a decision's one result, admitted by Redis (the common case: an exporter
+        may count it with less work than :meth:`_count_result`)."""
+        self._count_result(limit, tier, Outcome.ALLOWED, latency, False, True, approximate)
+
 
 def outcome_of(allowed: bool, shadow: bool, degraded: bool) -> Outcome:
     """The outcome of one result: degraded first, then shadow, then the result itself."""
@@ -310,6 +315,10 @@ class Notifier:
             for observer in self.observers
             if not callable(getattr(observer, "_count_result", None))
         )
+        # One exporter and nothing else: its admitted-by-Redis count is called directly.
+        self._fast: Callable[[str, str, float, bool], None] | None = None
+        if len(self._counters) == 1 and not self._listeners:
+            self._fast = getattr(self._counters[0][0], "_count_allowed", None)
         self._overshooters = tuple(
             cast(OvershootObserver, observer)
             for observer in self.observers
@@ -333,15 +342,35 @@ class Notifier:
             return key
         return hashlib.blake2b(key.encode(), key=self._key, digest_size=6).hexdigest()
 
-    def notify(
-        self, prepared: Prepared, decision: Decision, latency: float, *, local: bool
-    ) -> None:
+    def notify(self, prepared: Prepared, decision: Decision, latency: float, local: bool) -> None:
         """Tell every observer of ``decision`` (one event per result), and log a shadow
         denial. Never raises. The exporters of this package are handed the fields a count
         needs (``_count_result``), with no event built: this runs on every decision."""
         results = decision.results
         if not results:
             return
+        fast = self._fast
+        if (
+            fast is not None
+            and not local
+            and len(results) == 1
+            and results[0].allowed
+            and not decision.degraded
+            and prepared.operation != "peek"
+        ):
+            # The common case, with as little as can be: one limit result, admitted by
+            # Redis, and one exporter of this package as the only observer.
+            checks = prepared.checks
+            result = results[0]
+            fast(result.name, result.tier, latency, bool(checks) and checks[0].rule.approximate)
+            return
+        self._notify_each(prepared, decision, latency, local)
+
+    def _notify_each(
+        self, prepared: Prepared, decision: Decision, latency: float, local: bool
+    ) -> None:
+        """notify's general case: every result to every observer, shadow denials logged."""
+        results = decision.results
         degraded = decision.degraded
         observers = self._listeners
         operation = prepared.operation

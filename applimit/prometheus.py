@@ -74,6 +74,7 @@ DURATION_BUCKETS: Sequence[float] = (
     1.0,
 )
 
+_ALLOWED = Outcome.ALLOWED
 _REDIS_OUTCOMES = frozenset({Outcome.ALLOWED, Outcome.DENIED, Outcome.SHADOW_DENIED})
 
 
@@ -149,6 +150,20 @@ class PrometheusObserver(Collector, CountingObserver):
         with self._lock:
             decisions[key] = decisions.get(key, 0) + 1
             if redis and approximate:
+                pair = (limit, tier)
+                self._syncs[pair] = self._syncs.get(pair, 0) + 1
+
+    def _count_allowed(self, limit: str, tier: str, latency: float, approximate: bool) -> None:
+        """Count a decision's one result, admitted by Redis: _count_result's commonest
+        case, with nothing to decide."""
+        key = (limit, tier, _ALLOWED)
+        bucket = bisect.bisect_left(self._bounds, latency)
+        with self._lock:
+            decisions = self._decisions
+            decisions[key] = decisions.get(key, 0) + 1
+            self._buckets[bucket] += 1
+            self._sum += latency
+            if approximate:
                 pair = (limit, tier)
                 self._syncs[pair] = self._syncs.get(pair, 0) + 1
 
