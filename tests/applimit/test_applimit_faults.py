@@ -60,8 +60,8 @@ async def limiter(
 
 async def _timed(limiter: Driver, name: str) -> tuple[float, bool, bool]:
     # The bound is on how long the limiter waits; a full collection of the whole test run's
-    # heap can pause the process for longer than SLACK (once seen: 0.34 s late in a full
-    # run), so the collector is held off while a decision is timed.
+    # heap can pause the process for longer than SLACK (once seen late in a full run: a
+    # decision of 0.34 s), so the collector is held off while a decision is timed.
     gc.disable()
     try:
         started = time.perf_counter()
