@@ -534,10 +534,13 @@ class Replay:
                 return True
         return False
 
-    def _on_routes(self, host: str, path: str) -> bool:
+    def _on_routes(self, host: str, forms: tuple[str, ...]) -> bool:
+        """Whether a route sends the request to the Worker: routes see the URL as the
+        zone normalised it, so any of the path's forms counts (as the matchers do), never
+        the logged spelling alone (``/%77ebhooks/`` is on a ``/webhooks/*`` route)."""
         if not self.routes:
             return True
-        return any(_route_covers(route, host, path) for route in self.routes)
+        return any(_route_covers(route, host, form) for route in self.routes for form in forms)
 
     def _worker(
         self, request: Request, method: str, host: str, path: str, authenticated: bool
@@ -545,8 +548,8 @@ class Replay:
         cache_key = (method, host, path, authenticated)
         bindings = self._binding_cache.get(cache_key, ())
         if bindings == ():
-            if self._on_routes(host, path):
-                forms = self._forms(path)
+            forms = self._forms(path)
+            if self._on_routes(host, forms):
                 bindings = [
                     binding
                     for binding in self.bindings

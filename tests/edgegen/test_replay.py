@@ -407,3 +407,33 @@ def test_of_two_rates_with_one_period_only_the_smaller_is_checked() -> None:
     rates = [str(r.rate) for r in result.rows_of(Layer.APP)]
     assert rates == ["5/1m", "100/1h"]
     assert result.refused[Layer.APP] == 2
+
+
+def test_a_worker_route_covers_every_spelling_of_its_paths() -> None:
+    """An encoded or doubled slash spelling of /webhooks/ is on the hooks route, as the
+    zone's normalised URL is, and counts at the Worker like the plain one."""
+    loaded = load(
+        """
+  - name: hooks
+    match: { path_prefix: /webhooks/ }
+    edge: { rate: 2/10s, unauthenticated_only: false, target: worker }
+"""
+    )
+    # The route names the path, not only the host.
+    loaded = loaded.model_copy(
+        update={
+            "cloudflare": loaded.cloudflare.model_copy(  # type: ignore[union-attr]
+                update={
+                    "worker": loaded.cloudflare.worker.model_copy(  # type: ignore[union-attr]
+                        update={"routes": ("hooks.example.com/webhooks/*",)}
+                    )
+                }
+            )
+        }
+    )
+    spellings = ["/webhooks/a", "/%77ebhooks/a", "//webhooks/a"]
+    records = [req(0.1 * i, path, host="hooks.example.com") for i, path in enumerate(spellings)]
+    result = replay(loaded, records)
+    worker = row(result, Layer.WORKER, "hooks")
+    assert worker.counted == 3  # type: ignore[attr-defined]
+    assert worker.refused == 1  # type: ignore[attr-defined]
