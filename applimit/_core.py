@@ -533,9 +533,10 @@ def _int_list(reply: object, length: int) -> Sequence[int]:
 
 
 # Entries of Core's memo of matching limits (see Core.matching), and the longest path
-# (in characters) it keeps: at most some 4096 * 1 KiB of keys.
+# and host (in characters) it keeps: at most some 4096 * 1.3 KiB of keys.
 _MATCHING_CACHE = 4096
 _MATCHING_PATH = 1024
+_MATCHING_HOST = 255  # a DNS name is at most 253 characters, a port adds a few
 
 
 class Core:
@@ -575,8 +576,9 @@ class Core:
                 for rule in self.policy.rules
                 if rule.middleware and rule.matcher.matches_any(method, forms, host)
             )
-            # Long paths are not kept: the memo's memory stays bounded by its entries.
-            if len(path) <= _MATCHING_PATH:
+            # Long paths and hosts (both the client's to choose) are not kept: the memo's
+            # memory stays bounded by its entries.
+            if len(path) <= _MATCHING_PATH and (host is None or len(host) <= _MATCHING_HOST):
                 if len(self._matching) >= _MATCHING_CACHE:
                     self._matching.clear()
                 self._matching[key] = found

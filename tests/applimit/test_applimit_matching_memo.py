@@ -69,3 +69,6 @@ def test_memo_is_bounded_and_skips_long_paths() -> None:
     long_path = "/api/" + "a" * (_core._MATCHING_PATH + 1)
     assert [rule.name for rule in core.matching("GET", long_path, None)] == ["api"]
     assert not core._matching
+    long_host = "a" * (_core._MATCHING_HOST + 1) + ".example.com"
+    assert [rule.name for rule in core.matching("GET", "/api/x", long_host)] == ["api"]
+    assert not core._matching
