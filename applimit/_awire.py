@@ -30,7 +30,7 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 
-from . import _clients
+from . import _clients, _hiredis
 from ._breaker import Breakers, CircuitBreaker
 from ._clients import AsyncClient, Target
 from ._core import ScriptCall, wrote
@@ -336,16 +336,19 @@ class AsyncWire(OneServer):
         replies: Replies = []
         try:
             async with asyncio.timeout(self._timeout):
-                for _ in range(count):
-                    try:
-                        replies.append(
-                            await connection.read_response(
-                                timeout=math.inf, disconnect_on_error=False
+                if _hiredis.direct(connection):
+                    await _hiredis.read_async(connection, count, replies)
+                else:
+                    for _ in range(count):
+                        try:
+                            replies.append(
+                                await connection.read_response(
+                                    timeout=math.inf, disconnect_on_error=False
+                                )
                             )
-                        )
-                    except redis.exceptions.ResponseError as error:
-                        # An error reply is the call's own; the connection is clean.
-                        replies.append(error)
+                        except redis.exceptions.ResponseError as error:
+                            # An error reply is the call's own; the connection is clean.
+                            replies.append(error)
         except redis.exceptions.ConnectionError as error:
             await connection.disconnect(nowait=True)
             if not replies:

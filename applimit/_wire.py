@@ -12,7 +12,8 @@ itself:
 - connections are the limiter's own, kept between decisions: a decision pops an idle
   one, sends, reads, and pushes it back; at most ``max_connections`` exist, and a caller
   that finds none idle waits for one within the timeout (:class:`SyncWire`);
-- the reply is read by the connection's own parser (hiredis), with its socket timeout;
+- the reply is read from the connection's own hiredis reader (``_hiredis.py``), with its
+  socket timeout;
 - which command carries the call (FCALL, EVALSHA, EVAL, FUNCTION LOAD first), and what an
   error reply means, is the wire protocol's (``_protocol.py``): these classes only write
   and read.
@@ -41,7 +42,7 @@ from typing import Any
 import redis
 import redis.cluster
 
-from . import _clients
+from . import _clients, _hiredis
 from ._batch import Combiner
 from ._clients import SyncClient, Target
 from ._core import ScriptCall
@@ -70,11 +71,10 @@ def _exchange(connection: Any, packed: bytes, count: int) -> Replies:
     read, so that the connection stays in step whatever they say."""
     # A list: redis-py writes each item, and a bare bytes would be iterated.
     connection.send_packed_command([packed], check_health=False)
-    if count == 1:
-        try:
-            return [connection.read_response()]
-        except redis.exceptions.ResponseError as error:
-            return [error]
+    if _hiredis.direct(connection):
+        if count == 1:
+            return [_hiredis.read(connection)]
+        return [_hiredis.read(connection) for _ in range(count)]
     replies: Replies = []
     for _ in range(count):
         try:

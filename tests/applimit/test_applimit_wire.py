@@ -19,7 +19,7 @@ from harness import RedisCluster, RedisServer
 from limiter_support import Driver
 
 import policy
-from applimit import AsyncLimiter, BreakerState, Limiter, _script
+from applimit import AsyncLimiter, BreakerState, Limiter, _hiredis, _script
 
 POLICY = """
 version: 1
@@ -482,3 +482,85 @@ async def test_on_a_cluster_each_master_is_called_by_name(
                 assert _calls(node, "evalsha") == _calls(node, "eval") == 0
     finally:
         await driver.close()
+
+
+@pytest.mark.parametrize("read", ["direct", "per_reply"])
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_replies_read_either_way(
+    redis_server: RedisServer, flavour: str, read: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wires read replies from the connection's hiredis reader itself (the async one
+    a whole batch in one loop), or reply by reply through redis-py where the connection's
+    parser is not the one they know (another redis-py; here, told so): the same decisions
+    either way, an error reply still its own call's, the breaker closed."""
+    if read == "per_reply":
+        monkeypatch.setattr(_hiredis, "_SYNC_PARSER", None)
+        monkeypatch.setattr(_hiredis, "_ASYNC_PARSER", None)
+    admin = redis_server.client()
+    tag = f"{flavour}-{read}"
+    broken = f"w:log:{{u=broken-{tag}}}:1m:log"
+    admin.set(broken, "not a sorted set")
+    driver = _driver(flavour, redis_server.url)
+    try:
+        who = [f"{tag}-{i}" for i in range(50)]
+        first = [await driver.hit("log", w) for w in who]
+        failed = await driver.hit("log", f"broken-{tag}")
+        again = [await driver.hit("log", w) for w in who]
+        if flavour == "async":
+            limiter = driver.limiter
+            assert isinstance(limiter, AsyncLimiter)
+            batch = await asyncio.gather(
+                *(limiter.hit("log", w) for w in who), limiter.hit("log", f"broken-{tag}")
+            )
+            assert [d.remaining for d in batch[:-1]] == [997] * 50
+            assert batch[-1].degraded and batch[-1].allowed
+        assert [d.remaining for d in first] == [999] * 50
+        assert [d.remaining for d in again] == [998] * 50
+        assert not any(d.degraded for d in first + again)
+        assert failed.degraded and failed.allowed
+        assert driver.limiter.breaker_state is BreakerState.CLOSED
+    finally:
+        await driver.close()
+        admin.delete(broken)
+        admin.close()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_a_push_message_before_a_reply_is_not_taken_for_one(
+    fresh_redis_server: RedisServer, flavour: str
+) -> None:
+    """RESP3 lets a server push a message on a connection between replies (here a client-
+    tracking invalidation, on the limiter's one connection where tracking was turned on):
+    the reply read after it skips the push, and every caller gets its own reply."""
+    admin = fresh_redis_server.client()
+    loaded = policy.loads(POLICY)
+    url = fresh_redis_server.url + "?protocol=3"
+    driver = Driver(
+        Limiter(loaded, redis_url=url, max_connections=1)
+        if flavour == "sync"
+        else AsyncLimiter(loaded, redis_url=url, max_connections=1)
+    )
+    try:
+        assert (await driver.hit("log", "tracked")).remaining == 999
+        if isinstance(driver.limiter, AsyncLimiter):
+            pool = driver.limiter._wire.client().connection_pool
+            connection = await pool.get_connection()
+            await connection.send_command("CLIENT", "TRACKING", "ON")
+            assert await connection.read_response() in (b"OK", "OK")
+            await connection.send_command("GET", "watched")
+            assert await connection.read_response() is None
+            await pool.release(connection)
+        else:
+            (connection,) = driver.limiter._wire._idle
+            connection.send_command("CLIENT", "TRACKING", "ON")
+            assert connection.read_response() in (b"OK", "OK")
+            connection.send_command("GET", "watched")
+            assert connection.read_response() is None
+        admin.set("watched", "changed")  # an invalidation is pushed to that connection
+        decisions = [await driver.hit("log", "tracked") for _ in range(20)]
+        assert [d.remaining for d in decisions] == list(range(998, 978, -1))
+        assert not any(d.degraded for d in decisions)
+        assert driver.limiter.breaker_state is BreakerState.CLOSED
+    finally:
+        await driver.close()
+        admin.close()
