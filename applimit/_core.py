@@ -646,7 +646,8 @@ class Core:
     def keys(identity: object, keys: object) -> Mapping[str, object] | None:
         """The app keys of a call (``keys=``, checked), or None."""
         if keys is not None:
-            if not isinstance(keys, Mapping):
+            # A dict (Caller's default) skips the Mapping ABC's isinstance.
+            if type(keys) is not dict and not isinstance(keys, Mapping):
                 raise InvalidArgumentError(
                     "keys",
                     f"keys must be a mapping of key names to values, not "

@@ -96,7 +96,8 @@ class Caller:
             raise ValueError(
                 f"Caller.user must be a non-empty str (the user's stable id), not {self.user!r}"
             )
-        if not isinstance(self.keys, Mapping):
+        # A dict (the default) skips the Mapping ABC's isinstance, the costlier check.
+        if type(self.keys) is not dict and not isinstance(self.keys, Mapping):
             raise ValueError(
                 f"Caller.keys must be a mapping of key names to values, not "
                 f"{type(self.keys).__name__}; e.g. keys={{'org': org_id}}"
@@ -307,6 +308,9 @@ async def identify_async(identify: Identify | None, request: RequestInfo) -> Cal
     if identify is None:
         return None
     result = identify(request)
+    if result is None or type(result) is Caller:
+        # The commonest answers, known without inspect.isawaitable's ABC check.
+        return result
     if inspect.isawaitable(result):
         result = await result
     return _checked(result)
@@ -317,6 +321,9 @@ def identify_sync(identify: Identify | None, request: RequestInfo) -> Caller | N
     if identify is None:
         return None
     result = identify(request)
+    if result is None or type(result) is Caller:
+        # The commonest answers, known without inspect.isawaitable's ABC check.
+        return result
     if inspect.isawaitable(result):
         if inspect.iscoroutine(result):
             result.close()  # never awaited: close it, or Python warns about it

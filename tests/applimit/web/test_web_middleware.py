@@ -9,6 +9,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Iterator, MutableMapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import httpx
@@ -229,6 +230,46 @@ async def test_async_identify_and_its_mistakes(async_limiter: AsyncLimiter) -> N
 
 
 # --- WSGI --------------------------------------------------------------------------------
+
+
+def test_wsgi_identify_answers_and_mistakes(sync_limiter: Limiter) -> None:
+    """A WSGI app's identify: a Caller (or a subclass of it) or None is taken as it is;
+    an async identify cannot be awaited there and is refused as TypeError (its coroutine
+    closed, no warning), as is any other value. Caller.keys may be any Mapping, not only
+    a dict, and nothing else."""
+
+    class Member(Caller):
+        pass
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        seen.append(status)
+        return lambda data: None
+
+    def wsgi_app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        start_response("200 OK", [])
+        return [b"ok"]
+
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/api/x", "REMOTE_ADDR": "192.0.2.1"}
+    answers: list[object] = [
+        Caller("plain", keys=MappingProxyType({"org": "acme"})),
+        Member("member"),
+        None,
+    ]
+    for answer in answers:
+        seen: list[str] = []
+        app = WSGIRateLimitMiddleware(wsgi_app, limiter=sync_limiter, identify=lambda r: answer)  # noqa: B023
+        assert list(app(dict(environ), start_response)) == [b"ok"]
+        assert seen == ["200 OK"]
+
+    async def later(request: RequestInfo) -> Caller:
+        return Caller("late")
+
+    for wrong, message in ((later, "cannot await it"), (lambda r: "u1", r"applimit\.Caller")):
+        app = WSGIRateLimitMiddleware(wsgi_app, limiter=sync_limiter, identify=wrong)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=message):
+            app(dict(environ), start_response)
+    with pytest.raises(ValueError, match="must be a mapping"):
+        Caller("u1", keys=[("org", "acme")])  # type: ignore[arg-type]
 
 
 def test_wsgi_returns_the_apps_iterable_itself(sync_limiter: Limiter) -> None:
