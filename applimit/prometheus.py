@@ -78,6 +78,10 @@ _ALLOWED = Outcome.ALLOWED
 _REDIS_OUTCOMES = frozenset({Outcome.ALLOWED, Outcome.DENIED, Outcome.SHADOW_DENIED})
 
 
+# Bound once: read on every decision.
+_bisect_left = bisect.bisect_left
+
+
 class PrometheusObserver(Collector, CountingObserver):
     """Counts every decision of the limiters it is given to, in a Prometheus registry.
 
@@ -157,8 +161,12 @@ class PrometheusObserver(Collector, CountingObserver):
         """Count a decision's one result, admitted by Redis: _count_result's commonest
         case, with nothing to decide."""
         key = (limit, tier, _ALLOWED)
-        bucket = bisect.bisect_left(self._bounds, latency)
-        with self._lock:
+        bucket = _bisect_left(self._bounds, latency)
+        lock = self._lock
+        # acquire/release rather than `with`: the same guarantee (release in finally),
+        # without the context manager's two method calls, on every decision.
+        lock.acquire()
+        try:
             decisions = self._decisions
             decisions[key] = decisions.get(key, 0) + 1
             self._buckets[bucket] += 1
@@ -166,6 +174,8 @@ class PrometheusObserver(Collector, CountingObserver):
             if approximate:
                 pair = (limit, tier)
                 self._syncs[pair] = self._syncs.get(pair, 0) + 1
+        finally:
+            lock.release()
 
     def on_overshoot(self, limit: str, tier: str, count: int) -> None:
         """Count requests an approximate-mode sync found admitted over the limit."""
