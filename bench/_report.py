@@ -73,6 +73,18 @@ def _git_commit() -> str:
     return out.strip()
 
 
+def applimit_build() -> str:
+    """Which build of applimit runs: "pure Python", or the modules mypyc compiled."""
+    import importlib
+
+    compiled = []
+    for name in ("_core", "_flow", "_keys"):
+        module = importlib.import_module(f"applimit.{name}")
+        if not str(getattr(module, "__file__", "")).endswith(".py"):
+            compiled.append(name)
+    return f"compiled with mypyc ({', '.join(compiled)})" if compiled else "pure Python"
+
+
 def machine_info() -> dict[str, Any]:
     """What the numbers depend on: CPU, cores, load, and the versions of everything timed."""
     load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
@@ -88,6 +100,7 @@ def machine_info() -> dict[str, Any]:
         # redis-py parses replies in pure Python unless hiredis is installed.
         "hiredis": _version("hiredis"),
         "limits": _version("limits"),
+        "applimit": applimit_build(),
         "commit": _git_commit(),
         "argv": sys.argv[1:],
     }
@@ -149,7 +162,8 @@ def render_markdown(
             f"This run: {machine.get('cores')} cores, one-minute load average "
             f"{machine['load_average'][0]} at the start and "
             f"{machine['load_average_after'][0]} at the end (other work shares the "
-            "machine; see Machine at the end).",
+            "machine; see Machine at the end)"
+            + (f"; applimit {machine['applimit']}." if machine.get("applimit") else "."),
             "",
         ]
     quick = [r.name for r in results if r.quick]

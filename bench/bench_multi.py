@@ -44,7 +44,8 @@ ALGORITHMS = ("sliding_log", "sliding_window", "gcra")
 THREE = ("100/1s", "1000/1m", "10000/1h")
 ONE = "1000/1m"
 IDENTITIES = 1000
-TARGET = 0.7
+# Issue 17's target (the first issue set 0.70x).
+TARGET = 0.75
 TARGETED = ("sliding_log", "gcra")
 
 

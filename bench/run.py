@@ -52,7 +52,6 @@ BENCHMARKS = {
 OPTIONAL = ("http",)
 DEFAULT_RESULTS = ROOT / "bench" / "results"
 DEFAULT_DOCS = ROOT / "docs" / "benchmarks.md"
-CHART_NAME = "benchmarks.svg"
 
 
 def _module(name: str) -> ModuleType:
@@ -131,7 +130,8 @@ def write_docs(results_dir: Path, docs: Path) -> None:
     results = load_results(results_dir)
     machine_path = results_dir / "machine.json"
     machine = json.loads(machine_path.read_text(encoding="utf-8")) if machine_path.is_file() else {}
-    chart = docs.parent / CHART_NAME
+    # Named after the report: docs/benchmarks.md's is docs/benchmarks.svg.
+    chart = docs.with_suffix(".svg")
     render_chart(results, chart)
     relative = os.path.relpath(chart, docs.parent) if chart.exists() else None
     docs.parent.mkdir(parents=True, exist_ok=True)
@@ -175,6 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         result.started = stamp
         result.quick = settings.quick
+        # Which build was measured, in each result: a report may gather several runs.
+        result.params["applimit"] = machine["applimit"]
         (results_dir / f"{name}.json").write_text(
             json.dumps(result.to_json(), indent=1, allow_nan=True), encoding="utf-8"
         )
