@@ -38,7 +38,7 @@ import redis
 from limits import parse, strategies
 from limits.storage import RedisStorage
 
-from applimit import Limiter
+from applimit import Limiter, _script
 
 from ._common import (
     LimitSpec,
@@ -181,23 +181,66 @@ def _cpu(url: str, admin: redis.Redis, settings: Settings) -> dict[str, Any]:
     }
 
 
-def _empty_script(admin: redis.Redis, url: str, settings: Settings) -> float:
-    """usec per call of an FCALL of a function that only returns, sent with a decision's
-    keys and args (the limiter calls its library's function the same way)."""
-    limiter = _limiter(url, "gcra", 100)
+def _library_until(name: str, marker: str) -> str:
+    """The limiter's own library, its function returning a reply of the real shape just
+    before ``marker`` (a line of decide.lua): what the script costs up to there."""
+    library = _script.assemble_library(name)
+    if marker not in library:
+        raise RuntimeError(f"decide.lua has no line {marker!r}: update the ladder")
+    return library.replace(marker, "do return {now, n, 1, 1, 0, 0, -1} end\n" + marker, 1)
+
+
+# The script's time in Redis, one step at a time, for one gcra check: each function adds one
+# part of a decision to the one before (see LADDER_STEPS).
+LADDER = {
+    "bench_empty": EMPTY_LIBRARY,
+    "bench_reply": (
+        "#!lua name=bench_reply\nredis.register_function('bench_reply', "
+        "function(keys, args) return {1, 1, 1, 1, 0, 0, -1} end)\n"
+    ),
+    "bench_time": (
+        "#!lua name=bench_time\nredis.register_function('bench_time', function(keys, args)\n"
+        "  local t = redis.call('TIME')\n"
+        "  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
+        "  return {now, 1, 1, 1, 0, 0, -1}\nend)\n"
+    ),
+    "bench_parsed": _library_until("bench_parsed", "if mode == 'refund' then"),
+    "bench_checked": _library_until("bench_checked", "if mode == 'hit' and pass then"),
+}
+LADDER_STEPS = {
+    "bench_empty": "FCALL of a function that returns 1, with a decision's keys and arguments",
+    "bench_reply": "... returning the 7 integers of a decision's reply instead",
+    "bench_time": "... after reading the server's clock (TIME), as a decision does",
+    "bench_parsed": "the limiter's script up to its checks parsed from the arguments",
+    "bench_checked": "... and the check evaluated (gcra: GET the state, the arithmetic)",
+    "full": "the whole decision (and the state written: SET)",
+}
+
+
+def _ladder(admin: redis.Redis, url: str, settings: Settings) -> dict[str, float]:
+    """usec per call of each step of LADDER, and of the whole decision, all sent with one
+    gcra decision's keys and arguments (a limit too high to deny: every call writes)."""
+    limiter = _limiter(url, "gcra", 10**9)
     try:
-        call = limiter.core.for_limit("hit", "api", "user-empty", None, 1).calls[0]
+        call = limiter.core.for_limit("hit", "api", "user-ladder", None, 1).calls[0]
+        limiter.hit("api", "user-ladder")  # loads the library
     finally:
         limiter.close()
-    admin.function_load(EMPTY_LIBRARY, replace=True)
-    per_call: list[float] = []
+    for library in LADDER.values():
+        admin.function_load(library, replace=True)
+    functions = [*LADDER, _script.FUNCTION]
+    runs: dict[str, list[float]] = {name: [] for name in functions}
     for _ in range(REPEATS):
-        admin.config_resetstat()
-        for _ in range(settings.count(2000, minimum=20)):
-            admin.fcall(EMPTY_FUNCTION, len(call.keys), *call.keys, *call.args)
-        stats = commandstats(admin)["fcall"]
-        per_call.append(float(stats["usec"]) / float(stats["calls"]))
-    return median(per_call)
+        # Every step once per repeat, so the machine's bursts of noise spread over all.
+        for name in functions:
+            admin.config_resetstat()
+            for _ in range(settings.count(2000, minimum=20)):
+                admin.fcall(name, len(call.keys), *call.keys, *call.args)
+            stats = commandstats(admin)["fcall"]
+            runs[name].append(float(stats["usec"]) / float(stats["calls"]))
+    out = {name: median(runs[name]) for name in LADDER}
+    out["full"] = median(runs[_script.FUNCTION])
+    return out
 
 
 def _usage(admin: redis.Redis) -> dict[str, int]:
@@ -273,9 +316,12 @@ def run(settings: Settings) -> Result:
     )
     with redis_server() as server, server.client() as admin:
         cpu = _cpu(server.url, admin, settings)
-        empty = _empty_script(admin, server.url, settings)
+        ladder = _ladder(admin, server.url, settings)
         memory = _memory(server.url, admin)
-    result.data.update({"cpu": cpu, "empty_script_us": empty, "memory": memory})
+    empty = ladder["bench_empty"]
+    result.data.update(
+        {"cpu": cpu, "empty_script_us": empty, "script_ladder_us": ladder, "memory": memory}
+    )
     rows: list[list[str]] = []
     for alg in ALGORITHMS:
         label = COUNTERPARTS[alg][0]
@@ -309,6 +355,26 @@ def run(settings: Settings) -> Result:
                 "Floor: an FCALL of a function that returns 1, with a decision's keys and "
                 f"arguments takes {fmt_us(empty)} in Redis. Admitted: identities filled "
                 "from empty to the limit; denied: hits beyond it."
+            ),
+        )
+    )
+    ladder_rows: list[list[str]] = []
+    before = 0.0
+    for name, step in LADDER_STEPS.items():
+        took = ladder[name]
+        ladder_rows.append([step, fmt_us(took), fmt_us(took - before) if before else "-"])
+        before = took
+    result.tables.append(
+        Table(
+            title="Where the script's time goes (one gcra check, admitted)",
+            columns=["step", "script time in Redis", "added by the step"],
+            rows=ladder_rows,
+            note=(
+                "Each step a function of its own, called with the same keys and arguments "
+                "(usec per call from INFO commandstats, medians): the floor any Lua decision "
+                "pays, then what each part of the limiter's script adds. The steps of the "
+                "limiter's script are its own library cut short (a reply of the real shape "
+                "returned early), so they follow the code."
             ),
         )
     )

@@ -18,9 +18,10 @@ STATUSES = {"PASS", "MISS", "N/A"}
 
 
 def test_quick_run_writes_results_report_and_chart(tmp_path: Path) -> None:
-    """``python -m bench.run --quick --only sync`` exits 0 and writes a JSON result with
-    every variant's rates, targets with a status, a Markdown report listing them, and
-    an SVG chart beside it."""
+    """``python -m bench.run --quick --only sync,redis_cost`` exits 0 and writes a JSON
+    result with every variant's rates, targets with a status, a Markdown report listing
+    them (and the build of applimit measured), and an SVG chart beside it; redis_cost's
+    ladder of the script's time in Redis has every step, each costing something."""
     docs = tmp_path / "docs" / "benchmarks.md"
     completed = subprocess.run(
         [
@@ -29,7 +30,7 @@ def test_quick_run_writes_results_report_and_chart(tmp_path: Path) -> None:
             "bench.run",
             "--quick",
             "--only",
-            "sync",
+            "sync,redis_cost",
             "--results",
             str(tmp_path / "results"),
             "--docs",
@@ -66,6 +67,21 @@ def test_quick_run_writes_results_report_and_chart(tmp_path: Path) -> None:
     chart = docs.parent / "benchmarks.svg"
     assert "<svg" in chart.read_text(encoding="utf-8")
     assert "(benchmarks.svg)" in report
+    assert "applimit pure Python" in report
+    assert result["params"]["applimit"] == "pure Python"
+
+    cost = json.loads((tmp_path / "results" / "redis_cost.json").read_text(encoding="utf-8"))
+    ladder = cost["data"]["script_ladder_us"]
+    assert list(ladder) == [
+        "bench_empty",
+        "bench_reply",
+        "bench_time",
+        "bench_parsed",
+        "bench_checked",
+        "full",
+    ]
+    assert all(math.isfinite(us) and us > 0 for us in ladder.values())
+    assert "Where the script's time goes" in report
 
 
 def test_compare_reports_each_target_of_both_versions() -> None:
