@@ -1,7 +1,8 @@
 """Smoke test of the HTTP benchmark (bench/bench_http.py), so it does not rot between runs.
 
-Three of its server processes (FastAPI bare and with applimit's middleware, Flask with
-applimit's middleware) under one second of wrk each: every request answered 200, a rate
+Five of its server processes (FastAPI bare and with applimit's middleware, exact and
+approximate; Flask with applimit's middleware, exact and approximate) under one second of
+wrk each: every request answered 200, a rate
 for every one. The numbers' size is not asserted: timings on a shared machine are not
 something a test can assert. Skipped where wrk is not installed.
 """
@@ -26,12 +27,21 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
 @pytest.mark.timeout(120)
 def test_each_variant_answers_every_request_and_has_a_rate(tmp_path: Path) -> None:
-    """A quick run of three variants: one round each, a finite rate above zero, and no
+    """A quick run of five variants: one round each, a finite rate above zero, and no
     response other than 200 (a refusal or an error would spoil any comparison); the
     chart draws the rates (a variant not run is drawn as zero)."""
-    stacks = {"fastapi": ("bare", "applimit"), "flask": ("applimit",)}
+    stacks = {
+        "fastapi": ("bare", "applimit", "applimit_approx"),
+        "flask": ("applimit", "applimit_approx"),
+    }
     rates, failed, params = measure(Settings.for_mode(quick=True), stacks)
-    assert set(rates) == {"fastapi.bare", "fastapi.applimit", "flask.applimit"}
+    assert set(rates) == {
+        "fastapi.bare",
+        "fastapi.applimit",
+        "fastapi.applimit_approx",
+        "flask.applimit",
+        "flask.applimit_approx",
+    }
     for name, series in rates.items():
         assert len(series) == params["rounds"] == 1, name
         assert all(math.isfinite(rate) and rate > 0 for rate in series), name
