@@ -4,7 +4,7 @@ redis-py reads a reply through two or three levels of its own per call (the conn
 ``read_response``, then its parser's): it formats the error text it would raise before
 reading (``_host_error``), enters a timeout context (asyncio), and checks for client-side
 caching and push messages. For the limiter's script calls, on connections of its own, that
-is about 6% of a sync decision's instructions and 5% of an async one's
+is about 4% of a sync decision's instructions and 5% of an async one's
 (bench/profiles/9-reads). Here the replies are taken from the parser's hiredis reader
 with the socket read only when no whole reply is buffered, which is what redis-py's
 parser does underneath, and the failures end as redis-py's would: the connection
