@@ -187,11 +187,13 @@ class RequestInfo:
     def from_wsgi(cls, environ: Mapping[str, Any]) -> RequestInfo:
         """Build from a WSGI environ; ``path`` is ``SCRIPT_NAME + PATH_INFO`` as UTF-8."""
         headers: list[tuple[str, str]] = []
+        header_of = _HEADER_OF
         for key, value in environ.items():
-            if key.startswith("HTTP_"):
-                headers.append((key[5:].replace("_", "-").lower(), str(value)))
-            elif key in ("CONTENT_TYPE", "CONTENT_LENGTH") and value:
-                headers.append((key.replace("_", "-").lower(), str(value)))
+            entry = header_of.get(key)
+            if entry is None:
+                entry = _header_of(key)
+            if entry is not _NOT_A_HEADER and (value or entry[1]):
+                headers.append((entry[0], value if type(value) is str else str(value)))
         # PEP 3333: PATH_INFO holds the decoded bytes as latin-1 characters; routers such as
         # werkzeug's read those bytes as UTF-8, and so does the limiter.
         wsgi_path = str(environ.get("SCRIPT_NAME", "")) + str(environ.get("PATH_INFO", ""))
@@ -242,6 +244,29 @@ class RequestInfo:
         scheme, _, token = value.strip().partition(" ")
         token = token.strip()
         return token if scheme.lower() == "bearer" and token else None
+
+
+# What each WSGI environ key is (see _header_of), remembered: a server sends the same few
+# dozen keys with every request, and translating each name cost more than the rest of
+# from_wsgi. Bounded, as the header names are the client's to choose.
+_HEADER_OF: dict[str, tuple[str, bool]] = {}
+_HEADER_OF_LIMIT = 1024
+_NOT_A_HEADER = ("", False)
+
+
+def _header_of(key: str) -> tuple[str, bool]:
+    """The header an environ key carries, as (name, kept when empty), or _NOT_A_HEADER.
+    Every ``HTTP_*`` key is a header, and CONTENT_TYPE and CONTENT_LENGTH are when set
+    (CGI sets them empty for a request without a body)."""
+    if key.startswith("HTTP_"):
+        entry = (key[5:].replace("_", "-").lower(), True)
+    elif key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+        entry = (key.replace("_", "-").lower(), False)
+    else:
+        entry = _NOT_A_HEADER
+    if len(_HEADER_OF) < _HEADER_OF_LIMIT:
+        _HEADER_OF[key] = entry
+    return entry
 
 
 def _origin_form(target: str) -> str:

@@ -5,8 +5,11 @@ from __future__ import annotations
 from urllib.parse import unquote_to_bytes
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import policy
+from applimit import _web
 from applimit._web import UNKNOWN_IP, Gate, RequestInfo, TrustedProxies, parse_ip
 from applimit.asgi import Caller
 
@@ -119,6 +122,60 @@ def test_wsgi_request_reads_headers_and_path_info() -> None:
     assert info.header("content-type") == "application/json"
     assert info.peer == "198.51.100.4"
     assert info.kind == "wsgi"
+
+
+def _headers_as_cgi_says(environ: dict[str, object]) -> tuple[tuple[str, str], ...]:
+    """The headers of a WSGI environ, worked out afresh for every key (CGI's rules)."""
+    found: list[tuple[str, str]] = []
+    for key, value in environ.items():
+        if key.startswith("HTTP_"):
+            found.append((key[5:].replace("_", "-").lower(), str(value)))
+        elif key in ("CONTENT_TYPE", "CONTENT_LENGTH") and value:
+            found.append((key.replace("_", "-").lower(), str(value)))
+    return tuple(found)
+
+
+_ENVIRON_KEYS = st.one_of(
+    st.sampled_from(
+        [
+            "HTTP_HOST",
+            "HTTP_X_USER",
+            "HTTP_CONTENT_TYPE",
+            "CONTENT_TYPE",
+            "CONTENT_LENGTH",
+            "SERVER_NAME",
+            "wsgi.input",
+            "HTTP_",
+            "HTTP",
+            "CONTENT_MD5",
+        ]
+    ),
+    st.from_regex(r"HTTP_[A-Za-z0-9_]{1,12}", fullmatch=True),
+    st.text(max_size=12),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_ENVIRON_KEYS, st.one_of(st.just(""), st.text(max_size=8), st.integers())))
+def test_wsgi_headers_are_cgis_whatever_the_keys(extra: dict[str, object]) -> None:
+    """from_wsgi remembers what each environ key is (a header and its name, or not one):
+    the headers it reads are those CGI's rules give, key by key, for any keys and values
+    (empty CONTENT_* left out, an empty HTTP_* kept, a value that is not a str as text)."""
+    environ: dict[str, object] = {"REQUEST_METHOD": "GET", "PATH_INFO": "/", **extra}
+    for _ in range(2):  # the first read remembers the keys, the second reads them back
+        assert RequestInfo.from_wsgi(environ).headers == _headers_as_cgi_says(environ)
+
+
+def test_wsgi_header_names_remembered_up_to_a_bound() -> None:
+    """Header names are the client's: past the bound, new names are worked out on every
+    request and not kept, and every request still reads its own headers."""
+    limit = _web._HEADER_OF_LIMIT
+    for n in range(limit + 500):
+        environ = {"PATH_INFO": "/", f"HTTP_X_BOUND_{n}": str(n), "HTTP_HOST": "example.com"}
+        info = RequestInfo.from_wsgi(environ)
+        assert info.header(f"x-bound-{n}") == str(n)
+        assert info.header("host") == "example.com"
+    assert len(_web._HEADER_OF) <= limit
 
 
 def test_wsgi_path_info_is_read_as_utf8() -> None:
