@@ -155,13 +155,14 @@ class RequestInfo:
     @classmethod
     def from_asgi(cls, scope: Mapping[str, Any]) -> RequestInfo:
         """Build from an ASGI ``http`` scope; ``path`` is the scope's decoded ``path``."""
-        # A list first: tuple() of a generator costs more, for every header of every request.
-        headers = tuple(
-            [
-                (bytes(name).decode("latin-1").lower(), bytes(value).decode("latin-1"))
-                for name, value in scope.get("headers", ())
-            ]
-        )
+        name_of = _NAME_OF
+        found: list[tuple[str, str]] = []
+        for raw_name, value in scope.get("headers", ()):
+            name = name_of.get(raw_name) if type(raw_name) is bytes else None
+            if name is None:
+                name = _header_name(raw_name)
+            found.append((name, bytes(value).decode("latin-1")))
+        headers = tuple(found)
         path = scope.get("path")
         raw = scope.get("raw_path")
         raw_path = bytes(raw).decode("latin-1") if raw else ""
@@ -244,6 +245,21 @@ class RequestInfo:
         scheme, _, token = value.strip().partition(" ")
         token = token.strip()
         return token if scheme.lower() == "bearer" and token else None
+
+
+# Header names as an ASGI server sends them (bytes) -> as RequestInfo keeps them (lower-
+# case str), remembered: the same few names come with every request. Bounded, as the
+# names are the client's to choose.
+_NAME_OF: dict[bytes, str] = {}
+_NAME_OF_LIMIT = 1024
+
+
+def _header_name(raw: bytes | bytearray) -> str:
+    """A header name of an ASGI scope as a lower-case str (latin-1), remembered."""
+    name = bytes(raw).decode("latin-1").lower()
+    if type(raw) is bytes and len(_NAME_OF) < _NAME_OF_LIMIT:
+        _NAME_OF[raw] = name
+    return name
 
 
 # What each WSGI environ key is (see _header_of), remembered: a server sends the same few

@@ -178,6 +178,45 @@ def test_wsgi_header_names_remembered_up_to_a_bound() -> None:
     assert len(_web._HEADER_OF) <= limit
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(
+                st.sampled_from([b"host", b"Host", b"X-User", b"x-user", b"HOST"]),
+                st.binary(max_size=10),
+            ),
+            st.binary(max_size=10),
+            st.booleans(),
+        ),
+        max_size=8,
+    )
+)
+def test_asgi_headers_are_read_whatever_the_names(
+    pairs: list[tuple[bytes, bytes, bool]],
+) -> None:
+    """from_asgi remembers each header name it has lower-cased: for any names (upper
+    case, latin-1 bytes, bytearray as well as bytes), the headers are the scope's, each
+    name decoded as latin-1 and lower-cased, each value decoded, in order."""
+    raw = [(bytearray(n) if as_array else n, v) for n, v, as_array in pairs]
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": raw}
+    expected = tuple((bytes(n).decode("latin-1").lower(), v.decode("latin-1")) for n, v in raw)
+    for _ in range(2):  # the first read remembers the names, the second reads them back
+        assert RequestInfo.from_asgi(scope).headers == expected
+
+
+def test_asgi_header_names_remembered_up_to_a_bound() -> None:
+    """Header names are the client's: past the bound, new names are decoded on every
+    request and not kept, and every request still reads its own headers."""
+    limit = _web._NAME_OF_LIMIT
+    for n in range(limit + 500):
+        headers = [(f"X-Bound-{n}".encode(), str(n).encode()), (b"host", b"example.com")]
+        info = RequestInfo.from_asgi({"type": "http", "path": "/", "headers": headers})
+        assert info.header(f"x-bound-{n}") == str(n)
+        assert info.host == "example.com"
+    assert len(_web._NAME_OF) <= limit
+
+
 def test_wsgi_path_info_is_read_as_utf8() -> None:
     """PATH_INFO is WSGI's latin-1 view of the bytes; the router reads them as UTF-8."""
     environ = {"SCRIPT_NAME": "/app", "PATH_INFO": "/caf\xc3\xa9", "REMOTE_ADDR": "::1"}
