@@ -263,10 +263,18 @@ class CountingObserver(ABC):
     ) -> None:
         """Record one result of a hit."""
 
-    def _count_allowed(self, limit: str, tier: str, latency: float, approximate: bool) -> None:
-        """Record a decision's one result, admitted by Redis (the common case: an exporter
-        may count it with less work than :meth:`_count_result`)."""
-        self._count_result(limit, tier, Outcome.ALLOWED, latency, False, True, approximate)
+    def _count_timed(
+        self,
+        limit: str,
+        tier: str,
+        latency: float,
+        approximate: bool,
+        outcome: Outcome = Outcome.ALLOWED,
+    ) -> None:
+        """Record the first result of a decision Redis answered (by default admitted: the
+        common case, which an exporter may count with less work than
+        :meth:`_count_result`)."""
+        self._count_result(limit, tier, outcome, latency, False, True, approximate)
 
 
 def outcome_of(allowed: bool, shadow: bool, degraded: bool) -> Outcome:
@@ -318,7 +326,7 @@ class Notifier:
         # One exporter and nothing else: its admitted-by-Redis count is called directly.
         self._fast: Callable[[str, str, float, bool], None] | None = None
         if len(self._counters) == 1 and not self._listeners:
-            self._fast = getattr(self._counters[0][0], "_count_allowed", None)
+            self._fast = getattr(self._counters[0][0], "_count_timed", None)
         self._overshooters = tuple(
             cast(OvershootObserver, observer)
             for observer in self.observers

@@ -142,14 +142,7 @@ class PrometheusObserver(Collector, CountingObserver):
             return
         redis = outcome in _REDIS_OUTCOMES
         if redis and first:
-            bucket = bisect.bisect_left(self._bounds, latency)
-            with self._lock:
-                decisions[key] = decisions.get(key, 0) + 1
-                self._buckets[bucket] += 1
-                self._sum += latency
-                if approximate:
-                    pair = (limit, tier)
-                    self._syncs[pair] = self._syncs.get(pair, 0) + 1
+            self._count_timed(limit, tier, latency, approximate, outcome)
             return
         with self._lock:
             decisions[key] = decisions.get(key, 0) + 1
@@ -157,10 +150,18 @@ class PrometheusObserver(Collector, CountingObserver):
                 pair = (limit, tier)
                 self._syncs[pair] = self._syncs.get(pair, 0) + 1
 
-    def _count_allowed(self, limit: str, tier: str, latency: float, approximate: bool) -> None:
-        """Count a decision's one result, admitted by Redis: _count_result's commonest
-        case, with nothing to decide."""
-        key = (limit, tier, _ALLOWED)
+    def _count_timed(
+        self,
+        limit: str,
+        tier: str,
+        latency: float,
+        approximate: bool,
+        outcome: Outcome = _ALLOWED,
+    ) -> None:
+        """Count the first result of a decision Redis answered, with its latency: for the
+        commonest case (one result, admitted) the notifier calls it directly, with nothing
+        left to decide."""
+        key = (limit, tier, outcome)
         bucket = _bisect_left(self._bounds, latency)
         lock = self._lock
         # acquire/release rather than `with`: the same guarantee (release in finally),
