@@ -65,7 +65,7 @@ unit: $(STAMP) $(NODE_STAMP)
 ## test: install into .venv (and workers/node_modules), then ruff, mypy --strict, pytest
 test: lint typecheck unit
 
-## bench: every benchmark, about two minutes; results in bench/results/, report in
+## bench: every benchmark but http, about eight minutes; results in bench/results/, report in
 ## docs/benchmarks.md (make bench BENCH_ARGS="--only sync,async" for a selection)
 ## (the HTTP benchmark is run only when named: make bench BENCH_ARGS="--only http"; it needs wrk)
 bench: $(BENCH_STAMP)

@@ -94,7 +94,7 @@ class Settings:
 
     @classmethod
     def for_mode(cls, *, quick: bool) -> Settings:
-        """The defaults (a full ``make bench`` in about two minutes) or the smoke ones."""
+        """The defaults (a full ``make bench`` in about eight minutes) or the smoke ones."""
         if quick:
             return cls(rounds=2, seconds=0.03, warmup=0.02, scale=0.05, quick=True)
         return cls()

@@ -144,7 +144,7 @@ def render_markdown(
         "Reproduce with:",
         "",
         "```sh",
-        f"{COMMAND}                       # every benchmark, about two minutes",
+        f"{COMMAND}                       # every benchmark but http, about eight minutes",
         f".venv/bin/{PYTHON_COMMAND} --only sync,async   # a selection",
         f".venv/bin/{PYTHON_COMMAND} --quick --results /tmp/b --docs /tmp/b/b.md   # smoke run",
         "```",
