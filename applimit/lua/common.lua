@@ -1,6 +1,8 @@
 -- common.lua: helpers shared by the algorithm files; always the first part of the script.
 --
 -- Contract: defines no KEYS or ARGV of its own and returns nothing. It declares
+--   CALL, num, s_*, m_*, t_unpack   redis.call, tonumber and the string, math and
+--                       unpack functions the files use, bound by bind_globals();
 --   ALG                 the table each algorithm file registers itself in, by name;
 --   NONE, NEVER         the retry values "admitted, no wait" and "can never be admitted";
 --   fmt(n)              an integer as exact decimal text;
@@ -9,6 +11,16 @@
 --   expiry_cell(t, g)   which cell of a grid of `g` µs the time `t` expires in.
 -- Every time is an integer number of microseconds; every count an integer.
 
+-- The globals a decision reads most, as upvalues (cheaper than a global lookup). A
+-- library sees no globals while it loads, so decide.lua binds them (bind_globals) at
+-- the start of every call.
+local CALL, num, s_format, s_match, s_byte, s_char, m_floor, m_max, m_min, t_unpack
+local function bind_globals()
+  CALL, num, t_unpack = redis.call, tonumber, unpack
+  s_format, s_match, s_byte, s_char = string.format, string.match, string.byte, string.char
+  m_floor, m_max, m_min = math.floor, math.max, math.min
+end
+
 local ALG = {}
 local NONE = -1
 local NEVER = -2
@@ -16,13 +28,13 @@ local NEVER = -2
 -- Lua 5.1 prints numbers with 14 significant digits ("1.7e+15"), which would merge
 -- distinct timestamps; %d prints the exact integer.
 local function fmt(n)
-  return string.format('%d', n)
+  return s_format('%d', n)
 end
 
 -- a / b in doubles can round up to the next integer when the quotient is large; check the
 -- candidate with exact integer products and step back or forward once.
 local function idiv(a, b)
-  local q = math.floor(a / b)
+  local q = m_floor(a / b)
   if q * b > a then
     q = q - 1
   elseif (q + 1) * b <= a then

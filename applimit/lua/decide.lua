@@ -29,17 +29,18 @@
 -- PEXPIRE first would let the rest through. So a full server refuses every decision that
 -- would write, and still answers those that write nothing.
 
+bind_globals()
 local mode = ARGV[1]
 local now
 if ARGV[2] ~= '' then
-  now = tonumber(ARGV[2])
+  now = num(ARGV[2])
 else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local t = CALL('TIME')
+  now = num(t[1]) * 1000000 + num(t[2])
 end
 local nonce = ARGV[3]
-local slack_ms = tonumber(ARGV[4])
-local n = tonumber(ARGV[5])
+local slack_ms = num(ARGV[4])
+local n = num(ARGV[5])
 
 local checks = {}
 for i = 1, n do
@@ -50,10 +51,10 @@ for i = 1, n do
   end
   checks[i] = {
     alg = alg,
-    limit = tonumber(ARGV[base + 2]),
-    period = tonumber(ARGV[base + 3]),
-    cost = tonumber(ARGV[base + 4]),
-    burst = tonumber(ARGV[base + 5]),
+    limit = num(ARGV[base + 2]),
+    period = num(ARGV[base + 3]),
+    cost = num(ARGV[base + 4]),
+    burst = num(ARGV[base + 5]),
     shadow = ARGV[base + 6] == '1',
   }
 end
@@ -86,6 +87,11 @@ if mode == 'hit' and pass then
   end
 end
 
+if n == 1 then
+  -- One check (most decisions): the reply in one constructor, sized once.
+  local st = states[1]
+  return {now, 1, st.allowed, st.consumed, st.remaining, st.reset, st.retry}
+end
 local out = {now, n}
 local at = 2
 for i = 1, n do

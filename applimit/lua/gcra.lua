@@ -22,20 +22,20 @@
 
 -- Whether a stored frac says that the key's TTL ends an expiry cell (a leading 0).
 local function on_grid(frac)
-  return #frac > 1 and string.byte(frac, 1) == 48
+  return #frac > 1 and s_byte(frac, 1) == 48
 end
 
 -- How far ahead of `now` the TAT is (in µs x limit, at least 0), and the stored TAT's
 -- whole µs when the key's TTL ends that TAT's expiry cell (nil without a key, or when
 -- the TTL was set otherwise).
 local function gcra_load(key, now, c)
-  local value = redis.call('GET', key)
+  local value = CALL('GET', key)
   if not value then
     return 0, nil
   end
-  local tat, frac = string.match(value, '^(%-?%d+) (%d+)$')
-  tat = tonumber(tat)
-  local ahead = (tat - now) * c.limit + tonumber(frac)
+  local tat, frac = s_match(value, '^(%-?%d+) (%d+)$')
+  tat = num(tat)
+  local ahead = (tat - now) * c.limit + num(frac)
   if not on_grid(frac) then
     tat = nil
   end
@@ -76,9 +76,9 @@ local function gcra_apply(key, st, now, c, nonce, slack_ms)
   -- TTL set then still holds.
   local cell = expiry_cell(tat + 1, c.period)
   if st.tat and expiry_cell(st.tat + 1, c.period) == cell then
-    redis.call('SET', key, value, 'KEEPTTL')
+    CALL('SET', key, value, 'KEEPTTL')
   else
-    redis.call('SET', key, value, 'PX', cell_ttl_ms(cell, c.period, now, slack_ms))
+    CALL('SET', key, value, 'PX', cell_ttl_ms(cell, c.period, now, slack_ms))
   end
   st.remaining = idiv(c.burst * c.period - st.after, c.period)
   st.reset = cdiv(st.after, c.limit)
@@ -86,20 +86,20 @@ end
 
 local function gcra_refund(key, now, c, nonce)
   -- `now` is the time of the hit being undone: the TAT never moves back before it.
-  local value = redis.call('GET', key)
+  local value = CALL('GET', key)
   if not value then
     return
   end
-  local tat, frac = string.match(value, '^(%-?%d+) (%d+)$')
-  local ahead = (tonumber(tat) - now) * c.limit + tonumber(frac) - c.cost * c.period
+  local tat, frac = s_match(value, '^(%-?%d+) (%d+)$')
+  local ahead = (num(tat) - now) * c.limit + num(frac) - c.cost * c.period
   if ahead <= 0 then
-    redis.call('DEL', key)
+    CALL('DEL', key)
     return
   end
   local whole = idiv(ahead, c.limit)
   -- The TAT moves back and the TTL stays: what it was set for still covers it.
   local mark = on_grid(frac) and ' 0' or ' '
-  redis.call('SET', key, fmt(now + whole) .. mark .. fmt(ahead - whole * c.limit), 'KEEPTTL')
+  CALL('SET', key, fmt(now + whole) .. mark .. fmt(ahead - whole * c.limit), 'KEEPTTL')
 end
 
 ALG.gcra = {check = gcra_check, apply = gcra_apply, refund = gcra_refund}

@@ -38,27 +38,27 @@ local REBASE_AT = 1125899906842624
 -- A member of this version opens with a capital letter (the length of its start); older
 -- versions' open with their nonce's lowercase hex.
 local function log_current(member)
-  local first = string.byte(member, 1)
+  local first = s_byte(member, 1)
   return first >= 65 and first <= 90
 end
 
 -- A member's start and cost (nil for an older version's member).
 local function log_units(member)
-  local start, cost = string.match(member, '^%u(%d+)%.(%d+)%.')
-  return tonumber(start), tonumber(cost)
+  local start, cost = s_match(member, '^%u(%d+)%.(%d+)%.')
+  return num(start), num(cost)
 end
 
 -- The start is written after a letter that gives its number of digits (A for 1, B for
 -- 2, ... P for 16): members then sort as their starts do, without zero padding.
 local function log_member(start, cost, tail)
   local digits = fmt(start)
-  return string.char(64 + #digits) .. digits .. '.' .. fmt(cost) .. '.' .. tail
+  return s_char(64 + #digits) .. digits .. '.' .. fmt(cost) .. '.' .. tail
 end
 
 -- ZADD or ZREM of many members, in chunks (Lua's stack bounds unpack).
 local function log_each(command, key, args)
   for i = 1, #args, CHUNK do
-    redis.call(command, key, unpack(args, i, math.min(#args, i + CHUNK - 1)))
+    CALL(command, key, t_unpack(args, i, m_min(#args, i + CHUNK - 1)))
   end
 end
 
@@ -72,21 +72,21 @@ end
 local function log_convert(key, now, c, floor, slack_ms, whole)
   local entries, base = {}, 0
   if whole then
-    entries = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(floor), '+inf', 'WITHSCORES')
+    entries = CALL('ZRANGEBYSCORE', key, '(' .. fmt(floor), '+inf', 'WITHSCORES')
   else
     -- Back from the end, to this version's newest entry or the window's floor.
     local tail, done = {}, false
-    local at = redis.call('ZCOUNT', key, '-inf', '+inf')
+    local at = CALL('ZCOUNT', key, '-inf', '+inf')
     while at > 0 and not done do
-      local from = math.max(0, at - CHUNK)
-      local part = redis.call('ZRANGE', key, from, at - 1, 'WITHSCORES')
+      local from = m_max(0, at - CHUNK)
+      local part = CALL('ZRANGE', key, from, at - 1, 'WITHSCORES')
       for i = #part - 1, 1, -2 do
         if log_current(part[i]) then
           local start, cost = log_units(part[i])
           base = start + cost
           done = true
           break
-        elseif tonumber(part[i + 1]) <= floor then
+        elseif num(part[i + 1]) <= floor then
           done = true
           break
         end
@@ -104,8 +104,8 @@ local function log_convert(key, now, c, floor, slack_ms, whole)
     local member = entries[i]
     local cost, rest = 1, member
     if log_current(member) then
-      local _, units, tail = string.match(member, '^%u(%d+)%.(%d+)%.(.*)$')
-      cost, rest = tonumber(units), tail
+      local _, units, tail = s_match(member, '^%u(%d+)%.(%d+)%.(.*)$')
+      cost, rest = num(units), tail
     end
     local renamed = log_member(base, cost, rest)
     if renamed ~= member then
@@ -118,10 +118,10 @@ local function log_convert(key, now, c, floor, slack_ms, whole)
   -- Adding first (see decide.lua: a full server must refuse the write as a whole).
   log_each('ZADD', key, added)
   log_each('ZREM', key, gone)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(floor))
-  local newest = tonumber(entries[#entries])
+  CALL('ZREMRANGEBYSCORE', key, '-inf', fmt(floor))
+  local newest = num(entries[#entries])
   local cell = expiry_cell(newest + c.period, c.period)
-  redis.call('PEXPIRE', key, cell_ttl_ms(cell, c.period, now, slack_ms))
+  CALL('PEXPIRE', key, cell_ttl_ms(cell, c.period, now, slack_ms))
 end
 
 -- The score of the oldest entry in the window whose start + cost reaches `target`, from
@@ -129,8 +129,8 @@ end
 -- rank); nil if it meets a member of an older version.
 local function log_reaching(key, target, lo, hi)
   while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    local start, cost = log_units(redis.call('ZRANGE', key, mid, mid)[1])
+    local mid = m_floor((lo + hi) / 2)
+    local start, cost = log_units(CALL('ZRANGE', key, mid, mid)[1])
     if not start then
       return nil
     elseif start + cost >= target then
@@ -139,7 +139,7 @@ local function log_reaching(key, target, lo, hi)
       lo = mid + 1
     end
   end
-  return tonumber(redis.call('ZRANGE', key, lo, lo, 'WITHSCORES')[2])
+  return num(CALL('ZRANGE', key, lo, lo, 'WITHSCORES')[2])
 end
 
 local log_check
@@ -152,24 +152,24 @@ log_check = function(key, now, c, slack_ms)
     count = 0, allowed = 0, retry = NONE, remaining = 0, reset = 0, consumed = 0,
     newest = false, grid = false, floor = floor, trim = false, start = 0,
   }
-  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  local last = CALL('ZRANGE', key, -1, -1, 'WITHSCORES')
   local first_start, first_cost, first_score
   if last[2] then
-    local newest = tonumber(last[2])
+    local newest = num(last[2])
     if newest > floor and not log_current(last[1]) then
       log_convert(key, now, c, floor, slack_ms, false)
-      last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      last = CALL('ZRANGE', key, -1, -1, 'WITHSCORES')
     end
     -- The key's TTL was last set for the newest entry, on the grid if it is this
     -- version's (applimit 0.1 set it to end at the entry's deadline).
-    st.newest, st.grid = tonumber(last[2]), log_current(last[1])
+    st.newest, st.grid = num(last[2]), log_current(last[1])
     if st.newest > floor then
       local start, cost = log_units(last[1])
       st.start = start + cost
-      local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-      if tonumber(first[2]) <= floor then
+      local first = CALL('ZRANGE', key, 0, 0, 'WITHSCORES')
+      if num(first[2]) <= floor then
         st.trim = true
-        first = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(floor), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+        first = CALL('ZRANGEBYSCORE', key, '(' .. fmt(floor), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
       end
       if not log_current(first[1]) then
         -- An older member inside the window (not at its end): renumber the window.
@@ -177,7 +177,7 @@ log_check = function(key, now, c, slack_ms)
         return log_check(key, now, c, slack_ms)
       end
       first_start, first_cost = log_units(first[1])
-      first_score = tonumber(first[2])
+      first_score = num(first[2])
       st.count = st.start - first_start
     else
       st.trim = true
@@ -194,8 +194,8 @@ log_check = function(key, now, c, slack_ms)
     local need = count + c.cost - c.limit
     local at = first_score
     if first_cost < need then
-      local lo = redis.call('ZCOUNT', key, '-inf', fmt(floor)) + 1
-      local last_rank = redis.call('ZCOUNT', key, '-inf', '+inf') - 1
+      local lo = CALL('ZCOUNT', key, '-inf', fmt(floor)) + 1
+      local last_rank = CALL('ZCOUNT', key, '-inf', '+inf') - 1
       at = log_reaching(key, first_start + need, lo, last_rank)
       if not at then
         log_convert(key, now, c, floor, slack_ms, true)
@@ -215,13 +215,13 @@ end
 -- Starts from 0 again (rare: after 2^50 units without the key ever expiring). Returns the
 -- start of the next entry.
 local function log_rebase(key, st)
-  local entries = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(st.floor), '+inf', 'WITHSCORES')
+  local entries = CALL('ZRANGEBYSCORE', key, '(' .. fmt(st.floor), '+inf', 'WITHSCORES')
   local shift = log_units(entries[1])
   local added, gone = {}, {}
   for i = 1, #entries, 2 do
     local start, cost = log_units(entries[i])
     added[#added + 1] = entries[i + 1]
-    added[#added + 1] = log_member(start - shift, cost, string.match(entries[i], '^%u%d+%.%d+%.(.*)$'))
+    added[#added + 1] = log_member(start - shift, cost, s_match(entries[i], '^%u%d+%.%d+%.(.*)$'))
     gone[#gone + 1] = entries[i]
   end
   log_each('ZADD', key, added)
@@ -241,10 +241,10 @@ local function log_apply(key, st, now, c, nonce, slack_ms)
     start = log_rebase(key, st)
   end
   -- The entry first (see decide.lua: a full server must refuse the write as a whole).
-  redis.call('ZADD', key, fmt(score), log_member(start, c.cost, nonce))
+  CALL('ZADD', key, fmt(score), log_member(start, c.cost, nonce))
   if st.trim then
     -- Everything at or before the window's floor (the floor check() counted from).
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(st.floor))
+    CALL('ZREMRANGEBYSCORE', key, '-inf', fmt(st.floor))
   end
   st.count = st.count + c.cost
   st.remaining = c.limit - st.count
@@ -254,26 +254,26 @@ local function log_apply(key, st, now, c, nonce, slack_ms)
   -- (written on the grid) left the window in the same cell.
   local cell = expiry_cell(score + c.period, c.period)
   if not st.grid or expiry_cell(st.newest + c.period, c.period) ~= cell then
-    redis.call('PEXPIRE', key, cell_ttl_ms(cell, c.period, now, slack_ms))
+    CALL('PEXPIRE', key, cell_ttl_ms(cell, c.period, now, slack_ms))
   end
 end
 
 local function log_refund(key, now, c, nonce)
   -- The entry is scored `now` (the hit's time) or later; the entries after it start
   -- `cost` units earlier once it is gone.
-  local entries = redis.call('ZRANGEBYSCORE', key, fmt(now), '+inf', 'WITHSCORES')
+  local entries = CALL('ZRANGEBYSCORE', key, fmt(now), '+inf', 'WITHSCORES')
   local cost = nil
   local added, gone = {}, {}
   for i = 1, #entries, 2 do
-    local start, units, tail = string.match(entries[i], '^%u(%d+)%.(%d+)%.(.*)$')
+    local start, units, tail = s_match(entries[i], '^%u(%d+)%.(%d+)%.(.*)$')
     if not start then
       -- Written by an older version since: converted by the next check.
     elseif cost then
       added[#added + 1] = entries[i + 1]
-      added[#added + 1] = log_member(tonumber(start) - cost, tonumber(units), tail)
+      added[#added + 1] = log_member(num(start) - cost, num(units), tail)
       gone[#gone + 1] = entries[i]
     elseif tail == nonce then
-      cost = tonumber(units)
+      cost = num(units)
       gone[#gone + 1] = entries[i]
     end
   end

@@ -20,22 +20,22 @@
 local function sw_check(key, now, c)
   local period = c.period
   local window = idiv(now, period)
-  local fields = redis.call('HMGET', key, 'w', 'c', 'p')
-  local stored = tonumber(fields[1])
+  local fields = CALL('HMGET', key, 'w', 'c', 'p')
+  local stored = num(fields[1])
   local cur, prev = 0, 0
   if stored == nil then
     cur, prev = 0, 0
   elseif stored == window then
-    cur, prev = tonumber(fields[2]) or 0, tonumber(fields[3]) or 0
+    cur, prev = num(fields[2]) or 0, num(fields[3]) or 0
   elseif stored == window - 1 then
-    cur, prev = 0, tonumber(fields[2]) or 0
+    cur, prev = 0, num(fields[2]) or 0
   elseif stored > window then
     -- The clock went back across a window edge: keep counting in the stored window, with
     -- the previous window at full weight (the conservative reading).
     window = stored
-    cur, prev = tonumber(fields[2]) or 0, tonumber(fields[3]) or 0
+    cur, prev = num(fields[2]) or 0, num(fields[3]) or 0
   end
-  local elapsed = math.max(0, now - window * period)
+  local elapsed = m_max(0, now - window * period)
   local used = prev * (period - elapsed) + cur * period
   local full = c.limit * period
   -- Every field made at once (see sliding_log.lua); stored is false without a key.
@@ -54,11 +54,11 @@ local function sw_check(key, now, c)
       st.retry = period - idiv(room * period, prev) - elapsed
     else
       -- Fits only in the next window, where this window's count becomes the weighted one.
-      local at = math.max(0, period - idiv((c.limit - c.cost) * period, cur))
+      local at = m_max(0, period - idiv((c.limit - c.cost) * period, cur))
       st.retry = period - elapsed + at
     end
   end
-  st.remaining = math.max(0, idiv(full - used, period))
+  st.remaining = m_max(0, idiv(full - used, period))
   st.reset = 0
   if cur > 0 then
     st.reset = 2 * period - elapsed
@@ -71,14 +71,14 @@ end
 local function sw_apply(key, st, now, c, nonce, slack_ms)
   local period = c.period
   st.cur = st.cur + c.cost
-  redis.call('HSET', key, 'w', fmt(st.window), 'c', fmt(st.cur), 'p', fmt(st.prev))
+  CALL('HSET', key, 'w', fmt(st.window), 'c', fmt(st.cur), 'p', fmt(st.prev))
   -- The count is needed until the end of the next window, where it stops weighing. That
   -- depends on the window alone, so the TTL is set once per window, by its first write.
   if st.stored ~= st.window then
-    redis.call('PEXPIRE', key, cell_ttl_ms(st.window + 2, period, now, slack_ms))
+    CALL('PEXPIRE', key, cell_ttl_ms(st.window + 2, period, now, slack_ms))
   end
   local used = st.prev * (period - st.elapsed) + st.cur * period
-  st.remaining = math.max(0, idiv(c.limit * period - used, period))
+  st.remaining = m_max(0, idiv(c.limit * period - used, period))
   st.reset = 2 * period - st.elapsed
 end
 
@@ -86,7 +86,7 @@ local function sw_refund(key, now, c, nonce)
   -- `now` is the time of the hit being undone; its count is in window idiv(now, period),
   -- which may since have become the previous window.
   local window = idiv(now, c.period)
-  local stored = tonumber(redis.call('HGET', key, 'w'))
+  local stored = num(CALL('HGET', key, 'w'))
   local field
   if stored == window then
     field = 'c'
@@ -95,9 +95,9 @@ local function sw_refund(key, now, c, nonce)
   else
     return
   end
-  local left = redis.call('HINCRBY', key, field, -c.cost)
+  local left = CALL('HINCRBY', key, field, -c.cost)
   if left < 0 then
-    redis.call('HSET', key, field, '0')
+    CALL('HSET', key, field, '0')
   end
 end
 
