@@ -2,7 +2,9 @@
 
 On a standalone or Sentinel-managed server :class:`AsyncWire` batches: the calls
 submitted in one turn of the event loop are written to one connection in one write, and
-their replies are read in order, one future each (auto-pipelining). Each call is still one
+their replies are read in order, one future each (auto-pipelining), which resolves to the
+call's outcome as the decision flow takes it: a one-call decision awaits that future
+itself, with no coroutine between. Each call is still one
 script call, atomic on its own, but hundreds of concurrent requests no longer queue for
 connections one command at a time, which is what made limiters time out (and fail open)
 under load when Redis itself was fine. The command is packed by hiredis; which command
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import redis
@@ -100,7 +102,7 @@ class AsyncWire(OneServer):
         self._breaker = breaker
         self._timeout = timeout
         self.closed = False
-        self._pending: list[tuple[ScriptCall, asyncio.Future[object]]] = []
+        self._pending: list[tuple[ScriptCall, asyncio.Future[Replies]]] = []
         self._deadline = 0.0
         # Strong references: the event loop keeps only weak ones to running tasks.
         self._tasks: set[asyncio.Task[None]] = set()
@@ -109,18 +111,18 @@ class AsyncWire(OneServer):
 
     # -- the transport --------------------------------------------------------------------
 
-    async def run(self, calls: Sequence[ScriptCall]) -> Replies:
+    def run(self, calls: Sequence[ScriptCall]) -> Awaitable[Replies]:
         """The outcome of each call, in order (a reply, or the failure), each batched with
         the other calls of this event-loop turn."""
         if self.closed:
             raise ApplimitError(CLOSED)
         if len(calls) == 1:
-            try:
-                return [await self.submit(calls[0])]
-            except REDIS_FAILURES as error:
-                return [error]
-        outcomes = await asyncio.gather(*map(self.submit, calls), return_exceptions=True)
-        return _failures_only(outcomes)
+            # Most decisions: the caller awaits the call's own future, no coroutine made.
+            return self.submit(calls[0])
+        return self._gathered(calls)
+
+    async def _gathered(self, calls: Sequence[ScriptCall]) -> Replies:
+        return [outcomes[0] for outcomes in await asyncio.gather(*map(self.submit, calls))]
 
     async def delete(self, keys: Sequence[str]) -> None:
         """DEL ``keys`` (a reset) on a connection of the same pool."""
@@ -167,10 +169,12 @@ class AsyncWire(OneServer):
 
     # -- batches --------------------------------------------------------------------------
 
-    def submit(self, call: ScriptCall) -> asyncio.Future[object]:
-        """A future for the call's reply (or its error, TimeoutError past the deadline)."""
+    def submit(self, call: ScriptCall) -> asyncio.Future[Replies]:
+        """A future for the call's outcome, as a list of one: its reply, or its Redis
+        failure (TimeoutError past the deadline); an error that is no Redis failure (a
+        bug) is the future's exception."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[object] = loop.create_future()
+        future: asyncio.Future[Replies] = loop.create_future()
         if not self._pending:
             # Flush after the coroutines runnable now have had their turn and submitted.
             loop.call_soon(self._flush)
@@ -196,7 +200,7 @@ class AsyncWire(OneServer):
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(lambda _: timer.cancel())
 
-    async def _send(self, batch: list[tuple[ScriptCall, asyncio.Future[object]]]) -> None:
+    async def _send(self, batch: list[tuple[ScriptCall, asyncio.Future[Replies]]]) -> None:
         live = [(call, future) for call, future in batch if not future.done()]
         if not live:
             return
@@ -209,13 +213,17 @@ class AsyncWire(OneServer):
         except BaseException as error:
             # Whatever ends the batch, no caller is left waiting: the batch's timer is its
             # callers' only deadline, and it is cancelled when the batch ends.
+            failed = isinstance(error, REDIS_FAILURES)
             for _, future in live:
                 if not future.done():
-                    future.set_exception(error)
+                    if failed:
+                        future.set_result([error])
+                    else:
+                        future.set_exception(error)
             if not isinstance(error, Exception):
                 raise
 
-    async def _answer(self, live: list[tuple[ScriptCall, asyncio.Future[object]]]) -> None:
+    async def _answer(self, live: list[tuple[ScriptCall, asyncio.Future[Replies]]]) -> None:
         """Run the batch and give each caller its reply, or the batch's Redis error."""
         calls = [call for call, _ in live]
         try:
@@ -226,12 +234,9 @@ class AsyncWire(OneServer):
             raise
         self._report(calls, replies)
         for index, ((_, future), reply) in enumerate(zip(live, replies, strict=True), 1):
-            if future.done():
-                continue
-            if isinstance(reply, BaseException):
-                future.set_exception(reply)
-            else:
-                future.set_result(reply)
+            if not future.done():
+                # An error reply is its call's outcome, as a reply is.
+                future.set_result([reply])
             if index % _YIELD_EVERY == 0 and index < len(live):
                 await asyncio.sleep(0)
 
@@ -280,7 +285,7 @@ class AsyncWire(OneServer):
         )
 
     def _expire(
-        self, batch: list[tuple[ScriptCall, asyncio.Future[object]]], task: asyncio.Task[None]
+        self, batch: list[tuple[ScriptCall, asyncio.Future[Replies]]], task: asyncio.Task[None]
     ) -> None:
         """The callers' deadline: fail the calls of the batch that have no answer yet,
         saying why: the batch still waits for a connection of the pool, or for Redis (or
@@ -288,12 +293,14 @@ class AsyncWire(OneServer):
         waiting = task in self._pool_waits
         for _, future in batch:
             if not future.done():
-                future.set_exception(
-                    self._exhausted()
-                    if waiting
-                    else TimeoutError(
-                        f"no answer from Redis within the decision's {self._timeout} s"
-                    )
+                future.set_result(
+                    [
+                        self._exhausted()
+                        if waiting
+                        else TimeoutError(
+                            f"no answer from Redis within the decision's {self._timeout} s"
+                        )
+                    ]
                 )
 
     async def _round_trip(self, calls: list[ScriptCall], *, asking: bool = False) -> Replies:
@@ -375,6 +382,13 @@ def _retrieved(task: asyncio.Task[None]) -> None:
     reported by the event loop as never retrieved (the callers saw it, or timed out)."""
     if not task.cancelled():
         task.exception()
+
+
+def _raised(outcome: object) -> object:
+    """A reply, or its failure raised."""
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
 
 
 def _failures_only(outcomes: Sequence[object]) -> Replies:
@@ -531,11 +545,11 @@ class AsyncClusterWire(SlotMap):
                 wire = self._wire(node)
                 if not attempt:
                     # The batch's deadline is the decision's.
-                    return await wire.submit(call)
+                    return _raised((await wire.submit(call))[0])
                 async with asyncio.timeout_at(deadline):
                     if asking:
                         return await wire.alone(call, asking=True)
-                    return await wire.submit(call)
+                    return _raised((await wire.submit(call))[0])
             except REDIS_FAILURES as error:
                 node, asking = await self._follow(error, call.slot, node, first, deadline)
             if loop.time() > deadline:

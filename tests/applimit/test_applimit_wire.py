@@ -154,6 +154,30 @@ async def test_one_failing_call_in_a_batch_fails_alone(redis_server: RedisServer
     admin.close()
 
 
+async def test_a_run_of_several_calls_gives_each_its_own_outcome_in_order(
+    redis_server: RedisServer,
+) -> None:
+    """The wire's contract for a Send of several calls (one Redis takes them in one
+    batch): one outcome per call, in the calls' order, an error reply its own call's
+    outcome, not raised."""
+    admin = redis_server.client()
+    admin.set("w:log:{u=wrong}:1m:log", "not a sorted set")
+    async with _async_limiter(redis_server) as limiter:
+        calls = tuple(
+            limiter.core.for_limit("hit", "log", who, None, 1).calls[0]
+            for who in ("first", "wrong", "third")
+        )
+        outcomes = await limiter._wire.run(calls)
+    assert len(outcomes) == 3
+    assert isinstance(outcomes[1], redis.exceptions.ResponseError)
+    assert "WRONGTYPE" in str(outcomes[1])
+    for reply in (outcomes[0], outcomes[2]):
+        # {now, n, allowed, consumed, remaining, ...}: each call counted its own hit.
+        assert isinstance(reply, list) and reply[1:5] == [1, 1, 1, 999]
+    admin.delete("w:log:{u=wrong}:1m:log")
+    admin.close()
+
+
 async def test_concurrent_decisions_on_one_identity_stay_exact(
     redis_server: RedisServer,
 ) -> None:
