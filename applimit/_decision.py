@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,34 +89,66 @@ class Decision:
 
 
 # Fast constructors for the hot path. A frozen dataclass' __init__ sets each field through
-# object.__setattr__ looked up per field, which costs twice as much as calling the slots'
-# own setters, and a decision builds one LimitResult per rate. These build the very same
-# objects (still frozen to everyone else); tests check that they agree with the classes'
-# own constructors field by field, so a new field cannot be forgotten here.
-_new = object.__new__
-(
-    _r_name,
-    _r_tier,
-    _r_algorithm,
-    _r_quota,
-    _r_window,
-    _r_allowed,
-    _r_consumed,
-    _r_remaining,
-    _r_reset_after,
-    _r_retry_after,
-    _r_shadow,
-) = (getattr(LimitResult, name).__set__ for name in LimitResult.__slots__)
-(
-    _d_allowed,
-    _d_limit,
-    _d_remaining,
-    _d_reset_after,
-    _d_retry_after,
-    _d_policy,
-    _d_results,
-    _d_degraded,
-) = (getattr(Decision, name).__set__ for name in Decision.__slots__)
+# object.__setattr__, a call per field, and a decision builds one LimitResult per rate and
+# a Decision. These build the very same objects: an instance of a plain class with the
+# same slots is filled by plain attribute stores (each a slot write, no call), then
+# becomes the frozen class, which Python allows between classes of one slot layout; from
+# then on it is the frozen class's, frozen to everyone. Tests check the results equal the
+# classes' own constructors' field by field, so a new field cannot be forgotten here.
+
+
+class _ResultSlots:
+    __slots__ = LimitResult.__slots__
+
+    def __init__(  # noqa: PLR0917 (the fields of LimitResult, in order)
+        self,
+        name: str,
+        tier: str,
+        algorithm: str,
+        quota: int,
+        window: float,
+        allowed: bool,
+        consumed: bool,
+        remaining: int,
+        reset_after: float,
+        retry_after: float | None,
+        shadow: bool,
+    ) -> None:
+        self.name = name
+        self.tier = tier
+        self.algorithm = algorithm
+        self.quota = quota
+        self.window = window
+        self.allowed = allowed
+        self.consumed = consumed
+        self.remaining = remaining
+        self.reset_after = reset_after
+        self.retry_after = retry_after
+        self.shadow = shadow
+
+
+class _DecisionSlots:
+    __slots__ = Decision.__slots__
+
+    def __init__(  # noqa: PLR0917 (the fields of Decision, in order)
+        self,
+        allowed: bool,
+        limit: int,
+        remaining: int,
+        reset_after: float,
+        retry_after: float | None,
+        policy: str | None,
+        results: tuple[LimitResult, ...],
+        degraded: bool,
+    ) -> None:
+        self.allowed = allowed
+        self.limit = limit
+        self.remaining = remaining
+        self.reset_after = reset_after
+        self.retry_after = retry_after
+        self.policy = policy
+        self.results = results
+        self.degraded = degraded
 
 
 def make_result(  # noqa: PLR0917 (the fields of LimitResult, in order)
@@ -132,19 +165,21 @@ def make_result(  # noqa: PLR0917 (the fields of LimitResult, in order)
     shadow: bool,
 ) -> LimitResult:
     """``LimitResult(...)`` with every field given in order, built faster."""
-    result: LimitResult = _new(LimitResult)
-    _r_name(result, name)
-    _r_tier(result, tier)
-    _r_algorithm(result, algorithm)
-    _r_quota(result, quota)
-    _r_window(result, window)
-    _r_allowed(result, allowed)
-    _r_consumed(result, consumed)
-    _r_remaining(result, remaining)
-    _r_reset_after(result, reset_after)
-    _r_retry_after(result, retry_after)
-    _r_shadow(result, shadow)
-    return result
+    result: Any = _ResultSlots(
+        name,
+        tier,
+        algorithm,
+        quota,
+        window,
+        allowed,
+        consumed,
+        remaining,
+        reset_after,
+        retry_after,
+        shadow,
+    )
+    result.__class__ = LimitResult
+    return cast(LimitResult, result)
 
 
 def make_decision(  # noqa: PLR0917 (the fields of Decision, in order)
@@ -158,16 +193,11 @@ def make_decision(  # noqa: PLR0917 (the fields of Decision, in order)
     degraded: bool,
 ) -> Decision:
     """``Decision(...)`` with every field given in order, built faster."""
-    decision: Decision = _new(Decision)
-    _d_allowed(decision, allowed)
-    _d_limit(decision, limit)
-    _d_remaining(decision, remaining)
-    _d_reset_after(decision, reset_after)
-    _d_retry_after(decision, retry_after)
-    _d_policy(decision, policy)
-    _d_results(decision, results)
-    _d_degraded(decision, degraded)
-    return decision
+    decision: Any = _DecisionSlots(
+        allowed, limit, remaining, reset_after, retry_after, policy, results, degraded
+    )
+    decision.__class__ = Decision
+    return cast(Decision, decision)
 
 
 def _wait(result: LimitResult) -> float:

@@ -4,6 +4,7 @@ circuit breaker, URL parsing and the assembled script. No Redis needed."""
 from __future__ import annotations
 
 import math
+import pickle
 
 import pytest
 from hypothesis import given, settings
@@ -331,12 +332,18 @@ def test_the_fast_constructors_build_the_same_frozen_objects(
     fast = make_result(*fields)  # type: ignore[arg-type]
     slow = LimitResult(*fields)  # type: ignore[arg-type]
     assert dataclasses.astuple(fast) == dataclasses.astuple(slow) == fields
-    assert fast == slow and repr(fast) == repr(slow)
+    assert fast == slow and repr(fast) == repr(slow) and hash(fast) == hash(slow)
+    # Built as a plain class with the same slots, then made the frozen class itself.
+    assert type(fast) is LimitResult
+    assert pickle.loads(pickle.dumps(fast)) == slow
+    assert dataclasses.replace(fast, remaining=7) == dataclasses.replace(slow, remaining=7)
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.remaining = 1  # type: ignore[misc]
     decision_fields = (allowed, 3, remaining, 1.5, None, "api", (fast,), degraded)
     made = make_decision(*decision_fields)
-    assert made == Decision(*decision_fields)
+    assert made == Decision(*decision_fields) and type(made) is Decision
+    assert hash(made) == hash(Decision(*decision_fields))
+    assert pickle.loads(pickle.dumps(made)) == made
     assert tuple(getattr(made, f.name) for f in dataclasses.fields(Decision)) == decision_fields
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.allowed = not allowed  # type: ignore[misc]
