@@ -70,6 +70,17 @@ SCENARIOS = {
     "async_hit_prometheus": "async_hit with a PrometheusObserver attached",
     "asgi": "RateLimitMiddleware (AsyncLimiter, sliding_log, headers on) around a bare "
     "ASGI app, called directly, 64 concurrent requests",
+    # The split of an async decision: long-lived callers, as in bench/bench_async.py
+    # (async_hit gathers new coroutines every round, which adds their tasks' cost).
+    "split_async_hit": "AsyncLimiter.hit(), sliding_log, 64 long-lived callers each "
+    "deciding in a loop (the whole decision)",
+    "split_async_wire": "the same callers awaiting calls planned beforehand on the limiter's "
+    "wire (the event loop, the batches and the I/O: what is left with no decision to make)",
+    "split_plan": "Core.for_limit() alone: the arguments checked, the key, the packed call",
+    "split_flow": "the decision flow driven with a reply of Redis, planned beforehand: "
+    "Decider.decide_flow() and Prepared.decide()",
+    "split_decide": "Prepared.decide() alone on a reply of Redis: the reply read, the "
+    "LimitResult and the Decision built",
 }
 # The C functions whose inclusive counts split a decision's cost, by what they do; the
 # rest is the interpreter running Python (applimit's, redis-py's, asyncio's, the app's).
@@ -280,9 +291,67 @@ def _wsgi(url: str, count: int) -> None:
     limiter.close()
 
 
+def _split(scenario: str, url: str, count: int) -> None:
+    """The split scenarios: one async decision, whole and by part (see SCENARIOS)."""
+    from applimit import AsyncLimiter
+
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    limiter = AsyncLimiter(make_policy(url, [LimitSpec("api", "sliding_log", "1000/1m")]))
+    who = Identities("cg", 1000)
+    core, decider, wire = limiter.core, limiter.decider, limiter._wire
+    planned = [core.for_limit("hit", "api", who(), None, 1) for _ in range(1000)]
+
+    async def caller(turns: int, offset: int) -> None:
+        for turn in range(turns):
+            if scenario == "split_async_hit":
+                await limiter.hit("api", who())
+            else:
+                await wire.run(planned[(offset + turn) % len(planned)].calls)
+
+    async def callers(total: int) -> None:
+        await asyncio.gather(*[caller(total // CONCURRENCY, i) for i in range(CONCURRENCY)])
+
+    async def one_reply() -> object:
+        return (await wire.run(planned[0].calls))[0]
+
+    reply = loop.run_until_complete(one_reply())
+
+    def flow(index: int) -> None:
+        running = decider.decide_flow(planned[index % len(planned)])
+        next(running)
+        try:
+            running.send([reply])
+        except StopIteration:
+            return
+        raise RuntimeError("the flow asked for more than one call")
+
+    def step(index: int) -> None:
+        if scenario == "split_plan":
+            core.for_limit("hit", "api", who(), None, 1)
+        elif scenario == "split_flow":
+            flow(index)
+        else:
+            planned[index % len(planned)].decide([reply])
+
+    def loop_over(total: int) -> None:
+        if scenario in ("split_async_hit", "split_async_wire"):
+            loop.run_until_complete(callers(total))
+        else:
+            for index in range(total):
+                step(index)
+
+    loop_over(WARMUP - WARMUP % CONCURRENCY)
+    _counted(lambda: loop_over(count))
+    loop.run_until_complete(limiter.aclose())
+    loop.close()
+
+
 def child(scenario: str, url: str, count: int) -> None:
     """The workload of ``scenario``: what runs under valgrind."""
-    if scenario == "wsgi":
+    if scenario.startswith("split_"):
+        _split(scenario, url, count)
+    elif scenario == "wsgi":
         _wsgi(url, count)
     elif scenario.startswith("sync"):
         _sync(scenario, url, count)
