@@ -327,6 +327,39 @@ def _lead(operation: str, now: str, nonce: str, slack: str) -> bytes:
     )
 
 
+def _one_call(operation: Operation, check: Check, now: str, nonce: str, slack: str) -> ScriptCall:
+    """``_script_call(operation, [check], ...)`` on one server (slot None), its lead and
+    the rest packed in one format: most decisions' call."""
+    block = check.block
+    key = check.key
+    encoded = key.encode()
+    if check.cost == 1:
+        tail = block.args_cost_1
+        packed_tail = block.packed_cost_1
+    else:
+        tail = check.args()
+        packed_tail = bulks(tail)
+    return ScriptCall(
+        (key,),
+        (operation, now, nonce, slack, "1", *tail),
+        None,
+        # numkeys, the key, then _lead's four arguments (the nonce is ASCII), n, the check.
+        b"%b$%d\r\n%b\r\n%b%b$%d\r\n%b\r\n%b%b%b"
+        % (
+            _ONE_BULK,
+            len(encoded),
+            encoded,
+            _OPERATION_BULKS[operation],
+            bulk(now) if now else _EMPTY_BULK,
+            len(nonce),
+            nonce.encode(),
+            _SLACK_BULKS.get(slack) or bulk(slack),
+            _ONE_BULK,
+            packed_tail,
+        ),
+    )
+
+
 def wrote(call: ScriptCall, reply: object) -> bool:
     """Whether the script call consumed anything (a hit whose reply says so): what ends an
     outage in which Redis refused writes (see _breaker.py)."""
@@ -516,6 +549,9 @@ def _given_back(result: LimitResult, cost: int) -> LimitResult:
 def _one_group(count: int) -> tuple[tuple[int, ...], ...]:
     """The groups of a plan whose ``count`` checks are all in one call."""
     return (tuple(range(count)),)
+
+
+_ONE_GROUP = _one_group(1)
 
 
 def _int_list(reply: object, length: int) -> Sequence[int]:
@@ -763,7 +799,12 @@ class Core:
         rule = self.rule(name)
         resolved = self.tier(tier)
         counted = self.cost(cost)
-        tag = self._limit_tag(rule, identity, ip, keys)
+        if keys is None and rule.per_key is None and not rule.per_ip and type(identity) is str:
+            # A user counted by a per-user limit (most calls): the tag _limit_tag would
+            # give, without the steps that do not apply.
+            tag = _keys.identity_tag(_keys.USER, self._identity(identity, "identity"))
+        else:
+            tag = self._limit_tag(rule, identity, ip, keys)
         return self.prepare(operation, self.checks(rule, resolved, tag, counted))
 
     def for_request(
@@ -825,6 +866,15 @@ class Core:
         nonce = f"{_NONCES.getrandbits(48):012x}" if operation == "hit" else ""
         if not self.cluster:
             # One server: every check in one call.
+            if len(checks) == 1:
+                return Prepared(
+                    operation,
+                    tuple(checks),
+                    _ONE_GROUP,
+                    (_one_call(operation, checks[0], now, nonce, self._slack),),
+                    nonce,
+                    self._slack,
+                )
             if not checks:
                 return Prepared(operation, (), (), (), nonce, self._slack)
             call = _script_call(
