@@ -45,6 +45,7 @@ from ._protocol import (
     Replies,
     ScriptProtocol,
     SlotMap,
+    only_lists,
     pack_calls,
     pack_command,
     redirected,
@@ -247,13 +248,17 @@ class AsyncWire(OneServer):
         the breaker; one about a key (WRONGTYPE) is its call's alone, and a cluster's
         redirection (MOVED, ASK, TRYAGAIN) is an answer: the call goes on elsewhere.
         """
-        failed = next(
-            (
-                r
-                for r in replies
-                if isinstance(r, BaseException) and is_outage(r) and not redirected(r)
-            ),
-            None,
+        failed = (
+            None
+            if only_lists(replies)
+            else next(
+                (
+                    r
+                    for r in replies
+                    if isinstance(r, BaseException) and is_outage(r) and not redirected(r)
+                ),
+                None,
+            )
         )
         if failed is not None:
             self._breaker.failure(failed)

@@ -23,7 +23,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from redis.crc import key_slot
 
@@ -41,7 +41,7 @@ from policy import (
 from policy import check as check_policy
 
 from . import _keys
-from ._decision import Decision, LimitResult, combine, make_result
+from ._decision import Decision, LimitResult, combine, make_result, single
 from ._errors import ConfigurationError, InvalidArgumentError, UnknownLimitError, UnknownTierError
 
 # What a decision does: hit consumes, peek only reads (the script also knows "refund",
@@ -68,6 +68,8 @@ _NONE = -1
 _NEVER = -2
 _REPLY_HEAD = 2
 _REPLY_FIELDS = 5
+# The length of a reply to one check.
+_ONE_CHECK = _REPLY_HEAD + _REPLY_FIELDS
 # What built-in limits count by (AppRule.kind), as plain strings for the hot path.
 _USER_KIND = AppKey.USER.value
 _IP_KIND = AppKey.IP.value
@@ -435,15 +437,18 @@ class Prepared:
         several identities) and the request is denied although some calls consumed; the
         shell runs them after answering, and their failure changes nothing in the decision.
         """
-        if len(replies) != len(self.calls):
-            raise ValueError(f"expected {len(self.calls)} replies, got {len(replies)}")
-        if len(replies) == 1:
+        count = len(replies)
+        if count != len(self.calls):
+            raise ValueError(f"expected {len(self.calls)} replies, got {count}")
+        if count == 1:
             # One call (every decision but a cluster's that spans identities): its checks
             # in order, no refunds.
             checks = self.checks
-            values = _int_list(replies[0], _REPLY_HEAD + _REPLY_FIELDS * len(checks))
             if len(checks) == 1:
-                return combine((self._result(checks[0], values, _REPLY_HEAD),)), ()
+                # One check (most decisions): its result is the decision's binding one.
+                values = _int_list(replies[0], _ONE_CHECK)
+                return single(self._result(checks[0], values, _REPLY_HEAD)), ()
+            values = _int_list(replies[0], _REPLY_HEAD + _REPLY_FIELDS * len(checks))
             make = self._result
             return combine(
                 [
@@ -554,7 +559,7 @@ def _one_group(count: int) -> tuple[tuple[int, ...], ...]:
 _ONE_GROUP = _one_group(1)
 
 
-def _int_list(reply: object, length: int) -> Sequence[int]:
+def _int_list(reply: Any, length: int) -> Sequence[int]:
     """The script's reply as integers; ValueError when it is not the expected shape."""
     if not isinstance(reply, (list, tuple)) or len(reply) != length:
         raise ValueError(f"the limiter script replied {reply!r}; expected {length} integers")
@@ -564,8 +569,9 @@ def _int_list(reply: object, length: int) -> Sequence[int]:
         sum(reply)
     except TypeError:
         raise ValueError(f"the limiter script replied {reply!r}; expected integers") from None
-    # Read, never changed: no copy.
-    return cast("Sequence[int]", reply)
+    # Read, never changed: no copy (and no typing.cast, a call of its own on every reply).
+    values: Sequence[int] = reply
+    return values
 
 
 # Entries of Core's memo of matching limits (see Core.matching), and the longest path

@@ -97,7 +97,10 @@ async def read_async(connection: Any, count: int, replies: Replies) -> None:
     gets = reader.gets
     while len(replies) < count:
         reply = gets()
-        if reply is _NOT_ENOUGH_DATA:
+        if type(reply) is list:
+            # A script's reply (nearly every one): a push is of its own type.
+            replies.append(reply)
+        elif reply is _NOT_ENOUGH_DATA:
             try:
                 data = await stream.read(size)
             except OSError as error:

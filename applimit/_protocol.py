@@ -79,6 +79,15 @@ def _packed_head(how: bytes, keys: int, args: int) -> bytes:
     return head
 
 
+_LIST = frozenset((list,))
+
+
+def only_lists(replies: Replies) -> bool:
+    """True when every reply is a plain list (a script's reply: nearly always), checked in
+    one C loop rather than one isinstance per reply."""
+    return _LIST.issuperset(map(type, replies))
+
+
 def pack(call: ScriptCall, how: bytes) -> bytes:
     """``call`` as one RESP command: FCALL of the library's function, EVALSHA by the
     script's SHA, or EVAL with the script's text."""
@@ -219,6 +228,8 @@ class ScriptProtocol:
     @staticmethod
     def settled(replies: Replies) -> bool:
         """True when no reply calls for another command (the common case: no error)."""
+        if only_lists(replies):
+            return True
         for reply in replies:
             if isinstance(reply, redis.exceptions.ResponseError) and (
                 isinstance(reply, redis.exceptions.NoScriptError)

@@ -112,6 +112,9 @@ class LimiterBase(ABC, Generic[WireT]):
             target = self._resolve(client, self.url, cluster)
         self.cluster = target.cluster
         self.core = Core(self.compiled, cluster=target.cluster, test_clock=test_clock)
+        # The time a request is sent, by the denial cache's clock: chosen once, as neither
+        # the test clock nor the store changes, rather than on every decision.
+        self._clock = self._clock_source()
         self.breakers = Breakers(
             threshold=failure_threshold,
             cooldown=recovery_time,
@@ -160,12 +163,7 @@ class LimiterBase(ABC, Generic[WireT]):
         kinds = {rule.kind for rule in self.compiled.rules}
         if self.cluster and len(kinds) > 1:
             return None
-        if self.test_clock is not None:
-            return DenialCache(self.test_clock, exact_clock=True)
-        if self.memory_store is not None:
-            # The store's clock is the "server" clock here: the one tests may move.
-            return DenialCache(_memory.now_seconds, exact_clock=False)
-        return DenialCache(time.monotonic, exact_clock=False)
+        return DenialCache(self._clock, exact_clock=self.test_clock is not None)
 
     def _notifier(self, observers: Iterable[Observer], *, log_identities: bool) -> Notifier:
         """Who hears of each decision (see _observe.py); observers with ``attach`` are
@@ -197,13 +195,14 @@ class LimiterBase(ABC, Generic[WireT]):
         self.decider.denials = self._denial_cache()
         self.decider.approx = self._approx_cache()
 
-    def _clock(self) -> float:
-        """The time a request is sent, by the denial cache's clock."""
+    def _clock_source(self) -> Callable[[], float]:
+        """The denial cache's clock: the test clock, else the memory store's (the "server"
+        clock there: the one tests may move), else the monotonic clock."""
         if self.test_clock is not None:
-            return self.test_clock()
+            return self.test_clock
         if self.memory_store is not None:
-            return _memory.now_seconds()
-        return time.monotonic()
+            return _memory.now_seconds
+        return time.monotonic
 
     def _forget(self, keys: list[str]) -> None:
         """Drop what this instance holds of ``keys`` (a local reset): cached denials and

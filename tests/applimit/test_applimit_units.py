@@ -347,3 +347,54 @@ def test_the_fast_constructors_build_the_same_frozen_objects(
     assert tuple(getattr(made, f.name) for f in dataclasses.fields(Decision)) == decision_fields
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.allowed = not allowed  # type: ignore[misc]
+
+
+def test_only_lists_tells_plain_script_replies_from_anything_else() -> None:
+    """The wires' one-pass check before looking at each reply: true only when every reply
+    is a plain list (an error reply, a list subclass such as a push, or None is not)."""
+    import redis
+
+    from applimit._protocol import only_lists
+
+    class Pushed(list):  # type: ignore[type-arg]
+        pass
+
+    assert only_lists([[1, 2], [3]]) and only_lists([])
+    assert not only_lists([[1], redis.exceptions.ResponseError("WRONGTYPE")])
+    assert not only_lists([[1], Pushed([b"invalidate"])])
+    assert not only_lists([None])
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    allowed=st.booleans(),
+    shadow=st.booleans(),
+    remaining=st.integers(-5, 10),
+    retry=st.one_of(st.none(), st.floats(0, 100), st.just(math.inf)),
+    degraded=st.booleans(),
+)
+def test_a_single_result_is_the_decision_it_describes(
+    allowed: bool, shadow: bool, remaining: int, retry: float | None, degraded: bool
+) -> None:
+    """``single`` (the one-check shortcut, also combine's for one result) is the
+    decision that result describes: admitted when it admits or only shadows, its quota,
+    remaining and reset, and a retry only when denied (never when it cannot tell)."""
+    from applimit import Decision
+    from applimit._decision import single
+
+    result = LimitResult(
+        "api", "free", "gcra", 10, 60.0, allowed, allowed, remaining, 1.5, retry, shadow
+    )
+    admits = allowed or shadow
+    expected = Decision(
+        admits,
+        10,
+        remaining,
+        1.5,
+        None if admits else (math.inf if retry is None else retry),
+        "api",
+        (result,),
+        degraded,
+    )
+    assert single(result, degraded) == expected
+    assert combine((result,), degraded=degraded) == expected
