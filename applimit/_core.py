@@ -329,9 +329,17 @@ def _lead(operation: str, now: str, nonce: str, slack: str) -> bytes:
     )
 
 
-def _one_call(operation: Operation, check: Check, now: str, nonce: str, slack: str) -> ScriptCall:
-    """``_script_call(operation, [check], ...)`` on one server (slot None), its lead and
-    the rest packed in one format: most decisions' call."""
+def _one_call(
+    operation: Operation | Literal["refund"],
+    check: Check,
+    now: str,
+    nonce: str,
+    slack: str,
+    *,
+    slot: int | None = None,
+) -> ScriptCall:
+    """The call running one check: its key, the lead (``_lead``'s four arguments) and the
+    check packed in one format; most decisions' call."""
     block = check.block
     key = check.key
     encoded = key.encode()
@@ -344,7 +352,7 @@ def _one_call(operation: Operation, check: Check, now: str, nonce: str, slack: s
     return ScriptCall(
         (key,),
         (operation, now, nonce, slack, "1", *tail),
-        None,
+        slot,
         # numkeys, the key, then _lead's four arguments (the nonce is ASCII), n, the check.
         b"%b$%d\r\n%b\r\n%b%b$%d\r\n%b\r\n%b%b%b"
         % (
@@ -380,24 +388,10 @@ def _script_call(
     lead: bytes,
 ) -> ScriptCall:
     """The call running ``checks``; ``lead`` is ``_lead(operation, now, nonce, slack)``,
-    encoded once for every call of a plan."""
+    encoded once for every call of a plan (a call of one check packs its own)."""
     if len(checks) == 1:
         # One rate of one limit (most decisions): no list to build.
-        check = checks[0]
-        block = check.block
-        key = check.key.encode()
-        if check.cost == 1:
-            tail = block.args_cost_1
-            packed_tail = block.packed_cost_1
-        else:
-            tail = check.args()
-            packed_tail = bulks(tail)
-        return ScriptCall(
-            (check.key,),
-            (operation, now, nonce, slack, "1", *tail),
-            slot,
-            b"%b$%d\r\n%b\r\n%b%b%b" % (_ONE_BULK, len(key), key, lead, _ONE_BULK, packed_tail),
-        )
+        return _one_call(operation, checks[0], now, nonce, slack, slot=slot)
     args: list[str] = [operation, now, nonce, slack, str(len(checks))]
     packed: list[bytes] = [bulk(str(len(checks)))]
     packed.extend([bulk(check.key) for check in checks])
