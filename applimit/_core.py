@@ -732,6 +732,10 @@ class Core:
         be counted as an address, and a user who may choose their own name (a login form's
         username) could then exhaust the quota of any address they spell. Likewise a
         ``per: org`` limit takes the organisation only in ``keys=``, never as the identity."""
+        if keys is None and rule.per_key is None and not rule.per_ip and type(identity) is str:
+            # A user counted by a per-user limit (most calls): what the steps below give
+            # for it, without the ones that do not apply.
+            return _keys.identity_tag(_keys.USER, self._identity(identity, "identity"))
         if rule.per_ip and ip is None and identity is not None:
             raise InvalidArgumentError(
                 "ip",
@@ -799,12 +803,7 @@ class Core:
         rule = self.rule(name)
         resolved = self.tier(tier)
         counted = self.cost(cost)
-        if keys is None and rule.per_key is None and not rule.per_ip and type(identity) is str:
-            # A user counted by a per-user limit (most calls): the tag _limit_tag would
-            # give, without the steps that do not apply.
-            tag = _keys.identity_tag(_keys.USER, self._identity(identity, "identity"))
-        else:
-            tag = self._limit_tag(rule, identity, ip, keys)
+        tag = self._limit_tag(rule, identity, ip, keys)
         return self.prepare(operation, self.checks(rule, resolved, tag, counted))
 
     def for_request(
