@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import gzip
 import json
+import random
 import socket
 import threading
 import time
@@ -600,6 +601,10 @@ def test_the_command_deadline_bounds_every_retry(
     monkeypatch.setattr(_transport, "REQUEST_DEADLINE", 1.0)
     monkeypatch.setattr(_transport, "COMMAND_DEADLINE", 2.5)
     monkeypatch.setattr(_cloudflare, "_sleep", Sleeps())
+    # No backoff between tries: the recorded waits take no time but count against the
+    # command's deadline, so random ones would end the command early in real time (after
+    # two tries, at about 2 s) as often as not.
+    monkeypatch.setattr(random, "uniform", lambda low, high: low)
     with Trickle() as server:
         monkeypatch.setenv("CLOUDFLARE_API_BASE_URL", server.base_url)
         monkeypatch.setenv("CLOUDFLARE_API_TOKEN", TOKEN)
