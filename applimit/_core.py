@@ -221,12 +221,12 @@ class Check:
     cost: int
     block: _Block
 
-    def args(self) -> tuple[str, ...]:
-        """This check's six script arguments (see decide.lua)."""
+    def spec(self) -> str:
+        """This check's script argument, its spec (see decide.lua)."""
         block = self.block
         if self.cost == 1:
-            return block.args_cost_1
-        return (*block.head, str(self.cost), *block.tail)
+            return block.spec_cost_1
+        return f"{block.head}{self.cost}{block.tail}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,25 +234,26 @@ class _Block:
     """What one rate of one limit and tier sends with every call, encoded once.
 
     ``key_tail`` ends the state key after the hash tag; ``head`` and ``tail`` are the
-    script arguments before and after the cost; ``result_head`` the fixed fields of the
-    block's LimitResult (limit, tier, algorithm, quota, window, shadow).
+    check's spec (its one script argument, see decide.lua) before and after the cost;
+    ``result_head`` the fixed fields of the block's LimitResult (limit, tier, algorithm,
+    quota, window, shadow).
     """
 
     rate: RateSpec
     key_head: str
     key_tail: str
-    head: tuple[str, str, str]
-    tail: tuple[str, str]
+    head: str
+    tail: str
     result_head: tuple[str, str, str, int, float, bool]
-    args_cost_1: tuple[str, ...] = ()
+    spec_cost_1: str = ""
     packed_cost_1: bytes = b""
 
     def __post_init__(self) -> None:
-        # The arguments of a request of cost 1, nearly every request's, made once, and
-        # their RESP encoding (see ScriptCall.packed).
-        args = (*self.head, "1", *self.tail)
-        object.__setattr__(self, "args_cost_1", args)
-        object.__setattr__(self, "packed_cost_1", bulks(args))
+        # The spec of a request of cost 1, nearly every request's, made once, and its
+        # RESP encoding (see ScriptCall.packed).
+        spec = f"{self.head}1{self.tail}"
+        object.__setattr__(self, "spec_cost_1", spec)
+        object.__setattr__(self, "packed_cost_1", bulk(spec))
 
 
 def _blocks(prefix: str, rule: AppRule, tier: str) -> tuple[_Block, ...]:
@@ -265,10 +266,9 @@ def _blocks(prefix: str, rule: AppRule, tier: str) -> tuple[_Block, ...]:
                 rate=rate,
                 key_head=f"{prefix}:{rule.key_name}:{{",
                 key_tail=f"}}:{rate.period_text}:{rule.key_suffix}",
-                head=(rule.algorithm, str(rate.quota), str(rate.period_us)),
+                head=f"{rule.algorithm} {rate.quota} {rate.period_us} ",
                 tail=(
-                    str(burst) if rule.algorithm == Algorithm.GCRA else "0",
-                    "1" if rule.shadow else "0",
+                    f" {burst if rule.algorithm == Algorithm.GCRA else 0} {1 if rule.shadow else 0}"
                 ),
                 # The first fields of every LimitResult of this block, in their order.
                 result_head=(rule.name, tier, rule.algorithm, rate.quota, rate.window, rule.shadow),
@@ -300,11 +300,6 @@ def bulk(value: str) -> bytes:
     """``value`` as a RESP bulk string, UTF-8 encoded as hiredis encodes a str."""
     data = value.encode()
     return b"$%d\r\n%b\r\n" % (len(data), data)
-
-
-def bulks(values: Iterable[str]) -> bytes:
-    """``values`` as consecutive RESP bulk strings."""
-    return b"".join([bulk(value) for value in values])
 
 
 # The operations' bulk strings, and an empty one (``now`` without a test clock).
@@ -344,14 +339,14 @@ def _one_call(
     key = check.key
     encoded = key.encode()
     if check.cost == 1:
-        tail = block.args_cost_1
-        packed_tail = block.packed_cost_1
+        spec = block.spec_cost_1
+        packed_spec = block.packed_cost_1
     else:
-        tail = check.args()
-        packed_tail = bulks(tail)
+        spec = check.spec()
+        packed_spec = bulk(spec)
     return ScriptCall(
         (key,),
-        (operation, now, nonce, slack, "1", *tail),
+        (operation, now, nonce, slack, "1", spec),
         slot,
         # numkeys, the key, then _lead's four arguments (the nonce is ASCII), n, the check.
         b"%b$%d\r\n%b\r\n%b%b$%d\r\n%b\r\n%b%b%b"
@@ -365,7 +360,7 @@ def _one_call(
             nonce.encode(),
             _SLACK_BULKS.get(slack) or bulk(slack),
             _ONE_BULK,
-            packed_tail,
+            packed_spec,
         ),
     )
 
@@ -399,12 +394,12 @@ def _script_call(
     packed.append(bulk(args[4]))
     for check in checks:
         if check.cost == 1:
-            args.extend(check.block.args_cost_1)
+            args.append(check.block.spec_cost_1)
             packed.append(check.block.packed_cost_1)
         else:
-            more = check.args()
-            args.extend(more)
-            packed.append(bulks(more))
+            spec = check.spec()
+            args.append(spec)
+            packed.append(bulk(spec))
     return ScriptCall(tuple([c.key for c in checks]), tuple(args), slot, b"".join(packed))
 
 

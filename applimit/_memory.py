@@ -36,6 +36,7 @@ event loop as well.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import weakref
@@ -324,25 +325,27 @@ class _Algorithm(ABC):
 
 
 def _parse_checks(args: tuple[str, ...]) -> list[_Check] | BaseException:
-    """The checks of a call from its ARGV (decide.lua's ``checks``), or the error reply
-    for an algorithm the script does not know."""
+    """The checks of a call from their specs (decide.lua's ``checks``, common.lua's
+    ``spec_of``), or the error reply for a malformed spec or an algorithm the script does
+    not know."""
     checks: list[_Check] = []
-    for i in range(int(args[4])):
-        base = 5 + 6 * i
-        algorithm = args[base]
+    for spec in args[5 : 5 + int(args[4])]:
+        match = _SPEC.fullmatch(spec)
+        if match is None:
+            # Redis turns line breaks in an error reply into spaces.
+            shown = spec.replace("\r", " ").replace("\n", " ")
+            return redis.exceptions.ResponseError(f"applimit: malformed check {shown}")
+        algorithm, limit, period, cost, burst, shadow = match.groups()
         if algorithm not in _ALGORITHMS:
             return redis.exceptions.ResponseError(f"applimit: unknown algorithm {algorithm}")
         checks.append(
-            _Check(
-                algorithm,
-                int(args[base + 1]),
-                int(args[base + 2]),
-                int(args[base + 3]),
-                int(args[base + 4]),
-                args[base + 5] == "1",
-            )
+            _Check(algorithm, int(limit), int(period), int(cost), int(burst), shadow == "1")
         )
     return checks
+
+
+# A check's spec, as common.lua's spec_of matches it ([0-9], not \d: Lua's %d is ASCII).
+_SPEC = re.compile(r"([a-z_]+) ([0-9]+) ([0-9]+) ([0-9]+) ([0-9]+) ([01])")
 
 
 # --- sliding_log.lua -----------------------------------------------------------------------

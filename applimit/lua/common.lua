@@ -8,7 +8,10 @@
 --   fmt(n)              an integer as exact decimal text;
 --   idiv(a, b)          floor(a / b) for integers, exact below 2^53;
 --   cdiv(a, b)          ceil(a / b) for integers, exact below 2^53;
---   expiry_cell(t, g)   which cell of a grid of `g` µs the time `t` expires in.
+--   expiry_cell(t, g)   which cell of a grid of `g` µs the time `t` expires in;
+--   cell_ttl_ms(...)    the PEXPIRE that ends a key with such a cell;
+--   spec_of(text)       a check's spec (see decide.lua) as the table the algorithms read,
+--                       {alg, limit, period, cost, burst, shadow}, or {error = reply text}.
 -- Every time is an integer number of microseconds; every count an integer.
 
 -- The globals a decision reads most, as upvalues (cheaper than a global lookup). A
@@ -59,4 +62,41 @@ end
 -- The PEXPIRE (ms from now) that ends the key with cell `cell` of a grid of `g` µs.
 local function cell_ttl_ms(cell, g, now, slack_ms)
   return cdiv(cell * g - now, 1000) + slack_ms
+end
+
+-- The checks' specs, parsed once per library load: a spec is one argument
+-- "<algorithm> <limit> <period µs> <cost> <burst> <shadow 0|1>", and nearly every call
+-- repeats the few that a policy's limits and tiers make. The table is the library's own
+-- (a Function library's locals live until it is reloaded; an EVAL script makes it anew
+-- per call, so there it saves nothing and costs nothing). A parsed spec is never
+-- written to. Cost is part of the spec, so a caller that sends many costs could grow
+-- the table: it is emptied when it holds SPEC_CACHE_SIZE specs.
+local SPEC_CACHE_SIZE = 1024
+local SPECS = {}
+local n_specs = 0
+local function spec_of(text)
+  local c = SPECS[text]
+  if c then
+    return c
+  end
+  local name, limit, period, cost, burst, shadow =
+    s_match(text or '', '^([%l_]+) (%d+) (%d+) (%d+) (%d+) ([01])$')
+  if not name then
+    return {error = 'ERR applimit: malformed check ' .. tostring(text)}
+  end
+  local alg = ALG[name]
+  if alg == nil then
+    return {error = 'ERR applimit: unknown algorithm ' .. name}
+  end
+  c = {
+    alg = alg, limit = num(limit), period = num(period), cost = num(cost),
+    burst = num(burst), shadow = shadow == '1',
+  }
+  if n_specs >= SPEC_CACHE_SIZE then
+    SPECS = {}
+    n_specs = 0
+  end
+  SPECS[text] = c
+  n_specs = n_specs + 1
+  return c
 end

@@ -11,11 +11,13 @@
 -- ARGV[3]  a nonce unique to the call: sliding-log entries are named after it
 -- ARGV[4]  ms added to every expiry: 0, except under a test clock, whose time does not
 --          run with the server's
--- ARGV[5]  n, the number of checks; then 6 values per check i, from ARGV[6 + 6 (i - 1)]:
---          algorithm, limit, period (µs), cost, burst (gcra; else 0), shadow (1 or 0)
+-- ARGV[5]  n, the number of checks; then check i's spec, ARGV[5 + i]: one string
+--          "<algorithm> <limit> <period µs> <cost> <burst> <shadow>", burst 0 but for
+--          gcra, shadow 1 or 0 (common.lua's spec_of parses it, once per library load)
 -- Returns  {now, n, then for each check: allowed, consumed, remaining, reset µs, retry µs}
 --          for "hit" and "peek"; {now, n} for "refund". retry is -1 when allowed and -2
 --          when the cost can never fit.
+--          A malformed spec, or an unknown algorithm, is an error reply.
 --
 -- Phase 1 evaluates every check without writing (the sliding log may rewrite members an
 -- older version wrote, which changes no count). Phase 2 (hit only) writes when every
@@ -44,19 +46,11 @@ local n = num(ARGV[5])
 
 local checks = {}
 for i = 1, n do
-  local base = 5 + (i - 1) * 6
-  local alg = ALG[ARGV[base + 1]]
-  if alg == nil then
-    return redis.error_reply('ERR applimit: unknown algorithm ' .. tostring(ARGV[base + 1]))
+  local c = spec_of(ARGV[5 + i])
+  if not c.alg then
+    return redis.error_reply(c.error)
   end
-  checks[i] = {
-    alg = alg,
-    limit = num(ARGV[base + 2]),
-    period = num(ARGV[base + 3]),
-    cost = num(ARGV[base + 4]),
-    burst = num(ARGV[base + 5]),
-    shadow = ARGV[base + 6] == '1',
-  }
+  checks[i] = c
 end
 
 if mode == 'refund' then

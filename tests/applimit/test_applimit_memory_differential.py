@@ -95,7 +95,7 @@ def _call(
     keys = tuple(f"{prefix}:{{u}}:{key}:{SUFFIX[key.rsplit(':', 1)[0]]}" for key, *_ in spec)
     args = [mode, str(now), nonce, slack, str(len(spec))]
     for _, algorithm, limit, period, cost, burst, shadow in spec:
-        args += [algorithm, limit, period, cost, burst, shadow]
+        args.append(f"{algorithm} {limit} {period} {cost} {burst} {shadow}")
     return ScriptCall(keys, tuple(args))
 
 

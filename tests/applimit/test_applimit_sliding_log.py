@@ -56,8 +56,8 @@ def _members(admin: redis.Redis, key: str) -> list[tuple[str, int]]:
 def _run(admin: redis.Redis, key: str, mode: str, now: int, nonce: str, cost: int) -> list[int]:
     """One call of the script itself (as the limiter sends it), on one sliding-log check
     of LIMIT per minute."""
-    args = [mode, str(now), nonce, "0", "1", "sliding_log", str(LIMIT), str(60 * US), str(cost)]
-    reply = admin.eval(_script.SOURCE, 1, key, *args, "0", "0")  # type: ignore[no-untyped-call]
+    args = [mode, str(now), nonce, "0", "1", f"sliding_log {LIMIT} {60 * US} {cost} 0 0"]
+    reply = admin.eval(_script.SOURCE, 1, key, *args)  # type: ignore[no-untyped-call]
     assert isinstance(reply, list)
     return [int(v) for v in reply]
 

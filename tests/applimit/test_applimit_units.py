@@ -135,7 +135,10 @@ def test_one_call_for_every_rate_and_server_time_in_production() -> None:
     mode, now, nonce, slack, count = call.args[:5]
     assert (mode, now, slack, count) == ("hit", "", "0", "2")
     assert len(nonce) == 12
-    assert call.args[5:11] == ("sliding_window", "1000", "60000000", "1", "0", "0")
+    assert call.args[5:] == (
+        "sliding_window 1000 60000000 1 0 0",
+        "sliding_window 20000 3600000000 1 0 0",
+    )
 
 
 def test_test_clock_is_sent_only_when_configured() -> None:
