@@ -1,0 +1,44 @@
+"""Smoke test of ``bench.callgrind``'s scenarios, so that they do not rot between counts.
+
+The driver runs each scenario's workload in a child process under valgrind; the workload
+itself is plain Python (``--child SCENARIO URL COUNT``), so each one is run here without
+valgrind, briefly, against a real server: it must finish its warm-up and its counted loop
+and exit 0. The instruction counts are not asserted (valgrind gives them, not a test).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from harness import RedisServer
+
+from bench.callgrind import CONCURRENCY, SCENARIOS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_each_scenario_runs_its_workload(redis_server: RedisServer, scenario: str) -> None:
+    """The child of ``scenario`` decides (or pings) its warm-up and CONCURRENCY more, then
+    exits 0 with nothing on stderr."""
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.callgrind",
+            "--child",
+            scenario,
+            redis_server.url,
+            str(CONCURRENCY),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert completed.stderr == "", completed.stderr
