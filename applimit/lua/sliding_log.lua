@@ -16,8 +16,9 @@
 --   c = {limit, period (µs), cost, burst (unused), shadow}.
 -- Functions (registered as ALG.sliding_log):
 --   check(key, now, c, slack_ms)     -> st; writes only to convert members of older versions
---   apply(key, st, now, c, nonce, slack_ms)  adds the entry, trims; PEXPIRE when the
---                                    newest entry's expiry cell (common.lua) changes
+--   apply(key, st, now, c, nonce, slack_ms)  adds the entry, trims every TRIM_EVERY
+--                                    units; PEXPIRE when the newest entry's expiry cell
+--                                    (common.lua) changes
 --   refund(key, now, c, nonce)       removes the entry an earlier apply added
 -- Returns (in st): allowed (0/1), remaining, reset (µs until every entry has left the
 --   window), retry (µs until `cost` fits: when the oldest entries holding the units that
@@ -34,6 +35,8 @@ local CHUNK = 500
 -- Starts are rewritten from 0 once they pass this (2^50), far below 2^53, where doubles
 -- stop being exact.
 local REBASE_AT = 1125899906842624
+-- How often (in units admitted) apply trims the entries that left the window.
+local TRIM_EVERY = 16
 
 -- A member of this version opens with a capital letter (the length of its start); older
 -- versions' open with their nonce's lowercase hex.
@@ -166,11 +169,8 @@ log_check = function(key, now, c, slack_ms)
     if st.newest > floor then
       local start, cost = log_units(last[1])
       st.start = start + cost
-      local first = CALL('ZRANGE', key, 0, 0, 'WITHSCORES')
-      if num(first[2]) <= floor then
-        st.trim = true
-        first = CALL('ZRANGEBYSCORE', key, '(' .. fmt(floor), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-      end
+      -- The oldest entry in the window; entries before it may remain (see log_apply).
+      local first = CALL('ZRANGEBYSCORE', key, '(' .. fmt(floor), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
       if not log_current(first[1]) then
         -- An older member inside the window (not at its end): renumber the window.
         log_convert(key, now, c, floor, slack_ms, true)
@@ -238,12 +238,22 @@ local function log_apply(key, st, now, c, nonce, slack_ms)
   end
   local start = st.start
   if start > REBASE_AT then
+    -- Entries past the window keep their old starts: they go now.
     start = log_rebase(key, st)
+    st.trim = true
   end
   -- The entry first (see decide.lua: a full server must refuse the write as a whole).
   CALL('ZADD', key, fmt(score), log_member(start, c.cost, nonce))
-  if st.trim then
-    -- Everything at or before the window's floor (the floor check() counted from).
+  -- Entries that left the window are trimmed (everything at or before the floor check()
+  -- counted from) when nothing else is in the window, and else each time the starts
+  -- cross a multiple of TRIM_EVERY units (of the limit, when it is smaller): not at every
+  -- entry, since a key at a steady rate has an entry leave the window with nearly every
+  -- request, and finding out costs a read. A trim leaves at most `limit` entries (the
+  -- window's), and fewer than `every` are added before the next, so a key never holds
+  -- more than limit + every - 1 entries. Counts never include the ones past the window:
+  -- they start from its oldest entry.
+  local every = m_min(TRIM_EVERY, c.limit)
+  if st.trim or idiv(start + c.cost, every) ~= idiv(start, every) then
     CALL('ZREMRANGEBYSCORE', key, '-inf', fmt(st.floor))
   end
   st.count = st.count + c.cost

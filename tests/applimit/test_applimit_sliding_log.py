@@ -158,6 +158,39 @@ def test_starts_are_rewritten_from_zero_long_before_doubles_lose_them(
     assert limiter.peek("x", who, cost=4).retry_after == 50.0
 
 
+def test_entries_past_the_window_are_trimmed_every_few_units_and_never_counted(
+    redis_server: RedisServer, clock: TestClock
+) -> None:
+    """A key at a steady rate (40 per minute, one hit every 1.5 s, limit 60/1m: an entry
+    leaves the window with each request) is trimmed each time its starts cross a multiple
+    of 16 units, not at every entry: it holds its window's entries and fewer than 16 past
+    it (at most limit + 15), each decision's numbers are the model's, and a key whose
+    entries have all left the window is trimmed at its next entry."""
+    limit = 60
+    text = POLICY.replace(f"{LIMIT}/1m", f"{limit}/1m")
+    model = SlidingLogModel(limit, 60 * US)
+    who = uuid.uuid4().hex
+    sizes = []
+    with (
+        Limiter(policy.loads(text), redis_url=redis_server.url, test_clock=clock) as limiter,
+        redis_server.client() as admin,
+    ):
+        for made in range(1, 201):
+            clock.advance(1_500_000)
+            decision = limiter.hit("x", who)
+            assert as_expected(decision) == model.decide(clock.us, 1, consume=True)
+            # The window (now - 60 s, now] holds the last 40 entries.
+            in_window = min(made, 40)
+            size = int(admin.zcard(_key(who)))
+            assert in_window <= size < in_window + 16
+            sizes.append(size)
+        # Trimmed in steps: the size climbs to its window plus 15, then falls back.
+        assert max(sizes) == in_window + 15 and min(sizes[50:]) == in_window
+        clock.advance(61 * US)
+        assert limiter.hit("x", who).remaining == limit - 1
+        assert int(admin.zcard(_key(who))) == 1
+
+
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
