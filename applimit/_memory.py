@@ -361,6 +361,10 @@ class _LogState(_State):
     count: int = 0
 
 
+# sliding_log.lua's TRIM_EVERY.
+_TRIM_EVERY = 16
+
+
 class _SlidingLog(_Algorithm):
     @staticmethod
     def check(store: MemoryStore, key: str, now: int, c: _Check) -> _State:
@@ -374,9 +378,8 @@ class _SlidingLog(_Algorithm):
             if st.newest > floor:
                 start, cost, _ = log.entries[-1]
                 st.start = start + cost
-                if log.scores[0] <= floor:
-                    st.trim = True
-                    first_rank = bisect_right(log.scores, floor)
+                # The window's oldest entry; entries before it may remain (see apply).
+                first_rank = bisect_right(log.scores, floor)
                 first_start, first_cost, _ = log.entries[first_rank]
                 first_score = log.scores[first_rank]
                 st.count = st.start - first_start
@@ -427,8 +430,11 @@ class _SlidingLog(_Algorithm):
             store._data[key] = log
         log.scores.append(score)
         log.entries.append((st.start, c.cost, nonce))
-        if st.trim:
-            # Everything at or before the window's floor (ZREMRANGEBYSCORE -inf floor).
+        # Everything at or before the window's floor (ZREMRANGEBYSCORE -inf floor), when
+        # nothing else is in the window, and else each time the starts cross a multiple of
+        # _TRIM_EVERY units (of the limit, when smaller), as sliding_log.lua trims.
+        every = min(_TRIM_EVERY, c.limit)
+        if st.trim or (st.start + c.cost) // every != st.start // every:
             gone = bisect_right(log.scores, st.floor)
             del log.scores[:gone], log.entries[:gone]
         st.count += c.cost

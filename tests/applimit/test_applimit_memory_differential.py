@@ -155,3 +155,29 @@ def test_a_refund_out_of_the_middle_of_a_log_matches(redis_client: redis.Redis) 
         run("hit", START_US + offset, nonce, cost)
     run("refund", START_US + 1, "bbbbbbbbbbbb", 3)
     assert run("peek", START_US + 3, "", 1) == [START_US + 3, 1, 1, 0, 7, 60 * US - 1, -1]
+
+
+def test_entries_past_the_window_count_again_alike_when_the_clock_goes_back(
+    redis_client: redis.Redis,
+) -> None:
+    """The log trims what left its window every few units, not at every entry: at 0 s,
+    30 s and 61 s (limit 10/1m), the entry of 0 s has left the window but is still held
+    at 61 s. When the clock then reads 59 s, it is inside the window again, and both
+    backends count it: three entries, the same numbers."""
+    store = MemoryStore()
+    spec = [("sliding_log:0", "sliding_log", "10", str(60 * US), "1", "0", "0")]
+
+    def run(mode: str, at: int, nonce: str) -> object:
+        call = _call("back", mode, START_US + at, nonce, SLACK_MS, spec)
+        expected = redis_client.eval(  # type: ignore[no-untyped-call]
+            _script.SOURCE, len(call.keys), *call.keys, *call.args
+        )
+        assert store.execute(call) == expected
+        return expected
+
+    run("hit", 0, "aaaaaaaaaaaa")
+    run("hit", 30 * US, "bbbbbbbbbbbb")
+    third = run("hit", 61 * US, "cccccccccccc")
+    assert isinstance(third, list) and third[4] == 8
+    again = run("peek", 59 * US, "")
+    assert isinstance(again, list) and again[4] == 7
