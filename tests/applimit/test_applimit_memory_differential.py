@@ -181,3 +181,11 @@ def test_entries_past_the_window_count_again_alike_when_the_clock_goes_back(
     assert isinstance(third, list) and third[4] == 8
     again = run("peek", 59 * US, "")
     assert isinstance(again, list) and again[4] == 7
+
+
+def test_the_memory_backend_trims_a_log_as_often_as_the_script() -> None:
+    """Limits in the differential cases stay below the script's trim interval, so the
+    interval itself is compared: the memory backend's is the Lua file's."""
+    from applimit._memory import _TRIM_EVERY
+
+    assert f"local TRIM_EVERY = {_TRIM_EVERY}\n" in _script.SOURCE
