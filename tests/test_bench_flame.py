@@ -1,0 +1,93 @@
+"""``bench.flame``: stacks kept from the counted loop down, shares that add up, a flame graph
+that draws every frame; and one real recording with py-spy, so the tool does not rot.
+
+The shares' sizes are not asserted on the recording (they are the machine's): only that
+the limiter's own frames are in it, under the loop, and that the files are well formed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from bench.flame import LOOP_FRAME, folded, py_spy, shares, svg
+
+ROOT = Path(__file__).resolve().parent.parent
+SETUP = "_run_module_as_main (<frozen runpy>);<module> (bench/callgrind.py)"
+RAW = "\n".join(
+    [
+        # Setup, outside the loop: dropped.
+        f"{SETUP};_find_and_load (<frozen importlib._bootstrap>) 50",
+        f"{SETUP};_counted (bench/callgrind.py);{LOOP_FRAME};step (x.py);hit (a.py) 6",
+        f"{SETUP};_counted (bench/callgrind.py);{LOOP_FRAME};step (x.py);hit (a.py);send (w.py) 3",
+        f"{SETUP};_counted (bench/callgrind.py);{LOOP_FRAME};step (x.py) 1",
+        # A recursive function, twice on one stack.
+        f"{SETUP};_counted (bench/callgrind.py);{LOOP_FRAME};walk (r.py);walk (r.py) 2",
+        "not a line of stacks",
+    ]
+)
+
+
+def test_only_the_loop_s_stacks_are_kept_from_the_loop_down() -> None:
+    stacks = folded(RAW)
+    assert dict(stacks) == {
+        ("step (x.py)", "hit (a.py)"): 6,
+        ("step (x.py)", "hit (a.py)", "send (w.py)"): 3,
+        ("step (x.py)",): 1,
+        ("walk (r.py)", "walk (r.py)"): 2,
+    }
+
+
+def test_shares_are_inclusive_and_exclusive_and_recursion_counts_once() -> None:
+    rows = {function: (inc, exc) for function, inc, exc in shares(folded(RAW))}
+    assert rows["step (x.py)"] == (10 / 12, 1 / 12)
+    assert rows["hit (a.py)"] == (9 / 12, 6 / 12)
+    assert rows["send (w.py)"] == (3 / 12, 3 / 12)
+    assert rows["walk (r.py)"] == (2 / 12, 2 / 12)
+    assert sum(exc for _, exc in rows.values()) == pytest.approx(1.0)
+
+
+def test_the_flame_graph_draws_each_frame_at_its_width_and_escapes_names() -> None:
+    stacks = folded(RAW.replace("hit (a.py)", "hit<&> (a.py)"))
+    root = ET.fromstring(svg("a <title>", stacks))
+    titles = [el.text for el in root.iter("{http://www.w3.org/2000/svg}title")]
+    assert "hit<&> (a.py) (75.0%)" in titles
+    assert "walk (r.py) (16.7%)" in titles and titles.count("walk (r.py) (16.7%)") == 2
+    widths = {
+        g.find("{http://www.w3.org/2000/svg}title").text: float(  # type: ignore[union-attr]
+            g.find("{http://www.w3.org/2000/svg}rect").get("width", "0")  # type: ignore[union-attr]
+        )
+        for g in root.iter("{http://www.w3.org/2000/svg}g")
+    }
+    assert widths["step (x.py) (83.3%)"] == pytest.approx(1000.0, abs=0.1)
+
+
+@pytest.mark.skipif(py_spy() is None, reason="py-spy is in the dev extra: pip install -e '.[dev]'")
+def test_a_recording_of_sync_hit_has_the_limiter_under_the_loop(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.flame",
+            "--only",
+            "sync_hit",
+            "--decisions",
+            "3000",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    text = (tmp_path / "sync_hit.txt").read_text(encoding="utf-8")
+    assert "Limiter.hit (applimit/_sync.py)" in text
+    assert "_find_and_load" not in text
+    ET.parse(tmp_path / "sync_hit.svg")
