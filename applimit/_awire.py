@@ -60,6 +60,9 @@ from ._protocol import (
 # of a batch's callers wake at once, and Redis and the loop take turns idling. 32 is in
 # the middle of the range that measured best (16 to 64 calls) in bench/bench_async.py.
 _YIELD_EVERY = 32
+# Connections a wire keeps from one batch for the next (see AsyncWire._kept): about as
+# many batches as are in flight at once at a steady load.
+_KEEP = 4
 
 logger = logging.getLogger("applimit")
 
@@ -109,6 +112,8 @@ class AsyncWire(OneServer):
         self._tasks: set[asyncio.Task[None]] = set()
         # The tasks waiting for a connection of the pool now.
         self._pool_waits: set[asyncio.Task[Any] | None] = set()
+        # Connections kept from one batch for the next (see _kept).
+        self._idle: list[Any] = []
 
     # -- the transport --------------------------------------------------------------------
 
@@ -146,6 +151,9 @@ class AsyncWire(OneServer):
         """Close the client (and the Sentinel clients the limiter made for it), or the
         node's pool."""
         self.closed = True
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await self._pool.release(connection)
         client, self._client = self._client, None
         if self._target is None:
             await self._pool.disconnect()
@@ -185,7 +193,9 @@ class AsyncWire(OneServer):
 
     async def command(self, *args: str | bytes | int) -> object:
         """Any other command (DEL for reset) on a connection of the same pool."""
-        connection = await self._connection()
+        # From the pool, which checks it before handing it out: this command is sent once,
+        # without _round_trip's second try on a connection closed by the other end.
+        connection = await self._connection(kept=False)
         try:
             await connection.send_packed_command(pack_command(args), check_health=False)
             return await connection.read_response()
@@ -267,9 +277,12 @@ class AsyncWire(OneServer):
         else:
             self._breaker.success()
 
-    async def _connection(self) -> Any:
-        """A connection of the pool; PoolExhausted when none came free within the pool's
-        timeout (a wait for the limiter's own connections, not a Redis failure)."""
+    async def _connection(self, *, kept: bool = True) -> Any:
+        """A connection kept from an earlier batch (with ``kept``), else one of the pool;
+        PoolExhausted when none came free within the pool's timeout (a wait for the
+        limiter's own connections, not a Redis failure)."""
+        if kept and self._idle:
+            return self._idle.pop()
         pool = self._pool if self._pool is not None else self.client().connection_pool
         task = asyncio.current_task()
         self._pool_waits.add(task)
@@ -282,6 +295,24 @@ class AsyncWire(OneServer):
             raise
         finally:
             self._pool_waits.discard(task)
+
+    def _kept(self, connection: Any) -> bool:
+        """Keep ``connection`` for the next batch instead of returning it to the pool,
+        unless enough are kept, a batch waits for the pool (which it would then wait on
+        in vain), the wire is closed, or the connection was dropped after a failure.
+        redis-py's checkout and return (a condition, a lock, a health check that reads
+        the socket) took about a tenth of an async decision's CPU (bench/profiles/flame);
+        the health check's one case that matters here, a connection the other end has
+        closed, is _round_trip's second try."""
+        if (
+            len(self._idle) < _KEEP
+            and not self._pool_waits
+            and not self.closed
+            and connection.is_connected
+        ):
+            self._idle.append(connection)
+            return True
+        return False
 
     def _exhausted(self) -> PoolExhausted:
         return PoolExhausted(
@@ -336,7 +367,8 @@ class AsyncWire(OneServer):
                     pass
             return replies
         finally:
-            await self._pool.release(connection)
+            if not self._kept(connection):
+                await self._pool.release(connection)
 
     async def _exchange(self, connection: Any, packed: bytes, count: int) -> Replies:
         """Write ``count`` packed commands at once and read their replies, in order.

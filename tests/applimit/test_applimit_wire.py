@@ -455,7 +455,8 @@ async def test_a_wait_for_the_async_limiters_own_connections_is_not_a_redis_fail
         assert (await limiter.hit("log", "pool")).remaining == 99_999
         wire = limiter._wire
         assert wire is not None
-        held = await wire._pool.get_connection()  # type: ignore[no-untyped-call]
+        # The one connection: kept by the wire since the last batch, else in the pool.
+        held = wire._idle.pop() if wire._idle else await wire._pool.get_connection()  # type: ignore[no-untyped-call]
         try:
             for _ in range(5):
                 decisions = await asyncio.gather(*(limiter.hit("log", "pool") for _ in range(3)))
@@ -470,6 +471,57 @@ async def test_a_wait_for_the_async_limiters_own_connections_is_not_a_redis_fail
         assert len(said) == 1
     finally:
         await limiter.aclose()
+
+
+async def test_the_async_wire_keeps_its_connections_between_batches(
+    fresh_redis_server: RedisServer,
+) -> None:
+    """Batches one after another take the connection the last one kept, not one from
+    redis-py's pool: the pool is asked once for 50 decisions. A kept connection the
+    server has closed since (CLIENT KILL) is found closed at the next batch, which is
+    sent again on a new connection: no decision is lost or degraded. Batches in flight
+    together on one connection (max_connections=1) each get it in turn: a kept
+    connection is never held back from a batch waiting for the pool."""
+    limiter = _async_limiter(fresh_redis_server, max_connections=1)
+    admin = fresh_redis_server.client()
+    try:
+        assert (await limiter.hit("log", "kept")).remaining == 999
+        wire = limiter._wire
+        assert wire is not None
+        pool = wire._pool
+        asked = 0
+        take = pool.get_connection
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal asked
+            asked += 1
+            return await take(*args, **kwargs)
+
+        pool.get_connection = counted
+        for expected in range(998, 948, -1):
+            decision = await limiter.hit("log", "kept")
+            assert decision.remaining == expected and not decision.degraded
+        assert asked == 0
+        assert len(wire._idle) == 1
+
+        killed = admin.client_kill_filter(_type="normal", skipme=True)
+        assert killed >= 1
+        decision = await limiter.hit("log", "kept")
+        assert decision.remaining == 948 and not decision.degraded
+
+        # Callers that start over five turns of the event loop: a batch per turn, the
+        # later ones waiting for the connection an earlier one holds.
+        async def caller(index: int) -> bool:
+            for _ in range(index % 5):
+                await asyncio.sleep(0)
+            return (await limiter.hit("log", f"turn-{index}")).degraded
+
+        for _ in range(3):
+            assert not any(await asyncio.gather(*(caller(i) for i in range(40))))
+    finally:
+        await limiter.aclose()
+        admin.close()
+    assert wire._idle == []
 
 
 # --- Redis Cluster -------------------------------------------------------------------------
@@ -567,13 +619,12 @@ async def test_a_push_message_before_a_reply_is_not_taken_for_one(
     try:
         assert (await driver.hit("log", "tracked")).remaining == 999
         if isinstance(driver.limiter, AsyncLimiter):
-            pool = driver.limiter._wire.client().connection_pool
-            connection = await pool.get_connection()
+            # The one connection, kept by the wire since the last batch.
+            (connection,) = driver.limiter._wire._idle
             await connection.send_command("CLIENT", "TRACKING", "ON")
             assert await connection.read_response() in (b"OK", "OK")
             await connection.send_command("GET", "watched")
             assert await connection.read_response() is None
-            await pool.release(connection)
         else:
             (connection,) = driver.limiter._wire._idle
             connection.send_command("CLIENT", "TRACKING", "ON")
