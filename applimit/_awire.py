@@ -194,7 +194,10 @@ class AsyncWire(OneServer):
     async def command(self, *args: str | bytes | int) -> object:
         """Any other command (DEL for reset) on a connection of the same pool."""
         # From the pool, which checks it before handing it out: this command is sent once,
-        # without _round_trip's second try on a connection closed by the other end.
+        # without _round_trip's second try on a connection closed by the other end. A kept
+        # connection goes back to the pool first, which may have no other to give.
+        if self._idle:
+            await self._pool.release(self._idle.pop())
         connection = await self._connection(kept=False)
         try:
             await connection.send_packed_command(pack_command(args), check_health=False)

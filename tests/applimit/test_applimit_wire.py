@@ -524,6 +524,24 @@ async def test_the_async_wire_keeps_its_connections_between_batches(
     assert wire._idle == []
 
 
+async def test_a_reset_gets_the_connection_the_async_wire_keeps(
+    fresh_redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With one connection, kept by the wire after a decision, reset() (DEL, sent once on
+    a connection of the pool) still gets it at once: the keys are gone, no outage is
+    logged, and the next decision starts from a full quota."""
+    caplog.set_level(logging.INFO, logger="applimit")
+    limiter = _async_limiter(fresh_redis_server, max_connections=1)
+    try:
+        assert (await limiter.hit("log", "reset")).remaining == 999
+        assert (await limiter.hit("log", "reset")).remaining == 998
+        await asyncio.wait_for(limiter.reset("log", "reset"), timeout=0.5)
+        assert (await limiter.hit("log", "reset")).remaining == 999
+        assert _outages(caplog) == 0
+    finally:
+        await limiter.aclose()
+
+
 # --- Redis Cluster -------------------------------------------------------------------------
 
 
