@@ -364,6 +364,12 @@ def child(scenario: str, url: str, count: int) -> None:
 _TOTALS = re.compile(r"^summary:\s+(\d+)", re.MULTILINE)
 
 
+def child_command(scenario: str, url: str, count: int) -> list[str]:
+    """The command that runs ``scenario``'s workload (``count`` decisions against ``url``)
+    in a process of its own: what callgrind counts, and what bench.flame samples."""
+    return [sys.executable, "-m", "bench.callgrind", "--child", scenario, url, str(count)]
+
+
 def _valgrind(scenario: str, url: str, count: int, work: Path) -> tuple[int, str]:
     """Run one scenario under callgrind; its instruction total and annotated summary."""
     output = work / f"callgrind.{scenario}.out"
@@ -376,13 +382,7 @@ def _valgrind(scenario: str, url: str, count: int, work: Path) -> tuple[int, str
             "--collect-atstart=no",
             "--toggle-collect=functools_reduce",
             f"--callgrind-out-file={output}",
-            sys.executable,
-            "-m",
-            "bench.callgrind",
-            "--child",
-            scenario,
-            url,
-            str(count),
+            *child_command(scenario, url, count),
         ],
         cwd=ROOT,
         env=env,

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ._common import ROOT, redis_server
-from .callgrind import SCENARIOS
+from .callgrind import SCENARIOS, child_command
 
 DEFAULT_OUT = ROOT / "bench" / "profiles" / "flame"
 DEFAULT_SCENARIOS = ("sync_hit", "sync_request3", "split_async_hit", "asgi", "wsgi")
@@ -121,22 +121,19 @@ def _colour(frame: str) -> str:
 def svg(title: str, stacks: Stacks) -> str:
     """A flame graph of ``stacks``: the loop at the bottom, callees above it."""
     total = sum(stacks.values())
-    tree: dict[str, object] = {}
+    # Each path from the loop's first frame, with its samples and the frames called from it.
     weights: Counter[tuple[str, ...]] = Counter()
+    callees: dict[tuple[str, ...], set[str]] = {}
     for frames, count in stacks.items():
         for depth in range(1, len(frames) + 1):
             weights[frames[:depth]] += count
-        node = tree
-        for frame in frames:
-            child = node.setdefault(frame, {})
-            assert isinstance(child, dict)
-            node = child
+            callees.setdefault(frames[: depth - 1], set()).add(frames[depth - 1])
     depth_max = max((len(frames) for frames in stacks), default=0)
     height = (depth_max + 2) * _ROW + 30
     rects: list[str] = []
 
-    def draw(node: dict[str, object], path: tuple[str, ...], x: float) -> None:
-        for frame in sorted(node):
+    def draw(path: tuple[str, ...], x: float) -> None:
+        for frame in sorted(callees.get(path, ())):
             here = (*path, frame)
             width = weights[here] / total * _WIDTH
             y = height - (len(here) + 1) * _ROW
@@ -150,12 +147,10 @@ def svg(title: str, stacks: Stacks) -> str:
                     f'<rect x="{x:.1f}" y="{y}" width="{width:.1f}" height="{_ROW - 1}" '
                     f'fill="{_colour(frame)}" rx="2"/>{text}</g>'
                 )
-            child = node[frame]
-            assert isinstance(child, dict)
-            draw(child, here, x)
+            draw(here, x)
             x += width
 
-    draw(tree, (), 0.0)
+    draw((), 0.0)
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH:.0f}" height="{height}" '
         f'font-family="monospace" font-size="11">\n'
@@ -194,13 +189,7 @@ def record(scenario: str, url: str, decisions: int, work: Path) -> Stacks:
             "--output",
             str(raw),
             "--",
-            sys.executable,
-            "-m",
-            "bench.callgrind",
-            "--child",
-            scenario,
-            url,
-            str(decisions),
+            *child_command(scenario, url, decisions),
         ],
         cwd=ROOT,
         check=True,

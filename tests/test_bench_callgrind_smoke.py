@@ -9,13 +9,12 @@ and exit 0. The instruction counts are not asserted (valgrind gives them, not a 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from harness import RedisServer
 
-from bench.callgrind import CONCURRENCY, SCENARIOS
+from bench.callgrind import CONCURRENCY, SCENARIOS, child_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,15 +24,7 @@ def test_each_scenario_runs_its_workload(redis_server: RedisServer, scenario: st
     """The child of ``scenario`` decides (or pings) its warm-up and CONCURRENCY more, then
     exits 0 with nothing on stderr."""
     completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.callgrind",
-            "--child",
-            scenario,
-            redis_server.url,
-            str(CONCURRENCY),
-        ],
+        child_command(scenario, redis_server.url, CONCURRENCY),
         cwd=ROOT,
         capture_output=True,
         text=True,
