@@ -74,7 +74,7 @@ def read(connection: Any) -> object:
         # A socket error the parser does not translate (a reset): redis-py's words.
         connection.disconnect()
         raise redis.exceptions.ConnectionError(
-            f"Error while reading from {connection.host}:{connection.port} : {error.args}"
+            f"Error while reading from {_where(connection)} : {error.args}"
         ) from error
     except BaseException:
         connection.disconnect()
@@ -119,6 +119,59 @@ async def read_async(connection: Any, count: int, replies: Replies) -> None:
                 await handle(reply)
         else:
             replies.append(reply)
+
+
+def exchange(connection: Any, sock: Any, packed: bytes, count: int) -> Replies:
+    """Write ``packed`` on a sync ``connection`` and read its ``count`` replies, on the
+    connection's blocking ``sock`` itself (see ``_wire.py``: its timeouts are the
+    kernel's, so a read is one ``recv`` and no ``poll``). Error replies are values; a
+    failure of the connection is raised as redis-py raises it (a timeout as its
+    ``TimeoutError``), the connection disconnected."""
+    parser = connection._parser
+    reader = parser._reader
+    replies: Replies = []
+    doing = "writing to"
+    try:
+        sock.sendall(packed)
+        doing = "reading from"
+        while True:
+            reply = reader.gets()
+            if reply is _NOT_ENOUGH_DATA:
+                buffer = parser._buffer
+                size = sock.recv_into(buffer)
+                if not size:
+                    raise redis.exceptions.ConnectionError(_CLOSED)
+                reader.feed(buffer, 0, size)
+            elif isinstance(reply, redis.exceptions.ConnectionError):
+                # What redis-py raises rather than returns (LOADING, a protocol error).
+                raise reply
+            elif _PUSH is not None and isinstance(reply, _PUSH):
+                _pushed(parser, reply)
+            else:
+                replies.append(reply)
+                if len(replies) == count:
+                    return replies
+    except (BlockingIOError, TimeoutError) as error:
+        # EAGAIN: the socket's SO_SNDTIMEO or SO_RCVTIMEO ran out (TimeoutError where
+        # redis-py itself has set a timeout on the socket since).
+        connection.disconnect()
+        raise redis.exceptions.TimeoutError(f"Timeout {doing} socket") from error
+    except OSError as error:
+        connection.disconnect()
+        raise redis.exceptions.ConnectionError(
+            f"Error while {doing} {_where(connection)} : {error.args}"
+        ) from error
+    except BaseException:
+        connection.disconnect()
+        raise
+
+
+def _where(connection: Any) -> str:
+    """The server's address as redis-py words it: host:port, or a unix socket's path."""
+    path = getattr(connection, "path", None)
+    if path:
+        return str(path)
+    return f"{connection.host}:{connection.port}"
 
 
 def _pushed(parser: Any, reply: object) -> None:

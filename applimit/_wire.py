@@ -12,8 +12,11 @@ itself:
 - connections are the limiter's own, kept between decisions: a decision pops an idle
   one, sends, reads, and pushes it back; at most ``max_connections`` exist, and a caller
   that finds none idle waits for one within the timeout (:class:`SyncWire`);
-- the reply is read from the connection's own hiredis reader (``_hiredis.py``), with its
-  socket timeout;
+- the reply is read from the connection's own hiredis reader (``_hiredis.py``);
+- a plain TCP or unix socket is written and read directly, blocking, with its timeout set
+  in the kernel (``SO_SNDTIMEO``, ``SO_RCVTIMEO``) rather than by Python: a socket with a
+  Python timeout polls before every send and every receive, so a decision took four
+  system calls where two do (:func:`_adopt`);
 - which command carries the call (FCALL, EVALSHA, EVAL, FUNCTION LOAD first), and what an
   error reply means, is the wire protocol's (``_protocol.py``): these classes only write
   and read.
@@ -33,6 +36,9 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import struct
+import sys
 import threading
 import time
 from collections import deque
@@ -69,8 +75,20 @@ logger = logging.getLogger("applimit")
 def _exchange(connection: Any, packed: bytes, count: int) -> Replies:
     """Write ``packed`` and read its ``count`` replies, error replies as values: all are
     read, so that the connection stays in step whatever they say."""
+    sock = connection._sock
+    if sock is not None and sock is getattr(connection, _DIRECT, None):
+        return _hiredis.exchange(connection, sock, packed, count)
     # A list: redis-py writes each item, and a bare bytes would be iterated.
     connection.send_packed_command([packed], check_health=False)
+    # Connected now (redis-py connects a connection on its first write after a failure).
+    replies = _redis_py_replies(connection, count)
+    if getattr(connection, _SEEN, None) is not connection._sock:
+        _adopt(connection)
+    return replies
+
+
+def _redis_py_replies(connection: Any, count: int) -> Replies:
+    """``count`` replies read through redis-py's parser (hiredis' reader where it can)."""
     if _hiredis.direct(connection):
         if count == 1:
             return [_hiredis.read(connection)]
@@ -83,6 +101,50 @@ def _exchange(connection: Any, packed: bytes, count: int) -> Replies:
             # An error reply is the call's own; the connection is clean.
             replies.append(error)
     return replies
+
+
+# The attribute of a connection that holds the socket :func:`_adopt` made blocking: the
+# connection's own socket while it is that one (redis-py makes a new one to reconnect).
+_DIRECT = "_applimit_direct"
+# The socket :func:`_adopt` last looked at, adopted or not (a TLS one is looked at once).
+_SEEN = "_applimit_seen"
+# Where SO_SNDTIMEO and SO_RCVTIMEO take a struct timeval of two C longs.
+_KERNEL_TIMEOUTS = sys.platform.startswith("linux")
+_TIMEVAL = struct.Struct("@ll")
+
+
+def _adopt(connection: Any) -> None:
+    """Make a connected plain socket blocking, its timeouts the kernel's, so that the
+    wire can write and read it directly (:func:`applimit._hiredis.exchange`).
+
+    A Python socket with a timeout is non-blocking underneath: every send and every
+    receive first waits in ``poll`` for the socket to be ready, so a decision took four
+    system calls (about 2 µs each on a small virtual machine) where a blocking socket
+    takes two, its send and its receive; the kernel's own timeouts bound them the same
+    way, per call. Only redis-py's plain sockets on Linux with its hiredis parser are
+    adopted: a TLS socket buffers inside OpenSSL, and elsewhere the timeval's layout is
+    not known here; those keep redis-py's reads and writes. The connection's other users
+    (redis-py's ``read_response`` in a push handler, ``disconnect``) work the same on a
+    blocking socket, a timeout there read as a failure of the connection.
+    """
+    sock = connection._sock
+    setattr(connection, _SEEN, sock)
+    setattr(connection, _DIRECT, None)
+    if not _KERNEL_TIMEOUTS or type(sock) is not socket.socket or not _hiredis.direct(connection):
+        return
+    timeout = connection.socket_timeout
+    if timeout is not None:
+        if timeout <= 0:
+            return  # a non-blocking socket is redis-py's to read
+        seconds = int(timeout)
+        # A zero timeval is no timeout at all: a timeout under a microsecond is one.
+        micros = max(round((timeout - seconds) * 1_000_000), 0 if seconds else 1)
+        seconds, micros = seconds + micros // 1_000_000, micros % 1_000_000
+        value = _TIMEVAL.pack(seconds, micros)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.settimeout(None)
+    setattr(connection, _DIRECT, sock)
 
 
 def _forked() -> None:

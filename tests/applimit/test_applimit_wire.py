@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
+import sys
 import threading
 import time
 from typing import Any
@@ -19,7 +21,7 @@ from harness import RedisCluster, RedisServer
 from limiter_support import Driver
 
 import policy
-from applimit import AsyncLimiter, BreakerState, Limiter, _hiredis, _script
+from applimit import AsyncLimiter, BreakerState, Limiter, _hiredis, _script, _wire
 
 POLICY = """
 version: 1
@@ -657,3 +659,121 @@ async def test_a_push_message_before_a_reply_is_not_taken_for_one(
     finally:
         await driver.close()
         admin.close()
+
+
+# -- the sync wire's blocking sockets ------------------------------------------------------
+
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="kernel socket timeouts are set on Linux only"
+)
+
+
+def _kernel_timeouts(sock: socket.socket) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The socket's SO_SNDTIMEO and SO_RCVTIMEO, as (seconds, microseconds)."""
+    size = _wire._TIMEVAL.size
+    send = _wire._TIMEVAL.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, size))
+    receive = _wire._TIMEVAL.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, size))
+    return send, receive
+
+
+@linux_only
+def test_the_sync_wire_reads_a_blocking_socket_bounded_by_the_kernel(
+    fresh_redis_server: RedisServer,
+) -> None:
+    """A decision's connection is a blocking socket (no Python timeout, so no `poll`
+    before its send and its receive) whose send and receive timeouts are the policy's, set
+    in the kernel; a connection made anew after the server closed the last one is treated
+    the same way; decisions stay exact throughout."""
+    admin = fresh_redis_server.client()
+    limiter = _limiter(fresh_redis_server)
+    try:
+        assert limiter.hit("log", "alice").remaining == 999
+        assert limiter.hit("log", "alice").remaining == 998
+        (connection,) = limiter._wire._idle
+        first = connection._sock
+        assert first.gettimeout() is None
+        assert _kernel_timeouts(first) == ((2, 0), (2, 0))
+        assert getattr(connection, _wire._DIRECT) is first
+        assert admin.client_kill_filter(_type="normal", skipme=True) == 1
+        assert limiter.hit("log", "alice").remaining == 997
+        again = connection._sock
+        assert again is not first and again.gettimeout() is None
+        assert getattr(connection, _wire._DIRECT) is again
+        assert _kernel_timeouts(again) == ((2, 0), (2, 0))
+        decision = limiter.hit("log", "alice")
+        assert not decision.degraded and decision.remaining == 996
+    finally:
+        limiter.close()
+        admin.close()
+
+
+@linux_only
+@pytest.mark.parametrize(
+    ("timeout", "expected"),
+    [
+        (2.5, (2, 500_000)),
+        (0.05, (0, 50_000)),
+        # A zero timeval would be no timeout at all.
+        (1e-7, (0, 1)),
+        (1.9999996, (2, 0)),
+        # No timeout: blocking for good, as redis-py's own socket would be.
+        (None, (0, 0)),
+    ],
+)
+def test_kernel_timeouts_are_the_connections_own(
+    redis_server: RedisServer, timeout: float | None, expected: tuple[int, int]
+) -> None:
+    """The socket timeout of the connection, however small or however rounded, becomes the
+    kernel's send and receive timeouts, never zero (which is no timeout) for a positive
+    one. (The kernel keeps a timeout in clock ticks, so it reads back rounded up to one:
+    at most 10 ms more, at the slowest tick Linux has.)"""
+    connection = redis.Connection(port=redis_server.port, socket_timeout=timeout)
+    try:
+        connection.connect()
+        _wire._adopt(connection)
+        assert connection._sock.gettimeout() is None
+        wanted = expected[0] * 1_000_000 + expected[1]
+        for seconds, micros in _kernel_timeouts(connection._sock):
+            got = seconds * 1_000_000 + micros
+            assert got == 0 if timeout is None else wanted <= got <= wanted + 10_000
+    finally:
+        connection.disconnect()
+
+
+@linux_only
+@pytest.mark.parametrize("blocked", ["read", "write"])
+def test_a_hung_server_times_out_the_blocking_socket(
+    fresh_redis_server: RedisServer, blocked: str
+) -> None:
+    """SIGSTOP: a reply that never comes, and a write larger than the socket buffers hold,
+    each end at the kernel's timeout as redis-py's TimeoutError (not waiting for good, as a
+    blocking socket without one would), the connection closed; after SIGCONT the next call
+    connects afresh."""
+    loaded = policy.loads(POLICY.replace("timeout: 2s", "timeout: 300ms"))
+    limiter = Limiter(loaded, redis_url=fresh_redis_server.url)
+    try:
+        assert limiter.hit("log", "alice").remaining == 999
+        (connection,) = limiter._wire._idle
+        assert getattr(connection, _wire._DIRECT) is connection._sock
+        wire = limiter._wire
+        fresh_redis_server.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(redis.exceptions.TimeoutError) as caught:
+                if blocked == "read":
+                    wire.command("PING")
+                else:
+                    wire.command("SET", "big", b"x" * (64 << 20))
+            took = time.monotonic() - started
+        finally:
+            fresh_redis_server.resume()
+        word = "reading from" if blocked == "read" else "writing to"
+        assert str(caught.value) == f"Timeout {word} socket"
+        assert isinstance(caught.value.__cause__, BlockingIOError)
+        # Each send and receive may wait the timeout; one of each at most here (for the
+        # write, the send that found the buffers full).
+        assert 0.25 <= took < 0.3 * 2 + 1.0
+        assert connection._sock is None
+        assert wire.command("PING") in (b"PONG", "PONG", True)
+    finally:
+        limiter.close()
