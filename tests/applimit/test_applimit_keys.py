@@ -8,6 +8,7 @@ user's and the organisation's keys live in different slots).
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -125,6 +126,9 @@ async def test_kinds_never_share_a_bucket(make_limiter: MakeLimiter) -> None:
     for _ in range(2):
         await limiter.hit("per-key", None, keys={"api_key": same})
     assert (await limiter.peek("per-key", None, keys={"api_key": same})).remaining == 0
+    # A read-only view (what a Caller keeps) is the same mapping.
+    viewed = MappingProxyType({"api_key": same})
+    assert (await limiter.peek("per-key", None, keys=viewed)).remaining == 0
     assert (await limiter.peek("per-key", None, ip=same)).remaining == 2
     assert (await limiter.peek("per-key", None, keys={"api_key": "u=" + same})).remaining == 2
     assert (await limiter.peek("per-org", None, keys={"org": same})).remaining == 4

@@ -777,3 +777,50 @@ def test_a_hung_server_times_out_the_blocking_socket(
         assert wire.command("PING") in (b"PONG", "PONG", True)
     finally:
         limiter.close()
+
+
+async def test_the_async_wire_writes_to_the_stream_and_resends_after_a_lost_connection(
+    fresh_redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connected connection is written directly, not through redis-py's
+    send_packed_command (whose wait_for costs a task and a timer per write); one whose
+    transport was lost under it (here aborted, as a reset would) fails the write, and
+    the batch, of which nothing was answered, is sent again on a new connection: exact,
+    not degraded, and no outage for the breaker."""
+    limiter = _async_limiter(fresh_redis_server, max_connections=1)
+    try:
+        assert (await limiter.hit("log", "lost")).remaining == 999
+        wire = limiter._wire
+        assert wire is not None
+        (connection,) = wire._idle
+        sent_by_redis_py = 0
+        send = type(connection).send_packed_command
+
+        async def counted(self: Any, command: Any, *args: Any, **kwargs: Any) -> None:
+            nonlocal sent_by_redis_py
+            # The limiter's calls, not the handshake redis-py sends as it connects.
+            packed = command if isinstance(command, bytes) else b"".join(command)
+            if b"FCALL" in packed:
+                sent_by_redis_py += 1
+            await send(self, command, *args, **kwargs)
+
+        monkeypatch.setattr(type(connection), "send_packed_command", counted)
+        for expected in (998, 997):
+            assert (await limiter.hit("log", "lost")).remaining == expected
+        assert sent_by_redis_py == 0
+
+        transport = connection._writer.transport
+        transport.abort()
+        # abort() tells the protocol in the event loop's next turn.
+        await asyncio.sleep(0)
+        assert transport.is_closing() and connection.is_connected
+        decision = await limiter.hit("log", "lost")
+        assert not decision.degraded and decision.remaining == 996
+        # Sent again by redis-py, which connected the connection afresh.
+        assert sent_by_redis_py == 1
+        assert connection._writer.transport is not transport
+        assert limiter.breaker_state is BreakerState.CLOSED
+        assert (await limiter.hit("log", "lost")).remaining == 995
+        assert sent_by_redis_py == 1
+    finally:
+        await limiter.aclose()
