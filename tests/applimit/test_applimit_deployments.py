@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from harness import HOST, RedisCluster, RedisServer, find_redis_binary, running,
 from limiter_support import Driver
 
 import policy
-from applimit import AsyncLimiter, Limiter
+from applimit import AsyncLimiter, Limiter, _wire
 
 POLICY = policy.loads(
     """
@@ -62,6 +63,18 @@ async def build(flavour: str) -> AsyncIterator[Any]:
             await client.aclose()
         else:
             client.close()
+
+
+def _read_directly(driver: Driver) -> list[bool] | None:
+    """For a sync limiter, whether each connection it holds is read on its socket directly
+    (a plain socket on Linux: blocking, the kernel's timeouts; see applimit/_wire.py);
+    None for an async one."""
+    limiter = driver.limiter
+    if not isinstance(limiter, Limiter):
+        return None
+    wire = limiter._wire
+    assert isinstance(wire, _wire.SyncWire)
+    return [getattr(c, _wire._DIRECT, None) is c._sock for c in wire._idle]
 
 
 async def _counts(driver: Driver) -> list[tuple[bool, bool]]:
@@ -180,6 +193,10 @@ async def test_tls_settings_are_copied(
     assert await _counts(driver) == EXACT
     by_url = build(redis_url=f"rediss://{HOST}:{port}/0?ssl_ca_certs={cert}")
     assert await _counts(by_url) == EXACT
+    # A TLS socket is left to redis-py's reads and writes (OpenSSL buffers above it).
+    for built in (driver, by_url):
+        direct = _read_directly(built)
+        assert direct is None or (direct and not any(direct))
 
 
 # --- unix socket ---------------------------------------------------------------------------
@@ -196,6 +213,10 @@ async def test_unix_socket(tmp_path: Path, build: Any) -> None:
         assert await _counts(driver) == EXACT
         by_url = build(redis_url=f"unix://{path}")
         assert await _counts(by_url) == EXACT
+        # A plain unix socket is read directly, as a TCP one is (on Linux).
+        for built in (driver, by_url):
+            direct = _read_directly(built)
+            assert direct is None or (direct and all(direct) == sys.platform.startswith("linux"))
         await driver.close()
         await by_url.close()
 
