@@ -566,6 +566,10 @@ def _int_list(reply: Any, length: int) -> Sequence[int]:
 # Entries of Core's memo of matching limits (see Core.matching), and the longest path
 # and host (in characters) it keeps: at most some 4096 * 1.3 KiB of keys.
 _MATCHING_CACHE = 4096
+# for_limit's planned checks: at most this many (user, limit, tier, cost), and identities
+# no longer than this (a longer one is planned anew every call, as before).
+_PLANNED_CACHE = 4096
+_PLANNED_IDENTITY = 256
 _MATCHING_PATH = 1024
 _MATCHING_HOST = 255  # a DNS name is at most 253 characters, a port adds a few
 
@@ -592,6 +596,11 @@ class Core:
         # both read this instead of decoding the path and walking the matchers twice.
         # Cleared when full, so a stream of unique paths costs a lookup, never memory.
         self._matching: dict[tuple[str, str, str | None], tuple[AppRule, ...]] = {}
+        # The checks of for_limit's commonest calls (a user, a limit by name, a tier, a
+        # cost), planned once: the rule, tier and cost checks, the identity's escaping and
+        # the keys are the same for every call of a user. Cleared when full, like the
+        # matching memo: a stream of new identities costs a lookup, never memory.
+        self._planned: dict[tuple[str, str, str | None, int], tuple[Check, ...]] = {}
 
     def matching(self, method: str, path: str, host: str | None) -> tuple[AppRule, ...]:
         """The limits the middleware applies that match this request, in policy order
@@ -801,11 +810,44 @@ class Core:
         """The plan for ``hit``/``peek`` of one named limit: for the user ``identity``, or
         with identity None for an anonymous caller at ``ip``; ``keys`` for a limit that
         counts by an app key (see _limit_tag)."""
+        if (
+            keys is None
+            and ip is None
+            and type(identity) is str
+            and type(name) is str
+            and type(cost) is int
+            and (tier is None or type(tier) is str)
+            and len(identity) <= _PLANNED_IDENTITY
+        ):
+            # A user's call of a limit by name (most calls): its checks as planned before.
+            memo = (name, identity, tier, cost)
+            planned = self._planned.get(memo)
+            if planned is None:
+                planned = tuple(self._checks_of(name, identity, tier, cost, ip=None, keys=None))
+                if len(self._planned) >= _PLANNED_CACHE:
+                    self._planned.clear()
+                self._planned[memo] = planned
+            return self.prepare(operation, planned)
+        return self.prepare(
+            operation, self._checks_of(name, identity, tier, cost, ip=ip, keys=keys)
+        )
+
+    def _checks_of(
+        self,
+        name: object,
+        identity: object,
+        tier: object,
+        cost: object,
+        *,
+        ip: object,
+        keys: object,
+    ) -> list[Check]:
+        """The checks of ``for_limit``, every argument checked."""
         rule = self.rule(name)
         resolved = self.tier(tier)
         counted = self.cost(cost)
         tag = self._limit_tag(rule, identity, ip, keys)
-        return self.prepare(operation, self.checks(rule, resolved, tag, counted))
+        return self.checks(rule, resolved, tag, counted)
 
     def for_request(
         self,

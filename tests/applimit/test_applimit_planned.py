@@ -1,0 +1,106 @@
+"""Core.for_limit's planned checks: a user's call of a limit by name is planned once and
+remembered. The memo plans what planning afresh plans, for any arguments, never keeps a
+call that was refused, and stays bounded however many identities it sees."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import policy
+from applimit import ApplimitError, _core
+from applimit._core import Core, Prepared, compile_policy
+
+POLICY = policy.loads(
+    """
+version: 1
+tiers: [free, pro]
+limits:
+  - name: api
+    app: { tiers: { free: [100/1m, 1000/1h], pro: 1000/1m } }
+  - name: log
+    app: { algorithm: sliding_log, tiers: { free: 10/1s } }
+  - name: by-ip
+    app: { per: ip, tiers: { free: 5/1m } }
+  - name: per-org
+    app: { per: org, tiers: { free: 50/1m } }
+"""
+)
+
+
+def _plan(prepared: Prepared) -> list[tuple[Any, ...]]:
+    """What a plan sends, but for its nonce (new with every call)."""
+    return [
+        (call.keys, call.args[0], call.args[3:], call.slot, check.tier, check.cost)
+        for call, check in zip(prepared.calls, prepared.checks, strict=False)
+    ]
+
+
+def _outcome(core: Core, *args: Any) -> object:
+    try:
+        return _plan(core.for_limit("hit", *args))
+    except ApplimitError as error:
+        return (type(error), str(error))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    name=st.sampled_from(["api", "log", "by-ip", "per-org", "nope"]),
+    identity=st.one_of(
+        st.sampled_from(["alice", "bob", "", "a b", "ü", "x" * 300]),
+        st.text(max_size=12),
+    ),
+    tier=st.sampled_from([None, "free", "pro", "gold"]),
+    cost=st.sampled_from([1, 3, 0, -1, 10**12]),
+)
+def test_planned_checks_are_what_planning_afresh_gives(
+    name: str, identity: str, tier: str | None, cost: int
+) -> None:
+    """Twice through the memo (planned, then remembered) and once planned afresh by a core
+    that has never seen the call: the same keys, arguments and checks, or the same
+    refusal each time."""
+    core = Core(compile_policy(POLICY), cluster=False)
+    first = _outcome(core, name, identity, tier, cost)
+    again = _outcome(core, name, identity, tier, cost)
+    afresh = Core(compile_policy(POLICY), cluster=False)
+    expected = _outcome(afresh, name, identity, tier, cost)
+    assert first == again == expected
+    refused = isinstance(first, tuple)
+    # A refused call is never kept: it is refused again, with the same words.
+    assert (len(core._planned) == 0) == (refused or len(identity) > _core._PLANNED_IDENTITY)
+
+
+def test_the_memo_is_bounded_and_takes_only_plain_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most _PLANNED_CACHE calls are kept (the memo starts over when full); a call with
+    ip=, keys=, an identity longer than _PLANNED_IDENTITY or arguments of other types is
+    planned afresh every time and never kept."""
+    monkeypatch.setattr(_core, "_PLANNED_CACHE", 8)
+    core = Core(compile_policy(POLICY), cluster=False)
+    for index in range(100):
+        core.for_limit("hit", "api", f"user-{index}", None, 1)
+        assert 1 <= len(core._planned) <= 8
+    core._planned.clear()
+    core.for_limit("hit", "by-ip", None, None, 1, ip="203.0.113.9")
+    core.for_limit("hit", "per-org", None, None, 1, keys={"org": "acme"})
+    core.for_limit("hit", "api", "y" * (_core._PLANNED_IDENTITY + 1), None, 1)
+    assert core._planned == {}
+    # The same user with ip= is counted as the user, planned afresh.
+    with_ip = core.for_limit("hit", "api", "alice", None, 1, ip="203.0.113.9")
+    plain = core.for_limit("hit", "api", "alice", None, 1)
+    assert _plan(with_ip) == _plan(plain)
+    assert list(core._planned) == [("api", "alice", None, 1)]
+
+
+def test_a_remembered_plan_is_a_new_call_every_time() -> None:
+    """The checks are remembered, the call is not: every hit has a nonce of its own (the
+    sliding log names its entries after it)."""
+    core = Core(compile_policy(POLICY), cluster=False)
+    nonces = {core.for_limit("hit", "log", "alice", None, 1).nonce for _ in range(50)}
+    assert len(nonces) == 50
+    first = core.for_limit("hit", "log", "alice", None, 1)
+    second = core.for_limit("hit", "log", "alice", None, 1)
+    assert first.checks is second.checks
+    assert first.calls[0].packed != second.calls[0].packed
