@@ -64,11 +64,31 @@ def test_memo_is_bounded_and_skips_long_paths() -> None:
     core = Core(compile_policy(POLICY), cluster=False)
     for n in range(_core._MATCHING_CACHE + 500):
         core.matching("GET", f"/api/items/{n}", None)
-    assert 0 < len(core._matching) <= _core._MATCHING_CACHE
-    core._matching.clear()
+    assert 0 < len(core._matching.entries) <= _core._MATCHING_CACHE
+    core._matching.entries.clear()
     long_path = "/api/" + "a" * (_core._MATCHING_PATH + 1)
     assert [rule.name for rule in core.matching("GET", long_path, None)] == ["api"]
-    assert not core._matching
+    assert not core._matching.entries
     long_host = "a" * (_core._MATCHING_HOST + 1) + ".example.com"
     assert [rule.name for rule in core.matching("GET", "/api/x", long_host)] == ["api"]
-    assert not core._matching
+    assert not core._matching.entries
+
+
+def test_a_full_memo_keeps_nothing_more_and_starts_over_at_most_once_a_reset() -> None:
+    """A full memo does not empty itself for every new key (which would churn when more
+    keys are in use than it holds): it starts over when it fills for the first time, and
+    after that once _MEMO_RESET seconds have passed since, not sooner."""
+    memo: _core._Memo[int, str] = _core._Memo(3)
+    for key in range(3):
+        memo.keep(key, str(key))
+    # Full for the first time: it starts over with the new key.
+    memo.keep(3, "3")
+    assert memo.entries == {3: "3"}
+    for key in range(4, 10):
+        memo.keep(key, str(key))
+    assert memo.entries == {3: "3", 4: "4", 5: "5"}
+    assert memo.until > 0
+    # As if the reset time had passed.
+    memo.until -= _core._MEMO_RESET
+    memo.keep(10, "10")
+    assert memo.entries == {10: "10"}

@@ -70,28 +70,28 @@ def test_planned_checks_are_what_planning_afresh_gives(
     assert first == again == expected
     refused = isinstance(first, tuple)
     # A refused call is never kept: it is refused again, with the same words.
-    assert (len(core._planned) == 0) == (refused or len(identity) > _core._PLANNED_IDENTITY)
+    assert (len(core._planned.entries) == 0) == (refused or len(identity) > _core._PLANNED_IDENTITY)
 
 
 def test_the_memo_is_bounded_and_takes_only_plain_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At most _PLANNED_CACHE calls are kept (the memo starts over when full); a call with
+    """At most _PLANNED_CACHE calls are kept (see _Memo); a call with
     ip=, keys=, an identity longer than _PLANNED_IDENTITY or arguments of other types is
     planned afresh every time and never kept."""
     monkeypatch.setattr(_core, "_PLANNED_CACHE", 8)
     core = Core(compile_policy(POLICY), cluster=False)
     for index in range(100):
         core.for_limit("hit", "api", f"user-{index}", None, 1)
-        assert 1 <= len(core._planned) <= 8
-    core._planned.clear()
+        assert 1 <= len(core._planned.entries) <= 8
+    core._planned.entries.clear()
     core.for_limit("hit", "by-ip", None, None, 1, ip="203.0.113.9")
     core.for_limit("hit", "per-org", None, None, 1, keys={"org": "acme"})
     core.for_limit("hit", "api", "y" * (_core._PLANNED_IDENTITY + 1), None, 1)
-    assert core._planned == {}
+    assert core._planned.entries == {}
     # The same user with ip= is counted as the user, planned afresh.
     with_ip = core.for_limit("hit", "api", "alice", None, 1, ip="203.0.113.9")
     plain = core.for_limit("hit", "api", "alice", None, 1)
     assert _plan(with_ip) == _plan(plain)
-    assert list(core._planned) == [("api", "alice", None, 1)]
+    assert list(core._planned.entries) == [("api", "alice", None, 1)]
 
 
 def test_a_remembered_plan_is_a_new_call_every_time() -> None:
