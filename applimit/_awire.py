@@ -419,13 +419,12 @@ class AsyncWire(OneServer):
                 f"Redis did not answer {count} limiter calls within {self._timeout} s"
             ) from None
         except OSError as error:
-            # The direct write's: the connection was lost (redis-py's words for it).
+            # The direct write's (the reads translate theirs): the connection was lost
+            # before any of the batch was answered.
             await connection.disconnect(nowait=True)
-            if not replies:
-                raise _ClosedUnread(f"Error while writing to socket: {error.args}") from error
-            raise redis.exceptions.ConnectionError(
-                f"Error while reading from socket: {error.args}"
-            ) from error
+            if replies:
+                raise
+            raise _ClosedUnread(f"Error while writing to socket: {error.args}") from error
         except BaseException:
             # Replies left unread would be taken for the next batch's: drop the socket.
             await connection.disconnect(nowait=True)
