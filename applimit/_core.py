@@ -571,6 +571,12 @@ _MATCHING_CACHE = 4096
 # no longer than this (a longer one is planned anew every call, as before).
 _PLANNED_CACHE = 4096
 _PLANNED_IDENTITY = 256
+# for_request's planned checks: as many, and client addresses no longer than this (an
+# IPv6 address with a zone is at most 45 + a few characters; longer is no address).
+_PLANNED_IP = 64
+# Distinct sets of matching limits given a key of their own (see _Group); a policy's
+# matchers make a handful, so this bound is never reached in practice.
+_GROUPS = 1024
 # How often a full memo may start over, in seconds.
 _MEMO_RESET = 60.0
 _K = TypeVar("_K")
@@ -610,6 +616,25 @@ _MATCHING_PATH = 1024
 _MATCHING_HOST = 255  # a DNS name is at most 253 characters, a port adds a few
 
 
+class _Group:
+    """The limits that match a request (Core.matching): one object per distinct set, so
+    that the plans of requests to different paths that match the same limits are
+    remembered once (for_request's memo is keyed by the object, hashed by identity).
+
+    ``by_ip``: whether a plan of this set can depend on the client address when the
+    caller is a user (a per-IP limit, or a ``per:`` key limit, which counts a caller
+    without the key by address); ``keyed``: whether the set has its key (it is interned);
+    past _GROUPS sets one does not, and the plans of its requests are not remembered.
+    """
+
+    __slots__ = ("by_ip", "keyed", "rules")
+
+    def __init__(self, rules: tuple[AppRule, ...], keyed: bool) -> None:
+        self.rules = rules
+        self.by_ip = any(rule.per_ip or rule.per_key is not None for rule in rules)
+        self.keyed = keyed
+
+
 class Core:
     """Builds plans from requests and decisions from replies; holds no connection."""
 
@@ -631,9 +656,10 @@ class Core:
         # middleware asks matches() before identify() and check_request() after it, and
         # both read this instead of decoding the path and walking the matchers twice.
         # Bounded (see _Memo), so a stream of unique paths costs a lookup, never memory.
-        self._matching: _Memo[tuple[str, str, str | None], tuple[AppRule, ...]] = _Memo(
-            _MATCHING_CACHE
-        )
+        self._matching: _Memo[tuple[str, str, str | None], _Group] = _Memo(_MATCHING_CACHE)
+        # One _Group per distinct set of matching limits (by their names), kept for the
+        # limiter's life: the plan memo below holds them as keys.
+        self._groups: dict[tuple[str, ...], _Group] = {}
         # The checks of for_limit's commonest calls (a user, a limit by name, a tier, a
         # cost), planned once: the rule, tier and cost checks, the identity's escaping and
         # the keys are the same for every call of a user. Bounded like the matching memo:
@@ -641,21 +667,35 @@ class Core:
         self._planned: _Memo[tuple[str, str, str | None, int], tuple[Check, ...]] = _Memo(
             _PLANNED_CACHE
         )
+        # for_request's the same way, per (set of matching limits, user or None, client
+        # address where the set counts by it, tier, cost): what the middleware asks.
+        self._requested: _Memo[
+            tuple[_Group, str | None, str | None, str | None, int], tuple[Check, ...]
+        ] = _Memo(_PLANNED_CACHE)
 
     def matching(self, method: str, path: str, host: str | None) -> tuple[AppRule, ...]:
         """The limits the middleware applies that match this request, in policy order
         (every tier: the tier is applied by the caller). Pure, and remembered."""
+        return self._match(method, path, host).rules
+
+    def _match(self, method: str, path: str, host: str | None) -> _Group:
         key = (method, path, host)
         found = self._matching.entries.get(key)
         if found is None:
             # The router's path and its canonical form: a limit counts the request in any
             # form.
             forms = request_paths(path)
-            found = tuple(
+            rules = tuple(
                 rule
                 for rule in self.policy.rules
                 if rule.middleware and rule.matcher.matches_any(method, forms, host)
             )
+            names = tuple(rule.name for rule in rules)
+            found = self._groups.get(names)
+            if found is None:
+                found = _Group(rules, keyed=len(self._groups) < _GROUPS)
+                if found.keyed:
+                    self._groups[names] = found
             # Long paths and hosts (both the client's to choose) are not kept: the memo's
             # memory stays bounded by its entries.
             if len(path) <= _MATCHING_PATH and (host is None or len(host) <= _MATCHING_HOST):
@@ -900,6 +940,49 @@ class Core:
     ) -> Prepared:
         """The plan for ``check_request``: every limit whose matcher applies, each counted
         by what it names (the user, the client IP, or an app key from ``keys``)."""
+        group = self._match(method, path, host)
+        if (
+            (keys is None or (not keys and (type(keys) is dict or type(keys) is MappingProxyType)))
+            and group.keyed
+            and (identity is None or (type(identity) is str and len(identity) <= _PLANNED_IDENTITY))
+            and (ip is None or (type(ip) is str and len(ip) <= _PLANNED_IP))
+            and type(cost) is int
+            and (tier is None or type(tier) is str)
+        ):
+            # A request without app keys (most requests): its checks as planned before for
+            # the same limits, caller, tier and cost. The address is part of the key only
+            # where a plan can depend on it: an anonymous caller's, or a set with a limit
+            # that counts by address.
+            memo = (
+                group,
+                identity,
+                ip if identity is None or group.by_ip else None,
+                tier,
+                cost,
+            )
+            planned = self._requested.entries.get(memo)
+            if planned is None:
+                planned = tuple(
+                    self._request_checks(group, identity, tier=tier, cost=cost, ip=ip, keys=None)
+                )
+                self._requested.keep(memo, planned)
+            return self.prepare(operation, planned)
+        return self.prepare(
+            operation,
+            self._request_checks(group, identity, tier=tier, cost=cost, ip=ip, keys=keys),
+        )
+
+    def _request_checks(
+        self,
+        group: _Group,
+        identity: object,
+        *,
+        tier: object,
+        cost: object,
+        ip: object,
+        keys: object,
+    ) -> list[Check]:
+        """The checks of ``for_request``, every argument checked."""
         resolved = self.tier(tier)
         counted = self.cost(cost)
         checked = self.keys(identity, keys)
@@ -907,7 +990,7 @@ class Core:
         # The tag of each kind of identity (user, ip, an app key), made once however many
         # limits use it.
         tags: dict[str | None, str] = {}
-        for rule in self.matching(method, path, host):
+        for rule in group.rules:
             if resolved not in rule.tiers:
                 continue
             # None: by address (per: ip, or an anonymous caller of a per-user limit).
@@ -933,7 +1016,7 @@ class Core:
                         block,
                     )
                 )
-        return self.prepare(operation, checks)
+        return checks
 
     def prepare(self, operation: Operation, checks: Sequence[Check]) -> Prepared:
         """Group ``checks`` into script calls: one, or one per hash slot on Redis Cluster."""
