@@ -382,9 +382,10 @@ class AsyncWire(OneServer):
         write in ``asyncio.wait_for``, a task and a timer of its own per batch (about 4% of
         an async decision's CPU), where the batch's deadline already bounds it.
         """
-        direct = _hiredis.direct(connection)
+        direct = _hiredis.direct(connection) and _hiredis.plain_send(connection)
         if not direct:
-            # Not connected (redis-py connects it), or a parser read through redis-py.
+            # Not connected (redis-py connects it), a parser read through redis-py, or a
+            # connection class that sends its own way (counting or tracing what it sends).
             await connection.send_packed_command(packed, check_health=False)
         replies: Replies = []
         try:

@@ -21,6 +21,8 @@ import asyncio
 from typing import Any
 
 import redis
+import redis.asyncio.connection
+import redis.connection
 
 from ._protocol import Replies
 
@@ -42,6 +44,20 @@ except AttributeError:  # pragma: no cover - hiredis before 3.2 has no push type
     _PUSH = None
 
 _CLOSED = "Connection closed by server."
+
+
+# redis-py's own way to send, sync and asyncio: a connection class that overrides it (to
+# count, trace or alter what it sends) is written through it, never directly.
+_OWN_SENDS = (
+    redis.connection.AbstractConnection.send_packed_command,
+    redis.asyncio.connection.AbstractConnection.send_packed_command,
+)
+
+
+def plain_send(connection: Any) -> bool:
+    """Whether ``connection``'s class sends as redis-py does (it does not override
+    ``send_packed_command``), so that the limiter's wire may write its socket itself."""
+    return type(connection).send_packed_command in _OWN_SENDS
 
 
 def direct(connection: Any) -> bool:

@@ -123,14 +123,21 @@ def _adopt(connection: Any) -> None:
     takes two, its send and its receive; the kernel's own timeouts bound them the same
     way, per call. Only redis-py's plain sockets on Linux with its hiredis parser are
     adopted: a TLS socket buffers inside OpenSSL, and elsewhere the timeval's layout is
-    not known here; those keep redis-py's reads and writes. The connection's other users
-    (redis-py's ``read_response`` in a push handler, ``disconnect``) work the same on a
-    blocking socket, a timeout there read as a failure of the connection.
+    not known here; those keep redis-py's reads and writes, as does a connection class
+    that overrides ``send_packed_command`` (to count or trace what it sends). The
+    connection's other users (redis-py's ``read_response`` in a push handler,
+    ``disconnect``) work the same on a blocking socket, a timeout there read as a failure
+    of the connection.
     """
     sock = connection._sock
     setattr(connection, _SEEN, sock)
     setattr(connection, _DIRECT, None)
-    if not _KERNEL_TIMEOUTS or type(sock) is not socket.socket or not _hiredis.direct(connection):
+    if (
+        not _KERNEL_TIMEOUTS
+        or type(sock) is not socket.socket
+        or not _hiredis.direct(connection)
+        or not _hiredis.plain_send(connection)
+    ):
         return
     timeout = connection.socket_timeout
     if timeout is not None:

@@ -824,3 +824,69 @@ async def test_the_async_wire_writes_to_the_stream_and_resends_after_a_lost_conn
         assert sent_by_redis_py == 1
     finally:
         await limiter.aclose()
+
+
+class _CountingConnection(redis.Connection):
+    """A connection class that sees what it sends, as an app's tracing one would."""
+
+    sent = 0
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        type(self).sent += 1
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+
+
+class _AsyncCountingConnection(redis.asyncio.Connection):
+    sent = 0
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        type(self).sent += 1
+        await super().send_packed_command(command, check_health)
+
+
+def test_a_connection_class_that_sends_its_own_way_sees_every_write(
+    redis_server: RedisServer,
+) -> None:
+    """A client whose connection class overrides send_packed_command (to count or trace
+    what it sends) has every decision written through it: the sync wire does not write
+    such a socket itself; a plain connection class is still written directly."""
+    pool = redis.ConnectionPool(
+        host=redis_server.host, port=redis_server.port, connection_class=_CountingConnection
+    )
+    client = redis.Redis(connection_pool=pool)
+    limiter = Limiter(policy.loads(POLICY), redis=client)
+    try:
+        _CountingConnection.sent = 0
+        for expected in range(999, 989, -1):
+            assert limiter.hit("log", "counted").remaining == expected
+        assert _CountingConnection.sent >= 10
+        (connection,) = limiter._wire._idle
+        assert getattr(connection, _wire._DIRECT) is None
+    finally:
+        limiter.close()
+        client.close()
+
+
+async def test_an_async_connection_class_that_sends_its_own_way_sees_every_write(
+    redis_server: RedisServer,
+) -> None:
+    """The same for the async wire: its batches go through the class's own
+    send_packed_command, and decisions stay exact."""
+    pool = redis.asyncio.ConnectionPool(
+        host=redis_server.host,
+        port=redis_server.port,
+        connection_class=_AsyncCountingConnection,
+    )
+    client = redis.asyncio.Redis(connection_pool=pool)
+    limiter = AsyncLimiter(policy.loads(POLICY), redis=client)
+    try:
+        _AsyncCountingConnection.sent = 0
+        decisions = await asyncio.gather(*(limiter.hit("log", "counted-a") for _ in range(20)))
+        assert sorted(d.remaining for d in decisions) == list(range(980, 1000))
+        for _ in range(5):
+            await limiter.hit("log", "counted-a")
+        # At least one write per batch: the gathered decisions, then each awaited one.
+        assert _AsyncCountingConnection.sent >= 6
+    finally:
+        await limiter.aclose()
+        await client.aclose()
