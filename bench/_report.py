@@ -121,10 +121,25 @@ def all_targets(results: Sequence[Result]) -> list[tuple[Result, Target]]:
     return [(r, t) for r in results for t in r.targets]
 
 
+def _load_line(machine: dict[str, Any]) -> str:
+    """A run's cores and load average, as the report states them."""
+    return (
+        f"{machine.get('cores')} cores, one-minute load average "
+        f"{machine['load_average'][0]} at the start and "
+        f"{machine['load_average_after'][0]} at the end"
+    )
+
+
 def render_markdown(
-    results: Sequence[Result], machine: dict[str, Any], *, chart: str | None
+    results: Sequence[Result],
+    machine: dict[str, Any],
+    *,
+    chart: str | None,
+    others: Sequence[tuple[dict[str, Any], Sequence[Result]]] = (),
 ) -> str:
-    """The whole of ``docs/benchmarks.md`` for ``results``; ``chart`` is its relative path."""
+    """The whole of ``docs/benchmarks.md`` for ``results``; ``chart`` is its relative path.
+    ``others``: other runs (their machine and results), whose targets are shown beside
+    this run's, so that a reader sees how far one run's figures move in the next."""
     out: list[str] = [
         "# Benchmarks",
         "",
@@ -159,13 +174,18 @@ def render_markdown(
     ]
     if machine.get("load_average") and machine.get("load_average_after"):
         out += [
-            f"This run: {machine.get('cores')} cores, one-minute load average "
-            f"{machine['load_average'][0]} at the start and "
-            f"{machine['load_average_after'][0]} at the end (other work shares the "
-            "machine; see Machine at the end)"
+            f"This run: {_load_line(machine)} (other work shares the machine; see Machine "
+            "at the end)"
             + (f"; applimit {machine['applimit']}." if machine.get("applimit") else "."),
             "",
         ]
+    for number, (other, _) in enumerate(others, start=2):
+        if other.get("load_average") and other.get("load_average_after"):
+            out += [
+                f"Run {number}, shown beside it in the targets: {_load_line(other)}, "
+                f"started {other.get('date', '?')}, commit {other.get('commit', '?')}.",
+                "",
+            ]
     quick = [r.name for r in results if r.quick]
     if quick:
         out += [
@@ -174,11 +194,35 @@ def render_markdown(
             "",
         ]
     out += ["## Targets", ""]
+    other_targets = [
+        {t.key: t for _, t in all_targets(other_results)} for _, other_results in others
+    ]
     rows = [
-        [t.text, t.goal, t.shown, f"**{t.status}**", t.shown_spread, r.name, t.note]
+        [
+            t.text,
+            t.goal,
+            t.shown,
+            f"**{t.status}**",
+            t.shown_spread,
+            *(
+                f"{found[t.key].shown} ({found[t.key].status})" if t.key in found else "-"
+                for found in other_targets
+            ),
+            r.name,
+            t.note,
+        ]
         for r, t in all_targets(results)
     ]
-    columns = ["target", "goal", "measured", "status", "middle half", "benchmark", "note"]
+    columns = [
+        "target",
+        "goal",
+        "measured",
+        "status",
+        "middle half",
+        *(f"run {number}" for number in range(2, len(others) + 2)),
+        "benchmark",
+        "note",
+    ]
     out += _table(columns, rows)
     out += [
         "",

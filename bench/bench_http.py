@@ -579,9 +579,11 @@ def run(settings: Settings) -> Result:
         "process (its overshoot bound is in docs/applimit.md). What it still leaves below "
         "the bare app is the middleware's own work per request, Redis or not: reading the "
         "request, matching the limits, identify(), the decision's bookkeeping and the "
-        "headers (bench/profiles counts it: some 280k instructions per ASGI request and "
-        "210k per WSGI one, of which about 110k and 100k are the middleware around the "
-        "limiter's decision)."
+        "headers (bench/profiles counts it: some 245k instructions per ASGI request and "
+        "175k per WSGI one, of which about 105k and 90k are the middleware around the "
+        "limiter's decision). On a machine of two cores, the Redis server's time per "
+        "decision (the script's: see the Redis CPU section) is taken from the same cores "
+        "as the app's and wrk's, where one PING takes next to none."
     )
     result.notes.append(
         "Each variant is its own server process, started together and measured in turn "

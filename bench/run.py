@@ -30,6 +30,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from ._common import ROOT, Result, Settings, now_iso
 from ._report import machine_info, render_chart, render_markdown
@@ -77,6 +78,19 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--docs", type=Path, help=f"Markdown report (default {DEFAULT_DOCS})")
     parser.add_argument("--no-docs", action="store_true", help="write results only")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    parser.add_argument(
+        "--also",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="RESULTS",
+        help="another run's results directory: its targets shown beside this run's",
+    )
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="run nothing: write the report from --results (and --also) as they are",
+    )
     return parser.parse_args(argv)
 
 
@@ -125,17 +139,26 @@ def _print_result(result: Result) -> None:
         print(f"  note: {note}")
 
 
-def write_docs(results_dir: Path, docs: Path) -> None:
-    """Regenerate the Markdown report and its chart beside it from ``results_dir``."""
+def _machine(results_dir: Path) -> dict[str, Any]:
+    path = results_dir / "machine.json"
+    found: dict[str, Any] = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return found
+
+
+def write_docs(results_dir: Path, docs: Path, also: Sequence[Path] = ()) -> None:
+    """Regenerate the Markdown report and its chart beside it from ``results_dir``;
+    the targets of the runs in ``also`` are shown beside its own."""
     results = load_results(results_dir)
-    machine_path = results_dir / "machine.json"
-    machine = json.loads(machine_path.read_text(encoding="utf-8")) if machine_path.is_file() else {}
+    machine = _machine(results_dir)
+    others = [(_machine(other), load_results(other)) for other in also]
     # Named after the report: docs/benchmarks.md's is docs/benchmarks.svg.
     chart = docs.with_suffix(".svg")
     render_chart(results, chart)
     relative = os.path.relpath(chart, docs.parent) if chart.exists() else None
     docs.parent.mkdir(parents=True, exist_ok=True)
-    docs.write_text(render_markdown(results, machine, chart=relative), encoding="utf-8")
+    docs.write_text(
+        render_markdown(results, machine, chart=relative, others=others), encoding="utf-8"
+    )
     print(f"\nwrote {docs} and {chart}")
 
 
@@ -150,6 +173,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = _selection(args.only)
     settings = _settings(args)
     results_dir = args.results or (DEFAULT_RESULTS / "quick" if args.quick else DEFAULT_RESULTS)
+    for directory in [results_dir, *args.also] if args.report else args.also:
+        if not (directory / "machine.json").is_file():
+            raise SystemExit(f"{directory} holds no results of a run (no machine.json).")
+    if args.report:
+        write_docs(results_dir, args.docs or DEFAULT_DOCS, args.also)
+        return 0
     results_dir.mkdir(parents=True, exist_ok=True)
     machine = machine_info()
     failed: list[str] = []
@@ -191,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if docs is None and not args.quick:
         docs = DEFAULT_DOCS
     if docs is not None and not args.no_docs:
-        write_docs(results_dir, docs)
+        write_docs(results_dir, docs, args.also)
     if failed:
         print(f"\nfailed to run: {', '.join(failed)}", file=sys.stderr)
         return 2 if missing else 1

@@ -83,6 +83,44 @@ def test_quick_run_writes_results_report_and_chart(tmp_path: Path) -> None:
     assert all(math.isfinite(us) and us > 0 for us in ladder.values())
     assert "Where the script's time goes" in report
 
+    # A second run's targets beside the first's: the report alone, from the two runs'
+    # results (here the second is the first, with one target's figure changed).
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("sync.json", "redis_cost.json", "machine.json"):
+        (other / name).write_text((tmp_path / "results" / name).read_text(encoding="utf-8"))
+    changed = json.loads((other / "sync.json").read_text(encoding="utf-8"))
+    changed["targets"][0]["measured"] = 0.123
+    (other / "sync.json").write_text(json.dumps(changed), encoding="utf-8")
+    both = tmp_path / "both.md"
+    arguments = ["--results", str(tmp_path / "results"), "--also", str(other)]
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--report", *arguments, "--docs", str(both)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    rows = [line for line in both.read_text(encoding="utf-8").splitlines() if line.startswith("|")]
+    assert "| run 2 |" in rows[0]
+    first = next(row for row in rows if row.startswith(f"| {result['targets'][0]['text']} |"))
+    assert "| 0.12x (MISS) |" in first
+    assert "Run 2, shown beside it in the targets" in both.read_text(encoding="utf-8")
+    # A directory that holds no run is refused, and nothing is written.
+    refused = ["--also", str(tmp_path), "--docs", str(tmp_path / "none.md")]
+    missing = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--report", *arguments[:2], *refused],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert missing.returncode != 0 and "no machine.json" in missing.stderr
+    assert not (tmp_path / "none.md").exists()
+
 
 def test_compare_reports_each_target_of_both_versions() -> None:
     """bench.compare's report: one row per target both versions measured, the median of
