@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ from ._common import (
     quartiles,
     ratios,
     redis_server,
+    server_cpu_seconds,
 )
 
 NAME = "async"
@@ -83,6 +85,8 @@ class Tally:
     denied: int = 0
     wall: float = 0.0
     cpu: float = 0.0
+    # The Redis server's CPU time (user + system) over the same slices.
+    server: float = 0.0
 
     @property
     def cpu_per_decision_us(self) -> float:
@@ -90,13 +94,30 @@ class Tally:
         return self.cpu * 1e6 / self.decisions if self.decisions else float("nan")
 
     @property
+    def server_per_decision_us(self) -> float:
+        """The Redis server's CPU time per decision, in µs (the script and the I/O)."""
+        return self.server * 1e6 / self.decisions if self.decisions else float("nan")
+
+    @property
+    def server_busy(self) -> float:
+        """The Redis server's CPU time over wall time: near 1, Redis sets the pace."""
+        return self.server / self.wall if self.wall else float("nan")
+
+    @property
     def busy(self) -> float:
         """CPU time over wall time: near 1, the event loop is the bottleneck."""
         return self.cpu / self.wall if self.wall else float("nan")
 
 
-def _runner(loop: asyncio.Runner, decide: Decide, ids: Identities, tally: Tally) -> Runner:
-    """A runner: CALLERS coroutines calling ``decide`` until the slice is over."""
+def _runner(
+    loop: asyncio.Runner,
+    decide: Decide,
+    ids: Identities,
+    tally: Tally,
+    server_cpu: Callable[[], float],
+) -> Runner:
+    """A runner: CALLERS coroutines calling ``decide`` until the slice is over;
+    ``server_cpu`` reads the Redis server's CPU time, before and after each slice."""
 
     async def caller(deadline: float) -> int:
         done = 0
@@ -113,10 +134,12 @@ def _runner(loop: asyncio.Runner, decide: Decide, ids: Identities, tally: Tally)
         return sum(counts)
 
     def run(seconds: float) -> int:
+        server = server_cpu()
         wall, cpu = time.perf_counter(), time.process_time()
         done = loop.run(burst(seconds))
         tally.wall += time.perf_counter() - wall
         tally.cpu += time.process_time() - cpu
+        tally.server += server_cpu() - server
         tally.decisions += done
         return done
 
@@ -266,7 +289,10 @@ def run(settings: Settings) -> Result:
                     key = f"{shape}_{alg}"
                     tallies[key] = Tally()
                     ids = Identities(f"user-{key}", IDENTITIES)
-                    variants.append(Variant(key, key, _runner(loop, decide, ids, tallies[key])))
+                    runner = _runner(
+                        loop, decide, ids, tallies[key], lambda: server_cpu_seconds(admin)
+                    )
+                    variants.append(Variant(key, key, runner))
             # Every slice gathers 256 coroutines and waits for the slowest: longer slices.
             result.rates = interleave(variants, settings.stretched(4))
         finally:
@@ -327,19 +353,43 @@ def run(settings: Settings) -> Result:
     for alg in ALGORITHMS:
         share = median(ratios(result.rates[f"limiter_{alg}"], result.rates[f"batched_{alg}"]))
         tally = tallies[f"limiter_{alg}"]
-        verdict = (
-            "the event loop is the bottleneck, so a higher rate has to come from a cheaper "
-            "decision in Python"
-            if tally.busy >= BUSY
-            else "the loop also waited (for Redis, or for a CPU on this shared machine)"
-        )
+        # What one Redis can serve at its CPU per decision, against the baseline's rate.
+        server_cap = 1e6 / tally.server_per_decision_us
+        cap_ratio = server_cap / median(result.rates[f"baseline_{alg}"])
+        if tally.busy >= BUSY and tally.server_busy >= BUSY:
+            verdict = (
+                "both are near a core each (this machine has "
+                f"{os.cpu_count()}), so a higher rate needs a cheaper decision in Python "
+                f"and in Redis: at its CPU per decision one Redis serves at most about "
+                f"{server_cap:,.0f} decisions/s, {cap_ratio:.1f}x the baseline"
+            )
+        elif tally.busy >= BUSY:
+            verdict = (
+                "the event loop is the bottleneck, so a higher rate has to come from a "
+                "cheaper decision in Python"
+            )
+        elif tally.server_busy >= BUSY:
+            verdict = (
+                f"Redis is the bottleneck: at its CPU per decision it serves at most about "
+                f"{server_cap:,.0f} decisions/s, {cap_ratio:.1f}x the baseline"
+            )
+        else:
+            verdict = "the loop also waited (for Redis, or for a CPU on this shared machine)"
         result.notes.append(
             f"{alg}: the limiter reaches {share:.0%} of the minimal batcher's rate (median "
             f"of per-round ratios); its process used {tally.busy:.0%} of a core, "
-            f"{tally.cpu_per_decision_us:.0f} µs of CPU per decision: {verdict}."
+            f"{tally.cpu_per_decision_us:.0f} µs of CPU per decision, and the Redis server "
+            f"{tally.server_busy:.0%} of a core, {tally.server_per_decision_us:.0f} µs per "
+            f"decision: {verdict}."
         )
     result.data["tallies"] = {
-        k: {**vars(v), "cpu_per_decision_us": v.cpu_per_decision_us, "busy": v.busy}
+        k: {
+            **vars(v),
+            "cpu_per_decision_us": v.cpu_per_decision_us,
+            "busy": v.busy,
+            "server_per_decision_us": v.server_per_decision_us,
+            "server_busy": v.server_busy,
+        }
         for k, v in tallies.items()
     }
     lost = {k: v.denied for k, v in tallies.items() if v.denied}
