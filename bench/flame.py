@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import html
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -47,6 +49,8 @@ RATE = 1000
 LOOP_FRAME = "_counted.<locals>.once (bench/callgrind.py)"
 # What each file's summary lists.
 TOP = 40
+# Seconds one scenario's recording may take (a recording takes well under a minute).
+TIMEOUT = 300.0
 
 Stacks = Counter[tuple[str, ...]]
 
@@ -170,13 +174,49 @@ def py_spy() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
-def record(scenario: str, url: str, decisions: int, work: Path) -> Stacks:
+class RecordingError(RuntimeError):
+    """A recording that failed or ran past its time; ``output`` is what it printed."""
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output
+
+
+def run_bounded(command: Sequence[str], timeout: float) -> str:
+    """Run ``command`` (py-spy and the workload it starts) in a process group of its own
+    and return its output; past ``timeout`` seconds the whole group is killed (py-spy
+    has been seen to stall, stopping its workload far more often than it samples, and
+    killing py-spy alone would leave the workload behind) and RecordingError raised."""
+    process = subprocess.Popen(
+        list(command),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        raise RecordingError(
+            f"not finished within {timeout:.0f} s, stopped (--timeout sets the limit)", output
+        ) from None
+    if process.returncode != 0:
+        raise RecordingError(f"exited with status {process.returncode}", output)
+    return output
+
+
+def record(
+    scenario: str, url: str, decisions: int, work: Path, *, timeout: float = TIMEOUT
+) -> Stacks:
     """Run ``scenario``'s workload under py-spy; its stacks inside the counted loop."""
     raw = work / f"{scenario}.raw"
     executable = py_spy()
     if executable is None:
         raise RuntimeError("py-spy is not installed")
-    subprocess.run(
+    run_bounded(
         [
             executable,
             "record",
@@ -191,9 +231,7 @@ def record(scenario: str, url: str, decisions: int, work: Path) -> Stacks:
             "--",
             *child_command(scenario, url, decisions),
         ],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
+        timeout,
     )
     stacks = folded(raw.read_text(encoding="utf-8"))
     if not stacks:
@@ -207,6 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", default="", help=f"comma-separated of {', '.join(SCENARIOS)}")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for the files")
     parser.add_argument("--decisions", type=int, default=DECISIONS, help="decisions sampled")
+    parser.add_argument(
+        "--timeout", type=float, default=TIMEOUT, help="seconds a scenario may take"
+    )
     args = parser.parse_args(argv)
     if py_spy() is None:
         print("py-spy is not installed: pip install -e '.[bench]'", file=sys.stderr)
@@ -220,15 +261,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    failed: list[str] = []
     with redis_server() as server, tempfile.TemporaryDirectory() as temporary:
         for scenario in chosen:
-            stacks = record(scenario, server.url, args.decisions, Path(temporary))
+            try:
+                stacks = record(
+                    scenario, server.url, args.decisions, Path(temporary), timeout=args.timeout
+                )
+            except RecordingError as error:
+                # The other scenarios are still recorded; nothing of this one is written.
+                print(f"{scenario}: {error}\n{error.output.strip()}", file=sys.stderr)
+                failed.append(scenario)
+                continue
             (args.out / f"{scenario}.txt").write_text(
                 summary(scenario, stacks, args.decisions), encoding="utf-8"
             )
             title = f"{scenario}: {SCENARIOS[scenario]} ({sum(stacks.values()):,} samples)"
             (args.out / f"{scenario}.svg").write_text(svg(title, stacks), encoding="utf-8")
             print(f"{scenario}: {sum(stacks.values()):,} samples -> {args.out / scenario}.svg")
+    if failed:
+        print(f"not recorded: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.flame import LOOP_FRAME, folded, py_spy, shares, svg
+from bench.flame import LOOP_FRAME, RecordingError, folded, py_spy, run_bounded, shares, svg
 
 ROOT = Path(__file__).resolve().parent.parent
 SETUP = "_run_module_as_main (<frozen runpy>);<module> (bench/callgrind.py)"
@@ -91,3 +91,25 @@ def test_a_recording_of_sync_hit_has_the_limiter_under_the_loop(tmp_path: Path) 
     assert "Limiter.hit (applimit/_sync.py)" in text
     assert "_find_and_load" not in text
     ET.parse(tmp_path / "sync_hit.svg")
+
+
+def test_a_recording_past_its_time_is_stopped_with_everything_it_started() -> None:
+    """A command that does not finish (as a stalled py-spy would not) is killed at the
+    timeout together with the process it started (the workload), and the error says so;
+    a failing one is an error too, with what it printed."""
+    stuck = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen(['sleep', '60'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    with pytest.raises(RecordingError, match="not finished within 1 s") as caught:
+        run_bounded([sys.executable, "-c", stuck], timeout=1)
+    pid = int(caught.value.output.split()[0])
+    # The grandchild got the group's SIGKILL: it is gone, or a zombie until reaped.
+    state = Path(f"/proc/{pid}/stat")
+    assert not state.exists() or state.read_text().split()[2] == "Z"
+    with pytest.raises(RecordingError, match="status 3") as failed:
+        run_bounded([sys.executable, "-c", "print('no luck'); raise SystemExit(3)"], timeout=30)
+    assert "no luck" in failed.value.output
+    assert run_bounded([sys.executable, "-c", "print('fine')"], timeout=30).strip() == "fine"
