@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.cookies import CookieError, SimpleCookie
 from types import MappingProxyType
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from policy import QUOTA_EXCEEDED as _QUOTA_EXCEEDED
 from policy import KeyName, decode_path, header_key, normalize_host
@@ -74,7 +74,14 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 # --- who is calling ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+# A caller without keys (most callers) shares this one: identify() runs for every request.
+_NO_KEYS: Mapping[str, str] = MappingProxyType({})
+
+
+# init=False: Caller's own __init__ below, which every request's identify() runs. The
+# generated one would set each field through object.__setattr__ (frozen), make a dict for
+# the default keys, then call __post_init__ to check and set them again.
+@dataclass(frozen=True, slots=True, init=False)
 class Caller:
     """An authenticated caller, as the app's own auth sees it.
 
@@ -89,20 +96,27 @@ class Caller:
     tier: str | None = None
     keys: Mapping[str, str] = field(default_factory=dict, hash=False)
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self, user: str, tier: str | None = None, keys: Mapping[str, str] = _NO_KEYS
+    ) -> None:
         # Checked here, in the app's identify(), where a bug is easy to find: an empty id
         # would make every such caller share one quota.
-        if not isinstance(self.user, str) or not self.user:
+        if not isinstance(user, str) or not user:
             raise ValueError(
-                f"Caller.user must be a non-empty str (the user's stable id), not {self.user!r}"
+                f"Caller.user must be a non-empty str (the user's stable id), not {user!r}"
             )
-        # A dict (the default) skips the Mapping ABC's isinstance, the costlier check.
-        if type(self.keys) is not dict and not isinstance(self.keys, Mapping):
+        _set_user(self, user)
+        _set_tier(self, tier)
+        if keys is _NO_KEYS:
+            _set_keys(self, _NO_KEYS)
+            return
+        # A dict skips the Mapping ABC's isinstance, the costlier check.
+        if type(keys) is not dict and not isinstance(keys, Mapping):
             raise ValueError(
                 f"Caller.keys must be a mapping of key names to values, not "
-                f"{type(self.keys).__name__}; e.g. keys={{'org': org_id}}"
+                f"{type(keys).__name__}; e.g. keys={{'org': org_id}}"
             )
-        for name, value in self.keys.items():
+        for name, value in keys.items():
             # A name a limit's per: can use: a lower-case identifier, not user or ip (which
             # are Caller.user and the client address), as the policy's lint requires.
             if not isinstance(name, str) or not KeyName(name).valid:
@@ -118,14 +132,15 @@ class Caller:
                     "it, e.g. str(org.id), or leave the key out (the caller is then counted "
                     "by client IP)"
                 )
-        # A copy that cannot change: the caller is frozen, its keys too. Most callers have
-        # none: they share one empty mapping (an identify() runs for every request).
-        object.__setattr__(
-            self, "keys", MappingProxyType(dict(self.keys)) if self.keys else _NO_KEYS
-        )
+        # A copy that cannot change: the caller is frozen, its keys too.
+        _set_keys(self, MappingProxyType(dict(keys)) if keys else _NO_KEYS)
 
 
-_NO_KEYS: Mapping[str, str] = MappingProxyType({})
+# The slots' own setters: what object.__setattr__ reaches on a frozen instance, without
+# the call through it.
+_set_user, _set_tier, _set_keys = (
+    getattr(Caller, name).__set__ for name in ("user", "tier", "keys")
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,19 +311,44 @@ def _origin_form(target: str) -> str:
     return target
 
 
-# RequestInfo as from_asgi builds it for every request: the slots' own setters, not the
-# frozen dataclass' __init__ (an object.__setattr__ per field). The same object, still
-# frozen to everyone else; a test holds it to the constructor's.
-_new_request = object.__new__
-_request_setters = tuple(getattr(RequestInfo, name).__set__ for name in RequestInfo.__slots__)
+# RequestInfo as from_asgi and from_wsgi build it for every request: a plain class with
+# the same slots, filled by attribute stores, then made the frozen class (as
+# applimit._decision builds its results), not the frozen dataclass' __init__ (an
+# object.__setattr__ per field). The same object, still frozen to everyone else; tests
+# hold it to the constructor's.
+class _RequestSlots:
+    __slots__ = RequestInfo.__slots__
+
+    def __init__(  # noqa: PLR0917 (the fields of RequestInfo, in order)
+        self,
+        method: str,
+        path: str,
+        raw_path: str,
+        host: str,
+        headers: tuple[tuple[str, str], ...],
+        peer: str | None,
+        query_string: str,
+        kind: Literal["asgi", "wsgi", "other"],
+        native: Mapping[str, Any],
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.raw_path = raw_path
+        self.host = host
+        self.headers = headers
+        self.peer = peer
+        self.query_string = query_string
+        self.kind = kind
+        self.native = native
+        self.__class__ = RequestInfo  # type: ignore[assignment]
 
 
-def _request_info(*fields: Any) -> RequestInfo:
-    """``RequestInfo(*fields)`` with every field given, in order, built faster."""
-    request: RequestInfo = _new_request(RequestInfo)
-    for setter, value in zip(_request_setters, fields, strict=True):
-        setter(request, value)
-    return request
+# ``RequestInfo(...)`` with every field given in order, built faster: to the type checker
+# the class itself.
+if TYPE_CHECKING:
+    _request_info = RequestInfo
+else:
+    _request_info = _RequestSlots
 
 
 def _first(headers: tuple[tuple[str, str], ...], name: str) -> str | None:
@@ -597,6 +637,38 @@ class Subject:
     keys: Mapping[str, str] = field(default_factory=dict)
 
 
+# Subject and Outcome as the gate builds them for every request: plain classes with the
+# same slots, filled by attribute stores, then made the frozen class (see _RequestSlots).
+class _SubjectSlots:
+    __slots__ = Subject.__slots__
+
+    def __init__(self, identity: str | None, tier: str, ip: str, keys: Mapping[str, str]) -> None:
+        self.identity = identity
+        self.tier = tier
+        self.ip = ip
+        self.keys = keys
+        self.__class__ = Subject  # type: ignore[assignment]
+
+
+class _OutcomeSlots:
+    __slots__ = Outcome.__slots__
+
+    def __init__(self, headers: tuple[tuple[str, str], ...], refusal: Refusal | None) -> None:
+        self.headers = headers
+        self.refusal = refusal
+        self.__class__ = Outcome  # type: ignore[assignment]
+
+
+# ``Subject(...)`` and ``Outcome(...)`` with every field given in order, built faster: to
+# the type checker the classes themselves.
+if TYPE_CHECKING:
+    _subject = Subject
+    _outcome = Outcome
+else:
+    _subject = _SubjectSlots
+    _outcome = _OutcomeSlots
+
+
 class Gate:
     """Everything the middleware decides that is not I/O.
 
@@ -648,7 +720,7 @@ class Gate:
         """
         ip = self.proxies.client_ip(request)
         if caller is None:
-            return Subject(identity=None, tier=self.lowest_tier, ip=ip)
+            return _subject(None, self.lowest_tier, ip, _NO_KEYS)
         # Typed as object: identify() is the app's code, and its tier may not be a str.
         claimed: object = caller.tier or self.lowest_tier
         if isinstance(claimed, str) and claimed in self.tiers:
@@ -669,7 +741,7 @@ class Gate:
                 )
             tier = self.lowest_tier
         identity = caller.user
-        return Subject(identity=identity, tier=tier, ip=ip, keys=caller.keys)
+        return _subject(identity, tier, ip, caller.keys)
 
     def identify_failed(self, request: RequestInfo, error: Exception) -> Outcome | None:
         """What ``on_identify_error`` makes of an exception raised by ``identify``.
@@ -819,20 +891,22 @@ class Gate:
             remaining = 0
         reset = delay_seconds(result.reset_after)
         if self.legacy_headers:
-            return Outcome(
-                headers=(
+            return _outcome(
+                (
                     ("RateLimit-Policy", policy),
                     ("RateLimit", f"{key};r={remaining};t={reset}"),
                     ("X-RateLimit-Limit", str(quota)),
                     ("X-RateLimit-Remaining", str(remaining)),
                     ("X-RateLimit-Reset", str(reset)),
-                )
+                ),
+                None,
             )
-        return Outcome(
-            headers=(
+        return _outcome(
+            (
                 ("RateLimit-Policy", policy),
                 ("RateLimit", f"{key};r={remaining};t={reset}"),
-            )
+            ),
+            None,
         )
 
     def _legacy(self, item: PolicyItem | None) -> list[tuple[str, str]]:

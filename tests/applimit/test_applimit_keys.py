@@ -8,6 +8,7 @@ user's and the organisation's keys live in different slots).
 
 from __future__ import annotations
 
+import dataclasses
 from types import MappingProxyType
 from typing import Any
 
@@ -203,6 +204,17 @@ def test_caller_keys_are_checked_and_frozen() -> None:
     with pytest.raises(ValueError, match="non-empty str"):
         Caller("alice", keys={"org": ""})
     assert Caller("alice") == Caller("alice", None, {})
+    # Caller's own __init__ (not the dataclass'): every field set, by keyword too, the
+    # same refusals, and still frozen.
+    assert Caller(user="bob", keys={"org": "a"}, tier="pro") == Caller("bob", "pro", {"org": "a"})
+    assert dataclasses.replace(caller, tier="free") == Caller("alice", "free", {"org": "acme"})
+    for user in ("", None, 42, b"alice"):
+        with pytest.raises(ValueError, match="non-empty str"):
+            Caller(user)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="mapping"):
+        Caller("alice", keys=[("org", "acme")])  # type: ignore[arg-type]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        caller.user = "mallory"  # type: ignore[misc]
 
 
 @given(st.text(min_size=1, max_size=60), st.text(min_size=1, max_size=60))
