@@ -135,6 +135,11 @@ class Caller:
         # A copy that cannot change: the caller is frozen, its keys too.
         _set_keys(self, MappingProxyType(dict(keys)) if keys else _NO_KEYS)
 
+    def __post_init__(self) -> None:
+        # Only a dataclass subclass's generated __init__ calls this, having set the fields
+        # itself: they are checked, and the keys frozen, as Caller's own __init__ does.
+        Caller.__init__(self, self.user, self.tier, self.keys)
+
 
 # The slots' own setters: what object.__setattr__ reaches on a frozen instance, without
 # the call through it.

@@ -216,6 +216,26 @@ def test_caller_keys_are_checked_and_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         caller.user = "mallory"  # type: ignore[misc]
 
+    # A dataclass subclass (its own generated __init__) is checked and frozen the same way.
+    @dataclasses.dataclass(frozen=True)
+    class Member(Caller):
+        plan: str = "basic"
+
+    member = Member("carol", "pro", {"org": "acme"}, plan="gold")
+    assert (member.user, member.tier, dict(member.keys), member.plan) == (
+        "carol",
+        "pro",
+        {"org": "acme"},
+        "gold",
+    )
+    with pytest.raises(TypeError):
+        member.keys["org"] = "x"  # type: ignore[index]
+    assert Member("dave").keys == {}
+    with pytest.raises(ValueError, match="non-empty str"):
+        Member("")
+    with pytest.raises(ValueError, match="key name"):
+        Member("erin", keys={"user": "x"})
+
 
 @given(st.text(min_size=1, max_size=60), st.text(min_size=1, max_size=60))
 def test_named_tags_never_collide_with_users_addresses_or_other_names(a: str, b: str) -> None:
