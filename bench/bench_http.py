@@ -44,6 +44,7 @@ import contextlib
 import math
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -72,6 +73,7 @@ from ._common import (
     quartiles,
     ratios,
     redis_server,
+    server_cpu_seconds,
 )
 
 NAME = "http"
@@ -415,6 +417,48 @@ def run_wrk(wrk: str, script: Path, target: str, seconds: int, connections: int)
     return Slice(float(found.group(1)), int(count.group(1)), failed)
 
 
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_cpu(pid: int) -> float | None:
+    """The CPU time (user + system, in seconds) process ``pid`` has used, from
+    ``/proc/<pid>/stat``; None where there is no such file (not Linux)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+    except OSError:
+        return None
+    # The fields after the command (in parentheses, which may hold spaces): utime and
+    # stime are the 14th and 15th of the line, the 12th and 13th after it.
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _children_cpu() -> float:
+    """CPU time of this process' waited-for children (each wrk run), in seconds."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass
+class Cpu:
+    """CPU time spent while one variant was measured: its server process, the Redis
+    server, and wrk; and the requests served meanwhile."""
+
+    app: float = 0.0
+    redis: float = 0.0
+    wrk: float = 0.0
+    requests: int = 0
+    known: bool = True
+
+    def per_request_us(self) -> dict[str, float]:
+        """Each part's CPU per request, in µs (NaN when it could not be read)."""
+        if not self.requests or not self.known:
+            return dict.fromkeys(("app", "redis", "wrk", "all"), math.nan)
+        parts = {"app": self.app, "redis": self.redis, "wrk": self.wrk}
+        parts["all"] = sum(parts.values())
+        return {name: seconds * 1e6 / self.requests for name, seconds in parts.items()}
+
+
 def _plan(settings: Settings) -> tuple[int, int]:
     """Rounds and whole seconds per slice (wrk takes whole seconds)."""
     if settings.quick:
@@ -427,8 +471,9 @@ def _plan(settings: Settings) -> tuple[int, int]:
 
 def measure(
     settings: Settings, stacks: dict[str, tuple[str, ...]] = STACKS
-) -> tuple[dict[str, list[float]], dict[str, int], dict[str, Any]]:
-    """Per-round rates of every variant, the failed responses of each, and parameters."""
+) -> tuple[dict[str, list[float]], dict[str, int], dict[str, Any], dict[str, Cpu]]:
+    """Per-round rates of every variant, the failed responses of each, parameters, and
+    the CPU each part used while each variant was measured."""
     wrk = shutil.which("wrk")
     if wrk is None:
         raise MissingTool(INSTALL_WRK)
@@ -443,8 +488,10 @@ def measure(
     rounds, seconds = _plan(settings)
     rates: dict[str, list[float]] = {}
     failed: dict[str, int] = {}
+    cpu: dict[str, Cpu] = {}
     with (
         redis_server() as redis,
+        redis.client() as admin,
         tempfile.TemporaryDirectory() as temporary,
     ):
         work = Path(temporary)
@@ -455,15 +502,30 @@ def measure(
             for server in started:
                 rates[server.name] = []
                 failed[server.name] = 0
+                cpu[server.name] = Cpu()
                 if not settings.quick:
                     # Warm-up: connections, the script cache, lazily built state.
                     run_wrk(wrk, script, server.url, 1, CONNECTIONS)
             for index in range(rounds):
                 shift = index % len(started)
                 for server in [*started[shift:], *started[:shift]]:
+                    app, store, load = (
+                        process_cpu(server.process.pid),
+                        server_cpu_seconds(admin),
+                        _children_cpu(),
+                    )
                     measured = run_wrk(wrk, script, server.url, seconds, CONNECTIONS)
                     rates[server.name].append(measured.rate)
                     failed[server.name] += measured.failed
+                    used = cpu[server.name]
+                    after = process_cpu(server.process.pid)
+                    if app is None or after is None:
+                        used.known = False
+                    else:
+                        used.app += after - app
+                    used.redis += server_cpu_seconds(admin) - store
+                    used.wrk += _children_cpu() - load
+                    used.requests += measured.requests
     params = {
         "rounds": rounds,
         "seconds": seconds,
@@ -474,13 +536,13 @@ def measure(
         "rate": RATE,
         "algorithm": "sliding_log / moving window",
     }
-    return rates, failed, params
+    return rates, failed, params, cpu
 
 
 def run(settings: Settings) -> Result:
     """The benchmark (see the module's docstring)."""
     began = time.perf_counter()
-    rates, failed, params = measure(settings)
+    rates, failed, params, cpu = measure(settings)
     bad = {name: count for name, count in failed.items() if count}
     if bad:
         raise RuntimeError(
@@ -568,6 +630,8 @@ def run(settings: Settings) -> Result:
             rows=rows,
         )
     )
+    result.tables.append(cpu_table(cpu))
+    result.data["cpu_per_request_us"] = {name: used.per_request_us() for name, used in cpu.items()}
     result.notes.append(
         "Where the rest of the bare app's rate goes: *PING / bare* is what one Redis round "
         "trip per request, made the way an app makes it, costs the bare app, and applimit's "
@@ -593,6 +657,37 @@ def run(settings: Settings) -> Result:
     )
     result.seconds = time.perf_counter() - began
     return result
+
+
+def cpu_table(cpu: dict[str, Cpu]) -> Table:
+    """Where each variant's requests spend the machine's CPU: the app's server process,
+    the Redis server and wrk, per request, over every round."""
+    rows = []
+    for name, used in cpu.items():
+        stack, variant = name.split(".", 1)
+        per = used.per_request_us()
+        rows.append(
+            [
+                LABELS[stack],
+                LABELS.get(variant, variant.replace("_", " ")),
+                *(
+                    "-" if math.isnan(per[part]) else f"{per[part]:,.0f} µs"
+                    for part in ("app", "redis", "wrk", "all")
+                ),
+            ]
+        )
+    return Table(
+        title="CPU per request, by process (all rounds)",
+        columns=["stack", "variant", "app server", "Redis", "wrk", "all three"],
+        rows=rows,
+        note=(
+            "CPU time (user + system) each process used while the variant was measured, "
+            "over the requests it served: the app's server process (from /proc), the Redis "
+            "server (INFO cpu) and wrk (its rusage). When they share the machine's cores, "
+            "a variant's rate is at most the cores over *all three*: what the middleware "
+            "adds to the bare app is its own row's difference, app and Redis."
+        ),
+    )
 
 
 def chart(result: Result, path: Path) -> None:

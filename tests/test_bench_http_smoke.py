@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bench._common import Result, Settings
-from bench.bench_http import INSTALL_WRK, chart, measure
+from bench.bench_http import INSTALL_WRK, chart, cpu_table, measure
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,7 +34,7 @@ def test_each_variant_answers_every_request_and_has_a_rate(tmp_path: Path) -> No
         "fastapi": ("bare", "applimit", "applimit_approx"),
         "flask": ("applimit", "applimit_approx"),
     }
-    rates, failed, params = measure(Settings.for_mode(quick=True), stacks)
+    rates, failed, params, cpu = measure(Settings.for_mode(quick=True), stacks)
     assert set(rates) == {
         "fastapi.bare",
         "fastapi.applimit",
@@ -46,6 +46,16 @@ def test_each_variant_answers_every_request_and_has_a_rate(tmp_path: Path) -> No
         assert len(series) == params["rounds"] == 1, name
         assert all(math.isfinite(rate) and rate > 0 for rate in series), name
     assert failed == dict.fromkeys(rates, 0)
+    # Every variant's CPU per request, by process: the app server and wrk always used
+    # some; Redis did for every variant that calls it (the bare app does not).
+    assert set(cpu) == set(rates)
+    for name, used in cpu.items():
+        per = used.per_request_us()
+        assert used.requests > 0 and per["app"] > 0 and per["wrk"] > 0, name
+        assert per["all"] == pytest.approx(per["app"] + per["redis"] + per["wrk"]), name
+    assert cpu["fastapi.applimit"].redis > 0
+    rows = {tuple(row[:2]) for row in cpu_table(cpu).rows}
+    assert ("FastAPI under uvicorn", "bare") in rows
     result = Result(name="http", title="smoke", summary="", rates=rates)
     chart(result, tmp_path / "http.svg")
     assert "<svg" in (tmp_path / "http.svg").read_text(encoding="utf-8")
