@@ -49,8 +49,10 @@ RATE = 1000
 LOOP_FRAME = "_counted.<locals>.once (bench/callgrind.py)"
 # What each file's summary lists.
 TOP = 40
-# Seconds one scenario's recording may take (a recording takes well under a minute).
+# Seconds one scenario's recording may take (a recording takes well under a minute), and
+# how many times a recording that ran past it is made in all.
 TIMEOUT = 300.0
+ATTEMPTS = 2
 
 Stacks = Counter[tuple[str, ...]]
 
@@ -209,30 +211,46 @@ def run_bounded(command: Sequence[str], timeout: float) -> str:
 
 
 def record(
-    scenario: str, url: str, decisions: int, work: Path, *, timeout: float = TIMEOUT
+    scenario: str,
+    url: str,
+    decisions: int,
+    work: Path,
+    *,
+    timeout: float = TIMEOUT,
+    attempts: int = ATTEMPTS,
+    nonblocking: bool = False,
 ) -> Stacks:
-    """Run ``scenario``'s workload under py-spy; its stacks inside the counted loop."""
+    """Run ``scenario``'s workload under py-spy; its stacks inside the counted loop. A
+    recording past ``timeout`` is made again, up to ``attempts`` in all (a stalled py-spy
+    is seldom stalled twice running); ``nonblocking`` samples without pausing the
+    workload (py-spy's ``--nonblocking``: no stall, stacks now and then torn)."""
     raw = work / f"{scenario}.raw"
     executable = py_spy()
     if executable is None:
         raise RuntimeError("py-spy is not installed")
-    run_bounded(
-        [
-            executable,
-            "record",
-            "--rate",
-            str(RATE),
-            "--nolineno",
-            "--gil",
-            "--format",
-            "raw",
-            "--output",
-            str(raw),
-            "--",
-            *child_command(scenario, url, decisions),
-        ],
-        timeout,
-    )
+    command = [
+        executable,
+        "record",
+        "--rate",
+        str(RATE),
+        "--nolineno",
+        "--gil",
+        *(["--nonblocking"] if nonblocking else []),
+        "--format",
+        "raw",
+        "--output",
+        str(raw),
+        "--",
+        *child_command(scenario, url, decisions),
+    ]
+    for attempt in range(1, attempts + 1):
+        try:
+            run_bounded(command, timeout)
+            break
+        except RecordingError as error:
+            if attempt == attempts or not str(error).startswith("not finished"):
+                raise
+            print(f"{scenario}: {error}; recording again", file=sys.stderr)
     stacks = folded(raw.read_text(encoding="utf-8"))
     if not stacks:
         raise RuntimeError(f"{scenario}: no samples inside the counted loop")
@@ -246,7 +264,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for the files")
     parser.add_argument("--decisions", type=int, default=DECISIONS, help="decisions sampled")
     parser.add_argument(
-        "--timeout", type=float, default=TIMEOUT, help="seconds a scenario may take"
+        "--timeout", type=float, default=TIMEOUT, help="seconds a recording may take"
+    )
+    parser.add_argument(
+        "--attempts", type=int, default=ATTEMPTS, help="recordings past --timeout, in all"
+    )
+    parser.add_argument(
+        "--nonblocking",
+        action="store_true",
+        help="sample without pausing the workload (py-spy --nonblocking: no stall)",
     )
     args = parser.parse_args(argv)
     if py_spy() is None:
@@ -266,7 +292,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for scenario in chosen:
             try:
                 stacks = record(
-                    scenario, server.url, args.decisions, Path(temporary), timeout=args.timeout
+                    scenario,
+                    server.url,
+                    args.decisions,
+                    Path(temporary),
+                    timeout=args.timeout,
+                    attempts=max(1, args.attempts),
+                    nonblocking=args.nonblocking,
                 )
             except RecordingError as error:
                 # The other scenarios are still recorded; nothing of this one is written.
