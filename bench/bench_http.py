@@ -268,8 +268,14 @@ def serve(stack: str, variant: str, port: int, url: str) -> None:
             access_log=False,
         )
     else:
+        import logging
+
         import waitress
 
+        # waitress warns "Task queue depth is N" whenever every thread is busy, which a
+        # server driven at its limit is all the time: a log line per queued request, the
+        # more the slower the app. Every variant alike logs errors only.
+        logging.getLogger("waitress.queue").setLevel(logging.ERROR)
         waitress.serve(
             flask_app(variant, url),
             host="127.0.0.1",

@@ -8,6 +8,8 @@ and exit 0. The instruction counts are not asserted (valgrind gives them, not a 
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -33,3 +35,20 @@ def test_each_scenario_runs_its_workload(redis_server: RedisServer, scenario: st
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert completed.stderr == "", completed.stderr
+
+
+def test_redis_callgrind_counts_the_script_in_the_server(tmp_path: Path) -> None:
+    """``bench.redis_callgrind`` runs redis-server under callgrind, collecting only inside
+    FCALL: a count of one scenario is written, and it is a script call's size (a tally that
+    missed ``fcallCommand``, the toggle, would read 0; one that counted the whole server,
+    start-up included, millions)."""
+    from bench import redis_callgrind
+
+    if shutil.which("valgrind") is None:
+        pytest.fail("valgrind is not installed (.ci/run installs it): apt-get install valgrind")
+    assert redis_callgrind.main(["--only", "gcra", "--calls", "300", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "gcra.txt").read_text(encoding="utf-8")
+    found = re.search(r"instructions per call: ([\d,]+)", text)
+    assert found is not None, text
+    per_call = int(found.group(1).replace(",", ""))
+    assert 10_000 < per_call < 1_000_000, text

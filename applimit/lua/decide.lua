@@ -31,20 +31,25 @@
 -- PEXPIRE first would let the rest through. So a full server refuses every decision that
 -- would write, and still answers those that write nothing.
 
-bind_globals()
+-- Bound once per library load (see common.lua); every call in an EVAL script.
+if not CALL then
+  bind_globals()
+end
 local mode = ARGV[1]
 local now
 if ARGV[2] ~= '' then
   now = num(ARGV[2])
 else
   local t = CALL('TIME')
-  now = num(t[1]) * 1000000 + num(t[2])
+  now = t[1] * 1000000 + t[2]
 end
 local nonce = ARGV[3]
-local slack_ms = num(ARGV[4])
-local n = num(ARGV[5])
+local slack_ms = ARGV[4] + 0
+local n = ARGV[5] + 0
 
-local checks = {}
+-- CHECKS and STATES are reused (see common.lua): only their first n entries are this
+-- call's.
+local checks = CHECKS
 for i = 1, n do
   local c = spec_of(ARGV[5 + i])
   if not c.alg then
@@ -60,12 +65,16 @@ if mode == 'refund' then
   return {now, n}
 end
 
-local states = {}
+local states = STATES
 local pass = true
 for i = 1, n do
-  local st = checks[i].alg.check(KEYS[i], now, checks[i], slack_ms)
+  local st = states[i]
+  if not st then
+    st = {}
+    states[i] = st
+  end
+  checks[i].alg.check(KEYS[i], now, checks[i], slack_ms, st)
   st.consumed = 0
-  states[i] = st
   if st.allowed == 0 and not checks[i].shadow then
     pass = false
   end

@@ -9,7 +9,7 @@
 -- ARGV: none of its own; decide.lua passes c = {limit, period (µs), cost, burst, shadow}.
 --   burst is how many requests may arrive at once (the bucket's size).
 -- Functions (registered as ALG.gcra):
---   check(key, now, c)               -> st, reads only
+--   check(key, now, c, slack_ms, st) fills st (every field); reads only
 --   apply(key, st, now, c, nonce, slack_ms)  stores the new TAT; the TTL ends the TAT's
 --                                    expiry cell (common.lua), set only when that changes
 --   refund(key, now, c, nonce)       moves the TAT back by what an earlier apply added
@@ -34,8 +34,8 @@ local function gcra_load(key, now, c)
     return 0, nil
   end
   local tat, frac = s_match(value, '^(%-?%d+) (%d+)$')
-  tat = num(tat)
-  local ahead = (tat - now) * c.limit + num(frac)
+  tat = tat + 0
+  local ahead = (tat - now) * c.limit + frac
   if not on_grid(frac) then
     tat = nil
   end
@@ -45,15 +45,13 @@ local function gcra_load(key, now, c)
   return ahead, tat
 end
 
-local function gcra_check(key, now, c)
+local function gcra_check(key, now, c, slack_ms, st)
   local ahead, tat = gcra_load(key, now, c)
   local capacity = c.burst * c.period
   local after = ahead + c.cost * c.period
-  -- Every field made at once (see sliding_log.lua); tat is false without a key.
-  local st = {
-    ahead = ahead, after = after, tat = tat or false, allowed = 0, retry = NONE,
-    remaining = 0, reset = 0, consumed = 0,
-  }
+  -- Every field set afresh (st is reused, see decide.lua); tat is false without a key.
+  st.ahead, st.after, st.tat = ahead, after, tat or false
+  st.allowed, st.retry, st.remaining, st.reset, st.consumed = 0, NONE, 0, 0, 0
   if after <= capacity then
     st.allowed = 1
   elseif c.cost > c.burst then
@@ -63,14 +61,13 @@ local function gcra_check(key, now, c)
   end
   st.remaining = idiv(capacity - ahead, c.period)
   st.reset = cdiv(ahead, c.limit)
-  return st
 end
 
 local function gcra_apply(key, st, now, c, nonce, slack_ms)
   local whole = idiv(st.after, c.limit)
   local frac = st.after - whole * c.limit
   local tat = now + whole
-  local value = fmt(tat) .. ' 0' .. fmt(frac)
+  local value = s_format('%d 0%d', tat, frac)
   -- The key must live until the TAT (rounded up to a whole µs): until the end of its
   -- expiry cell. If the stored TAT's cell is the same (and its TTL was set for it), the
   -- TTL set then still holds.
@@ -78,7 +75,7 @@ local function gcra_apply(key, st, now, c, nonce, slack_ms)
   if st.tat and expiry_cell(st.tat + 1, c.period) == cell then
     CALL('SET', key, value, 'KEEPTTL')
   else
-    CALL('SET', key, value, 'PX', cell_ttl_ms(cell, c.period, now, slack_ms))
+    CALL('SET', key, value, 'PX', fmt(cell_ttl_ms(cell, c.period, now, slack_ms)))
   end
   st.remaining = idiv(c.burst * c.period - st.after, c.period)
   st.reset = cdiv(st.after, c.limit)

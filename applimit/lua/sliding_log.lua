@@ -15,7 +15,8 @@
 -- ARGV: none of its own; decide.lua passes each check as the table
 --   c = {limit, period (µs), cost, burst (unused), shadow}.
 -- Functions (registered as ALG.sliding_log):
---   check(key, now, c, slack_ms)     -> st; writes only to convert members of older versions
+--   check(key, now, c, slack_ms, st) fills st (every field); writes only to convert
+--                                    members of older versions
 --   apply(key, st, now, c, nonce, slack_ms)  adds the entry, trims every TRIM_EVERY
 --                                    units; PEXPIRE when the newest entry's expiry cell
 --                                    (common.lua) changes
@@ -48,7 +49,9 @@ end
 -- A member's start and cost (nil for an older version's member).
 local function log_units(member)
   local start, cost = s_match(member, '^%u(%d+)%.(%d+)%.')
-  return num(start), num(cost)
+  if start then
+    return start + 0, cost + 0
+  end
 end
 
 -- The start is written after a letter that gives its number of digits (A for 1, B for
@@ -124,7 +127,7 @@ local function log_convert(key, now, c, floor, slack_ms, whole)
   CALL('ZREMRANGEBYSCORE', key, '-inf', fmt(floor))
   local newest = num(entries[#entries])
   local cell = expiry_cell(newest + c.period, c.period)
-  CALL('PEXPIRE', key, cell_ttl_ms(cell, c.period, now, slack_ms))
+  CALL('PEXPIRE', key, fmt(cell_ttl_ms(cell, c.period, now, slack_ms)))
 end
 
 -- The score of the oldest entry in the window whose start + cost reaches `target`, from
@@ -146,38 +149,35 @@ local function log_reaching(key, target, lo, hi)
 end
 
 local log_check
-log_check = function(key, now, c, slack_ms)
+log_check = function(key, now, c, slack_ms, st)
   local floor = now - c.period
-  -- Every field the check and apply set, made at once: adding fields later would make
-  -- Lua grow the table (a rehash) on every call. newest is false without entries; start
-  -- is where the next entry starts (0 when nothing is in the window).
-  local st = {
-    count = 0, allowed = 0, retry = NONE, remaining = 0, reset = 0, consumed = 0,
-    newest = false, grid = false, floor = floor, trim = false, start = 0,
-  }
-  local last = CALL('ZRANGE', key, -1, -1, 'WITHSCORES')
-  local first_start, first_cost, first_score
+  -- Every field the check and apply read, set afresh: st is reused from call to call (see
+  -- decide.lua). newest is false without entries; start is where the next entry starts
+  -- (0 when nothing is in the window).
+  st.count, st.allowed, st.retry, st.remaining, st.reset, st.consumed = 0, 0, NONE, 0, 0, 0
+  st.newest, st.grid, st.floor, st.trim, st.start = false, false, floor, false, 0
+  local last = CALL('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+  local first_start, first_cost
   if last[2] then
-    local newest = num(last[2])
+    local newest = last[2] + 0
     if newest > floor and not log_current(last[1]) then
       log_convert(key, now, c, floor, slack_ms, false)
-      last = CALL('ZRANGE', key, -1, -1, 'WITHSCORES')
+      last = CALL('ZRANGE', key, '-1', '-1', 'WITHSCORES')
     end
     -- The key's TTL was last set for the newest entry, on the grid if it is this
     -- version's (applimit 0.1 set it to end at the entry's deadline).
-    st.newest, st.grid = num(last[2]), log_current(last[1])
+    st.newest, st.grid = last[2] + 0, log_current(last[1])
     if st.newest > floor then
       local start, cost = log_units(last[1])
       st.start = start + cost
       -- The oldest entry in the window; entries before it may remain (see log_apply).
-      local first = CALL('ZRANGEBYSCORE', key, '(' .. fmt(floor), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      local first = CALL('ZRANGEBYSCORE', key, '(' .. fmt(floor), '+inf', 'LIMIT', '0', '1')
       if not log_current(first[1]) then
         -- An older member inside the window (not at its end): renumber the window.
         log_convert(key, now, c, floor, slack_ms, true)
-        return log_check(key, now, c, slack_ms)
+        return log_check(key, now, c, slack_ms, st)
       end
       first_start, first_cost = log_units(first[1])
-      first_score = num(first[2])
       st.count = st.start - first_start
     else
       st.trim = true
@@ -192,14 +192,16 @@ log_check = function(key, now, c, slack_ms)
     -- The request fits once `need` of the units now in the window have left it: when
     -- the oldest entry whose start + cost reaches first_start + need leaves.
     local need = count + c.cost - c.limit
-    local at = first_score
-    if first_cost < need then
+    local at
+    if first_cost >= need then
+      at = num(CALL('ZRANGEBYSCORE', key, '(' .. fmt(floor), '+inf', 'WITHSCORES', 'LIMIT', '0', '1')[2])
+    else
       local lo = CALL('ZCOUNT', key, '-inf', fmt(floor)) + 1
       local last_rank = CALL('ZCOUNT', key, '-inf', '+inf') - 1
       at = log_reaching(key, first_start + need, lo, last_rank)
       if not at then
         log_convert(key, now, c, floor, slack_ms, true)
-        return log_check(key, now, c, slack_ms)
+        return log_check(key, now, c, slack_ms, st)
       end
     end
     st.retry = at + c.period - now
@@ -209,7 +211,6 @@ log_check = function(key, now, c, slack_ms)
   if count > 0 then
     st.reset = st.newest + c.period - now
   end
-  return st
 end
 
 -- Starts from 0 again (rare: after 2^50 units without the key ever expiring). Returns the
@@ -264,7 +265,7 @@ local function log_apply(key, st, now, c, nonce, slack_ms)
   -- (written on the grid) left the window in the same cell.
   local cell = expiry_cell(score + c.period, c.period)
   if not st.grid or expiry_cell(st.newest + c.period, c.period) ~= cell then
-    CALL('PEXPIRE', key, cell_ttl_ms(cell, c.period, now, slack_ms))
+    CALL('PEXPIRE', key, fmt(cell_ttl_ms(cell, c.period, now, slack_ms)))
   end
 end
 

@@ -5,7 +5,7 @@
 -- ARGV: none of its own; decide.lua passes c = {limit, period (µs), cost, burst (unused),
 --   shadow}.
 -- Functions (registered as ALG.sliding_window):
---   check(key, now, c)               -> st, reads only
+--   check(key, now, c, slack_ms, st) fills st (every field); reads only
 --   apply(key, st, now, c, nonce, slack_ms)  adds cost to the current window; PEXPIRE on
 --                                    the first write of each window
 --   refund(key, now, c, nonce)       subtracts what an earlier apply added
@@ -17,7 +17,7 @@
 -- previous window's requests were spread evenly. Everything is compared multiplied by
 -- period, so the arithmetic stays in integers. docs/applimit.md states the error bound.
 
-local function sw_check(key, now, c)
+local function sw_check(key, now, c, slack_ms, st)
   local period = c.period
   local window = idiv(now, period)
   local fields = CALL('HMGET', key, 'w', 'c', 'p')
@@ -38,11 +38,9 @@ local function sw_check(key, now, c)
   local elapsed = m_max(0, now - window * period)
   local used = prev * (period - elapsed) + cur * period
   local full = c.limit * period
-  -- Every field made at once (see sliding_log.lua); stored is false without a key.
-  local st = {
-    window = window, stored = stored or false, cur = cur, prev = prev, elapsed = elapsed,
-    allowed = 0, retry = NONE, remaining = 0, reset = 0, consumed = 0,
-  }
+  -- Every field set afresh (st is reused, see decide.lua); stored is false without a key.
+  st.window, st.stored, st.cur, st.prev, st.elapsed = window, stored or false, cur, prev, elapsed
+  st.allowed, st.retry, st.remaining, st.reset, st.consumed = 0, NONE, 0, 0, 0
   if used + c.cost * period <= full then
     st.allowed = 1
   elseif c.cost > c.limit then
@@ -65,7 +63,6 @@ local function sw_check(key, now, c)
   elseif prev > 0 then
     st.reset = period - elapsed
   end
-  return st
 end
 
 local function sw_apply(key, st, now, c, nonce, slack_ms)
@@ -75,7 +72,7 @@ local function sw_apply(key, st, now, c, nonce, slack_ms)
   -- The count is needed until the end of the next window, where it stops weighing. That
   -- depends on the window alone, so the TTL is set once per window, by its first write.
   if st.stored ~= st.window then
-    CALL('PEXPIRE', key, cell_ttl_ms(st.window + 2, period, now, slack_ms))
+    CALL('PEXPIRE', key, fmt(cell_ttl_ms(st.window + 2, period, now, slack_ms)))
   end
   local used = st.prev * (period - st.elapsed) + st.cur * period
   st.remaining = m_max(0, idiv(c.limit * period - used, period))

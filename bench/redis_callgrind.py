@@ -1,0 +1,158 @@
+"""Instructions Redis spends running the limiter's script, per call, counted by callgrind.
+
+``bench.callgrind`` counts the client's side of a decision; this counts the server's. A
+``redis-server`` runs under ``valgrind --tool=callgrind``, collecting only inside
+``fcallCommand`` (``--collect-atstart=no --toggle-collect=fcallCommand``): the script's
+Lua, the commands it runs (``redis.call``) and the reply it builds, but not reading the
+request or writing the reply to the socket, which cost the same for any one command. A
+``Limiter`` then makes ``--calls`` decisions through ``check_request()`` for a path that
+matches one limit, or three (100/1s, 1000/1m, 10000/1h, as ``bench_multi`` stacks them),
+spread over ``IDENTITIES`` identities, so that every decision admits and almost every one
+finds its keys already there (the first call of each identity makes them: 3% of the
+calls at the defaults). The count does not move with the load on the machine, so a
+change to the Lua files can be measured while other work runs.
+
+Writes ``bench/profiles/server/<scenario>.txt`` (or ``--out``): instructions per call and
+the top functions (Redis' binary is usually stripped: its Lua interpreter's functions show
+as addresses, the C library's by name).
+
+Usage (from the repository root; needs ``valgrind`` and ``redis-server`` on the PATH)::
+
+    python -m bench.redis_callgrind
+    python -m bench.redis_callgrind --only sliding_log,gcra3 --out /tmp/server
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from applimit import Limiter
+
+from ._common import ROOT, Identities, LimitSpec, RedisServer, make_policy
+
+DEFAULT_OUT = ROOT / "bench" / "profiles" / "server"
+CALLS = 3000
+IDENTITIES = 100
+ONE = ("1000/1m",)
+THREE = ("100/1s", "1000/1m", "10000/1h")
+# Scenario -> (algorithm, rates): one limit per rate, all matching the scenario's path.
+SCENARIOS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "sliding_log": ("sliding_log", ONE),
+    "sliding_log3": ("sliding_log", THREE),
+    "gcra": ("gcra", ONE),
+    "gcra3": ("gcra", THREE),
+    "sliding_window": ("sliding_window", ONE),
+    "sliding_window3": ("sliding_window", THREE),
+}
+TOP = 30
+# valgrind slows Redis' start-up tenfold or more.
+STARTUP_TIMEOUT = 120.0
+_TOTALS = re.compile(r"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
+
+
+def _wrapper(work: Path, output: Path) -> Path:
+    """An executable that runs redis-server under callgrind: the harness' server binary."""
+    server = shutil.which("redis-server")
+    if server is None:
+        raise SystemExit("redis-server is not installed")
+    script = work / "redis-server-callgrind"
+    script.write_text(
+        "#!/bin/sh\n"
+        "exec valgrind --tool=callgrind --quiet --collect-atstart=no "
+        f'--toggle-collect=fcallCommand --callgrind-out-file={output} {server} "$@"\n',
+        encoding="utf-8",
+    )
+    script.chmod(0o755)
+    return script
+
+
+def count(scenario: str, calls: int, work: Path) -> tuple[int, str]:
+    """Run ``calls`` decisions of ``scenario`` against a server under callgrind; the
+    instructions per call and the summary of the top functions."""
+    algorithm, rates = SCENARIOS[scenario]
+    output = work / f"callgrind.{scenario}.out"
+    server = RedisServer(server_bin=_wrapper(work, output), startup_timeout=STARTUP_TIMEOUT)
+    server.start()
+    try:
+        specs = [
+            LimitSpec(f"{algorithm}-{i}", algorithm, rate, path_prefix="/api/")
+            for i, rate in enumerate(rates)
+        ]
+        limiter = Limiter(make_policy(server.url, specs))
+        ids = Identities("user", IDENTITIES)
+        denied = 0
+        try:
+            for _ in range(calls):
+                if not limiter.check_request("GET", "/api/items", ids()).allowed:
+                    denied += 1
+        finally:
+            limiter.close()
+        if denied:
+            raise RuntimeError(f"{scenario}: {denied} of {calls} decisions were refused")
+    finally:
+        # SIGTERM: Redis shuts down, and callgrind writes its file as the process ends
+        # (close() alone kills it, and callgrind would write nothing).
+        server.stop(timeout=STARTUP_TIMEOUT)
+        server.close()
+    text = output.read_text(encoding="utf-8", errors="replace")
+    found = _TOTALS.search(text)
+    if found is None:
+        raise RuntimeError(f"no instruction total in {output}")
+    annotated = subprocess.run(
+        ["callgrind_annotate", "--inclusive=no", "--threshold=99", str(output)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return int(found.group(1)) // calls, _top(annotated)
+
+
+def _top(annotated: str) -> str:
+    lines = annotated.splitlines()
+    start = next((i for i, line in enumerate(lines) if "file:function" in line), len(lines))
+    body = [line for line in lines[start + 1 :] if line.strip() and not line.startswith("-")]
+    return f"Top {TOP} functions by exclusive instructions:\n" + "\n".join(body[:TOP]) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Count each scenario and write its summary; 2 without valgrind."""
+    parser = argparse.ArgumentParser(prog="python -m bench.redis_callgrind", description=__doc__)
+    parser.add_argument("--only", default="", help=f"comma-separated of {', '.join(SCENARIOS)}")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for summaries")
+    parser.add_argument("--calls", type=int, default=CALLS, help="decisions counted")
+    parser.add_argument("--label", default="", help="the state of the code, for the header")
+    args = parser.parse_args(argv)
+    if shutil.which("valgrind") is None:
+        print("valgrind is not installed: apt-get install valgrind", file=sys.stderr)
+        return 2
+    chosen = [s.strip() for s in args.only.split(",") if s.strip()] or list(SCENARIOS)
+    unknown = [s for s in chosen if s not in SCENARIOS]
+    if unknown:
+        print(f"unknown scenario(s): {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    for scenario in chosen:
+        with tempfile.TemporaryDirectory(prefix="redis-callgrind-") as tmp:
+            per_call, top = count(scenario, args.calls, Path(tmp))
+        algorithm, rates = SCENARIOS[scenario]
+        header = (
+            f"{scenario}: the script's call in Redis (fcallCommand), {algorithm}, "
+            f"{len(rates)} limit(s) ({', '.join(rates)})\n"
+            + (f"{args.label}\n" if args.label else "")
+            + f"calls counted: {args.calls} over {IDENTITIES} identities\n"
+            f"instructions per call: {per_call:,}\n\n"
+        )
+        (args.out / f"{scenario}.txt").write_text(header + top, encoding="utf-8")
+        print(f"{scenario}: {per_call:,} instructions per call")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
