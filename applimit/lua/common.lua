@@ -12,7 +12,7 @@
 --   cell_ttl_ms(...)    the PEXPIRE that ends a key with such a cell;
 --   spec_of(text)       a check's spec (see decide.lua) as the table the algorithms read,
 --                       {alg, limit, period, cost, burst, shadow}, or {error = reply text};
---   CHECKS, STATES      decide.lua's tables of a call's specs and states, reused.
+--   CHECKS, STATES, OUTS  decide.lua's tables of a call's specs, states and reply, reused.
 -- Every time is an integer number of microseconds; every count an integer.
 --
 -- Text Redis gave us that is known to hold a number (a TIME field, a score, digits a
@@ -112,10 +112,14 @@ local function spec_of(text)
   return c
 end
 
--- decide.lua's per-call tables: the specs of the call's checks and each check's state
--- (the table its check fills and its apply reads). Made once per library load and
--- refilled by every call, instead of made (and collected) anew: entries past a call's
--- checks are left from earlier calls and never read. A script is never re-entered, so
--- one set is enough. In an EVAL script they are new on every call.
+-- decide.lua's per-call tables: the specs of the call's checks, each check's state (the
+-- table its check fills and its apply reads), and the reply of a call of n checks
+-- (OUTS[n]: Redis reads the array up to its first nil, so each size has its own table,
+-- always filled whole). Made once per library load and refilled by every call, instead
+-- of made (and collected) anew: entries past a call's checks in CHECKS and STATES are
+-- left from earlier calls and never read, and Redis has copied a reply before the next
+-- call. A script is never re-entered, so one set is enough. In an EVAL script they are
+-- new on every call.
 local CHECKS = {}
 local STATES = {}
+local OUTS = {}

@@ -73,9 +73,10 @@ for i = 1, n do
     st = {}
     states[i] = st
   end
-  checks[i].alg.check(KEYS[i], now, checks[i], slack_ms, st)
+  local c = checks[i]
+  c.alg.check(KEYS[i], now, c, slack_ms, st)
   st.consumed = 0
-  if st.allowed == 0 and not checks[i].shadow then
+  if st.allowed == 0 and not c.shadow then
     pass = false
   end
 end
@@ -95,7 +96,12 @@ if n == 1 then
   local st = states[1]
   return {now, 1, st.allowed, st.consumed, st.remaining, st.reset, st.retry}
 end
-local out = {now, n}
+local out = OUTS[n]
+if not out then
+  out = {}
+  OUTS[n] = out
+end
+out[1], out[2] = now, n
 local at = 2
 for i = 1, n do
   local st = states[i]

@@ -159,15 +159,16 @@ log_check = function(key, now, c, slack_ms, st)
   local last = CALL('ZRANGE', key, '-1', '-1', 'WITHSCORES')
   local first_start, first_cost
   if last[2] then
-    local newest = last[2] + 0
-    if newest > floor and not log_current(last[1]) then
+    local newest, current = last[2] + 0, log_current(last[1])
+    if newest > floor and not current then
       log_convert(key, now, c, floor, slack_ms, false)
       last = CALL('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+      newest, current = last[2] + 0, log_current(last[1])
     end
     -- The key's TTL was last set for the newest entry, on the grid if it is this
     -- version's (applimit 0.1 set it to end at the entry's deadline).
-    st.newest, st.grid = last[2] + 0, log_current(last[1])
-    if st.newest > floor then
+    st.newest, st.grid = newest, current
+    if newest > floor then
       local start, cost = log_units(last[1])
       st.start = start + cost
       -- The oldest entry in the window; entries before it may remain (see log_apply).
