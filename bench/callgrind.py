@@ -361,7 +361,7 @@ def child(scenario: str, url: str, count: int) -> None:
 
 # --- the driver ----------------------------------------------------------------------------
 
-_TOTALS = re.compile(r"^summary:\s+(\d+)", re.MULTILINE)
+_TOTALS = re.compile(r"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
 
 
 def child_command(scenario: str, url: str, count: int) -> list[str]:
@@ -391,26 +391,34 @@ def _valgrind(scenario: str, url: str, count: int, work: Path) -> tuple[int, str
     return summarise(output, count)
 
 
-def summarise(output: Path, count: int) -> tuple[int, str]:
-    """The instruction total of a callgrind file and its summary (parts, top functions)."""
-    summary = output.read_text(encoding="utf-8", errors="replace")
-    found = _TOTALS.search(summary)
+def instruction_total(output: Path) -> int:
+    """The instruction total of a callgrind output file."""
+    found = _TOTALS.search(output.read_text(encoding="utf-8", errors="replace"))
     if found is None:
         raise RuntimeError(f"no instruction total in {output}")
-    annotated = subprocess.run(
-        ["callgrind_annotate", "--inclusive=no", "--threshold=99", str(output)],
+    return int(found.group(1))
+
+
+def annotate(output: Path, *, inclusive: bool) -> str:
+    """``callgrind_annotate``'s report of ``output``, by inclusive or exclusive counts."""
+    return subprocess.run(
+        [
+            "callgrind_annotate",
+            f"--inclusive={'yes' if inclusive else 'no'}",
+            f"--threshold={100 if inclusive else 99}",
+            str(output),
+        ],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    inclusive = subprocess.run(
-        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(output)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    total = int(found.group(1))
-    return total, _parts(inclusive, total, count) + "\n" + _top(annotated, "exclusive")
+
+
+def summarise(output: Path, count: int) -> tuple[int, str]:
+    """The instruction total of a callgrind file and its summary (parts, top functions)."""
+    total = instruction_total(output)
+    parts = _parts(annotate(output, inclusive=True), total, count)
+    return total, parts + "\n" + top_functions(annotate(output, inclusive=False), "exclusive")
 
 
 def _parts(inclusive: str, total: int, count: int) -> str:
@@ -435,7 +443,7 @@ def _parts(inclusive: str, total: int, count: int) -> str:
     return "Per decision, by part (inclusive instructions):\n" + "\n".join(lines) + "\n"
 
 
-def _top(annotated: str, kind: str) -> str:
+def top_functions(annotated: str, kind: str) -> str:
     """The first TOP function lines of a callgrind_annotate report, paths shortened."""
     lines = annotated.splitlines()
     start = next(

@@ -25,9 +25,7 @@ Usage (from the repository root; needs ``valgrind`` and ``redis-server`` on the 
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -36,6 +34,7 @@ from pathlib import Path
 from applimit import Limiter
 
 from ._common import ROOT, Identities, LimitSpec, RedisServer, make_policy
+from .callgrind import annotate, instruction_total, top_functions
 
 DEFAULT_OUT = ROOT / "bench" / "profiles" / "server"
 CALLS = 3000
@@ -51,10 +50,8 @@ SCENARIOS: dict[str, tuple[str, tuple[str, ...]]] = {
     "sliding_window": ("sliding_window", ONE),
     "sliding_window3": ("sliding_window", THREE),
 }
-TOP = 30
 # valgrind slows Redis' start-up tenfold or more.
 STARTUP_TIMEOUT = 120.0
-_TOTALS = re.compile(r"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
 
 
 def _wrapper(work: Path, output: Path) -> Path:
@@ -101,24 +98,8 @@ def count(scenario: str, calls: int, work: Path) -> tuple[int, str]:
         # (close() alone kills it, and callgrind would write nothing).
         server.stop(timeout=STARTUP_TIMEOUT)
         server.close()
-    text = output.read_text(encoding="utf-8", errors="replace")
-    found = _TOTALS.search(text)
-    if found is None:
-        raise RuntimeError(f"no instruction total in {output}")
-    annotated = subprocess.run(
-        ["callgrind_annotate", "--inclusive=no", "--threshold=99", str(output)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return int(found.group(1)) // calls, _top(annotated)
-
-
-def _top(annotated: str) -> str:
-    lines = annotated.splitlines()
-    start = next((i for i, line in enumerate(lines) if "file:function" in line), len(lines))
-    body = [line for line in lines[start + 1 :] if line.strip() and not line.startswith("-")]
-    return f"Top {TOP} functions by exclusive instructions:\n" + "\n".join(body[:TOP]) + "\n"
+    total = instruction_total(output)
+    return total // calls, top_functions(annotate(output, inclusive=False), "exclusive")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
