@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -456,6 +456,22 @@ def top_functions(annotated: str, kind: str) -> str:
     return f"Top {TOP} functions by {kind} instructions:\n" + "\n".join(shortened[:TOP]) + "\n"
 
 
+def selection(only: str, scenarios: Collection[str]) -> list[str] | None:
+    """The scenarios ``--only`` names (every one when empty); None, once the reason is on
+    stderr, when valgrind is missing or a name is not a scenario."""
+    if shutil.which("valgrind") is None:
+        print("valgrind is not installed: apt-get install valgrind", file=sys.stderr)
+        return None
+    chosen = [s.strip() for s in only.split(",") if s.strip()] or list(scenarios)
+    unknown = [s for s in chosen if s not in scenarios]
+    if unknown:
+        print(
+            f"unknown scenario {unknown[0]!r}; choose from {', '.join(scenarios)}", file=sys.stderr
+        )
+        return None
+    return chosen
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the scenarios under callgrind and write their summaries; 2 without valgrind."""
     parser = argparse.ArgumentParser(prog="python -m bench.callgrind", description=__doc__)
@@ -470,15 +486,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         scenario, url, count = args.child
         child(scenario, url, int(count))
         return 0
-    if shutil.which("valgrind") is None:
-        print("valgrind is not installed: apt-get install valgrind", file=sys.stderr)
-        return 2
-    chosen = [s.strip() for s in args.only.split(",") if s.strip()] or list(SCENARIOS)
-    unknown = [s for s in chosen if s not in SCENARIOS]
-    if unknown:
-        print(
-            f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}", file=sys.stderr
-        )
+    chosen = selection(args.only, SCENARIOS)
+    if chosen is None:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     count = args.decisions - args.decisions % CONCURRENCY

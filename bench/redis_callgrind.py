@@ -34,7 +34,7 @@ from pathlib import Path
 from applimit import Limiter
 
 from ._common import ROOT, Identities, LimitSpec, RedisServer, make_policy
-from .callgrind import annotate, instruction_total, top_functions
+from .callgrind import annotate, instruction_total, selection, top_functions
 
 DEFAULT_OUT = ROOT / "bench" / "profiles" / "server"
 CALLS = 3000
@@ -110,13 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=CALLS, help="decisions counted")
     parser.add_argument("--label", default="", help="the state of the code, for the header")
     args = parser.parse_args(argv)
-    if shutil.which("valgrind") is None:
-        print("valgrind is not installed: apt-get install valgrind", file=sys.stderr)
-        return 2
-    chosen = [s.strip() for s in args.only.split(",") if s.strip()] or list(SCENARIOS)
-    unknown = [s for s in chosen if s not in SCENARIOS]
-    if unknown:
-        print(f"unknown scenario(s): {', '.join(unknown)}", file=sys.stderr)
+    chosen = selection(args.only, SCENARIOS)
+    if chosen is None:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     for scenario in chosen:
