@@ -388,20 +388,68 @@ def _script_call(
     if len(checks) == 1:
         # One rate of one limit (most decisions): no list to build.
         return _one_call(operation, checks[0], now, nonce, slack, slot=slot)
-    args: list[str] = [operation, now, nonce, slack, str(len(checks))]
-    packed: list[bytes] = [bulk(str(len(checks)))]
-    packed.extend([bulk(check.key) for check in checks])
-    packed.append(lead)
-    packed.append(bulk(args[4]))
-    for check in checks:
-        if check.cost == 1:
-            args.append(check.block.spec_cost_1)
-            packed.append(check.block.packed_cost_1)
-        else:
-            spec = check.spec()
-            args.append(spec)
-            packed.append(bulk(spec))
-    return ScriptCall(tuple([c.key for c in checks]), tuple(args), slot, b"".join(packed))
+    return _CallParts.of(checks).call(operation, now, nonce, slack, slot=slot, lead=lead)
+
+
+@dataclass(frozen=True, slots=True)
+class _CallParts:
+    """What a call of several checks sends around its lead (see ``_lead``), encoded: the
+    same for every call of those checks, so a remembered plan keeps it (``_Planned``)."""
+
+    keys: tuple[str, ...]
+    # numkeys and the keys, as RESP bulk strings: what comes before the lead.
+    head: bytes
+    # n and each check's spec: the arguments after the lead, as text and as RESP.
+    args: tuple[str, ...]
+    tail: bytes
+
+    @classmethod
+    def of(cls, checks: Sequence[Check]) -> _CallParts:
+        """The parts of a call of ``checks`` (two or more)."""
+        count = str(len(checks))
+        head: list[bytes] = [bulk(count)]
+        head.extend([bulk(check.key) for check in checks])
+        args: list[str] = [count]
+        tail: list[bytes] = [bulk(count)]
+        for check in checks:
+            if check.cost == 1:
+                args.append(check.block.spec_cost_1)
+                tail.append(check.block.packed_cost_1)
+            else:
+                spec = check.spec()
+                args.append(spec)
+                tail.append(bulk(spec))
+        return cls(
+            tuple([check.key for check in checks]), b"".join(head), tuple(args), b"".join(tail)
+        )
+
+    def call(
+        self,
+        operation: Operation | Literal["refund"],
+        now: str,
+        nonce: str,
+        slack: str,
+        *,
+        slot: int | None,
+        lead: bytes,
+    ) -> ScriptCall:
+        """The call with this lead (``_lead(operation, now, nonce, slack)``)."""
+        return ScriptCall(
+            self.keys,
+            (operation, now, nonce, slack, *self.args),
+            slot,
+            self.head + lead + self.tail,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    """A remembered request plan (``Core.for_request``): its checks and, for a call of
+    several checks on one server, that call's parts, so that a request only encodes its
+    own lead (the nonce)."""
+
+    checks: tuple[Check, ...]
+    parts: _CallParts | None
 
 
 @dataclass(slots=True)
@@ -669,9 +717,9 @@ class Core:
         )
         # for_request's the same way, per (set of matching limits, user or None, client
         # address where the set counts by it, tier, cost): what the middleware asks.
-        self._requested: _Memo[
-            tuple[_Group, str | None, str | None, str | None, int], tuple[Check, ...]
-        ] = _Memo(_PLANNED_CACHE)
+        self._requested: _Memo[tuple[_Group, str | None, str | None, str | None, int], _Planned] = (
+            _Memo(_PLANNED_CACHE)
+        )
 
     def matching(self, method: str, path: str, host: str | None) -> tuple[AppRule, ...]:
         """The limits the middleware applies that match this request, in policy order
@@ -962,11 +1010,32 @@ class Core:
             )
             planned = self._requested.entries.get(memo)
             if planned is None:
-                planned = tuple(
+                checks = tuple(
                     self._request_checks(group, identity, tier=tier, cost=cost, ip=ip, keys=None)
                 )
+                parts = _CallParts.of(checks) if len(checks) > 1 and not self.cluster else None
+                planned = _Planned(checks, parts)
                 self._requested.keep(memo, planned)
-            return self.prepare(operation, planned)
+            if planned.parts is None:
+                return self.prepare(operation, planned.checks)
+            # Several checks on one server: the call from its remembered parts.
+            now, nonce = self._now_and_nonce(operation)
+            call = planned.parts.call(
+                operation,
+                now,
+                nonce,
+                self._slack,
+                slot=None,
+                lead=_lead(operation, now, nonce, self._slack),
+            )
+            return Prepared(
+                operation,
+                planned.checks,
+                _one_group(len(planned.checks)),
+                (call,),
+                nonce,
+                self._slack,
+            )
         return self.prepare(
             operation,
             self._request_checks(group, identity, tier=tier, cost=cost, ip=ip, keys=keys),
@@ -1018,13 +1087,18 @@ class Core:
                 )
         return checks
 
-    def prepare(self, operation: Operation, checks: Sequence[Check]) -> Prepared:
-        """Group ``checks`` into script calls: one, or one per hash slot on Redis Cluster."""
+    def _now_and_nonce(self, operation: Operation) -> tuple[str, str]:
+        """A call's time argument (empty: the server's clock) and its nonce."""
         now = "" if self._test_clock is None else str(round(self._test_clock() * 1_000_000))
         # The nonce names sliding-log entries: unique per call, so two requests in the same
         # microsecond never merge into one entry. 48 bits of the limiter's own generator
         # (see _NONCES), which spares a system call per decision (os.urandom).
         nonce = f"{_NONCES.getrandbits(48):012x}" if operation == "hit" else ""
+        return now, nonce
+
+    def prepare(self, operation: Operation, checks: Sequence[Check]) -> Prepared:
+        """Group ``checks`` into script calls: one, or one per hash slot on Redis Cluster."""
+        now, nonce = self._now_and_nonce(operation)
         if not self.cluster:
             # One server: every check in one call.
             if len(checks) == 1:

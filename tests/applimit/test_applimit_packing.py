@@ -58,6 +58,14 @@ def _plans(core: Core, identity: str, cost: int) -> list[Prepared]:
             host="example.com",
             keys={"org": identity + "-org"},
         ),
+        # Without app keys: planned, then remembered with its call's parts encoded once
+        # (Core.for_request's memo); a path of four checks and one of three.
+        *(
+            core.for_request(
+                "hit", "POST", path, identity, tier="pro", cost=cost, ip="10.0.0.1", host=None
+            )
+            for path in ("/api/login", "/api/x", "/api/login", "/api/x")
+        ),
     ]
 
 

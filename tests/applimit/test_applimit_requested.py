@@ -57,8 +57,19 @@ KEYS = st.sampled_from([None, {}, MappingProxyType({}), {"org": "acme"}, {"org":
 
 
 def _plan(prepared: Prepared) -> tuple[Any, ...]:
-    """What a plan sends, but for its nonce (new with every call)."""
-    calls = tuple((call.keys, call.args[0], call.args[3:], call.slot) for call in prepared.calls)
+    """What a plan sends, but for its nonce (new with every call): the keys, arguments and
+    slot of each call, and its encoded bytes with the nonce blanked."""
+    nonce = prepared.nonce.encode()
+    calls = tuple(
+        (
+            call.keys,
+            call.args[0],
+            call.args[3:],
+            call.slot,
+            call.packed.replace(b"$12\r\n" + nonce, b"<nonce>") if nonce else call.packed,
+        )
+        for call in prepared.calls
+    )
     checks = tuple((c.rule.name, c.tier, c.key, c.cost) for c in prepared.checks)
     return calls, checks, prepared.groups
 
