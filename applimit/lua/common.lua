@@ -18,15 +18,16 @@
 -- Text Redis gave us that is known to hold a number (a TIME field, a score, digits a
 -- pattern matched) is turned into one by arithmetic (`s + 0`), not with num: Lua 5.1's
 -- tonumber converts its argument twice (it asks whether it is a number, then converts),
--- each time with the C library's strtod, and those conversions were a tenth of a
--- decision's instructions in Redis. num stays where a value may be missing or not a
--- number (it returns nil there; arithmetic raises). For the same reason the numbers the
--- calls send are text: Redis formats a Lua number argument with "%.17g".
+-- each time with the C library's strtod. num stays where a value may be missing or not a
+-- number (it returns nil there; arithmetic raises). The numbers the calls send are text:
+-- Redis formats a Lua number argument with "%.17g". Those conversions and that
+-- formatting were about a sixth of a sliding_log decision's instructions in Redis
+-- (bench/profiles/README.md, "In Redis").
 
 -- The globals a decision reads most, as upvalues (cheaper than a global lookup). A
 -- library sees no globals while it loads, so decide.lua binds them (bind_globals) on
 -- its first call; a Function library's locals then keep them until it is reloaded
--- (reading them through the call's globals cost about 4,000 instructions a decision).
+-- (binding them on every call cost about 4,000 instructions a decision in Redis).
 -- An EVAL script runs this file anew on every call, so there they are bound every time.
 local CALL, num, s_format, s_match, s_byte, s_char, m_floor, m_max, m_min, t_unpack
 local function bind_globals()
