@@ -130,6 +130,25 @@ def _load_line(machine: dict[str, Any]) -> str:
     )
 
 
+def _parts_line(machine: dict[str, Any]) -> str:
+    """The invocations a run's results come from, when more than one (see
+    bench.run.merged_machine); empty otherwise."""
+    parts = [
+        part
+        for part in machine.get("parts", [])
+        if part.get("load_average") and part.get("load_average_after")
+    ]
+    if len(parts) < 2:
+        return ""
+    described = [
+        f"{', '.join(part['benchmarks'])}: started {part.get('date', '?')}, commit "
+        f"{part.get('commit', '?')}, one-minute load average {part['load_average'][0]} at "
+        f"its start and {part['load_average_after'][0]} at its end"
+        for part in parts
+    ]
+    return f" Its results come from {len(parts)} invocations: " + "; ".join(described) + "."
+
+
 def render_markdown(
     results: Sequence[Result],
     machine: dict[str, Any],
@@ -176,14 +195,16 @@ def render_markdown(
         out += [
             f"This run: {_load_line(machine)} (other work shares the machine; see Machine "
             "at the end)"
-            + (f"; applimit {machine['applimit']}." if machine.get("applimit") else "."),
+            + (f"; applimit {machine['applimit']}." if machine.get("applimit") else ".")
+            + _parts_line(machine),
             "",
         ]
     for number, (other, _) in enumerate(others, start=2):
         if other.get("load_average") and other.get("load_average_after"):
             out += [
                 f"Run {number}, shown beside it in the targets: {_load_line(other)}, "
-                f"started {other.get('date', '?')}, commit {other.get('commit', '?')}.",
+                f"started {other.get('date', '?')}, commit {other.get('commit', '?')}."
+                + _parts_line(other),
                 "",
             ]
     quick = [r.name for r in results if r.quick]
@@ -252,7 +273,7 @@ def render_markdown(
             "",
         ]
     out += ["## Machine", ""]
-    out += _table(["", ""], [[k, str(v)] for k, v in machine.items()])
+    out += _table(["", ""], [[k, str(v)] for k, v in machine.items() if k != "parts"])
     out.append("")
     return "\n".join(out)
 

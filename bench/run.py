@@ -145,6 +145,39 @@ def _machine(results_dir: Path) -> dict[str, Any]:
     return found
 
 
+# What a part of a run (one invocation's benchmarks) records of its own invocation.
+PART_KEYS = ("date", "commit", "applimit", "load_average", "load_average_after")
+
+
+def merged_machine(
+    previous: dict[str, Any], current: dict[str, Any], ran: Sequence[str]
+) -> dict[str, Any]:
+    """``machine.json`` after an invocation that ran ``ran`` into a results directory whose
+    ``machine.json`` was ``previous``: this invocation's machine, and in ``parts`` the
+    invocations whose results the directory now holds, each with its benchmarks, date,
+    commit, build and load (the results of a benchmark run again are this invocation's).
+
+    A report gathers every result in the directory, so when a selection (``--only``) runs
+    after a full run, the report's figures come from two invocations, at two loads and
+    perhaps two commits: the report names each part (bench/_report.py)."""
+    if previous.get("parts"):
+        earlier = [dict(part) for part in previous["parts"]]
+    elif previous.get("load_average"):
+        # Written before parts were kept: one part, of every benchmark not run now.
+        earlier = [{key: previous.get(key) for key in PART_KEYS}]
+        earlier[0]["benchmarks"] = [name for name in BENCHMARKS if name not in ran]
+    else:
+        earlier = []
+    parts = []
+    for part in earlier:
+        part["benchmarks"] = [name for name in part.get("benchmarks", []) if name not in ran]
+        if part["benchmarks"]:
+            parts.append(part)
+    if ran:
+        parts.append({"benchmarks": list(ran), **{key: current.get(key) for key in PART_KEYS}})
+    return {**current, "parts": parts}
+
+
 def write_docs(results_dir: Path, docs: Path, also: Sequence[Path] = ()) -> None:
     """Regenerate the Markdown report and its chart beside it from ``results_dir``;
     the targets of the runs in ``also`` are shown beside its own."""
@@ -215,6 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             module.chart(result, results_dir / f"{name}.svg")
     machine["load_average_after"] = machine_info()["load_average"]
     machine["total_seconds"] = round(time.perf_counter() - began, 1)
+    ran = [name for name in chosen if name not in failed]
+    machine = merged_machine(_machine(results_dir), machine, ran)
     (results_dir / "machine.json").write_text(json.dumps(machine, indent=1), encoding="utf-8")
     docs = args.docs
     if docs is None and not args.quick:

@@ -12,6 +12,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 STATUSES = {"PASS", "MISS", "N/A"}
@@ -159,3 +160,62 @@ def test_compare_reports_each_target_of_both_versions() -> None:
         "| size | <= 128 B | 124 B (120-128) | 100 B (90-110) | +19.4% |",
     ]
     assert text.startswith("# Benchmarks: v1 (aaaaaaaaaa) against the working tree (bbbbbbbbbb)")
+
+
+def test_a_selection_run_after_a_full_run_is_reported_as_a_part_of_its_own() -> None:
+    """``bench.run --only http`` after a full run writes its own results beside the full
+    run's: machine.json keeps each invocation's benchmarks, date, commit and load, and the
+    report names both, instead of stating the last invocation's load for every figure."""
+    from bench._report import render_markdown
+    from bench.run import BENCHMARKS, merged_machine
+
+    def machine(date: str, commit: str, start: float, end: float) -> dict[str, Any]:
+        return {
+            "date": date,
+            "commit": commit,
+            "cores": 2,
+            "applimit": "pure Python",
+            "load_average": [start, 0.0, 0.0],
+            "load_average_after": [end, 0.0, 0.0],
+        }
+
+    # machine.json as written before parts were kept: the full run's.
+    full = machine("2026-12-04T00:23:13Z", "aaaaaaa", 0.51, 1.72)
+    everything = [name for name in BENCHMARKS if name != "http"]
+    after_http = merged_machine(
+        full, machine("2026-12-04T00:30:29Z", "aaaaaaa", 1.72, 1.07), ["http"]
+    )
+    assert [part["benchmarks"] for part in after_http["parts"]] == [
+        [*everything],
+        ["http"],
+    ]
+    assert after_http["parts"][0]["load_average"][0] == 0.51
+    assert after_http["parts"][1]["date"] == "2026-12-04T00:30:29Z"
+    # multi run again later, at another commit: it leaves the first part, the rest stay.
+    after_multi = merged_machine(
+        after_http, machine("2026-12-04T01:22:55Z", "bbbbbbb", 0.15, 0.34), ["multi"]
+    )
+    assert [part["benchmarks"] for part in after_multi["parts"]] == [
+        [name for name in everything if name != "multi"],
+        ["http"],
+        ["multi"],
+    ]
+    assert after_multi["commit"] == "bbbbbbb"
+    # Everything run again: one part.
+    again = merged_machine(
+        after_multi, machine("2026-12-05T00:00:00Z", "ccccccc", 0.2, 0.3), list(BENCHMARKS)
+    )
+    assert [part["benchmarks"] for part in again["parts"]] == [list(BENCHMARKS)]
+
+    report = render_markdown([], after_multi, chart=None)
+    assert "Its results come from 3 invocations:" in report
+    assert (
+        "multi: started 2026-12-04T01:22:55Z, commit bbbbbbb, one-minute load average 0.15"
+        in report
+    )
+    assert (
+        "http: started 2026-12-04T00:30:29Z, commit aaaaaaa, one-minute load average 1.72" in report
+    )
+    assert "'parts'" not in report and "| parts |" not in report
+    single = render_markdown([], again, chart=None)
+    assert "invocations" not in single
