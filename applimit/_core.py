@@ -391,10 +391,12 @@ def _script_call(
     return _CallParts.of(checks).call(operation, now, nonce, slack, slot=slot, lead=lead)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _CallParts:
     """What a call of several checks sends around its lead (see ``_lead``), encoded: the
-    same for every call of those checks, so a remembered plan keeps it (``_Planned``)."""
+    same for every call of those checks, so a remembered plan keeps it (``_Planned``).
+    Never changed once made; not frozen because it is also made for every call of a plan
+    that is not remembered, and a frozen dataclass sets each field the slow way."""
 
     keys: tuple[str, ...]
     # numkeys and the keys, as RESP bulk strings: what comes before the lead.
@@ -1016,26 +1018,7 @@ class Core:
                 parts = _CallParts.of(checks) if len(checks) > 1 and not self.cluster else None
                 planned = _Planned(checks, parts)
                 self._requested.keep(memo, planned)
-            if planned.parts is None:
-                return self.prepare(operation, planned.checks)
-            # Several checks on one server: the call from its remembered parts.
-            now, nonce = self._now_and_nonce(operation)
-            call = planned.parts.call(
-                operation,
-                now,
-                nonce,
-                self._slack,
-                slot=None,
-                lead=_lead(operation, now, nonce, self._slack),
-            )
-            return Prepared(
-                operation,
-                planned.checks,
-                _one_group(len(planned.checks)),
-                (call,),
-                nonce,
-                self._slack,
-            )
+            return self.prepare(operation, planned.checks, planned.parts)
         return self.prepare(
             operation,
             self._request_checks(group, identity, tier=tier, cost=cost, ip=ip, keys=keys),
@@ -1087,18 +1070,17 @@ class Core:
                 )
         return checks
 
-    def _now_and_nonce(self, operation: Operation) -> tuple[str, str]:
-        """A call's time argument (empty: the server's clock) and its nonce."""
+    def prepare(
+        self, operation: Operation, checks: Sequence[Check], parts: _CallParts | None = None
+    ) -> Prepared:
+        """Group ``checks`` into script calls: one, or one per hash slot on Redis Cluster.
+        ``parts``: the encoded parts of a one-server call of these checks, when a
+        remembered plan kept them (``Core.for_request``)."""
         now = "" if self._test_clock is None else str(round(self._test_clock() * 1_000_000))
         # The nonce names sliding-log entries: unique per call, so two requests in the same
         # microsecond never merge into one entry. 48 bits of the limiter's own generator
         # (see _NONCES), which spares a system call per decision (os.urandom).
         nonce = f"{_NONCES.getrandbits(48):012x}" if operation == "hit" else ""
-        return now, nonce
-
-    def prepare(self, operation: Operation, checks: Sequence[Check]) -> Prepared:
-        """Group ``checks`` into script calls: one, or one per hash slot on Redis Cluster."""
-        now, nonce = self._now_and_nonce(operation)
         if not self.cluster:
             # One server: every check in one call.
             if len(checks) == 1:
@@ -1112,12 +1094,11 @@ class Core:
                 )
             if not checks:
                 return Prepared(operation, (), (), (), nonce, self._slack)
-            call = _script_call(
+            call = (parts or _CallParts.of(checks)).call(
                 operation,
-                checks,
-                now=now,
-                nonce=nonce,
-                slack=self._slack,
+                now,
+                nonce,
+                self._slack,
                 slot=None,
                 lead=_lead(operation, now, nonce, self._slack),
             )

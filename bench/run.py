@@ -150,12 +150,16 @@ PART_KEYS = ("date", "commit", "applimit", "load_average", "load_average_after")
 
 
 def merged_machine(
-    previous: dict[str, Any], current: dict[str, Any], ran: Sequence[str]
+    previous: dict[str, Any],
+    current: dict[str, Any],
+    ran: Sequence[str],
+    held: Sequence[str] = tuple(BENCHMARKS),
 ) -> dict[str, Any]:
     """``machine.json`` after an invocation that ran ``ran`` into a results directory whose
     ``machine.json`` was ``previous``: this invocation's machine, and in ``parts`` the
-    invocations whose results the directory now holds, each with its benchmarks, date,
-    commit, build and load (the results of a benchmark run again are this invocation's).
+    invocations whose results the directory now holds (``held``: the benchmarks with a
+    result there), each with its benchmarks, date, commit, build and load (the results of
+    a benchmark run again are this invocation's).
 
     A report gathers every result in the directory, so when a selection (``--only``) runs
     after a full run, the report's figures come from two invocations, at two loads and
@@ -165,7 +169,7 @@ def merged_machine(
     elif previous.get("load_average"):
         # Written before parts were kept: one part, of every benchmark not run now.
         earlier = [{key: previous.get(key) for key in PART_KEYS}]
-        earlier[0]["benchmarks"] = [name for name in BENCHMARKS if name not in ran]
+        earlier[0]["benchmarks"] = [name for name in held if name not in ran]
     else:
         earlier = []
     parts = []
@@ -249,7 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine["load_average_after"] = machine_info()["load_average"]
     machine["total_seconds"] = round(time.perf_counter() - began, 1)
     ran = [name for name in chosen if name not in failed]
-    machine = merged_machine(_machine(results_dir), machine, ran)
+    held = [name for name in BENCHMARKS if (results_dir / f"{name}.json").is_file()]
+    machine = merged_machine(_machine(results_dir), machine, ran, held)
     (results_dir / "machine.json").write_text(json.dumps(machine, indent=1), encoding="utf-8")
     docs = args.docs
     if docs is None and not args.quick:

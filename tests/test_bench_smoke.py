@@ -189,6 +189,9 @@ def test_a_selection_run_after_a_full_run_is_reported_as_a_part_of_its_own() -> 
         [*everything],
         ["http"],
     ]
+    # Only benchmarks with results in the directory belong to the earlier part.
+    held = merged_machine(full, full, ["http"], held=["sync", "http"])
+    assert [part["benchmarks"] for part in held["parts"]] == [["sync"], ["http"]]
     assert after_http["parts"][0]["load_average"][0] == 0.51
     assert after_http["parts"][1]["date"] == "2026-12-04T00:30:29Z"
     # multi run again later, at another commit: it leaves the first part, the rest stay.
