@@ -95,7 +95,7 @@ def _stop_children() -> None:
 
 
 def _spawn(
-    name: str, argv: list[str], env: dict[str, str] | None = None
+    name: str, argv: list[str], env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()
 ) -> tuple[subprocess.Popen[bytes], Path]:
     log = _LOG_DIR[0] / f"{name}.log"
     with log.open("wb") as out:
@@ -105,6 +105,7 @@ def _spawn(
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
+            pass_fds=pass_fds,
         )
     _CHILDREN.append(proc)
     return proc, log
@@ -169,14 +170,24 @@ def start_uvicorn(target: str, env: dict[str, str]) -> Callable[[], str]:
     Returns a function that waits until the instance answers and gives its base URL, so a
     fleet starts in parallel. Targets named ``*_app`` without ``:app`` are app factories.
     """
-    port = _free_port()
+    # The instance serves a socket bound here and handed over (--fd): a port picked free
+    # and bound later by the child could be taken in between, by another instance even,
+    # whose /healthz would then answer for both (and be counted twice).
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind((HOST, 0))
+    listener.listen(128)
+    port = int(listener.getsockname()[1])
     argv = [sys.executable, "-m", "uvicorn", target, "--app-dir", str(HERE)]
-    argv += ["--host", HOST, "--port", str(port), "--no-access-log", "--log-level", "warning"]
+    argv += ["--fd", str(listener.fileno()), "--no-access-log", "--log-level", "warning"]
     # The middleware reads X-Forwarded-For itself, from the proxies it is told to trust.
     argv += ["--no-proxy-headers", "--lifespan", "on"]
     if not target.endswith(":app"):
         argv.append("--factory")
-    proc, log = _spawn(f"uvicorn-{port}", argv, env)
+    try:
+        proc, log = _spawn(f"uvicorn-{port}", argv, env, pass_fds=(listener.fileno(),))
+    finally:
+        # The child holds its own copy of the socket.
+        listener.close()
     base = f"http://{HOST}:{port}"
 
     def healthy() -> bool:
