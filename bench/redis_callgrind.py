@@ -84,15 +84,19 @@ def count(scenario: str, calls: int, work: Path) -> tuple[int, str]:
         ]
         limiter = Limiter(make_policy(server.url, specs))
         ids = Identities("user", IDENTITIES)
-        denied = 0
+        denied = degraded = 0
         try:
             for _ in range(calls):
-                if not limiter.check_request("GET", "/api/items", ids()).allowed:
-                    denied += 1
+                decision = limiter.check_request("GET", "/api/items", ids())
+                denied += not decision.allowed
+                degraded += decision.degraded
         finally:
             limiter.close()
         if denied:
             raise RuntimeError(f"{scenario}: {denied} of {calls} decisions were refused")
+        if degraded:
+            # Made without the script (it failed to load, or Redis errored): nothing counted.
+            raise RuntimeError(f"{scenario}: {degraded} of {calls} decisions were degraded")
     finally:
         # SIGTERM: Redis shuts down, and callgrind writes its file as the process ends
         # (close() alone kills it, and callgrind would write nothing).

@@ -11,7 +11,9 @@
 --   expiry_cell(t, g)   which cell of a grid of `g` µs the time `t` expires in;
 --   cell_ttl_ms(...)    the PEXPIRE that ends a key with such a cell;
 --   spec_of(text)       a check's spec (see decide.lua) as the table the algorithms read,
---                       {alg, limit, period, cost, burst, shadow}, or {error = reply text};
+--                       {alg, limit, period, cost, burst, shadow, cost_text}, or
+--                       {error = reply text};
+--   NOW_SEC, NOW_USEC, NOW_TEXT, USEC_PAD  the call's time as text (see below);
 --   CHECKS, STATES, OUTS  decide.lua's tables of a call's specs, states and reply, reused.
 -- Every time is an integer number of microseconds; every count an integer.
 --
@@ -29,10 +31,11 @@
 -- its first call; a Function library's locals then keep them until it is reloaded
 -- (binding them on every call cost about 4,000 instructions a decision in Redis).
 -- An EVAL script runs this file anew on every call, so there they are bound every time.
-local CALL, num, s_format, s_match, s_byte, s_char, m_floor, m_max, m_min, t_unpack
+local CALL, num, s_format, s_match, s_byte, s_sub, m_floor, m_max, m_min, t_unpack
 local function bind_globals()
   CALL, num, t_unpack = redis.call, tonumber, unpack
-  s_format, s_match, s_byte, s_char = string.format, string.match, string.byte, string.char
+  s_format, s_match, s_byte = string.format, string.match, string.byte
+  s_sub = string.sub
   m_floor, m_max, m_min = math.floor, math.max, math.min
 end
 
@@ -45,6 +48,15 @@ local NEVER = -2
 local function fmt(n)
   return s_format('%d', n)
 end
+
+-- The call's time as text, for a write scored `now` (the sliding log's ZADD, which makes
+-- it at most once per call, from TIME's two fields without formatting a number; the
+-- other algorithms never need it). decide.lua sets NOW_SEC and NOW_USEC (TIME's fields,
+-- or false under a test clock) and clears NOW_TEXT before any check runs; Function
+-- library locals, like CHECKS below.
+local NOW_SEC, NOW_USEC, NOW_TEXT = false, false, false
+-- Zeros that pad TIME's microseconds (1 to 6 digits) to six.
+local USEC_PAD = {'00000', '0000', '000', '00', '0', ''}
 
 -- a / b in doubles can round up to the next integer when the quotient is large; check the
 -- candidate with exact integer products and step back or forward once.
@@ -104,6 +116,8 @@ local function spec_of(text)
     alg = alg, limit = num(limit), period = num(period), cost = num(cost),
     burst = num(burst), shadow = shadow == '1',
   }
+  -- The cost as a sliding-log member writes it (exact decimal, whatever the digits sent).
+  c.cost_text = fmt(c.cost)
   if n_specs >= SPEC_CACHE_SIZE then
     SPECS = {}
     n_specs = 0

@@ -37,11 +37,14 @@ if not CALL then
 end
 local mode = ARGV[1]
 local now
+NOW_TEXT = false
 if ARGV[2] ~= '' then
   now = num(ARGV[2])
+  NOW_SEC, NOW_USEC = false, false
 else
   local t = CALL('TIME')
-  now = t[1] * 1000000 + t[2]
+  NOW_SEC, NOW_USEC = t[1], t[2]
+  now = NOW_SEC * 1000000 + NOW_USEC
 end
 local nonce = ARGV[3]
 local slack_ms = ARGV[4] + 0

@@ -55,10 +55,18 @@ local function log_units(member)
 end
 
 -- The start is written after a letter that gives its number of digits (A for 1, B for
--- 2, ... P for 16): members then sort as their starts do, without zero padding.
+-- 2, ... P for 16): members then sort as their starts do, without zero padding. `cost` is
+-- text (a check's own is its spec's cost_text, formatted once per spec).
+local LETTERS = {'A', 'B', 'C', 'D', 'E', 'F', 'G', 'H', 'I', 'J', 'K', 'L', 'M', 'N', 'O', 'P'}
 local function log_member(start, cost, tail)
   local digits = fmt(start)
-  return s_char(64 + #digits) .. digits .. '.' .. fmt(cost) .. '.' .. tail
+  return LETTERS[#digits] .. digits .. '.' .. cost .. '.' .. tail
+end
+
+-- The start of a member of this version (whose first byte is `letter`): the digits after
+-- the letter, without a pattern match (the oldest entry's cost is needed only on denial).
+local function log_start(member, letter)
+  return s_sub(member, 2, letter - 63) + 0
 end
 
 -- ZADD or ZREM of many members, in chunks (Lua's stack bounds unpack).
@@ -78,7 +86,7 @@ end
 local function log_convert(key, now, c, floor, slack_ms, whole)
   local entries, base = {}, 0
   if whole then
-    entries = CALL('ZRANGEBYSCORE', key, '(' .. fmt(floor), '+inf', 'WITHSCORES')
+    entries = CALL('ZRANGEBYSCORE', key, s_format('(%d', floor), '+inf', 'WITHSCORES')
   else
     -- Back from the end, to this version's newest entry or the window's floor.
     local tail, done = {}, false
@@ -113,7 +121,7 @@ local function log_convert(key, now, c, floor, slack_ms, whole)
       local _, units, tail = s_match(member, '^%u(%d+)%.(%d+)%.(.*)$')
       cost, rest = num(units), tail
     end
-    local renamed = log_member(base, cost, rest)
+    local renamed = log_member(base, fmt(cost), rest)
     if renamed ~= member then
       added[#added + 1] = entries[i + 1]
       added[#added + 1] = renamed
@@ -152,12 +160,13 @@ local log_check
 log_check = function(key, now, c, slack_ms, st)
   local floor = now - c.period
   -- Every field the check and apply read, set afresh: st is reused from call to call (see
-  -- decide.lua). newest is false without entries; start is where the next entry starts
-  -- (0 when nothing is in the window).
-  st.count, st.allowed, st.retry, st.remaining, st.reset, st.consumed = 0, 0, NONE, 0, 0, 0
+  -- decide.lua; remaining and reset are set at the end, consumed by decide.lua). newest is
+  -- false without entries; start is where the next entry starts (0 when nothing is in
+  -- the window).
+  st.count, st.allowed, st.retry = 0, 0, NONE
   st.newest, st.grid, st.floor, st.trim, st.start = false, false, floor, false, 0
   local last = CALL('ZRANGE', key, '-1', '-1', 'WITHSCORES')
-  local first_start, first_cost
+  local first_member, first_start
   if last[2] then
     local newest, current = last[2] + 0, log_current(last[1])
     if newest > floor and not current then
@@ -171,14 +180,16 @@ log_check = function(key, now, c, slack_ms, st)
     if newest > floor then
       local start, cost = log_units(last[1])
       st.start = start + cost
-      -- The oldest entry in the window; entries before it may remain (see log_apply).
-      local first = CALL('ZRANGEBYSCORE', key, '(' .. fmt(floor), '+inf', 'LIMIT', '0', '1')
-      if not log_current(first[1]) then
+      -- The oldest entry in the window (the bound's text in one format, without a
+      -- concatenation); entries before it may remain (see log_apply).
+      local first = CALL('ZRANGEBYSCORE', key, s_format('(%d', floor), '+inf', 'LIMIT', '0', '1')[1]
+      local letter = s_byte(first, 1)
+      if letter < 65 or letter > 90 then
         -- An older member inside the window (not at its end): renumber the window.
         log_convert(key, now, c, floor, slack_ms, true)
         return log_check(key, now, c, slack_ms, st)
       end
-      first_start, first_cost = log_units(first[1])
+      first_member, first_start = first, log_start(first, letter)
       st.count = st.start - first_start
     else
       st.trim = true
@@ -194,8 +205,9 @@ log_check = function(key, now, c, slack_ms, st)
     -- the oldest entry whose start + cost reaches first_start + need leaves.
     local need = count + c.cost - c.limit
     local at
+    local _, first_cost = log_units(first_member)
     if first_cost >= need then
-      at = num(CALL('ZRANGEBYSCORE', key, '(' .. fmt(floor), '+inf', 'WITHSCORES', 'LIMIT', '0', '1')[2])
+      at = num(CALL('ZRANGEBYSCORE', key, s_format('(%d', floor), '+inf', 'WITHSCORES', 'LIMIT', '0', '1')[2])
     else
       local lo = CALL('ZCOUNT', key, '-inf', fmt(floor)) + 1
       local last_rank = CALL('ZCOUNT', key, '-inf', '+inf') - 1
@@ -217,13 +229,13 @@ end
 -- Starts from 0 again (rare: after 2^50 units without the key ever expiring). Returns the
 -- start of the next entry.
 local function log_rebase(key, st)
-  local entries = CALL('ZRANGEBYSCORE', key, '(' .. fmt(st.floor), '+inf', 'WITHSCORES')
+  local entries = CALL('ZRANGEBYSCORE', key, s_format('(%d', st.floor), '+inf', 'WITHSCORES')
   local shift = log_units(entries[1])
   local added, gone = {}, {}
   for i = 1, #entries, 2 do
     local start, cost = log_units(entries[i])
     added[#added + 1] = entries[i + 1]
-    added[#added + 1] = log_member(start - shift, cost, s_match(entries[i], '^%u%d+%.%d+%.(.*)$'))
+    added[#added + 1] = log_member(start - shift, fmt(cost), s_match(entries[i], '^%u%d+%.%d+%.(.*)$'))
     gone[#gone + 1] = entries[i]
   end
   log_each('ZADD', key, added)
@@ -245,7 +257,16 @@ local function log_apply(key, st, now, c, nonce, slack_ms)
     st.trim = true
   end
   -- The entry first (see decide.lua: a full server must refuse the write as a whole).
-  CALL('ZADD', key, fmt(score), log_member(start, c.cost, nonce))
+  -- The score's text: the call's time (made once per call, see common.lua), unless the
+  -- clock went back.
+  local score_text = NOW_TEXT
+  if score ~= now then
+    score_text = fmt(score)
+  elseif not score_text then
+    score_text = NOW_SEC and NOW_SEC .. USEC_PAD[#NOW_USEC] .. NOW_USEC or fmt(now)
+    NOW_TEXT = score_text
+  end
+  CALL('ZADD', key, score_text, log_member(start, c.cost_text, nonce))
   -- Entries that left the window are trimmed (everything at or before the floor check()
   -- counted from) when nothing else is in the window, and else each time the starts
   -- cross a multiple of TRIM_EVERY units (of the limit, when it is smaller): not at every
@@ -282,7 +303,7 @@ local function log_refund(key, now, c, nonce)
       -- Written by an older version since: converted by the next check.
     elseif cost then
       added[#added + 1] = entries[i + 1]
-      added[#added + 1] = log_member(num(start) - cost, num(units), tail)
+      added[#added + 1] = log_member(num(start) - cost, units, tail)
       gone[#gone + 1] = entries[i]
     elseif tail == nonce then
       cost = num(units)

@@ -62,6 +62,55 @@ def _run(admin: redis.Redis, key: str, mode: str, now: int, nonce: str, cost: in
     return [int(v) for v in reply]
 
 
+def test_entries_on_the_servers_clock_are_scored_with_its_time(redis_client: redis.Redis) -> None:
+    """Without a test clock the script reads TIME and scores the entry with it, written as
+    text from TIME's two fields (the microseconds padded to six digits), not formatted
+    from the number. Each entry's score lies between TIME read just before and just
+    after its call, for calls made until both kinds of microsecond field have come up:
+    six digits, and fewer (below 100,000, a tenth of each second), whose padding a
+    wrong score would show by a factor of ten or more."""
+    key = _key(uuid.uuid4().hex)
+    seen_short = seen_long = False
+    calls = 0
+    # Bounded: a tenth of every second has a short field, so about a second of calls.
+    while not (seen_short and seen_long) and calls < 200_000:
+        calls += 1
+        redis_client.delete(key)
+        sec, usec = redis_client.time()  # type: ignore[misc]
+        before = sec * US + usec
+        args = ["hit", "", f"{calls:012x}", "0", "1", f"sliding_log {LIMIT} {60 * US} 1 0 0"]
+        reply = redis_client.eval(_script.SOURCE, 1, key, *args)  # type: ignore[no-untyped-call]
+        sec, usec = redis_client.time()  # type: ignore[misc]
+        after = sec * US + usec
+        ((member, score),) = _members(redis_client, key)
+        assert member == f"A0.1.{calls:012x}"
+        assert before <= score <= after
+        assert score == int(reply[0])  # the reply's time is the entry's
+        if score % US < 100_000:
+            seen_short = True
+        else:
+            seen_long = True
+    assert seen_short and seen_long
+
+
+@pytest.mark.parametrize("usec", ["7", "74", "174", "5174", "45174", "345174"])
+def test_a_score_from_time_pads_each_length_of_microseconds(
+    redis_client: redis.Redis, usec: str
+) -> None:
+    """The score's text from TIME's two fields, for each length of the microsecond field
+    (Redis gives it without leading zeros): the script's own source, with TIME's reply
+    replaced by fixed fields, since a real clock shows the short lengths too rarely."""
+    sec = "1796362569"
+    assert _script.SOURCE.count("CALL('TIME')") == 1
+    source = _script.SOURCE.replace("CALL('TIME')", f"{{'{sec}', '{usec}'}}")
+    key = _key(uuid.uuid4().hex)
+    args = ["hit", "", "0123456789ab", "0", "1", f"sliding_log {LIMIT} {60 * US} 1 0 0"]
+    reply = redis_client.eval(source, 1, key, *args)  # type: ignore[no-untyped-call]
+    expected = int(sec) * US + int(usec)
+    assert int(reply[0]) == expected
+    assert _members(redis_client, key) == [("A0.1.0123456789ab", expected)]
+
+
 def test_members_of_earlier_versions_count_one_unit_each_and_are_rewritten(
     redis_client: redis.Redis, limiter: Limiter, clock: TestClock
 ) -> None:
