@@ -276,12 +276,12 @@ def sync_from_url(
         sentinels, service, options = parse_sentinel_url(url)
 
         def sentinel_master() -> SyncClient:
-            # redis-py's Sentinel API carries no annotations.
-            sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            # Older redis-py releases carry no annotations on their Sentinel API.
+            sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
                 sentinels,
                 sentinel_kwargs={**timing, "retry": _sync_retry()},
             )
-            master = sentinel.master_for(  # type: ignore[no-untyped-call]
+            master = sentinel.master_for(  # type: ignore[no-untyped-call,unused-ignore]
                 service,
                 retry=_sync_retry(),
                 max_connections=max_connections,
@@ -403,7 +403,7 @@ def async_from_url(
         sentinels, service, sentinel_options = parse_sentinel_url(url)
 
         def sentinel_master() -> AsyncClient:
-            sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
                 sentinels, sentinel_kwargs={**timing, "retry": async_retry()}
             )
             master = sentinel.master_for(
