@@ -1079,8 +1079,10 @@ class Core:
         now = "" if self._test_clock is None else str(round(self._test_clock() * 1_000_000))
         # The nonce names sliding-log entries: unique per call, so two requests in the same
         # microsecond never merge into one entry. 48 bits of the limiter's own generator
-        # (see _NONCES), which spares a system call per decision (os.urandom).
-        nonce = f"{_NONCES.getrandbits(48):012x}" if operation == "hit" else ""
+        # (see _NONCES), which spares a system call per decision (os.urandom), as twelve
+        # hex digits: bytes.hex() makes them in C, about 1,200 instructions fewer than a
+        # format spec (bench/profiles step 27).
+        nonce = _NONCES.getrandbits(48).to_bytes(6, "little").hex() if operation == "hit" else ""
         if not self.cluster:
             # One server: every check in one call.
             if len(checks) == 1:

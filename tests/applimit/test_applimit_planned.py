@@ -4,6 +4,7 @@ call that was refused, and stays bounded however many identities it sees."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -100,6 +101,11 @@ def test_a_remembered_plan_is_a_new_call_every_time() -> None:
     core = Core(compile_policy(POLICY), cluster=False)
     nonces = {core.for_limit("hit", "log", "alice", None, 1).nonce for _ in range(50)}
     assert len(nonces) == 50
+    # Twelve lower-case hex digits (48 bits): what the script's members end with, and what
+    # tells an older version's members (which open with their nonce) from this one's.
+    assert all(re.fullmatch(r"[0-9a-f]{12}", nonce) for nonce in nonces)
+    # Every digit varies: no byte of the 48 bits is fixed or lost.
+    assert all(len({nonce[i] for nonce in nonces}) > 1 for i in range(12))
     first = core.for_limit("hit", "log", "alice", None, 1)
     second = core.for_limit("hit", "log", "alice", None, 1)
     assert first.checks is second.checks
