@@ -183,6 +183,7 @@ log_check = function(key, now, c, slack_ms, st)
       -- The oldest entry in the window (the bound's text in one format, without a
       -- concatenation); entries before it may remain (see log_apply).
       local first = CALL('ZRANGEBYSCORE', key, s_format('(%d', floor), '+inf', 'LIMIT', '0', '1')[1]
+      -- log_current's test, on the first byte read once for log_start too.
       local letter = s_byte(first, 1)
       if letter < 65 or letter > 90 then
         -- An older member inside the window (not at its end): renumber the window.

@@ -53,11 +53,26 @@ def _members(admin: redis.Redis, key: str) -> list[tuple[str, int]]:
     return [(m.decode(), int(s)) for m, s in admin.zrange(key, 0, -1, withscores=True)]
 
 
-def _run(admin: redis.Redis, key: str, mode: str, now: int, nonce: str, cost: int) -> list[int]:
+def _run(
+    admin: redis.Redis,
+    key: str,
+    mode: str,
+    now: int | None,
+    nonce: str,
+    cost: int,
+    source: str = _script.SOURCE,
+) -> list[int]:
     """One call of the script itself (as the limiter sends it), on one sliding-log check
-    of LIMIT per minute."""
-    args = [mode, str(now), nonce, "0", "1", f"sliding_log {LIMIT} {60 * US} {cost} 0 0"]
-    reply = admin.eval(_script.SOURCE, 1, key, *args)  # type: ignore[no-untyped-call]
+    of LIMIT per minute; ``now`` None: on the server's clock (TIME)."""
+    args = [
+        mode,
+        "" if now is None else str(now),
+        nonce,
+        "0",
+        "1",
+        f"sliding_log {LIMIT} {60 * US} {cost} 0 0",
+    ]
+    reply = admin.eval(source, 1, key, *args)  # type: ignore[no-untyped-call]
     assert isinstance(reply, list)
     return [int(v) for v in reply]
 
@@ -78,14 +93,13 @@ def test_entries_on_the_servers_clock_are_scored_with_its_time(redis_client: red
         redis_client.delete(key)
         sec, usec = redis_client.time()  # type: ignore[misc]
         before = sec * US + usec
-        args = ["hit", "", f"{calls:012x}", "0", "1", f"sliding_log {LIMIT} {60 * US} 1 0 0"]
-        reply = redis_client.eval(_script.SOURCE, 1, key, *args)  # type: ignore[no-untyped-call]
+        reply = _run(redis_client, key, "hit", None, f"{calls:012x}", 1)
         sec, usec = redis_client.time()  # type: ignore[misc]
         after = sec * US + usec
         ((member, score),) = _members(redis_client, key)
         assert member == f"A0.1.{calls:012x}"
         assert before <= score <= after
-        assert score == int(reply[0])  # the reply's time is the entry's
+        assert score == reply[0]  # the reply's time is the entry's
         if score % US < 100_000:
             seen_short = True
         else:
@@ -104,10 +118,9 @@ def test_a_score_from_time_pads_each_length_of_microseconds(
     assert _script.SOURCE.count("CALL('TIME')") == 1
     source = _script.SOURCE.replace("CALL('TIME')", f"{{'{sec}', '{usec}'}}")
     key = _key(uuid.uuid4().hex)
-    args = ["hit", "", "0123456789ab", "0", "1", f"sliding_log {LIMIT} {60 * US} 1 0 0"]
-    reply = redis_client.eval(source, 1, key, *args)  # type: ignore[no-untyped-call]
+    reply = _run(redis_client, key, "hit", None, "0123456789ab", 1, source)
     expected = int(sec) * US + int(usec)
-    assert int(reply[0]) == expected
+    assert reply[0] == expected
     assert _members(redis_client, key) == [("A0.1.0123456789ab", expected)]
 
 
