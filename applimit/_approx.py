@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from ._core import Check, Core, Prepared
-from ._decision import Decision, LimitResult, combine
+from ._decision import Decision, LimitResult, combine, make_result
 
 # Entries beyond this many are dropped (oldest sync first would need ordering; the cache
 # starts over, which only costs Redis calls and forgets at most sync_every - 1 per key).
@@ -220,13 +220,21 @@ class ApproxCache:
     def _local(entry: _Entry, now: float) -> LimitResult:
         result = entry.result
         assert result is not None
-        return replace(
-            result,
-            allowed=True,
-            consumed=True,
-            remaining=max(0, result.remaining - entry.pending),
-            reset_after=max(0.0, result.reset_after - (now - entry.synced)),
-            retry_after=None,
+        # Every field in order, built directly: dataclasses.replace() goes through the
+        # frozen class's __init__ by keyword, about 3% of an approximate request's time
+        # under uvicorn (py-spy), for a result made on nearly every request.
+        return make_result(
+            result.name,
+            result.tier,
+            result.algorithm,
+            result.quota,
+            result.window,
+            True,
+            True,
+            max(0, result.remaining - entry.pending),
+            max(0.0, result.reset_after - (now - entry.synced)),
+            None,
+            result.shadow,
         )
 
     def _learn(self, checks: tuple[Check, ...], decision: Decision, sent: float) -> None:

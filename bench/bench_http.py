@@ -1,8 +1,18 @@
 """Through HTTP: a FastAPI app under uvicorn and a Flask app under waitress, driven by wrk.
 
-What a rate limit costs a real app, measured end to end over loopback: each stack is
-served five ways, each by its own server process, all started at once and measured
-side by side (one ``wrk`` slice each, in an order rotated every round):
+What a rate limit costs a real app, measured end to end over loopback. Three stacks:
+
+- ``fastapi``: FastAPI under uvicorn on asyncio's own event loop and the h11 parser
+  (``pip install uvicorn``);
+- ``fastapi_std``: the same app under uvicorn on uvloop and the httptools parser, what
+  ``pip install "uvicorn[standard]"`` (and ``fastapi[standard]``) runs;
+- ``flask``: a Flask app under waitress with ``THREADS`` threads.
+
+uvicorn picks uvloop and httptools by itself whenever they are installed, so each FastAPI
+stack names its loop and parser: a stack never changes with what else is installed.
+
+Each stack is served five ways, each by its own server process, all started at once and
+measured side by side (one ``wrk`` slice each, in an order rotated every round):
 
 - ``bare``: the app alone, no Redis;
 - ``ping``: the app awaiting one Redis ``PING`` per request before the handler (FastAPI:
@@ -21,12 +31,15 @@ Every request is ``GET /api/items`` as one of 1000 users (an ``X-User`` header, 
 wrk Lua script), and the limit (100000/1m per user) never refuses, so every variant does
 the same work for every request; a refusal or an error fails the run. The server
 processes are single: one uvicorn worker, one waitress process with ``THREADS`` threads.
+Each FastAPI server answers ``/health`` with the event loop it runs on, which the driver
+checks before measuring.
 
 The issue's targets: applimit >= 1.0x the one-PING app, >= 2x slowapi and flask-limiter,
 and a path towards 0.85x the bare app.
 
 Needs ``wrk`` (Debian: ``apt-get install wrk``; macOS: ``brew install wrk``), the
-``bench`` extra (``pip install -e '.[dev,bench]'``: slowapi, flask-limiter) and
+``bench`` extra (``pip install -e '.[dev,bench]'``: slowapi, flask-limiter, uvloop,
+httptools) and
 ``redis-server``. It is not in the default set of ``make bench`` (it takes about two
 and a half minutes); run it with::
 
@@ -40,7 +53,9 @@ Without wrk it says how to install it and exits 2. The chart goes to
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import json
 import math
 import os
 import re
@@ -84,7 +99,7 @@ INSTALL_WRK = (
     "`apt-get install wrk` (Debian, Ubuntu) or `brew install wrk` (macOS), then run it again."
 )
 INSTALL_EXTRA = (
-    "the HTTP benchmark needs the bench extra (slowapi, flask-limiter): "
+    "the HTTP benchmark needs the bench extra (slowapi, flask-limiter, uvloop, httptools): "
     "`.venv/bin/pip install -e '.[dev,bench]'` (make bench installs it)."
 )
 RATE = "100000/1m"
@@ -95,13 +110,23 @@ CONNECTIONS = 16
 THREADS = 8
 STACKS: dict[str, tuple[str, ...]] = {
     "fastapi": ("bare", "ping", "applimit", "applimit_approx", "slowapi"),
+    "fastapi_std": ("bare", "ping", "applimit", "applimit_approx", "slowapi"),
     "flask": ("bare", "ping", "applimit", "applimit_approx", "flask_limiter"),
 }
+# Each FastAPI stack's uvicorn event loop and HTTP parser, given to uvicorn.run: its
+# default ("auto") takes uvloop and httptools whenever they are importable.
+UVICORN: dict[str, tuple[str, str]] = {
+    "fastapi": ("asyncio", "h11"),
+    "fastapi_std": ("uvloop", "httptools"),
+}
+# What a stack needs importable beyond the app frameworks (the bench extra).
+STACK_MODULES: dict[str, tuple[str, ...]] = {"fastapi_std": ("uvloop", "httptools")}
 # The approximate variant's limit: counted locally, one script call per SYNC_EVERY
 # decisions of a user (or per SYNC_INTERVAL), as bench_approx measures it.
 APPROXIMATE = {"mode": "approximate", "sync_every": 20, "sync_interval": "10s"}
 LABELS = {
-    "fastapi": "FastAPI under uvicorn",
+    "fastapi": "FastAPI under uvicorn (asyncio, h11)",
+    "fastapi_std": "FastAPI under uvicorn[standard] (uvloop, httptools)",
     "flask": f"Flask under waitress ({THREADS} threads)",
     "slowapi": "slowapi",
     "flask_limiter": "flask-limiter",
@@ -145,8 +170,9 @@ def fastapi_app(variant: str, url: str) -> Any:
         return {"ok": True}
 
     @app.get("/health")
-    async def health() -> dict[str, bool]:
-        return {"ok": True}
+    async def health() -> dict[str, object]:
+        # The loop this server runs on, which the driver checks (see UVICORN).
+        return {"ok": True, "loop": type(asyncio.get_running_loop()).__module__.split(".")[0]}
 
     if variant == "ping":
         import redis.asyncio
@@ -257,15 +283,18 @@ def _policy(url: str, *, approximate: bool = False) -> Any:
 
 def serve(stack: str, variant: str, port: int, url: str) -> None:
     """Serve one variant on 127.0.0.1:``port`` until terminated (the server process)."""
-    if stack == "fastapi":
+    if stack in UVICORN:
         import uvicorn
 
+        loop, http = UVICORN[stack]
         uvicorn.run(
             fastapi_app(variant, url),
             host="127.0.0.1",
             port=port,
             log_level="warning",
             access_log=False,
+            loop=loop,
+            http=http,
         )
     else:
         import logging
@@ -318,7 +347,8 @@ def _free_port() -> int:
 
 
 def _wait_ready(server: Server, log: Path, timeout: float = 60.0) -> None:
-    """Until ``/health`` answers 200; the server's log in the error if it died or hung."""
+    """Until ``/health`` answers 200; the server's log in the error if it died or hung. A
+    FastAPI server must say it runs on its stack's event loop (see UVICORN)."""
     deadline = time.monotonic() + timeout
     while True:
         if server.process.poll() is not None:
@@ -331,13 +361,21 @@ def _wait_ready(server: Server, log: Path, timeout: float = 60.0) -> None:
                 f"http://127.0.0.1:{server.port}/health", timeout=1
             ) as response:
                 if response.status == 200:
-                    return
+                    body = response.read()
+                    break
         except (urllib.error.URLError, OSError):
             pass
         if time.monotonic() >= deadline:
             raise RuntimeError(f"the {server.name} server did not answer within {timeout:.0f} s")
         # Polling interval while the process imports and binds; the condition is re-checked.
         time.sleep(0.1)
+    if server.stack in UVICORN:
+        wanted = UVICORN[server.stack][0]
+        running = json.loads(body).get("loop")
+        if running != wanted:
+            raise RuntimeError(
+                f"the {server.name} server runs on the {running} event loop, not {wanted}"
+            )
 
 
 @contextlib.contextmanager
@@ -484,9 +522,9 @@ def measure(
     if wrk is None:
         raise MissingTool(INSTALL_WRK)
     wanted = {variant for variants in stacks.values() for variant in variants}
-    for module in ("slowapi", "flask_limiter"):
-        if module not in wanted:
-            continue
+    needed = [module for module in ("slowapi", "flask_limiter") if module in wanted]
+    needed += [module for stack in stacks for module in STACK_MODULES.get(stack, ())]
+    for module in needed:
         try:
             __import__(module)
         except ImportError:
@@ -559,10 +597,12 @@ def run(settings: Settings) -> Result:
         name=NAME,
         title=TITLE,
         summary=(
-            "Requests per second of a FastAPI app under uvicorn and a Flask app under "
-            f"waitress ({THREADS} threads), each served bare, with one Redis `PING` per "
-            "request, with applimit's middleware and with slowapi or flask-limiter (moving "
-            f"window, headers on, the same Redis), driven by wrk ({CONNECTIONS} "
+            "Requests per second of a FastAPI app under uvicorn (twice: on asyncio's loop "
+            "with the h11 parser, and on uvloop with httptools, what `uvicorn[standard]` "
+            f"runs) and a Flask app under waitress ({THREADS} threads), each served bare, "
+            "with one Redis `PING` per request, with applimit's middleware and with slowapi "
+            "or flask-limiter (moving window, headers on, the same Redis), driven by wrk "
+            f"({CONNECTIONS} "
             f"connections, one thread) over loopback, {USERS} users, alternated in every round."
         ),
         params=params,

@@ -63,10 +63,14 @@ def serve_asgi(app: Any, **options: Any) -> Iterator[str]:
     ``uvicorn.Config`` settings.
 
     Proxy headers are off: the middleware reads X-Forwarded-For itself, and uvicorn's own
-    handling (on by default, trusting 127.0.0.1) would rewrite the peer under it.
+    handling (on by default, trusting 127.0.0.1) would rewrite the peer under it. The loop
+    and the parser are asyncio's and h11 unless ``options`` say otherwise: uvicorn's
+    default takes uvloop and httptools whenever they are installed (the dev extra has them).
     """
     sock = _bound_socket()
     settings: dict[str, Any] = {
+        "loop": "asyncio",
+        "http": "h11",
         "lifespan": "on",
         "proxy_headers": False,
         "access_log": False,

@@ -1,10 +1,11 @@
 """Smoke test of the HTTP benchmark (bench/bench_http.py), so it does not rot between runs.
 
-Five of its server processes (FastAPI bare and with applimit's middleware, exact and
-approximate; Flask with applimit's middleware, exact and approximate) under one second of
-wrk each: every request answered 200, a rate
-for every one. The numbers' size is not asserted: timings on a shared machine are not
-something a test can assert. Skipped where wrk is not installed.
+Six of its server processes (FastAPI bare and with applimit's middleware, exact and
+approximate; the same app on uvicorn[standard]'s loop and parser with the middleware; Flask
+with applimit's middleware, exact and approximate) under one second of wrk each: every
+request answered 200, a rate for every one. Each FastAPI server runs on the event loop its
+stack names, whatever else is installed. The numbers' size is not asserted: timings on a
+shared machine are not something a test can assert. Skipped where wrk is not installed.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+import bench.bench_http
 from bench._common import Result, Settings
-from bench.bench_http import INSTALL_WRK, chart, cpu_table, measure
+from bench.bench_http import INSTALL_WRK, chart, cpu_table, measure, servers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,11 +29,12 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
 @pytest.mark.timeout(120)
 def test_each_variant_answers_every_request_and_has_a_rate(tmp_path: Path) -> None:
-    """A quick run of five variants: one round each, a finite rate above zero, and no
+    """A quick run of six variants: one round each, a finite rate above zero, and no
     response other than 200 (a refusal or an error would spoil any comparison); the
     chart draws the rates (a variant not run is drawn as zero)."""
     stacks = {
         "fastapi": ("bare", "applimit", "applimit_approx"),
+        "fastapi_std": ("applimit",),
         "flask": ("applimit", "applimit_approx"),
     }
     rates, failed, params, cpu = measure(Settings.for_mode(quick=True), stacks)
@@ -39,6 +42,7 @@ def test_each_variant_answers_every_request_and_has_a_rate(tmp_path: Path) -> No
         "fastapi.bare",
         "fastapi.applimit",
         "fastapi.applimit_approx",
+        "fastapi_std.applimit",
         "flask.applimit",
         "flask.applimit_approx",
     }
@@ -55,7 +59,8 @@ def test_each_variant_answers_every_request_and_has_a_rate(tmp_path: Path) -> No
         assert per["all"] == pytest.approx(per["app"] + per["redis"] + per["wrk"]), name
     assert cpu["fastapi.applimit"].redis > 0
     rows = {tuple(row[:2]) for row in cpu_table(cpu).rows}
-    assert ("FastAPI under uvicorn", "bare") in rows
+    assert ("FastAPI under uvicorn (asyncio, h11)", "bare") in rows
+    assert ("FastAPI under uvicorn[standard] (uvloop, httptools)", "applimit") in rows
     result = Result(name="http", title="smoke", summary="", rates=rates)
     chart(result, tmp_path / "http.svg")
     assert "<svg" in (tmp_path / "http.svg").read_text(encoding="utf-8")
@@ -74,3 +79,21 @@ def test_without_wrk_it_says_how_to_install_it_and_exits_2(tmp_path: Path) -> No
     )
     assert completed.returncode == 2, completed.stdout + completed.stderr
     assert INSTALL_WRK in completed.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_fastapi_server_on_another_loop_than_its_stack_names_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver checks the loop each FastAPI server says it runs on: the plain stack's
+    server (asyncio's loop) is refused when the stack is taken to name uvloop, so a stack
+    cannot quietly change with what is installed (uvicorn's default takes uvloop and
+    httptools whenever they are importable)."""
+    with servers({"fastapi": ("bare",), "fastapi_std": ("bare",)}, "redis://unused", tmp_path):
+        pass
+    monkeypatch.setitem(bench.bench_http.UVICORN, "fastapi", ("uvloop", "h11"))
+    with (
+        pytest.raises(RuntimeError, match="runs on the asyncio event loop, not uvloop"),
+        servers({"fastapi": ("bare",)}, "redis://unused", tmp_path),
+    ):
+        pass

@@ -6,8 +6,9 @@ matched, percent-encoded. With a limiter, the app is wrapped in applimit's middl
 (trusting the loopback peer for ``CF-Connecting-IP``, as behind Cloudflare); without one it
 is the bare router, used as the oracle of what an origin serves.
 
-The FastAPI app runs under uvicorn (h11, proxy headers off: the middleware reads the client IP
-itself) and the Flask app under waitress, each in a thread of the test process on a socket
+The FastAPI app runs under uvicorn twice, once with each of its HTTP parsers (h11, and
+httptools as uvicorn[standard] installs it; proxy headers off: the middleware reads the client
+IP itself), and the Flask app under waitress, each in a thread of the test process on a socket
 bound to a free loopback port before the server starts. Readiness is polled against a
 deadline; both are stopped and their threads joined on exit.
 """
@@ -33,8 +34,13 @@ from applimit.wsgi import RateLimitMiddleware as WsgiRateLimit
 from . import spec
 
 FASTAPI = "fastapi"
+# The same FastAPI app under uvicorn with the httptools parser (what uvicorn[standard]
+# runs): the two parsers read a request line each its own way.
+FASTAPI_HTTPTOOLS = "fastapi-httptools"
 FLASK = "flask"
-STACKS = (FASTAPI, FLASK)
+STACKS = (FASTAPI, FASTAPI_HTTPTOOLS, FLASK)
+# uvicorn's HTTP implementation for each FastAPI stack.
+_PARSERS = {FASTAPI: "h11", FASTAPI_HTTPTOOLS: "httptools"}
 HOST = servers.HOST
 # The middleware believes CF-Connecting-IP from this peer only: the test client.
 TRUSTED = ["127.0.0.1"]
@@ -101,11 +107,11 @@ def flask_app(limiter: Limiter | None) -> Flask:
 
 
 @contextlib.contextmanager
-def serve_asgi(app: Any) -> Iterator[int]:
-    """Serve an ASGI app with uvicorn (h11, no proxy headers, no added headers); yield its
-    port."""
+def serve_asgi(app: Any, http: str = "h11") -> Iterator[int]:
+    """Serve an ASGI app with uvicorn (the ``http`` parser, no proxy headers, no added
+    headers); yield its port."""
     with servers.serve_asgi(
-        app, http="h11", server_header=False, date_header=False, log_level="error"
+        app, http=http, server_header=False, date_header=False, log_level="error"
     ) as url:
         yield urlsplit(url).port or 0
 
@@ -120,11 +126,11 @@ def serve_wsgi(app: Any) -> Iterator[int]:
 @contextlib.contextmanager
 def serve(stack: str, *, policy_text: str | None, redis_url: str | None) -> Iterator[int]:
     """Serve the stack's app, limited by the policy when one is given; yield its port."""
-    if stack == FASTAPI:
+    if stack in _PARSERS:
         limiter = None
         if policy_text is not None:
             limiter = AsyncLimiter.from_policy(policy.loads(policy_text), redis_url=redis_url)
-        with serve_asgi(fastapi_app(limiter)) as port:
+        with serve_asgi(fastapi_app(limiter), _PARSERS[stack]) as port:
             yield port
         return
     sync_limiter = None
