@@ -695,6 +695,10 @@ def run(settings: Settings) -> Result:
         "decision (the script's: see the Redis CPU section) is taken from the same cores "
         "as the app's and wrk's, where one PING takes next to none."
     )
+    for stack in STACKS:
+        path = bare_path(stack, cpu, median(rates[f"{stack}.bare"]))
+        if path is not None:
+            result.notes.append(path)
     result.notes.append(
         "Each variant is its own server process, started together and measured in turn "
         f"({params['rounds']} rounds of {params['seconds']} s each, the order rotated every "
@@ -703,6 +707,43 @@ def run(settings: Settings) -> Result:
     )
     result.seconds = time.perf_counter() - began
     return result
+
+
+def bare_path(stack: str, cpu: dict[str, Cpu], bare_rate: float) -> str | None:
+    """Where the middleware stands against the bare app's rate, from the CPU each spent
+    per request in the app's server process (None when a part could not be read).
+
+    Every stack is one server process: uvicorn runs the app on one event loop and waitress'
+    threads share one GIL, so the bare app's process, near a core at its rate, is what
+    bounds it, and a request's CPU there is what the rate pays for. At BARE_TARGET of the
+    bare rate a request may take the bare app's CPU over BARE_TARGET; whatever the
+    middleware adds beyond that budget is what stands between it and the goal. Redis' and
+    wrk's time is on the machine's other core, as long as they fit there.
+    """
+    bare = cpu[f"{stack}.bare"].per_request_us()
+    exact = cpu[f"{stack}.applimit"].per_request_us()
+    approx = cpu[f"{stack}.applimit_approx"].per_request_us()
+    if any(math.isnan(part["app"]) for part in (bare, exact, approx)):
+        return None
+    busy = bare["app"] * bare_rate / 1e6
+    allowed = bare["app"] / BARE_TARGET - bare["app"]
+    added, own = exact["app"] - bare["app"], approx["app"] - bare["app"]
+    trip = added - own
+    return (
+        f"{LABELS[stack]}: the bare app's process spends {bare['app']:,.0f} µs of CPU a "
+        f"request and used {busy:.0%} of a core at its rate (one process: about its "
+        f"bound); at {BARE_TARGET:.2f}x that rate a request may take {allowed:,.0f} µs more "
+        f"there. applimit's middleware adds {added:,.0f} µs exact (and {exact['redis']:,.0f}"
+        f" µs of Redis', on the other core) and {own:,.0f} µs approximate: "
+        + (
+            "within that budget."
+            if min(added, own) <= allowed
+            else f"{own:,.0f} µs is the middleware's own work per request (reading the "
+            "request, matching the limits, identify(), the decision's bookkeeping, the "
+            "headers), and the exact decision's round trip adds "
+            + (f"{trip:,.0f} µs to it." if trip >= 1 else "nothing to it (it is batched).")
+        )
+    )
 
 
 def cpu_table(cpu: dict[str, Cpu]) -> Table:
