@@ -10,7 +10,7 @@ The FastAPI app runs under uvicorn twice, once with each of its HTTP parsers (h1
 httptools as uvicorn[standard] installs it; proxy headers off: the middleware reads the client
 IP itself), and the Flask app under waitress, each in a thread of the test process on a socket
 bound to a free loopback port before the server starts. Readiness is polled against a
-deadline; both are stopped and their threads joined on exit.
+deadline; each is stopped and its thread joined on exit.
 """
 
 from __future__ import annotations
