@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from ._core import Check, Core, Prepared
-from ._decision import Decision, LimitResult, combine, make_result
+from ._decision import Decision, LimitResult, combine, make_result, single
 
 # Entries beyond this many are dropped (oldest sync first would need ordering; the cache
 # starts over, which only costs Redis calls and forgets at most sync_every - 1 per key).
@@ -108,6 +108,14 @@ class ApproxCache:
         now = self.clock()
         cost = prepared.cost
         with self._lock:
+            if len(prepared.checks) == 1:
+                # One check (most limits): what the loop below does for one, without its
+                # lists and generator.
+                only = prepared.checks[0]
+                entry = self._entry(only)
+                if self._fits(only, entry, cost, now):
+                    entry.pending += cost
+                    return single(self._local(entry, now))
             entries = [self._entry(c) for c in prepared.checks]
             if all(
                 self._fits(c, e, cost, now) for c, e in zip(prepared.checks, entries, strict=True)
