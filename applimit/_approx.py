@@ -109,8 +109,9 @@ class ApproxCache:
         cost = prepared.cost
         with self._lock:
             if len(prepared.checks) == 1:
-                # One check (most limits): what the loop below does for one, without its
-                # lists and generator.
+                # One check (most limits) that fits: what the loop below does for one,
+                # without its lists and generator (about 1 µs of a local decision's ~16).
+                # When it does not fit, the loop below takes it from the start.
                 only = prepared.checks[0]
                 entry = self._entry(only)
                 if self._fits(only, entry, cost, now):

@@ -602,8 +602,8 @@ def run(settings: Settings) -> Result:
             f"runs) and a Flask app under waitress ({THREADS} threads), each served bare, "
             "with one Redis `PING` per request, with applimit's middleware and with slowapi "
             "or flask-limiter (moving window, headers on, the same Redis), driven by wrk "
-            f"({CONNECTIONS} "
-            f"connections, one thread) over loopback, {USERS} users, alternated in every round."
+            f"({CONNECTIONS} connections, one thread) over loopback, {USERS} users, "
+            "alternated in every round."
         ),
         params=params,
         rates=rates,
