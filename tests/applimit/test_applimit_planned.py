@@ -110,3 +110,31 @@ def test_a_remembered_plan_is_a_new_call_every_time() -> None:
     second = core.for_limit("hit", "log", "alice", None, 1)
     assert first.checks is second.checks
     assert first.calls[0].packed != second.calls[0].packed
+
+
+_CALLS = st.tuples(
+    st.sampled_from(["api", "log", "by-ip", "per-org", "nope"]),
+    st.one_of(st.sampled_from(["alice", "bob", "", "a b", "ü", "x" * 40]), st.text(max_size=8)),
+    st.sampled_from([None, "free", "pro", "gold"]),
+    st.sampled_from([1, 3, 0, -1, 10**12]),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(calls=st.lists(_CALLS, min_size=1, max_size=30))
+def test_calls_the_full_memo_does_not_hold_plan_what_planning_afresh_gives(
+    calls: list[tuple[str, str, str | None, int]],
+) -> None:
+    """With more users than the memo keeps, a call it does not hold is planned from the
+    limit's remembered rule, tier and blocks (_plan_user): the same checks, or the same
+    refusal, as a core that has never seen a call, whatever came before it."""
+    core = Core(compile_policy(POLICY), cluster=False)
+    # The memo full (and kept so for a minute): every call below is planned again.
+    core._planned.size = 1
+    core.for_limit("hit", "api", "filler", None, 1)
+    for name, identity, tier, cost in calls:
+        expected = _outcome(Core(compile_policy(POLICY), cluster=False), name, identity, tier, cost)
+        assert _outcome(core, name, identity, tier, cost) == expected
+    # Only the limits and tiers that resolved, and counted by the user, are remembered.
+    assert all(name in ("api", "log") for name, _ in core._user_shapes)
+    assert all(tier in (None, "free", "pro") for _, tier in core._user_shapes)
