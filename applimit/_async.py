@@ -189,26 +189,45 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
     # -- running calls --------------------------------------------------------------------
 
     async def _decide(self, prepared: Prepared) -> Decision:
-        """Drive the decision's flow: await each Send on the wire, send back its outcomes."""
+        """Make the decision: an exact one in its two steps, around the awaited calls;
+        otherwise drive the decision's flow, awaiting each Send and sending back its
+        outcomes."""
         observing = self.observing
         if observing:
             started = _perf_counter()
-        flow = self.decider.decide_flow(prepared)
+        decider = self.decider
         wire = self._wire
-        # No call sent: answered here (denial cache, approximate mode, open breaker).
-        sent = False
-        try:
-            send = next(flow)
-            sent = True
-            while True:
-                send = flow.send(await wire.run(send.calls))
-        except StopIteration as done:
-            decision: Decision = done.value
-            if observing:
-                self.notifier.notify(
-                    prepared,
-                    decision,
-                    _perf_counter() - started,
-                    not sent and not decision.degraded,
-                )
-            return decision
+        if decider.approx is None and prepared.checks:
+            # The exact decision (no approximate limit in the policy): the flow's own two
+            # steps, called without the generator around them (about a seventh of an
+            # async decision's CPU).
+            step = decider.start(prepared)
+            if isinstance(step, Decision):
+                # No call sent: answered here (the denial cache, an open breaker).
+                decision, sent = step, False
+            else:
+                sent = True
+                outcomes = await wire.run(step[0])
+                decision, refunds = decider.finish(prepared, step, outcomes)
+                if refunds:
+                    decider.refunded(await wire.run(refunds))
+        else:
+            flow = decider.decide_flow(prepared)
+            # No call sent: answered here (approximate mode, the denial cache, an open
+            # breaker or no limit at all).
+            sent = False
+            try:
+                send = next(flow)
+                sent = True
+                while True:
+                    send = flow.send(await wire.run(send.calls))
+            except StopIteration as done:
+                decision = done.value
+        if observing:
+            self.notifier.notify(
+                prepared,
+                decision,
+                _perf_counter() - started,
+                not sent and not decision.degraded,
+            )
+        return decision

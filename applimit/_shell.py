@@ -31,7 +31,7 @@ from ._core import CompiledPolicy, Core, Prepared, compile_policy
 from ._decision import Decision
 from ._denials import DenialCache
 from ._errors import ConfigurationError
-from ._flow import UNLIMITED, Decider, Flow, Transport
+from ._flow import UNLIMITED, Decider, Flow, Sending, Transport
 from ._observe import Notifier, Observer
 
 
@@ -259,6 +259,11 @@ class _Disabled(Decider):
     def decide_flow(self, prepared: Prepared) -> Flow:
         """A flow that needs no call and allows."""
         return _allowed()
+
+    def start(self, prepared: Prepared) -> Decision | Sending:
+        """The exact decision's first step, as the shells call it directly: allowed, with
+        no call."""
+        return UNLIMITED
 
 
 def _allowed() -> Flow:

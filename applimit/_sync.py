@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -16,9 +16,10 @@ from policy import Policy
 
 from . import _clients
 from ._clients import SyncClient, Target
-from ._core import Prepared
+from ._core import Prepared, ScriptCall
 from ._decision import Decision
 from ._errors import REDIS_FAILURES
+from ._flow import Flow
 from ._memory import MemoryWire
 from ._observe import Observer
 from ._shell import LimiterBase, load_policy
@@ -243,33 +244,54 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
     # -- running calls --------------------------------------------------------------------
 
     def _decide(self, prepared: Prepared) -> Decision:
-        """Drive the decision's flow: run each Send on the wire, send back its outcomes."""
+        """Make the decision: an exact one in its two steps, around the call on the wire;
+        otherwise drive the decision's flow, running each Send and sending back its
+        outcomes."""
         observing = self.observing
         if observing:
             started = _perf_counter()
-        flow = self.decider.decide_flow(prepared)
+        decider = self.decider
         wire = self._wire
-        # No call sent: the decision was answered here (the denial cache, approximate
-        # mode, an open breaker or no limit at all).
+        if decider.approx is None and prepared.checks:
+            # The exact decision (no approximate limit in the policy): the flow's own two
+            # steps, called without the generator around them.
+            step = decider.start(prepared)
+            if isinstance(step, Decision):
+                # No call sent: answered here (the denial cache, an open breaker).
+                decision, sent = step, False
+            else:
+                sent = True
+                decision, refunds = decider.finish(prepared, step, wire.run(step[0]))
+                if refunds:
+                    decider.refunded(self._refund(refunds))
+        else:
+            decision, sent = self._drive(decider.decide_flow(prepared))
+        if observing:
+            self.notifier.notify(
+                prepared,
+                decision,
+                _perf_counter() - started,
+                not sent and not decision.degraded,
+            )
+        return decision
+
+    def _drive(self, flow: Flow) -> tuple[Decision, bool]:
+        """Run a decision's flow to its end: the decision, and whether a call was sent (else
+        it was answered here: approximate mode, the denial cache, an open breaker or no
+        limit at all)."""
+        wire = self._wire
         sent = False
         try:
             send = next(flow)
             sent = True
             while True:
-                if send.refund:
-                    # Each refund on its own, with a deadline of its own: one that fails
-                    # does not keep the others from running.
-                    outcomes = [wire.run((call,))[0] for call in send.calls]
-                else:
-                    outcomes = wire.run(send.calls)
-                send = flow.send(outcomes)
+                send = flow.send(self._refund(send.calls) if send.refund else wire.run(send.calls))
         except StopIteration as done:
             decision: Decision = done.value
-            if observing:
-                self.notifier.notify(
-                    prepared,
-                    decision,
-                    _perf_counter() - started,
-                    not sent and not decision.degraded,
-                )
-            return decision
+            return decision, sent
+
+    def _refund(self, calls: Sequence[ScriptCall]) -> list[object]:
+        """Each refund on its own, with a deadline of its own: one that fails does not keep
+        the others from running."""
+        wire = self._wire
+        return [wire.run((call,))[0] for call in calls]
