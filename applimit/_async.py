@@ -199,7 +199,7 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
         wire = self._wire
         if decider.approx is None and prepared.checks:
             # The exact decision (no approximate limit in the policy): the flow's own two
-            # steps, called without the generator around them (about a seventh of an
+            # steps, called without the generator around them (about a tenth of an
             # async decision's CPU).
             step = decider.start(prepared)
             if isinstance(step, Decision):

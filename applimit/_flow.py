@@ -218,17 +218,10 @@ class Decider:
         outcomes go to :meth:`refunded`)."""
         calls, breakers, sent = sending
         reported = self.wire.reports
-        if len(outcomes) == 1:
-            # One call (most decisions): its outcome without a loop.
-            outcome = outcomes[0]
+        for index, outcome in enumerate(outcomes):
             if isinstance(outcome, BaseException):
-                failed = self._failed(prepared, outcome, breakers[0], report=not reported)
+                failed = self._failed(prepared, outcome, breakers[index], report=not reported)
                 return failed, ()
-        else:
-            for index, outcome in enumerate(outcomes):
-                if isinstance(outcome, BaseException):
-                    failed = self._failed(prepared, outcome, breakers[index], report=not reported)
-                    return failed, ()
         if self._slow is not None:
             self._confirm_slow(breakers)
         if not reported:
