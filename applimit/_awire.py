@@ -54,11 +54,15 @@ from ._protocol import (
     unpair,
 )
 
-# Answer this many callers of a batch, then let them run before answering the rest: the
-# first ones send their next calls (a new batch) while this one is still being answered,
-# so Redis works on one batch while the event loop works through another. Without it all
-# of a batch's callers wake at once, and Redis and the loop take turns idling. 32 is in
-# the middle of the range that measured best (16 to 64 calls) in bench/bench_async.py.
+# A batch's callers are answered in parts, each part let run before the next is answered:
+# the first ones send their next calls (a new batch) while this one is still being
+# answered, so Redis works on one batch while the event loop works through another.
+# Without it all of a batch's callers wake at once, and Redis and the loop take turns
+# idling. A part is half the calls in flight (see AsyncWire._answer), at least this many:
+# the callers settle in two batches that take turns, each a round trip and a flush for
+# half of them. Parts of a fixed 32 calls (the earlier rule) kept 256 callers in batches
+# of 32 to 96, and each batch's own work (a task, a timer, a write, a read, the breaker
+# told) cost about a tenth of a decision's CPU more (bench/bench_async.py).
 _YIELD_EVERY = 32
 # Connections a wire keeps from one batch for the next (see AsyncWire._kept): about as
 # many batches as are in flight at once at a steady load.
@@ -107,6 +111,8 @@ class AsyncWire(OneServer):
         self._timeout = timeout
         self.closed = False
         self._pending: list[tuple[ScriptCall, asyncio.Future[Replies]]] = []
+        # The calls of the batches sent and not yet answered in full (see _answer).
+        self._in_flight = 0
         self._deadline = 0.0
         # Strong references: the event loop keeps only weak ones to running tasks.
         self._tasks: set[asyncio.Task[None]] = set()
@@ -211,8 +217,15 @@ class AsyncWire(OneServer):
         task = loop.create_task(self._send(batch))
         timer = loop.call_at(self._deadline, self._expire, batch, task)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        task.add_done_callback(lambda _: timer.cancel())
+        size = len(batch)
+        self._in_flight += size
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._tasks.discard(task)
+            timer.cancel()
+            self._in_flight -= size
+
+        task.add_done_callback(done)
 
     async def _send(self, batch: list[tuple[ScriptCall, asyncio.Future[Replies]]]) -> None:
         live = [(call, future) for call, future in batch if not future.done()]
@@ -247,11 +260,15 @@ class AsyncWire(OneServer):
                 self._breaker.failure(error)
             raise
         self._report(calls, replies)
+        # Half the calls in flight (this batch's, the others sent and those waiting to
+        # be): this batch's first half, answered, sends its next calls while Redis works
+        # on the rest (see _YIELD_EVERY).
+        every = max(_YIELD_EVERY, (self._in_flight + len(self._pending)) // 2)
         for index, ((_, future), reply) in enumerate(zip(live, replies, strict=True), 1):
             if not future.done():
                 # An error reply is its call's outcome, as a reply is.
                 future.set_result([reply])
-            if index % _YIELD_EVERY == 0 and index < len(live):
+            if index % every == 0 and index < len(live):
                 await asyncio.sleep(0)
 
     def _report(self, calls: list[ScriptCall], replies: Replies) -> None:

@@ -216,6 +216,48 @@ async def test_decisions_of_one_event_loop_turn_share_one_write(
         admin.close()
 
 
+@pytest.mark.parametrize(("callers", "half"), [(256, 128), (64, 32), (40, 32)])
+async def test_callers_in_a_loop_settle_in_two_batches_that_take_turns(
+    redis_server: RedisServer, callers: int, half: int
+) -> None:
+    """Callers deciding in a loop are answered half of them at a time (at least 32):
+    while one half's next calls are sent, Redis works on the other's. Each batch is then
+    a half: 256 callers in batches of 128, not the 32 to 96 a fixed part of 32 gave
+    them. Fewer than 64 callers are answered 32 at a time, as before. Every call is
+    still answered, and nothing stays counted in flight afterwards."""
+    limiter = _async_limiter(redis_server)
+    sizes: list[int] = []
+    try:
+        assert not (await limiter.hit("log", "warm")).degraded
+        wire = limiter._wire
+        assert wire is not None
+        round_trip = wire._round_trip
+
+        async def recorded(calls: list[Any], *, asking: bool = False) -> Any:
+            sizes.append(len(calls))
+            return await round_trip(calls, asking=asking)
+
+        wire._round_trip = recorded  # type: ignore[method-assign]
+
+        async def caller(index: int) -> int:
+            degraded = 0
+            for turn in range(12):
+                decision = await limiter.hit("log", f"loop-{index}-{turn % 3}")
+                degraded += decision.degraded
+            return degraded
+
+        assert sum(await asyncio.gather(*(caller(i) for i in range(callers)))) == 0
+        assert sum(sizes) == callers * 12
+        assert wire._in_flight == 0
+    finally:
+        await limiter.aclose()
+    # The first batch holds every caller; the steady state, batches of a half (two
+    # halves' callers now and then meet in one batch when Redis answers both at once).
+    steady = sorted(sizes[1:-2])
+    assert steady[len(steady) // 2] == min(half, callers)
+    assert max(steady) <= callers
+
+
 async def test_callers_past_their_deadline_behind_a_busy_loop_are_not_an_outage(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
