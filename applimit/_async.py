@@ -108,9 +108,20 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
     ) -> Decision:
         """Count a request against limit ``name`` for ``identity`` if it fits; identity
         None is an anonymous caller at ``ip`` (see Limiter.hit)."""
-        return await self._decide(
-            self.core.for_limit("hit", name, identity, tier, cost, ip=ip, keys=keys)
-        )
+        prepared = self.core.for_limit("hit", name, identity, tier, cost, ip=ip, keys=keys)
+        decider = self.decider
+        if decider.approx is None and not self.observing and prepared.checks:
+            # _decide's exact branch, unobserved, in line: the commonest call saves a
+            # coroutine and its frame on every await (about 3% of an async decision's
+            # CPU with 256 callers, bench/bench_async.py).
+            step = decider.start(prepared)
+            if isinstance(step, Decision):
+                return step
+            decision, refunds = decider.finish(prepared, step, await self._wire.run(step[0]))
+            if refunds:
+                decider.refunded(await self._wire.run(refunds))
+            return decision
+        return await self._decide(prepared)
 
     async def peek(
         self,
