@@ -60,9 +60,10 @@ from ._protocol import (
 # Without it all of a batch's callers wake at once, and Redis and the loop take turns
 # idling. A part is half the calls in flight (see AsyncWire._answer), at least this many:
 # the callers settle in two batches that take turns, each a round trip and a flush for
-# half of them. Parts of a fixed 32 calls (the earlier rule) kept 256 callers in batches
-# of 32 to 96, and each batch's own work (a task, a timer, a write, a read, the breaker
-# told) cost about a tenth of a decision's CPU more (bench/bench_async.py).
+# half of them. Parts of a fixed 32 calls kept 256 callers in batches of 32 to 96, each
+# batch's own work (a task, a timer, a write, a read, the breaker told) shared by fewer
+# decisions: 4-7% of bench/bench_async.py's rate (docs/benchmarks-compare.md). One part
+# for the whole batch leaves Redis idle while the loop answers (about half the rate).
 _YIELD_EVERY = 32
 # Connections a wire keeps from one batch for the next (see AsyncWire._kept): about as
 # many batches as are in flight at once at a steady load.
