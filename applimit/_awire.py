@@ -64,7 +64,7 @@ from ._protocol import (
 # batch's own work (a task, a timer, a write, a read, the breaker told) shared by fewer
 # decisions: 4-7% of bench/bench_async.py's rate (docs/benchmarks-compare.md). One part
 # for the whole batch leaves Redis idle while the loop answers (about half the rate).
-_YIELD_EVERY = 32
+_MIN_PART = 32
 # Connections a wire keeps from one batch for the next (see AsyncWire._kept): about as
 # many batches as are in flight at once at a steady load.
 _KEEP = 4
@@ -263,13 +263,13 @@ class AsyncWire(OneServer):
         self._report(calls, replies)
         # Half the calls in flight (this batch's, the others sent and those waiting to
         # be): this batch's first half, answered, sends its next calls while Redis works
-        # on the rest (see _YIELD_EVERY).
-        every = max(_YIELD_EVERY, (self._in_flight + len(self._pending)) // 2)
+        # on the rest (see _MIN_PART).
+        part = max(_MIN_PART, (self._in_flight + len(self._pending)) // 2)
         for index, ((_, future), reply) in enumerate(zip(live, replies, strict=True), 1):
             if not future.done():
                 # An error reply is its call's outcome, as a reply is.
                 future.set_result([reply])
-            if index % every == 0 and index < len(live):
+            if index % part == 0 and index < len(live):
                 await asyncio.sleep(0)
 
     def _report(self, calls: list[ScriptCall], replies: Replies) -> None:
