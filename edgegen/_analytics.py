@@ -11,22 +11,31 @@ one transport: token, deadlines, size cap; a query is retried as a read is) for:
   ``sum { requests errors subrequests }``.
 
 Building the queries and reading their answers are pure functions over values; only
-``report`` does I/O. GraphQL answers errors with HTTP 200 and an ``errors`` list: they
-become a ``CloudflareAPIError`` whose message says what to change (the token's analytics
-permission, the plan, a shorter ``--since``). When only the Worker's dataset is refused, the
-rules are still reported and the Worker's entry says why it is missing.
+``report`` does I/O. An answer is read through strict pydantic models, as plan and state
+files are: a field of the wrong JSON type, a negative or impossibly large count, or a
+dimension that is not a string is one ``CloudflareAPIError`` naming the field, and every
+string the server sent (error messages and codes, dimension values, the rules' names) is
+redacted as every server message is (``_messages.Redactor``). GraphQL answers errors with
+HTTP 200 and an ``errors`` list: they become a ``CloudflareAPIError`` whose message says what
+to change (the token's analytics permission, the plan, a shorter ``--since``). When only
+the Worker's dataset is refused, the rules are still reported and the Worker's entry says
+why it is missing.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from . import _json
 from ._cloudflare import Client
 from ._ids import RULE_REF_PREFIX
+from ._messages import MAX_QUOTED_ERRORS
 from ._state import Scope
 from .errors import CloudflareAPIError, ErrorDetail, UsageError
 
@@ -275,11 +284,103 @@ def worker_query(account_id: str, script: str, since: datetime, until: datetime)
 
 
 # --- pure: reading answers -------------------------------------------------------------
+#
+# An answer is untrusted input, read as plan and state files are: its shape is a pydantic
+# model whose every field has its JSON type (strict: a number is never read from a string),
+# so a malformed answer is one clear error naming the field at fault, never a TypeError or
+# numbers printed as they came. Every string the server sent passes through the client's
+# redactor (``_messages.Redactor``) before it is kept, in errors and in the report alike.
+
+# The largest count believed: JSON's largest exact integer, far above any real count of
+# requests in a window; a larger one is not a number Cloudflare computed.
+MAX_COUNT = 2**53 - 1
+Redact = Callable[[str], str]
+_Tally = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+
+
+class _Shape(BaseModel):
+    """An object of a GraphQL answer: each field of its JSON type, others ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class _ErrorExtensions(_Shape):
+    code: str | None = None
+
+
+class _ErrorEntry(_Shape):
+    """One entry of ``errors``, as the GraphQL spec writes it."""
+
+    message: str
+    path: list[Any] | None = None
+    extensions: _ErrorExtensions | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _names_and_indexes(cls, path: list[Any] | None) -> list[Any] | None:
+        if path is not None and not all(
+            isinstance(p, str | int) and not isinstance(p, bool) for p in path
+        ):
+            raise ValueError("each part of a path is a field name or an index")
+        return path
+
+
+class _Answer(_Shape):
+    """The top of every GraphQL answer; ``data`` is read by the query's own model once
+    there are no ``errors`` (a refused query's data may be null or partial)."""
+
+    data: dict[str, Any] | None = None
+    errors: list[_ErrorEntry] | None = None
+
+
+class _Group(_Shape):
+    """A row of ``firewallEventsAdaptiveGroups``: events counted, by one dimension."""
+
+    count: _Tally
+    dimensions: dict[str, str | None]
+
+
+class _Zones(_Shape):
+    # Each zone node holds exactly the aliased fields asked for, each a list of groups.
+    zones: list[dict[str, list[_Group]]]
+
+
+class _RulesData(_Shape):
+    viewer: _Zones
+
+
+class _Sums(_Shape):
+    requests: _Tally = 0
+    errors: _Tally = 0
+    subrequests: _Tally = 0
+
+
+class _Invocations(_Shape):
+    """A row of ``workersInvocationsAdaptive``: sums, by status."""
+
+    sums: _Sums = Field(alias="sum")
+    dimensions: dict[str, str | None] | None = None
+
+
+class _Account(_Shape):
+    invocations: list[_Invocations] = Field(alias=WORKER_DATASET)
+
+
+class _Accounts(_Shape):
+    accounts: list[_Account]
+
+
+class _WorkerData(_Shape):
+    viewer: _Accounts
+
+
+_Data = TypeVar("_Data", bound=_Shape)
+_Node = TypeVar("_Node")
 
 
 @dataclass(frozen=True, slots=True)
 class GraphQLError:
-    """One entry of a GraphQL ``errors`` list."""
+    """One entry of a GraphQL ``errors`` list, every string redacted."""
 
     message: str
     code: str
@@ -292,44 +393,69 @@ class GraphQLError:
         return self.code.lower() in _DENIED_CODES or any(w in text for w in _DENIED_WORDS)
 
 
-def graphql_errors(body: Any) -> tuple[GraphQLError, ...]:
-    """The ``errors`` of a GraphQL answer (empty when there are none)."""
-    errors = body.get("errors") if isinstance(body, dict) else None
-    out = []
-    for entry in errors or ():
-        if not isinstance(entry, dict):
-            continue
-        extensions = entry.get("extensions")
-        code = extensions.get("code") if isinstance(extensions, dict) else None
-        path = entry.get("path")
-        out.append(
-            GraphQLError(
-                str(entry.get("message", "")),
-                str(code) if code is not None else "",
-                tuple(str(p) for p in path) if isinstance(path, list) else (),
-            )
-        )
-    return tuple(out)
+def _why(error: ValidationError, where: str, redact: Redact) -> str:
+    """The first thing wrong in an answer, in words: ``data.viewer.zones[0].r0_actions[1].
+    count is -5: input should be greater than or equal to 0``. The place (keys are the
+    server's) and the value are redacted each on its own, so a value that quotes the token
+    is withheld without hiding where it was."""
+    first = error.errors(include_url=False)[0]
+    for part in first["loc"]:
+        where += f"[{part}]" if isinstance(part, int) else f".{part}" if where else str(part)
+    where = redact(where) if where else "the answer"
+    if first["type"] == "missing":
+        return f"{where} is missing"
+    if first["type"] in ("model_type", "model_attributes_type", "dict_type"):
+        message = "input should be an object"
+    else:
+        message = str(first["msg"]).removeprefix("Value error, ")
+    shown = redact(_json.shown(first["input"]))
+    return f"{where} is {shown}: {message[:1].lower()}{message[1:]}"
 
 
-def _bad_shape(expected: str) -> CloudflareAPIError:
+def _bad_shape(reason: str) -> CloudflareAPIError:
+    """The error for an answer edgegen cannot read; ``reason`` is already redacted."""
     return CloudflareAPIError(
         f"Cloudflare's GraphQL API answered POST {GRAPHQL_PATH} with data edgegen cannot "
-        f"read (expected {expected}); if CLOUDFLARE_API_BASE_URL points at a proxy, check "
-        "that it forwards to the Cloudflare API",
+        f"read ({reason}); if CLOUDFLARE_API_BASE_URL points at a proxy, check that it "
+        "forwards to the Cloudflare API",
         method="POST",
         path=GRAPHQL_PATH,
         status=200,
     )
 
 
-def _node(body: Any, scope: str) -> dict[str, Any]:
-    """``data.viewer.{zones|accounts}[0]``: the one zone or account asked about."""
-    data = body.get("data") if isinstance(body, dict) else None
-    viewer = data.get("viewer") if isinstance(data, dict) else None
-    items = viewer.get(scope) if isinstance(viewer, dict) else None
-    if not isinstance(items, list):
-        raise _bad_shape(f"data.viewer.{scope} as a list")
+def read_answer(body: Any, redact: Redact) -> tuple[tuple[GraphQLError, ...], dict[str, Any]]:
+    """The ``errors`` of a parsed GraphQL answer (redacted; at most ``MAX_QUOTED_ERRORS``)
+    and its ``data`` (empty when there are errors); CloudflareAPIError when the answer is
+    not shaped like one, or has neither."""
+    try:
+        answer = _Answer.model_validate(body)
+    except ValidationError as exc:
+        raise _bad_shape(_why(exc, "", redact)) from None
+    errors = tuple(
+        GraphQLError(
+            redact(entry.message),
+            redact(entry.extensions.code or "") if entry.extensions is not None else "",
+            tuple(redact(str(part)) for part in entry.path or ()),
+        )
+        for entry in (answer.errors or ())[:MAX_QUOTED_ERRORS]
+    )
+    if errors:
+        return errors, {}
+    if answer.data is None:
+        raise _bad_shape("data is null, and there are no errors to say why")
+    return (), answer.data
+
+
+def _validated(model: type[_Data], data: dict[str, Any], redact: Redact) -> _Data:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _bad_shape(_why(exc, "data", redact)) from None
+
+
+def _first(items: Sequence[_Node], scope: str) -> _Node:
+    """The one zone or account asked about."""
     if not items:
         raise CloudflareAPIError(
             f"Cloudflare's GraphQL API returned no {scope[:-1]} for the id asked about; check "
@@ -338,40 +464,42 @@ def _node(body: Any, scope: str) -> dict[str, Any]:
             path=GRAPHQL_PATH,
             status=200,
         )
-    if not isinstance(items[0], dict):
-        raise _bad_shape(f"data.viewer.{scope}[0] as an object")
     return items[0]
 
 
-def _counts(node: Mapping[str, Any], alias: str, dimension: str) -> tuple[Count, ...]:
-    rows = node.get(alias)
-    if not isinstance(rows, list):
-        raise _bad_shape(f"{alias} as a list of groups")
-    out = []
-    for row in rows:
-        dims = row.get("dimensions") if isinstance(row, dict) else None
-        count = row.get("count") if isinstance(row, dict) else None
-        if not isinstance(dims, dict) or not isinstance(count, int) or isinstance(count, bool):
-            raise _bad_shape(f"{alias} groups with a count and dimensions")
-        out.append(Count(str(dims.get(dimension) or "(unknown)"), count))
-    return tuple(out)
+def _name(dimensions: Mapping[str, str | None] | None, dimension: str, redact: Redact) -> str:
+    value = (dimensions or {}).get(dimension)
+    return redact(value) if value else "(unknown)"
 
 
-def read_rules(body: Any, rules: Sequence[OwnedRule], top: int) -> tuple[RuleReport, ...]:
-    """The answer to ``rules_query`` for ``rules`` (in the same order), as RuleReports."""
-    node = _node(body, "zones")
+def _counts(
+    node: Mapping[str, list[_Group]], alias: str, dimension: str, redact: Redact
+) -> tuple[Count, ...]:
+    groups = node.get(alias)
+    if groups is None:
+        raise _bad_shape(f"data.viewer.zones[0].{alias} is missing")
+    return tuple(Count(_name(g.dimensions, dimension, redact), g.count) for g in groups)
+
+
+def read_rules(
+    data: dict[str, Any], rules: Sequence[OwnedRule], top: int, redact: Redact
+) -> tuple[RuleReport, ...]:
+    """The ``data`` of the answer to ``rules_query`` for ``rules`` (in the same order), as
+    RuleReports; every string in them redacted."""
+    node = _first(_validated(_RulesData, data, redact).viewer.zones, "zones")
+    cached = functools.lru_cache(maxsize=4096)(redact)
     out = []
     for index, rule in enumerate(rules):
-        actions = _counts(node, f"r{index}_actions", "action")
-        countries = _counts(node, f"r{index}_countries", "clientCountryName")
-        colos = _counts(node, f"r{index}_colos", "coloCode")
+        actions = _counts(node, f"r{index}_actions", "action", cached)
+        countries = _counts(node, f"r{index}_countries", "clientCountryName", cached)
+        colos = _counts(node, f"r{index}_colos", "coloCode", cached)
         # Events are summed over every action returned, the extra row included.
         out.append(
             RuleReport(
-                ref=rule.ref,
-                rule_id=rule.rule_id,
-                description=rule.description,
-                action=rule.action,
+                ref=redact(rule.ref),
+                rule_id=redact(rule.rule_id),
+                description=redact(rule.description),
+                action=redact(rule.action),
                 enabled=rule.enabled,
                 events=sum(c.count for c in actions),
                 mitigated=sum(c.count for c in actions if c.name in MITIGATIONS),
@@ -385,29 +513,22 @@ def read_rules(body: Any, rules: Sequence[OwnedRule], top: int) -> tuple[RuleRep
     return tuple(out)
 
 
-def read_worker(body: Any, name: str) -> WorkerReport:
-    """The answer to ``worker_query``, summed over the statuses."""
-    node = _node(body, "accounts")
-    rows = node.get(WORKER_DATASET)
-    if not isinstance(rows, list):
-        raise _bad_shape(f"{WORKER_DATASET} as a list of groups")
-    requests = errors = subrequests = 0
-    statuses = []
-    for row in rows:
-        sums = row.get("sum") if isinstance(row, dict) else None
-        dims = row.get("dimensions") if isinstance(row, dict) else None
-        if not isinstance(sums, dict):
-            raise _bad_shape(f"{WORKER_DATASET} groups with a sum")
-        values = [sums.get(k, 0) for k in ("requests", "errors", "subrequests")]
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            raise _bad_shape(f"{WORKER_DATASET} sums that are whole numbers")
-        requests += values[0]
-        errors += values[1]
-        subrequests += values[2]
-        status = dims.get("status") if isinstance(dims, dict) else None
-        statuses.append(Count(str(status or "(unknown)"), values[0]))
+def read_worker(data: dict[str, Any], name: str, redact: Redact) -> WorkerReport:
+    """The ``data`` of the answer to ``worker_query``, summed over the statuses."""
+    account = _first(_validated(_WorkerData, data, redact).viewer.accounts, "accounts")
+    cached = functools.lru_cache(maxsize=4096)(redact)
+    statuses = [
+        Count(_name(row.dimensions, "status", cached), row.sums.requests)
+        for row in account.invocations
+    ]
     statuses.sort(key=lambda c: (-c.count, c.name))
-    return WorkerReport(name, requests, errors, subrequests, tuple(statuses))
+    return WorkerReport(
+        name,
+        requests=sum(row.sums.requests for row in account.invocations),
+        errors=sum(row.sums.errors for row in account.invocations),
+        subrequests=sum(row.sums.subrequests for row in account.invocations),
+        statuses=tuple(statuses),
+    )
 
 
 def refused(errors: Sequence[GraphQLError], what: str, permission: str) -> CloudflareAPIError:
@@ -437,8 +558,11 @@ ZONE_PERMISSION = "Zone > Analytics > Read"
 ACCOUNT_PERMISSION = "Account > Account Analytics > Read"
 
 
-def _post(client: Client, request: dict[str, Any], permission: str) -> Any:
-    """Send one GraphQL request; its JSON body (errors in it are the caller's to read).
+def _post(
+    client: Client, request: dict[str, Any], permission: str
+) -> tuple[tuple[GraphQLError, ...], dict[str, Any]]:
+    """Send one GraphQL request; the answer's errors and data (``read_answer``: the
+    errors are the caller's to act on).
 
     The client retries a query as a read (5xx, 429, no answer) with its backoff; a query
     changes nothing, so no error says it "may have been made". 401 and 403 (the token, or
@@ -471,20 +595,11 @@ def _post(client: Client, request: dict[str, Any], permission: str) -> Any:
         raise
     try:
         body = _json.loads(content)
+    except _json.UnusableJSONError as exc:
+        raise _bad_shape(f"its body is JSON edgegen cannot use: {exc}") from None
     except ValueError:
-        raise _bad_shape("a JSON body") from None
-    return _redacted(body, client.redact)
-
-
-def _redacted(body: Any, redact: Callable[[str], str]) -> Any:
-    """The answer with the token taken out of every error message (errors are quoted)."""
-    if isinstance(body, dict) and isinstance(body.get("errors"), list):
-        body = dict(body)
-        body["errors"] = [
-            {**e, "message": redact(str(e.get("message", "")))} if isinstance(e, dict) else e
-            for e in body["errors"]
-        ]
-    return body
+        raise _bad_shape("its body is not JSON") from None
+    return read_answer(body, client.redact)
 
 
 def report(
@@ -519,16 +634,14 @@ def report(
     for first in range(0, len(rules), step):
         batch = rules[first : first + step]
         request = rules_query(scope.zone_id, [r.rule_id for r in batch], start, end, top)
-        body = _post(client, request, ZONE_PERMISSION)
-        errors = graphql_errors(body)
+        errors, data = _post(client, request, ZONE_PERMISSION)
         if errors:
             raise refused(errors, f"the rate limiting events ({RULES_DATASET})", ZONE_PERMISSION)
-        reports.extend(read_rules(body, batch, top))
+        reports.extend(read_rules(data, batch, top, client.redact))
     worker = None
     if scope.worker_name is not None and scope.account_id is not None:
         request = worker_query(scope.account_id, scope.worker_name, start, end)
-        body = _post(client, request, ACCOUNT_PERMISSION)
-        errors = graphql_errors(body)
+        errors, data = _post(client, request, ACCOUNT_PERMISSION)
         if errors and all(e.denied for e in errors):
             # The rules' numbers are worth having without the Worker's: say why it is missing.
             reason = refused(
@@ -540,5 +653,5 @@ def report(
                 errors, f"the Worker's invocations ({WORKER_DATASET})", ACCOUNT_PERMISSION
             )
         else:
-            worker = read_worker(body, scope.worker_name)
+            worker = read_worker(data, scope.worker_name, client.redact)
     return EdgeReport(scope.zone_id, start, end, tuple(reports), worker, tuple(notes))

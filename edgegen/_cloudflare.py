@@ -28,7 +28,7 @@ from ._messages import DEFAULT_BASE_URL, PHASE, bad_result
 from ._retry import RetryPolicy
 from ._state import RemoteRoute, RemoteRuleset, UrlNormalization
 from ._token import Token
-from ._transport import Part, Transport, base_url_from_env
+from ._transport import Part, Transport, base_url_from_env, proxy_from_env
 from .errors import CloudflareAPIError
 
 if TYPE_CHECKING:
@@ -108,7 +108,10 @@ class Client:
     """A synchronous Cloudflare API client for the endpoints edgegen uses.
 
     ``transport`` replaces the network (tests pass ``httpx.MockTransport`` or use respx),
-    ``sleep`` and ``jitter`` replace waiting and randomness. ``timeout``,
+    ``sleep`` and ``jitter`` replace waiting and randomness. ``proxy`` (an http:// or
+    https:// URL) is the proxy requests to an https:// base go through, in a CONNECT
+    tunnel; a loopback base is never reached through it, and no proxy is ever taken from
+    ``HTTP_PROXY``, ``HTTPS_PROXY`` or ``ALL_PROXY``. ``timeout``,
     ``request_deadline``, ``command_deadline`` (seconds) and ``max_response_bytes`` default
     to ``_transport``'s ``DEFAULT_TIMEOUT``, ``REQUEST_DEADLINE``, ``COMMAND_DEADLINE`` and
     ``MAX_RESPONSE_BYTES``. Use it as a context manager, or call ``close``.
@@ -120,6 +123,7 @@ class Client:
         *,
         base_url: str = DEFAULT_BASE_URL,
         transport: httpx.BaseTransport | None = None,
+        proxy: str | None = None,
         timeout: httpx.Timeout | None = None,
         retry: RetryPolicy | None = None,
         sleep: Callable[[float], None] | None = None,
@@ -134,6 +138,7 @@ class Client:
             jitter=jitter or random.uniform,
             base_url=base_url,
             transport=transport,
+            proxy=proxy,
             timeout=timeout,
             retry=retry,
             request_deadline=request_deadline,
@@ -145,7 +150,9 @@ class Client:
     def from_env(
         cls, env: Mapping[str, str], *, token_file: str | None = None, **options: Any
     ) -> Client:
-        """A client with the token and base URL from the environment (or ``--token-file``)."""
+        """A client with the token, base URL and proxy (``EDGEGEN_PROXY``) from the
+        environment (the token perhaps from ``--token-file``)."""
+        options.setdefault("proxy", proxy_from_env(env))
         return cls(Token.from_env(env, token_file), base_url=base_url_from_env(env), **options)
 
     def __enter__(self) -> Client:

@@ -22,11 +22,19 @@ from .errors import CloudflareAPIError, ErrorDetail
 
 DEFAULT_BASE_URL = "https://api.cloudflare.com/client/v4"
 BASE_URL_ENV = "CLOUDFLARE_API_BASE_URL"
+# The proxy requests to an https:// API base go through (the environment's HTTP_PROXY,
+# HTTPS_PROXY and ALL_PROXY are never used).
+PROXY_ENV = "EDGEGEN_PROXY"
 PHASE = "http_ratelimit"
 # The most of one message from the server that an error quotes, and the most messages.
 MAX_QUOTED_CHARS = 300
 MAX_QUOTED_ERRORS = 100
 MAYBE_DONE = "; Cloudflare may or may not have made this change: run edgegen plan to see"
+# What to check when no answer came.
+CHECK_NETWORK = (
+    f"check the network and a proxy set in {BASE_URL_ENV} or {PROXY_ENV} (edgegen never "
+    "uses HTTP_PROXY, HTTPS_PROXY or ALL_PROXY), and run again"
+)
 
 
 def shown_url(url: str) -> str:
@@ -312,7 +320,7 @@ def out_of_time(
     message = (
         f"gave up on {method} {describe_path(path)} at {base_url} after {attempts} "
         f"attempt(s): the {command_deadline:g} s deadline of one command for the Cloudflare "
-        f"API ran out; check the network and a proxy set in {BASE_URL_ENV}, and run again"
+        f"API ran out; {CHECK_NETWORK}"
     )
     if ambiguous:
         message += MAYBE_DONE
@@ -356,14 +364,12 @@ def no_answer(
     elif kind == "deadline":
         message = (
             f"no full answer from Cloudflare at {base_url} for {what} within the request "
-            f"deadline of {request_deadline:g} s, after {attempts} attempt(s); check the "
-            f"network, a proxy set in {BASE_URL_ENV}, and run again"
+            f"deadline of {request_deadline:g} s, after {attempts} attempt(s); {CHECK_NETWORK}"
         )
     else:
         message = (
             f"could not get an answer from Cloudflare at {base_url} for {what} after "
-            f"{attempts} attempt(s) ({name}); check the network, a proxy set in "
-            f"{BASE_URL_ENV}, and run again"
+            f"{attempts} attempt(s) ({name}); {CHECK_NETWORK}"
         )
     if ambiguous:
         message += MAYBE_DONE

@@ -17,7 +17,12 @@ Answers are asked for without compression (a zip bomb passes any size cap), and 
 comes compressed anyway is refused.
 
 The token is only sent over https:// (or http:// to this machine's loopback address):
-``check_base_url``.
+``check_base_url``. No proxy is taken from the environment (``HTTP_PROXY``, ``HTTPS_PROXY``,
+``ALL_PROXY`` are ignored): httpx would send a request to an http:// base, Authorization
+header included, to such a proxy in clear text. A proxy is an explicit choice
+(``EDGEGEN_PROXY``, or ``proxy=``: ``check_proxy_url``), used only for a base that is not
+loopback, which is then https://, so the request travels inside a CONNECT tunnel and the
+proxy sees only where it goes.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from . import _json, _messages, _retry
-from ._messages import BASE_URL_ENV, DEFAULT_BASE_URL, Redactor, shown_url
+from ._messages import BASE_URL_ENV, DEFAULT_BASE_URL, PROXY_ENV, Redactor, shown_url
 from ._retry import RetryPolicy
 from ._token import Token
 from .errors import CloudflareAPIError, UsageError
@@ -110,6 +115,56 @@ def check_base_url(url: str) -> str:
 def base_url_from_env(env: Mapping[str, str]) -> str:
     """``CLOUDFLARE_API_BASE_URL`` (e.g. a proxy) or the public API (see ``check_base_url``)."""
     return check_base_url(env.get(BASE_URL_ENV, "").strip() or DEFAULT_BASE_URL)
+
+
+def check_proxy_url(url: str) -> str:
+    """``url`` without a trailing ``/`` if it can be the proxy requests go through; else
+    UsageError (which shows the URL with its password as ``***``).
+
+    An http:// or https:// proxy with a host and perhaps a port and a user and password
+    (the proxy's own credentials, sent to it in ``Proxy-Authorization``); no path, query or
+    fragment, which a proxy URL does not use. The API token never goes to the proxy: the
+    proxy only carries https:// requests, as a CONNECT tunnel (see ``Transport``).
+    """
+    try:
+        parts = urlsplit(url)
+        httpx.URL(url)
+        host = parts.hostname or ""
+        # A port that is not a number, or out of range, raises ValueError here.
+        port = parts.port
+    except (httpx.InvalidURL, ValueError, TypeError):
+        parts, host, port = None, "", None
+    if parts is None or parts.scheme not in ("http", "https") or not host or port == 0:
+        raise UsageError(
+            f"{PROXY_ENV} is {shown_url(url)!r}, which is not an http(s) proxy URL; set it "
+            "like http://proxy.example:3128 (http:// or https://, a host, perhaps a port) "
+            "or unset it"
+        )
+    if parts.path not in ("", "/") or parts.query or parts.fragment or url.endswith(("?", "#")):
+        raise UsageError(
+            f"{PROXY_ENV} is {shown_url(url)!r}: a proxy URL has no path, query or fragment; "
+            "give only the scheme, host and port, like http://proxy.example:3128"
+        )
+    return url.rstrip("/")
+
+
+def proxy_from_env(env: Mapping[str, str]) -> str | None:
+    """``EDGEGEN_PROXY`` (see ``check_proxy_url``), or None when it is unset or empty."""
+    value = env.get(PROXY_ENV, "").strip()
+    return check_proxy_url(value) if value else None
+
+
+def _proxied(base_url: str, proxy: str | None) -> str | None:
+    """The proxy that requests to ``base_url`` go through: none for this machine.
+
+    The base URL has passed ``check_base_url``, so one that is not loopback is https://:
+    through the proxy its requests travel in a CONNECT tunnel, and the proxy never sees the
+    token. A loopback base (the only one http:// may be) is reached directly, never through
+    a proxy, which would see an http:// request and its token in clear text.
+    """
+    if proxy is None or is_loopback(urlsplit(base_url).hostname or ""):
+        return None
+    return proxy
 
 
 class _BearerAuth(httpx.Auth):
@@ -203,6 +258,9 @@ def _exchange(
             return Reply(status, response.headers, b"".join(chunks))
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         return _Failed("unsent", type(exc).__name__)
+    except httpx.ProxyError as exc:
+        # The proxy refused the CONNECT tunnel: the request never reached Cloudflare.
+        return _Failed("unsent", type(exc).__name__)
     except httpx.DecodingError as exc:
         return _Failed("undecodable", type(exc).__name__)
     except httpx.TransportError as exc:
@@ -243,6 +301,8 @@ class Transport:
     """Sends requests to the Cloudflare API with the token, deadlines and retries.
 
     ``transport`` replaces the network (tests pass ``httpx.MockTransport`` or use respx);
+    ``proxy`` is the proxy https:// requests go through (``check_proxy_url``; never for a
+    loopback base, and not with ``transport``, which replaces the network and the proxy);
     ``sleep`` waits between tries and ``jitter(low, high)`` draws a backoff wait.
     ``request_deadline`` and ``command_deadline`` (seconds) and ``max_response_bytes``
     default to ``REQUEST_DEADLINE``, ``COMMAND_DEADLINE`` and ``MAX_RESPONSE_BYTES``.
@@ -256,6 +316,7 @@ class Transport:
         jitter: _retry.Jitter,
         base_url: str = DEFAULT_BASE_URL,
         transport: httpx.BaseTransport | None = None,
+        proxy: str | None = None,
         timeout: httpx.Timeout | None = None,
         retry: RetryPolicy | None = None,
         request_deadline: float | None = None,
@@ -263,8 +324,13 @@ class Transport:
         max_response_bytes: int | None = None,
     ) -> None:
         self.base_url = check_base_url(base_url)
+        self.proxy = _proxied(self.base_url, check_proxy_url(proxy) if proxy else None)
         # The base URL as messages show it: a proxy's password is never printed.
         self.shown_base_url = shown_url(self.base_url)
+        # Where requests go, as errors say it: the base URL, and the proxy if there is one.
+        self.shown_route = self.shown_base_url
+        if self.proxy is not None:
+            self.shown_route += f" (through the proxy {shown_url(self.proxy)})"
         self.redact = Redactor(token.reveal())
         self.retry = retry or RetryPolicy()
         self._sleep = sleep
@@ -274,10 +340,10 @@ class Transport:
         self.max_response_bytes = max_response_bytes or MAX_RESPONSE_BYTES
         # Seconds spent on the API so far: tries and waits between them.
         self.spent = 0.0
+        self._given_transport = transport
         self._options: dict[str, Any] = {
             "base_url": self.base_url,
             "auth": _BearerAuth(token),
-            "transport": transport,
             "timeout": timeout or DEFAULT_TIMEOUT,
             "headers": {
                 "User-Agent": USER_AGENT,
@@ -285,8 +351,21 @@ class Transport:
                 "Accept-Encoding": "identity",
             },
             "follow_redirects": False,
+            # No proxy from the environment reaches the client: a proxy is only the one
+            # given (see the module's docstring).
+            "trust_env": False,
         }
-        self._http = httpx.Client(**self._options)
+        self._http = self._new_client()
+
+    def _new_client(self) -> httpx.Client:
+        """A client of the API, each with its own connection pool (or the given transport).
+
+        The transport is always explicit, so httpx reads no proxy from the environment;
+        the one setting it still reads there is a CA bundle (``SSL_CERT_FILE``,
+        ``SSL_CERT_DIR``), which only decides which servers are trusted.
+        """
+        transport = self._given_transport or httpx.HTTPTransport(proxy=self.proxy, trust_env=True)
+        return httpx.Client(transport=transport, **self._options)
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -327,7 +406,7 @@ class Transport:
         finally:
             self.spent += time.monotonic() - started
         if not done:
-            self._http = httpx.Client(**self._options)
+            self._http = self._new_client()
             http.close()
             return _Failed("deadline")
         result = outcome[0]
@@ -395,7 +474,7 @@ class Transport:
                     name=outcome.name,
                     detail=outcome.detail,
                     status=outcome.status,
-                    base_url=self.shown_base_url,
+                    base_url=self.shown_route,
                     request_deadline=self.request_deadline,
                     max_response_bytes=self.max_response_bytes,
                     ambiguous=decision.ambiguous,
@@ -424,7 +503,7 @@ class Transport:
                 method,
                 path,
                 reply.status_code,
-                base_url=self.shown_base_url,
+                base_url=self.shown_route,
                 ambiguous=_retry.changes(method, params),
             )
         assert isinstance(body, dict)
@@ -441,7 +520,7 @@ class Transport:
         body = _json_or_none(reply)
         if not _is_envelope(body):
             return _messages.not_envelope(
-                method, path, reply.status_code, base_url=self.shown_base_url, ambiguous=changes
+                method, path, reply.status_code, base_url=self.shown_route, ambiguous=changes
             )
         return _messages.api_error(
             method,
@@ -459,7 +538,7 @@ class Transport:
             method,
             path,
             attempts,
-            base_url=self.shown_base_url,
+            base_url=self.shown_route,
             command_deadline=self.command_deadline,
             ambiguous=ambiguous,
         )

@@ -21,6 +21,13 @@ It follows /work/shared/reference/cloudflare.md and Cloudflare's API docs:
   ``GET .../settings`` (bindings) and ``GET .../content/v2`` (multipart, ``CF-Entrypoint``);
   a missing script is 404 with code 10007;
 - Worker routes: list, create (409 for a pattern already routed), update, delete;
+- the GraphQL Analytics API (``FakeGraphQL``, ``POST /graphql``): ``{"data": {"viewer":
+  {"zones"|"accounts": [...]}}, "errors": null}``, groups as ``{"count", "dimensions"}``
+  (``firewallEventsAdaptiveGroups``) or ``{"sum", "dimensions"}``
+  (``workersInvocationsAdaptive``); refusals as ``errors`` with ``extensions.code`` in a
+  200 answer, an unknown token as HTTP 403, a 429 with ``Retry-After`` once its request
+  budget is spent; and the limits a query must keep: fields per query, rows per list, how
+  far back the plan may look;
 - the zone's URL normalisation setting: ``GET/PUT /zones/{z}/url_normalization``, result
   ``{"scope": "incoming"|"both"|"none", "type": "cloudflare"|"rfc3986"}`` (default
   incoming + cloudflare), 403 for a token without Zone Settings permission.
@@ -44,6 +51,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -833,3 +841,149 @@ def parse_multipart(content_type: str, body: bytes) -> dict[str, tuple[bytes, st
         if isinstance(name, str) and isinstance(payload, bytes):
             out[name] = (payload, part.get_content_type())
     return out
+
+
+# --- the GraphQL Analytics API ----------------------------------------------------------
+
+# Cloudflare's limits on one GraphQL query: fields (aliased groupings), rows per list.
+GRAPHQL_MAX_FIELDS = 30
+GRAPHQL_MAX_ROWS = 10_000
+
+_GROUPS = re.compile(
+    r"(\w+): firewallEventsAdaptiveGroups\(limit: (\d+), orderBy: \[count_DESC\], filter: "
+    r'\{source: "ratelimit", ruleId: \$(\w+), datetime_geq: \$since, datetime_leq: \$until\}\) '
+    r"\{ count dimensions \{ (\w+) \} \}"
+)
+_INVOCATIONS = re.compile(
+    r"workersInvocationsAdaptive\(limit: (\d+), filter: \{scriptName: \$script, "
+    r"datetime_geq: \$since, datetime_leq: \$until\}\)"
+)
+_DECLARED = re.compile(r"\$(\w+): (\w+)")
+
+
+def gql_error(message: str, code: str, path: list[str] | None = None) -> dict[str, Any]:
+    """One GraphQL error as Cloudflare writes it."""
+    return {
+        "message": message,
+        "path": path,
+        "extensions": {"code": code, "timestamp": "2026-12-03T12:00:00Z"},
+    }
+
+
+@dataclass
+class FakeGraphQL:
+    """Cloudflare's GraphQL Analytics API, for the two datasets edgegen reads.
+
+    ``events``: firewall events (``ruleId``, ``action``, ``clientCountryName``, ``coloCode``,
+    ``datetime``, ``source``, ``count``); ``invocations``: Worker invocations
+    (``scriptName``, ``status``, ``datetime``, ``requests``, ``errors``, ``subrequests``).
+    ``datasets``: what the zone's plan offers; ``grants``: per token, which scopes
+    (``zone``, ``account``) it may read; ``max_age``: how far back the plan may look.
+    """
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    invocations: list[dict[str, Any]] = field(default_factory=list)
+    datasets: set[str] = field(
+        default_factory=lambda: {"firewallEventsAdaptiveGroups", "workersInvocationsAdaptive"}
+    )
+    grants: dict[str, set[str]] = field(default_factory=lambda: {TOKEN: {"zone", "account"}})
+    max_age: timedelta = timedelta(days=30)
+    budget: int | None = None
+    retry_after: str = "3"
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    statuses: list[int] = field(default_factory=list)
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        """Answer one POST /graphql."""
+        response = self._answer(request)
+        self.statuses.append(response.status_code)
+        return response
+
+    def _answer(self, request: httpx.Request) -> httpx.Response:
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if token not in self.grants:
+            return httpx.Response(
+                403, json={"data": None, "errors": [gql_error("not authorized", "authz")]}
+            )
+        if self.budget is not None:
+            if self.budget <= 0:
+                self.budget = None
+                return httpx.Response(
+                    429,
+                    json={"data": None, "errors": [gql_error("rate limited", "ratelimit")]},
+                    headers={"Retry-After": self.retry_after},
+                )
+            self.budget -= 1
+        body = json.loads(request.content)
+        self.bodies.append(body)
+        query, variables = body["query"], body["variables"]
+        declared = dict(_DECLARED.findall(query.split("{", 1)[0]))
+        assert set(declared) == set(variables), "every variable declared and given"
+        since = datetime.fromisoformat(variables["since"])
+        until = datetime.fromisoformat(variables["until"])
+        if until - since > self.max_age:
+            message = (
+                f"cannot request data older than {int(self.max_age.total_seconds())}s "
+                "(time range too large for this plan)"
+            )
+            return httpx.Response(200, json={"data": None, "errors": [gql_error(message, "")]})
+        if "zones(" in query:
+            return self._zone(query, variables, token, since, until)
+        return self._account(query, variables, token, since, until)
+
+    def _zone(
+        self, query: str, variables: dict[str, Any], token: str, since: datetime, until: datetime
+    ) -> httpx.Response:
+        fields = _GROUPS.findall(query)
+        assert fields and query.count("firewallEventsAdaptiveGroups") == len(fields)
+        if len(fields) > GRAPHQL_MAX_FIELDS:
+            message = f"query has {len(fields)} fields, more than the {GRAPHQL_MAX_FIELDS} allowed"
+            return httpx.Response(200, json={"data": None, "errors": [gql_error(message, "")]})
+        path = ["viewer", "zones", "0", "firewallEventsAdaptiveGroups"]
+        if "zone" not in self.grants[token]:
+            message = "zone does not have access to the path"
+            errors = [gql_error(message, "authz", path)]
+            return httpx.Response(200, json={"data": None, "errors": errors})
+        if "firewallEventsAdaptiveGroups" not in self.datasets:
+            message = "zone does not have access to the path: not available on this plan"
+            errors = [gql_error(message, "authz", path)]
+            return httpx.Response(200, json={"data": None, "errors": errors})
+        assert variables["zoneTag"] == ZONE_ID
+        node: dict[str, Any] = {}
+        for alias, limit, variable, dimension in fields:
+            assert int(limit) <= GRAPHQL_MAX_ROWS
+            totals: dict[str, int] = {}
+            for event in self.events:
+                if (
+                    event["ruleId"] == variables[variable]
+                    and event.get("source", "ratelimit") == "ratelimit"
+                    and since <= event["datetime"] <= until
+                ):
+                    key = event[dimension]
+                    totals[key] = totals.get(key, 0) + event.get("count", 1)
+            ranked = sorted(totals.items(), key=lambda kv: -kv[1])[: int(limit)]
+            node[alias] = [{"count": n, "dimensions": {dimension: k}} for k, n in ranked]
+        return httpx.Response(200, json={"data": {"viewer": {"zones": [node]}}, "errors": None})
+
+    def _account(
+        self, query: str, variables: dict[str, Any], token: str, since: datetime, until: datetime
+    ) -> httpx.Response:
+        assert _INVOCATIONS.search(query)
+        assert variables["accountTag"] == ACCOUNT_ID
+        if "account" not in self.grants[token] or "workersInvocationsAdaptive" not in (
+            self.datasets
+        ):
+            path = ["viewer", "accounts", "0", "workersInvocationsAdaptive"]
+            errors = [gql_error("account does not have access to the path", "authz", path)]
+            return httpx.Response(200, json={"data": None, "errors": errors})
+        groups: dict[str, dict[str, int]] = {}
+        for item in self.invocations:
+            if item["scriptName"] == variables["script"] and since <= item["datetime"] <= until:
+                sums = groups.setdefault(
+                    item["status"], {"requests": 0, "errors": 0, "subrequests": 0}
+                )
+                for key in sums:
+                    sums[key] += item.get(key, 0)
+        rows = [{"sum": s, "dimensions": {"status": k}} for k, s in groups.items()]
+        data = {"viewer": {"accounts": [{"workersInvocationsAdaptive": rows}]}}
+        return httpx.Response(200, json={"data": data, "errors": None})

@@ -1,30 +1,36 @@
 """``edgegen report`` and ``edgegen.report``: edge analytics from Cloudflare's GraphQL API.
 
 The zone's rules come from ``FakeCloudflare`` (REST); the analytics from ``FakeGraphQL``
-below, at the HTTP layer (respx), answering ``POST /graphql`` in the documented shape of
-Cloudflare's GraphQL Analytics API: ``{"data": {"viewer": {"zones"|"accounts": [...]}},
-"errors": null}``, groups as ``{"count", "dimensions"}`` (``firewallEventsAdaptiveGroups``)
-or ``{"sum", "dimensions"}`` (``workersInvocationsAdaptive``); refusals as ``errors`` with
-``extensions.code`` in a 200 answer, an unknown token as HTTP 403, and a 429 with
-``Retry-After`` once the fake's request budget is spent. The fake also enforces the limits
-a query must keep: fields per query, rows per list, and how far back the plan may look.
+(``cloudflare_fake``), at the HTTP layer (respx), answering ``POST /graphql`` in the
+documented shape of Cloudflare's GraphQL Analytics API. Hostile answers (``errors`` that is
+not a list of objects, a token in ``extensions.code``, negative or huge counts, dimensions
+that are lists or objects, no data, no JSON) are sent by hand, each refused with one clear
+error that never shows the token.
 """
 
 from __future__ import annotations
 
+import base64
 import json
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
 import respx
-from cloudflare_fake import ACCOUNT_ID, BASE_URL, TOKEN, ZONE_ID, FakeCloudflare
+from cloudflare_fake import (
+    ACCOUNT_ID,
+    BASE_URL,
+    TOKEN,
+    ZONE_ID,
+    FakeCloudflare,
+    FakeGraphQL,
+    gql_error,
+)
 from zone_support import EXAMPLE, HAND_MADE, Sleeps
 
 import edgegen
@@ -34,147 +40,6 @@ from edgegen._retry import RetryPolicy
 
 WORKER = "api-edge-limits"
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
-MAX_FIELDS = 30
-MAX_ROWS = 10_000
-
-_GROUPS = re.compile(
-    r"(\w+): firewallEventsAdaptiveGroups\(limit: (\d+), orderBy: \[count_DESC\], filter: "
-    r'\{source: "ratelimit", ruleId: \$(\w+), datetime_geq: \$since, datetime_leq: \$until\}\) '
-    r"\{ count dimensions \{ (\w+) \} \}"
-)
-_INVOCATIONS = re.compile(
-    r"workersInvocationsAdaptive\(limit: (\d+), filter: \{scriptName: \$script, "
-    r"datetime_geq: \$since, datetime_leq: \$until\}\)"
-)
-_DECLARED = re.compile(r"\$(\w+): (\w+)")
-
-
-def gql_error(message: str, code: str, path: list[str] | None = None) -> dict[str, Any]:
-    """One GraphQL error as Cloudflare writes it."""
-    return {
-        "message": message,
-        "path": path,
-        "extensions": {"code": code, "timestamp": "2026-12-03T12:00:00Z"},
-    }
-
-
-@dataclass
-class FakeGraphQL:
-    """Cloudflare's GraphQL Analytics API, for the two datasets edgegen reads.
-
-    ``events``: firewall events (``ruleId``, ``action``, ``clientCountryName``, ``coloCode``,
-    ``datetime``, ``source``, ``count``); ``invocations``: Worker invocations
-    (``scriptName``, ``status``, ``datetime``, ``requests``, ``errors``, ``subrequests``).
-    ``datasets``: what the zone's plan offers; ``grants``: per token, which scopes
-    (``zone``, ``account``) it may read; ``max_age``: how far back the plan may look.
-    """
-
-    events: list[dict[str, Any]] = field(default_factory=list)
-    invocations: list[dict[str, Any]] = field(default_factory=list)
-    datasets: set[str] = field(
-        default_factory=lambda: {"firewallEventsAdaptiveGroups", "workersInvocationsAdaptive"}
-    )
-    grants: dict[str, set[str]] = field(default_factory=lambda: {TOKEN: {"zone", "account"}})
-    max_age: timedelta = timedelta(days=30)
-    budget: int | None = None
-    retry_after: str = "3"
-    bodies: list[dict[str, Any]] = field(default_factory=list)
-    statuses: list[int] = field(default_factory=list)
-
-    def handle(self, request: httpx.Request) -> httpx.Response:
-        """Answer one POST /graphql."""
-        response = self._answer(request)
-        self.statuses.append(response.status_code)
-        return response
-
-    def _answer(self, request: httpx.Request) -> httpx.Response:
-        token = request.headers.get("Authorization", "").removeprefix("Bearer ")
-        if token not in self.grants:
-            return httpx.Response(
-                403, json={"data": None, "errors": [gql_error("not authorized", "authz")]}
-            )
-        if self.budget is not None:
-            if self.budget <= 0:
-                self.budget = None
-                return httpx.Response(
-                    429,
-                    json={"data": None, "errors": [gql_error("rate limited", "ratelimit")]},
-                    headers={"Retry-After": self.retry_after},
-                )
-            self.budget -= 1
-        body = json.loads(request.content)
-        self.bodies.append(body)
-        query, variables = body["query"], body["variables"]
-        declared = dict(_DECLARED.findall(query.split("{", 1)[0]))
-        assert set(declared) == set(variables), "every variable declared and given"
-        since = datetime.fromisoformat(variables["since"])
-        until = datetime.fromisoformat(variables["until"])
-        if until - since > self.max_age:
-            message = (
-                f"cannot request data older than {int(self.max_age.total_seconds())}s "
-                "(time range too large for this plan)"
-            )
-            return httpx.Response(200, json={"data": None, "errors": [gql_error(message, "")]})
-        if "zones(" in query:
-            return self._zone(query, variables, token, since, until)
-        return self._account(query, variables, token, since, until)
-
-    def _zone(
-        self, query: str, variables: dict[str, Any], token: str, since: datetime, until: datetime
-    ) -> httpx.Response:
-        fields = _GROUPS.findall(query)
-        assert fields and query.count("firewallEventsAdaptiveGroups") == len(fields)
-        if len(fields) > MAX_FIELDS:
-            message = f"query has {len(fields)} fields, more than the {MAX_FIELDS} allowed"
-            return httpx.Response(200, json={"data": None, "errors": [gql_error(message, "")]})
-        path = ["viewer", "zones", "0", "firewallEventsAdaptiveGroups"]
-        if "zone" not in self.grants[token]:
-            message = "zone does not have access to the path"
-            errors = [gql_error(message, "authz", path)]
-            return httpx.Response(200, json={"data": None, "errors": errors})
-        if "firewallEventsAdaptiveGroups" not in self.datasets:
-            message = "zone does not have access to the path: not available on this plan"
-            errors = [gql_error(message, "authz", path)]
-            return httpx.Response(200, json={"data": None, "errors": errors})
-        assert variables["zoneTag"] == ZONE_ID
-        node: dict[str, Any] = {}
-        for alias, limit, variable, dimension in fields:
-            assert int(limit) <= MAX_ROWS
-            totals: dict[str, int] = {}
-            for event in self.events:
-                if (
-                    event["ruleId"] == variables[variable]
-                    and event.get("source", "ratelimit") == "ratelimit"
-                    and since <= event["datetime"] <= until
-                ):
-                    key = event[dimension]
-                    totals[key] = totals.get(key, 0) + event.get("count", 1)
-            ranked = sorted(totals.items(), key=lambda kv: -kv[1])[: int(limit)]
-            node[alias] = [{"count": n, "dimensions": {dimension: k}} for k, n in ranked]
-        return httpx.Response(200, json={"data": {"viewer": {"zones": [node]}}, "errors": None})
-
-    def _account(
-        self, query: str, variables: dict[str, Any], token: str, since: datetime, until: datetime
-    ) -> httpx.Response:
-        assert _INVOCATIONS.search(query)
-        assert variables["accountTag"] == ACCOUNT_ID
-        if "account" not in self.grants[token] or "workersInvocationsAdaptive" not in (
-            self.datasets
-        ):
-            path = ["viewer", "accounts", "0", "workersInvocationsAdaptive"]
-            errors = [gql_error("account does not have access to the path", "authz", path)]
-            return httpx.Response(200, json={"data": None, "errors": errors})
-        groups: dict[str, dict[str, int]] = {}
-        for item in self.invocations:
-            if item["scriptName"] == variables["script"] and since <= item["datetime"] <= until:
-                sums = groups.setdefault(
-                    item["status"], {"requests": 0, "errors": 0, "subrequests": 0}
-                )
-                for key in sums:
-                    sums[key] += item.get(key, 0)
-        rows = [{"sum": s, "dimensions": {"status": k}} for k, s in groups.items()]
-        data = {"viewer": {"accounts": [{"workersInvocationsAdaptive": rows}]}}
-        return httpx.Response(200, json={"data": data, "errors": None})
 
 
 @contextmanager
@@ -573,3 +438,253 @@ def test_since_reads_the_policy_duration_syntax() -> None:
     assert _cli_report.parse_since("7d") == timedelta(days=7)
     with pytest.raises(edgegen.UsageError, match="--since"):
         _cli_report.parse_since("-1h")
+
+
+# --- hostile answers -------------------------------------------------------------------
+
+
+def leaks(text: str, token: str = TOKEN) -> list[str]:
+    """The forms of ``token`` found in ``text``: itself, base64, hex, percent-encoded, a
+    half of it."""
+    raw = token.encode()
+    found = {
+        "the token": token,
+        "its base64": base64.b64encode(raw).decode().rstrip("="),
+        "its hex": raw.hex(),
+        "its percent-encoding": quote(token, safe=""),
+        "its first half": token[: len(token) // 2],
+        "its second half": token[len(token) // 2 :],
+    }
+    return [name for name, form in found.items() if form.lower() in text.lower()]
+
+
+def _zone_node(answer: dict[str, Any]) -> dict[str, Any]:
+    node: dict[str, Any] = answer["data"]["viewer"]["zones"][0]
+    return node
+
+
+def _worker_rows(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = answer["data"]["viewer"]["accounts"][0][
+        "workersInvocationsAdaptive"
+    ]
+    return rows
+
+
+def _set(path: str, value: Any) -> Any:
+    """A change to a valid answer: ``value`` at ``path`` (dots; numbers index lists)."""
+
+    def change(answer: dict[str, Any]) -> dict[str, Any]:
+        *parents, last = path.split(".")
+        item: Any = answer
+        for part in parents:
+            item = item[int(part)] if part.isdigit() else item[part]
+        item[int(last) if last.isdigit() else last] = value
+        return answer
+
+    return change
+
+
+B64_TOKEN = base64.b64encode(TOKEN.encode()).decode()
+ROW = "data.viewer.zones.0.r0_countries.0"
+WORKER_ROW = "data.viewer.accounts.0.workersInvocationsAdaptive.0"
+# (query answered with it, change to a valid answer (or the body itself), what the error
+# says). Every case but the last three crashed, printed the token, or printed the numbers
+# as they came before answers were read through models.
+HOSTILE: dict[str, tuple[str, Any, str]] = {
+    "errors is a number": (
+        "rules",
+        _set("errors", 5),
+        "(errors is 5: input should be a valid list)",
+    ),
+    "errors is true": (
+        "rules",
+        _set("errors", True),
+        "(errors is true: input should be a valid list)",
+    ),
+    "errors is a string beside good data": (
+        "rules",
+        _set("errors", "boom"),
+        '(errors is "boom": input should be a valid list)',
+    ),
+    "errors lists numbers and strings beside good data": (
+        "rules",
+        _set("errors", [1, "x", None]),
+        "(errors[0] is 1: input should be an object)",
+    ),
+    "errors is an object quoting the token": (
+        "worker",
+        _set("errors", {"message": TOKEN}),
+        "(errors is {",
+    ),
+    "an error message that is not a string": (
+        "rules",
+        _set("errors", [{"message": ["denied", TOKEN]}]),
+        "(errors[0].message is [",
+    ),
+    "the token as extensions.code": (
+        "rules",
+        _set("errors", [gql_error("not authorized", TOKEN)]),
+        "not authorized (code ***)",
+    ),
+    "the token in base64 as extensions.code": (
+        "worker",
+        _set("errors", [gql_error("no such dataset", B64_TOKEN)]),
+        "no such dataset (code ***",
+    ),
+    "a negative count": (
+        "rules",
+        _set(f"{ROW}.count", -5),
+        f"({ROW.replace('.0', '[0]')}.count is -5: input should be greater than or equal to 0)",
+    ),
+    "a count beyond any real one": (
+        "rules",
+        _set(f"{ROW}.count", 10**30),
+        "count is 1000000000000000000000000000000: input should be less than or equal to "
+        "9007199254740991)",
+    ),
+    "a count that is a string": (
+        "rules",
+        _set(f"{ROW}.count", "7"),
+        'count is "7": input should be a valid integer)',
+    ),
+    "a country that is a list holding the token": (
+        "rules",
+        _set(f"{ROW}.dimensions.clientCountryName", ["DE", TOKEN]),
+        "dimensions.clientCountryName is [",
+    ),
+    "a colo that is an object": (
+        "rules",
+        _set("data.viewer.zones.0.r0_colos.0.dimensions.coloCode", {"code": "FRA"}),
+        "(data.viewer.zones[0].r0_colos[0].dimensions.coloCode is {",
+    ),
+    "a negative Worker sum": (
+        "worker",
+        _set(f"{WORKER_ROW}.sum.requests", -1),
+        "sum.requests is -1: input should be greater than or equal to 0)",
+    ),
+    "a Worker status that is a list holding the token": (
+        "worker",
+        _set(f"{WORKER_ROW}.dimensions.status", [TOKEN]),
+        "dimensions.status is [",
+    ),
+    "a list where the Worker's rows should be": (
+        "worker",
+        _set("data.viewer.accounts.0", [{"sum": {}}]),
+        "(data.viewer.accounts[0] is [",
+    ),
+    "a rule's groups left out": (
+        "rules",
+        lambda answer: {**answer, "data": {"viewer": {"zones": [{}]}}},
+        "(data.viewer.zones[0].r0_actions is missing)",
+    ),
+    "data without the viewer": (
+        "rules",
+        _set("data", {"zones": []}),
+        "(data.viewer is missing)",
+    ),
+    "no data and no errors": (
+        "worker",
+        lambda answer: {"errors": None},
+        "(data is null, and there are no errors to say why)",
+    ),
+    "an infinite count": (
+        "rules",
+        b'{"data": {"viewer": {"zones": [{"r0_actions": [{"count": 1e400, '
+        b'"dimensions": {"action": "block"}}]}]}}}',
+        "r0_actions[0].count is Infinity: input should be a valid integer)",
+    ),
+    "a page that is not JSON, quoting the token": (
+        "rules",
+        f"<html>502 Bad Gateway: Authorization: Bearer {TOKEN}</html>".encode(),
+        "(its body is not JSON)",
+    ),
+}
+
+
+@pytest.mark.usefixtures("env")
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_hostile_answer_is_one_clear_error_without_the_token(
+    case: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each answer that is not shaped as Cloudflare's (``errors`` that is no list of
+    objects, a token in ``extensions.code``, negative, huge or string counts, list and
+    object dimensions, no data, no JSON) ends ``edgegen report`` with exit 1 and one
+    ``edgegen: error:`` line that names the field at fault: no traceback, no report, and no
+    form of the token anywhere in the output."""
+    query, hostile, says = HOSTILE[case]
+    zone = zone_with_rules()
+    rule_id = owned(zone)[0]["id"]
+    now = datetime.now(UTC)
+    analytics = FakeGraphQL(
+        events=[{**event(rule_id, "block", "DE", "FRA", HOUR, 4), "datetime": now - HOUR}],
+        invocations=[
+            {"scriptName": WORKER, "status": "success", "datetime": now - HOUR, "requests": 3}
+        ],
+    )
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        valid = analytics.handle(request)
+        asked = "rules" if b"zones(" in request.content else "worker"
+        if asked != query:
+            return valid
+        if isinstance(hostile, bytes):
+            return httpx.Response(200, content=hostile)
+        return httpx.Response(200, json=hostile(json.loads(valid.content)))
+
+    with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+        router.post("/graphql").mock(side_effect=answer)
+        router.route().mock(side_effect=zone.handle)
+        code, out, err = _run(capsys, "report", EXAMPLE, "--format", "json")
+    assert code == 1, out
+    assert out == ""
+    assert err.startswith("edgegen: error: Cloudflare's GraphQL API "), err
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
+    assert says in err
+    assert leaks(out + err) == []
+
+
+@pytest.mark.usefixtures("env")
+def test_every_string_an_answer_holds_is_redacted(capsys: pytest.CaptureFixture[str]) -> None:
+    """The token, or its base64, as a country, a colo, an action, a Worker status or in a
+    rule's description is shown as ``***`` in every format; the numbers are still read."""
+    zone = zone_with_rules()
+    rule = owned(zone)[0]
+    rule["description"] = f"login limit {TOKEN}"
+    now = datetime.now(UTC)
+    analytics = FakeGraphQL(
+        events=[
+            {**event(rule["id"], "block", TOKEN, B64_TOKEN, HOUR, 4), "datetime": now - HOUR},
+            {**event(rule["id"], TOKEN.upper(), "DE", "FRA", HOUR, 1), "datetime": now - HOUR},
+        ],
+        invocations=[
+            {"scriptName": WORKER, "status": TOKEN, "datetime": now - HOUR, "requests": 12}
+        ],
+    )
+    with mocked(zone, analytics):
+        for form in ("text", "markdown", "json"):
+            code, out, err = _run(capsys, "report", EXAMPLE, "--format", form)
+            assert code == 0, err
+            assert leaks(out + err) == [], form
+            assert "***" in out.replace("\\*", "*")  # Markdown escapes each *
+    shown = json.loads(out)
+    assert shown["rules"][0]["events"] == 5
+    assert shown["rules"][0]["description"] == "login limit ***"
+    assert shown["rules"][0]["countries"][0] == {"name": "***", "count": 4}
+    assert shown["worker"]["statuses"] == [{"name": "***", "count": 12}]
+
+
+def test_answers_are_read_by_models_in_the_library_too() -> None:
+    """``edgegen.report`` raises CloudflareAPIError (status 200, nothing ambiguous) for a
+    malformed answer, where it raised TypeError before."""
+    zone = zone_with_rules()
+    with respx.mock(base_url=BASE_URL, assert_all_called=False) as router:
+        router.post("/graphql").mock(
+            return_value=httpx.Response(200, json={"data": None, "errors": True})
+        )
+        router.route().mock(side_effect=zone.handle)
+        with client() as made_client, pytest.raises(edgegen.CloudflareAPIError) as caught:
+            edgegen.report(made_client, SCOPE, now=lambda: NOW)
+    assert caught.value.status == 200
+    assert not caught.value.ambiguous
+    assert "errors is true" in str(caught.value)
