@@ -161,11 +161,21 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
         ip: str | None = None,
         host: str | None = None,
         keys: Mapping[str, str] | None = None,
+        mount: str = "",
     ) -> Decision:
         """Hit every app limit whose ``match`` applies, all or nothing (see Limiter)."""
         return await self._decide(
             self.core.for_request(
-                "hit", method, path, identity, tier=tier, cost=cost, ip=ip, host=host, keys=keys
+                "hit",
+                method,
+                path,
+                identity,
+                tier=tier,
+                cost=cost,
+                ip=ip,
+                host=host,
+                keys=keys,
+                mount=mount,
             )
         )
 

@@ -702,11 +702,11 @@ class Core:
         self._slack = str(TEST_CLOCK_TTL_SLACK_MS) if test_clock is not None else "0"
         # Each (limit, tier)'s keys and arguments, encoded on first use (policy-bounded).
         self._blocks: dict[tuple[str, str], tuple[_Block, ...]] = {}
-        # The middleware's limits that match a (method, path, host), every tier: the
+        # The middleware's limits that match a (method, path, host, mount), every tier: the
         # middleware asks matches() before identify() and check_request() after it, and
         # both read this instead of decoding the path and walking the matchers twice.
         # Bounded (see _Memo), so a stream of unique paths costs a lookup, never memory.
-        self._matching: _Memo[tuple[str, str, str | None], _Group] = _Memo(_MATCHING_CACHE)
+        self._matching: _Memo[tuple[str, str, str | None, str], _Group] = _Memo(_MATCHING_CACHE)
         # One _Group per distinct set of matching limits (by their names), kept for the
         # limiter's life: the plan memo below holds them as keys.
         self._groups: dict[tuple[str, ...], _Group] = {}
@@ -727,18 +727,20 @@ class Core:
             _Memo(_PLANNED_CACHE)
         )
 
-    def matching(self, method: str, path: str, host: str | None) -> tuple[AppRule, ...]:
+    def matching(
+        self, method: str, path: str, host: str | None, mount: str = ""
+    ) -> tuple[AppRule, ...]:
         """The limits the middleware applies that match this request, in policy order
         (every tier: the tier is applied by the caller). Pure, and remembered."""
-        return self._match(method, path, host).rules
+        return self._match(method, path, host, mount).rules
 
-    def _match(self, method: str, path: str, host: str | None) -> _Group:
-        key = (method, path, host)
+    def _match(self, method: str, path: str, host: str | None, mount: str = "") -> _Group:
+        key = (method, path, host, mount)
         found = self._matching.entries.get(key)
         if found is None:
-            # The router's path and its canonical form: a limit counts the request in any
-            # form.
-            forms = request_paths(path)
+            # The router's path and its canonical form (with and without the mount): a
+            # limit counts the request in any form.
+            forms = request_paths(path, mount)
             rules = tuple(
                 rule
                 for rule in self.policy.rules
@@ -752,7 +754,11 @@ class Core:
                     self._groups[names] = found
             # Long paths and hosts (both the client's to choose) are not kept: the memo's
             # memory stays bounded by its entries.
-            if len(path) <= _MATCHING_PATH and (host is None or len(host) <= _MATCHING_HOST):
+            if (
+                len(path) <= _MATCHING_PATH
+                and len(mount) <= _MATCHING_PATH
+                and (host is None or len(host) <= _MATCHING_HOST)
+            ):
                 self._matching.keep(key, found)
         return found
 
@@ -1016,10 +1022,11 @@ class Core:
         ip: object,
         host: str | None,
         keys: object = None,
+        mount: str = "",
     ) -> Prepared:
         """The plan for ``check_request``: every limit whose matcher applies, each counted
         by what it names (the user, the client IP, or an app key from ``keys``)."""
-        group = self._match(method, path, host)
+        group = self._match(method, path, host, mount)
         if (
             (keys is None or (not keys and (type(keys) is dict or type(keys) is MappingProxyType)))
             and group.keyed

@@ -224,19 +224,20 @@ class LimiterBase(ABC, Generic[WireT]):
         """The names of the policy's app limits, in policy order."""
         return tuple(r.name for r in self.compiled.rules)
 
-    def matches(self, method: str, path: str, host: str | None = None) -> bool:
+    def matches(self, method: str, path: str, host: str | None = None, mount: str = "") -> bool:
         """True when some app limit the middleware applies matches this request.
 
         Local and cheap (no Redis): the middleware asks it before running the app's
         ``identify``, so a request no limit covers (``/healthz``) never reaches the app's
         auth. Every tier counts, since the tier is only known after ``identify``; limits
         with ``middleware: false`` are left out, as :meth:`check_request` leaves them out.
-        A limiter built with ``enabled=False`` matches nothing.
+        A limiter built with ``enabled=False`` matches nothing. ``mount`` as for
+        :meth:`check_request`.
         """
         if not self.enabled:
             # Nothing is limited, so nothing needs to know who is calling.
             return False
-        return bool(self.core.matching(method, path, host))
+        return bool(self.core.matching(method, path, host, mount))
 
     @property
     def breaker_state(self) -> BreakerState:

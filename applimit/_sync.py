@@ -180,6 +180,7 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
         ip: str | None = None,
         host: str | None = None,
         keys: Mapping[str, str] | None = None,
+        mount: str = "",
     ) -> Decision:
         """Hit every app limit whose ``match`` applies to this request, all or nothing.
 
@@ -189,12 +190,23 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
         callers (the middleware passes it). ``keys`` holds the app keys (``{"org": ...}``)
         that ``per: <key>`` limits count by (the middleware passes those of the
         :class:`~applimit.Caller`). ``host`` is the Host header, for limits that
-        match on hosts. A limit without a rate for ``tier`` does not apply, nor does one
+        match on hosts. ``mount`` is the prefix of ``path`` the server took off before
+        routing (WSGI ``SCRIPT_NAME``, ASGI ``root_path``): limits are checked on the path
+        with and without it. A limit without a rate for ``tier`` does not apply, nor does one
         marked ``middleware: false`` (only :meth:`hit` applies it, by name).
         """
         return self._decide(
             self.core.for_request(
-                "hit", method, path, identity, tier=tier, cost=cost, ip=ip, host=host, keys=keys
+                "hit",
+                method,
+                path,
+                identity,
+                tier=tier,
+                cost=cost,
+                ip=ip,
+                host=host,
+                keys=keys,
+                mount=mount,
             )
         )
 

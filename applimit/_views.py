@@ -39,7 +39,7 @@ def needs_check(limiter: Limiter, request: RequestInfo) -> bool:
     """
     if is_preflight(request):
         return False
-    return limiter.matches(request.method, request.path, request.host)
+    return limiter.matches(request.method, request.path, request.host, request.mount)
 
 
 def native_cost(cost: int | Callable[[Any], int], request: object, info: RequestInfo) -> int:
@@ -79,6 +79,7 @@ def check_request(
             ip=subject.ip,
             host=request.host,
             keys=subject.keys,
+            mount=request.mount,
         )
     except Exception:
         return None, gate.failed()

@@ -34,7 +34,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from policy import QUOTA_EXCEEDED as _QUOTA_EXCEEDED
-from policy import KeyName, decode_path, header_key, normalize_host
+from policy import KeyName, decode_path, has_control_character, header_key, normalize_host
 
 from ._core import MAX_COST
 from ._decision import Decision, LimitResult
@@ -156,10 +156,13 @@ class RequestInfo:
     ``SCRIPT_NAME`` + ``PATH_INFO`` read as UTF-8), so ``/l%6Fgin`` is ``/login`` here as it
     is to the router. The limiter checks it in every form of ``policy.request_paths`` (also
     with ``//`` merged and dot segments resolved), so a spelling the app serves is never a
-    spelling the limits miss. ``raw_path`` is the target as sent, for logs. ``headers``
-    holds lower-case names in arrival order. ``native`` is the ASGI scope or the WSGI
-    environ, for ``identify`` functions that need more (a Starlette ``Request(info.native)``,
-    a Flask session...).
+    spelling the limits miss. ``mount`` is the prefix the server took off before routing
+    (WSGI ``SCRIPT_NAME``, ASGI ``root_path``; part of ``path``): the router matches the path
+    without it, the edge the whole path, so the limits are checked on both. A path holding a
+    control character is refused with 400 by every middleware (:func:`bad_path`).
+    ``raw_path`` is the target as sent, for logs. ``headers`` holds lower-case names in
+    arrival order. ``native`` is the ASGI scope or the WSGI environ, for ``identify``
+    functions that need more (a Starlette ``Request(info.native)``, a Flask session...).
     """
 
     method: str
@@ -171,6 +174,7 @@ class RequestInfo:
     query_string: str = ""
     kind: Literal["asgi", "wsgi", "other"] = "other"
     native: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    mount: str = ""
 
     @classmethod
     def from_asgi(cls, scope: Mapping[str, Any]) -> RequestInfo:
@@ -202,6 +206,7 @@ class RequestInfo:
             bytes(scope.get("query_string", b"")).decode("latin-1"),
             "asgi",
             scope,
+            _root_path(scope.get("root_path"), path),
         )
 
     @classmethod
@@ -217,8 +222,16 @@ class RequestInfo:
                 headers.append((entry[0], value if type(value) is str else str(value)))
         # PEP 3333: PATH_INFO holds the decoded bytes as latin-1 characters; routers such as
         # werkzeug's read those bytes as UTF-8, and so does the limiter.
-        wsgi_path = str(environ.get("SCRIPT_NAME", "")) + str(environ.get("PATH_INFO", ""))
+        script_name = str(environ.get("SCRIPT_NAME", ""))
+        wsgi_path = script_name + str(environ.get("PATH_INFO", ""))
         path = wsgi_path.encode("latin-1", "replace").decode("utf-8", "replace") or "/"
+        # What the router matches is PATH_INFO alone; gunicorn also takes SCRIPT_NAME from a
+        # client's header (from forwarded_allow_ips), so both are checked.
+        mount = (
+            script_name.encode("latin-1", "replace").decode("utf-8", "replace")
+            if script_name
+            else ""
+        )
         # gunicorn sets RAW_URI, uWSGI and waitress REQUEST_URI: the target as sent.
         raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
         raw_path = _origin_form(str(raw).split("?", 1)[0]) if raw else path
@@ -234,6 +247,7 @@ class RequestInfo:
             str(environ.get("QUERY_STRING", "")),
             "wsgi",
             environ,
+            mount if path.startswith(mount) else "",
         )
 
     def header(self, name: str) -> str | None:
@@ -335,6 +349,7 @@ class _RequestSlots:
         query_string: str,
         kind: Literal["asgi", "wsgi", "other"],
         native: Mapping[str, Any],
+        mount: str,
     ) -> None:
         self.method = method
         self.path = path
@@ -345,6 +360,7 @@ class _RequestSlots:
         self.query_string = query_string
         self.kind = kind
         self.native = native
+        self.mount = mount
         self.__class__ = RequestInfo  # type: ignore[assignment]
 
 
@@ -354,6 +370,14 @@ if TYPE_CHECKING:
     _request_info = RequestInfo
 else:
     _request_info = _RequestSlots
+
+
+def _root_path(root: object, path: str) -> str:
+    """An ASGI ``root_path`` that ``path`` starts with (as Starlette routes ``path`` without
+    it), or ""."""
+    if not root or not isinstance(root, str) or not path.startswith(root):
+        return ""
+    return root
 
 
 def _first(headers: tuple[tuple[str, str], ...], name: str) -> str | None:
@@ -1021,6 +1045,37 @@ def problem_body(
 
 Cost = Callable[[RequestInfo], int]
 """A request's cost, computed from the request (the middleware's ``cost=`` may be one)."""
+
+
+def bad_path(request: RequestInfo) -> Refusal | None:
+    """The 400 refusal for a request whose path holds a control character, or None.
+
+    Every middleware and helper asks this first, before matching: routers read control
+    characters each their own way (a Starlette route's ``$`` matches before a final
+    newline, so ``/login%0A`` runs the handler of ``/login``), and no resource is named with
+    one, so the whole class is refused rather than counted spelling by spelling. The
+    generated Worker answers the same.
+    """
+    path = request.path
+    if path.isprintable() or not has_control_character(path):
+        return None
+    found = next(c for c in path if ord(c) < 0x20 or ord(c) == 0x7F)
+    body = problem_body(
+        type_="about:blank",
+        title="Bad Request",
+        status=400,
+        detail=(
+            f"The request path holds the control character U+{ord(found):04X}, which no "
+            "resource is named with; remove it."
+        ),
+        extra={},
+    )
+    headers = (
+        ("Content-Type", PROBLEM_JSON),
+        ("Content-Length", str(len(body))),
+        ("Cache-Control", "no-store"),
+    )
+    return Refusal(status=400, headers=headers, body=body)
 
 
 def is_preflight(request: RequestInfo) -> bool:

@@ -46,6 +46,7 @@ from ._web import (
     Refusal,
     RequestInfo,
     TrustedProxies,
+    bad_path,
     identified,
     is_preflight,
     middleware_gate,
@@ -135,7 +136,9 @@ class RateLimitMiddleware:
             return
         self._cors = _inner_cors(app)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(  # noqa: PLR0911 (each early answer of a request ends it: one return each)
+        self, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         """Handle one ASGI connection."""
         if self.startup_error is not None:
             await self._fail(scope, receive, send, self.startup_error)
@@ -144,8 +147,12 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         request = RequestInfo.from_asgi(scope)
+        bad = bad_path(request)
+        if bad is not None:
+            await self._refuse(scope, receive, send, bad)
+            return
         if is_preflight(request) or not self.limiter.matches(
-            request.method, request.path, request.host
+            request.method, request.path, request.host, request.mount
         ):
             await self.app(scope, receive, send)
             return
@@ -191,6 +198,7 @@ class RateLimitMiddleware:
                 ip=subject.ip,
                 host=request.host,
                 keys=subject.keys,
+                mount=request.mount,
             )
         except Exception:
             return self.gate.failed()

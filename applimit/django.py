@@ -75,6 +75,7 @@ from ._web import (
     Outcome,
     Refusal,
     RequestInfo,
+    bad_path,
     middleware_gate,
 )
 
@@ -243,12 +244,15 @@ setting_changed.connect(_forget)
 def request_info(request: Any) -> RequestInfo:
     """The framework-free view of a Django request.
 
-    ``path`` is Django's own ``request.path`` (already decoded as UTF-8, which is what the
-    URL resolver matches); everything else is read from ``request.META`` as the WSGI
-    middleware reads its environ.
+    ``path`` is Django's own ``request.path`` (already decoded as UTF-8) and ``mount`` the
+    script name in front of ``request.path_info``, which is what the URL resolver matches;
+    everything else is read from ``request.META`` as the WSGI middleware reads its environ.
     """
     info = RequestInfo.from_wsgi(request.META)
-    return dataclasses.replace(info, path=request.path or "/")
+    path = request.path or "/"
+    route = request.path_info or "/"
+    mount = path[: -len(route)] if path.endswith(route) and len(path) > len(route) else ""
+    return dataclasses.replace(info, path=path, mount=mount)
 
 
 def _call_identify(config: Config, request: Any) -> Caller | None:
@@ -310,6 +314,9 @@ class RateLimitMiddleware:
         """Check the request; answer the refusal, or add the headers to the response."""
         config = configured()
         info = request_info(request)
+        bad = bad_path(info)
+        if bad is not None:
+            return refusal_response(bad)
         if not config.check_requests or not needs_check(config.limiter, info):
             return self.get_response(request)
         caller, refused = _caller(config, request, info)

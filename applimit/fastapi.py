@@ -25,6 +25,7 @@ without it, FastAPI's default handler answers ``{"detail": ...}`` with the same 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from http import HTTPStatus
 
 from fastapi import FastAPI, HTTPException, Request, Response
 from starlette.concurrency import run_in_threadpool
@@ -43,6 +44,7 @@ from ._web import (
     RequestInfo,
     Subject,
     TrustedProxies,
+    bad_path,
     identify_async,
     middleware_gate,
 )
@@ -62,7 +64,8 @@ _BODY_HEADERS = {"content-type", "content-length"}
 
 
 class RateLimitExceeded(HTTPException):
-    """A request refused by a :class:`RateLimit` dependency (429, or 503 failing closed).
+    """A request refused by a :class:`RateLimit` dependency (429, or 503 failing closed; 400
+    for a path holding a control character, which the middleware refuses too).
 
     ``decision`` is the limiter's answer and ``refusal`` the response applimit would send:
     status, headers and the problem+json body (:func:`problem_response` builds it).
@@ -71,7 +74,9 @@ class RateLimitExceeded(HTTPException):
     def __init__(self, decision: Decision, refusal: Refusal) -> None:
         """Carry the decision and the refusal; headers exclude the body's own headers."""
         headers = {k: v for k, v in refusal.headers if k.lower() not in _BODY_HEADERS}
-        super().__init__(status_code=refusal.status, detail="Too Many Requests", headers=headers)
+        super().__init__(
+            status_code=refusal.status, detail=HTTPStatus(refusal.status).phrase, headers=headers
+        )
         self.decision = decision
         self.refusal = refusal
 
@@ -150,7 +155,12 @@ class RateLimit:
     async def __call__(self, request: Request, response: Response) -> Decision:
         """Decide for this request; set the headers, or raise :class:`RateLimitExceeded`."""
         info = RequestInfo.from_asgi(request.scope)
-        if self.name is None and not self.limiter.matches(info.method, info.path, info.host):
+        bad = bad_path(info)
+        if bad is not None:
+            raise RateLimitExceeded(UNLIMITED, bad)
+        if self.name is None and not self.limiter.matches(
+            info.method, info.path, info.host, info.mount
+        ):
             # No limit covers this request: the app's identify (its auth) is not run, as
             # the middleware does not run it.
             return UNLIMITED
@@ -179,13 +189,30 @@ class RateLimit:
                 subject.ip,
                 info.host,
             )
+            mount = info.mount
             if isinstance(limiter, AsyncLimiter):
                 return await limiter.check_request(
-                    method, path, who, tier=tier, cost=cost, ip=ip, host=host, keys=keys
+                    method,
+                    path,
+                    who,
+                    tier=tier,
+                    cost=cost,
+                    ip=ip,
+                    host=host,
+                    keys=keys,
+                    mount=mount,
                 )
             return await run_in_threadpool(
                 lambda: limiter.check_request(
-                    method, path, who, tier=tier, cost=cost, ip=ip, host=host, keys=keys
+                    method,
+                    path,
+                    who,
+                    tier=tier,
+                    cost=cost,
+                    ip=ip,
+                    host=host,
+                    keys=keys,
+                    mount=mount,
                 )
             )
         # The user, or (identity None) an anonymous caller counted by address, in the

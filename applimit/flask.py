@@ -62,6 +62,7 @@ from ._web import (
     Refusal,
     RequestInfo,
     TrustedProxies,
+    bad_path,
     delay_seconds,
     identify_sync,
     middleware_gate,
@@ -249,6 +250,9 @@ class Limits:
 
     def _check_request(self) -> None:
         info = RequestInfo.from_wsgi(request.environ)
+        bad = bad_path(info)
+        if bad is not None:
+            raise RateLimitExceeded(bad)
         if not needs_check(self.limiter, info):
             return
         caller = self._caller(info)

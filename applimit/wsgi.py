@@ -35,6 +35,7 @@ from ._web import (
     Outcome,
     RequestInfo,
     TrustedProxies,
+    bad_path,
     identify_sync,
     is_preflight,
     middleware_gate,
@@ -52,7 +53,7 @@ DECISION_ENVIRON_KEY = "applimit.decision"
 OptExcInfo = tuple[type[BaseException], BaseException, TracebackType] | tuple[None, None, None]
 SyncIdentify = Callable[[RequestInfo], "Caller | None"]
 
-_REASONS = {429: "Too Many Requests", 503: "Service Unavailable"}
+_REASONS = {400: "Bad Request", 429: "Too Many Requests", 503: "Service Unavailable"}
 
 
 class RateLimitMiddleware:
@@ -107,8 +108,12 @@ class RateLimitMiddleware:
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         """Handle one WSGI request."""
         request = RequestInfo.from_wsgi(environ)
+        bad = bad_path(request)
+        if bad is not None:
+            start_response(f"400 {_REASONS[400]}", list(bad.headers))
+            return [bad.body]
         if is_preflight(request) or not self.limiter.matches(
-            request.method, request.path, request.host
+            request.method, request.path, request.host, request.mount
         ):
             return self.app(environ, start_response)
         refused: Outcome | None = None

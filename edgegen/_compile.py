@@ -166,7 +166,7 @@ def _spelling_notes(kept: _expr.Spellings) -> list[str]:
         ordinal = {1: "third", 2: "fourth"}.get(kept.slashes, f"{kept.slashes + 2}th")
         left_out.append(f"%2F in place of the {ordinal} and later slashes of a path")
     if not kept.trailing:
-        left_out.append("exact paths with a trailing / or %2F")
+        left_out.append("exact paths with a trailing / or %2F, or an encoded final newline (%0A)")
     return [
         f"the rule expression leaves out {' and '.join(left_out)} to stay within "
         f"{MAX_EXPRESSION_LENGTH:,} characters"

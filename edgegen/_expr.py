@@ -14,7 +14,10 @@ outside the URL path set percent-encoded, dot segments removed, and (type "cloud
 in that form. ``%2F`` is not decoded there, yet the app decodes it (``/api%2Fitems`` reaches
 the handler of ``/api/items``), so :func:`path_spellings` also lists ``%2F`` in place of
 each of the policy path's own slashes after the leading one (the first
-``MAX_SLASH_SPELLINGS``), and an exact path with one trailing ``/`` or ``%2F``.
+``MAX_SLASH_SPELLINGS``), and an exact path with one trailing ``/`` or ``%2F``, each also
+followed by ``%0A``: a Starlette route's ``$`` matches before a final newline, so
+``/login%0A`` runs the handler of ``/login`` in an app without applimit's middleware (which
+refuses every path with a control character, as the Worker does).
 :func:`fitted_expression` drops spellings (the ``%2F`` of later slashes first, the trailing
 ones last) when the expression would pass 4,096 characters.
 """
@@ -34,6 +37,9 @@ from ._capabilities import COOKIES, HEADERS, HOST, MAX_EXPRESSION_LENGTH, METHOD
 # trailing / and %2F), so that a few paths stay well within the length limit.
 MAX_SLASH_SPELLINGS = 3
 ENCODED_SLASH = "%2F"
+# A final newline, which a Starlette route's "$" lets through (the rule cannot refuse it).
+ENCODED_NEWLINE = "%0A"
+EXACT_ENDINGS = ("", "/", ENCODED_SLASH)
 # What Cloudflare's URL normalisation leaves literal in a path (RFC 3986 unreserved and
 # reserved characters); every other byte is percent-encoded with upper-case hex. "%" is
 # not among them: a policy path holds no escapes, so its "%" is a literal one, "%25".
@@ -154,7 +160,8 @@ class Spellings:
     """Which spellings of the policy's paths an expression matches besides the plain one.
 
     ``slashes``: how many of each path's slashes after the leading one may also be ``%2F``;
-    ``trailing``: exact paths also with one trailing ``/`` or ``%2F``.
+    ``trailing``: exact paths also with one trailing ``/`` or ``%2F``, and each followed by
+    ``%0A`` (an encoded final newline).
     """
 
     slashes: int = MAX_SLASH_SPELLINGS
@@ -197,7 +204,7 @@ def path_spellings(path: str, *, exact: bool, spellings: Spellings = ALL_SPELLIN
     The normalised form, with ``%2F`` for any of its first ``spellings.slashes`` slashes
     after the leading one (the app decodes ``%2F``; Cloudflare's normalisation does not); an
     exact path also with one trailing ``/`` or ``%2F`` (the app reads ``/login/`` as
-    ``/login``). The plain spelling comes first.
+    ``/login``), and each of those followed by ``%0A``. The plain spelling comes first.
     """
     encoded = normalized_path(path)
     head, pieces = encoded[:1], encoded[1:].split("/")
@@ -207,8 +214,11 @@ def path_spellings(path: str, *, exact: bool, spellings: Spellings = ALL_SPELLIN
     for choice in itertools.product(("/", ENCODED_SLASH), repeat=varied):
         separators = (*choice, *("/",) * (inner - varied))
         text = head + pieces[0] + "".join(map("".join, zip(separators, pieces[1:], strict=True)))
-        endings = ("", "/", ENCODED_SLASH) if exact and spellings.trailing else ("",)
-        out.extend(text + ending for ending in endings)
+        if exact and spellings.trailing:
+            out.extend(text + ending for ending in EXACT_ENDINGS)
+            out.extend(text + ending + ENCODED_NEWLINE for ending in EXACT_ENDINGS)
+        else:
+            out.append(text)
     return list(dict.fromkeys(out))
 
 

@@ -12,6 +12,7 @@ Public surface::
     policy.json_schema()                     -> dict
     Rate, Duration, Algorithm, Action, CloudflarePlan, ...   the shared vocabulary
     Matcher, request_paths, canonical_path   request matching, the same at edge and app
+    has_control_character                    a path the middlewares and the Worker refuse
     ip_bucket                                the key a client address is counted under
     header_key, QUOTA_EXCEEDED               a limit's RateLimit header key, the 429's
                                              problem type: the same at edge and app
@@ -36,6 +37,7 @@ from ._match import (
     canonical_path,
     decode_path,
     encode_policy_path,
+    has_control_character,
     normalize_host,
     normalize_path,
     request_paths,
@@ -130,6 +132,7 @@ __all__ = [
     "diagnostics_markdown",
     "encode_policy_path",
     "format_path",
+    "has_control_character",
     "header_key",
     "ip_bucket",
     "json_schema",

@@ -15,7 +15,17 @@ request path is checked in, and a limit counts the request when any form matches
 
 1. the path as the router sees it (percent-decoded once, as UTF-8; the query dropped);
 2. its canonical form: ``\\`` read as ``/``, runs of ``/`` merged into one, ``.`` and ``..``
-   segments resolved (RFC 3986 section 5.2.4).
+   segments resolved (RFC 3986 section 5.2.4);
+3. when the decoded path ends in a newline, both forms again without it: a route's regular
+   expression ends in ``$``, which in Python also matches before a final ``\n``, so Starlette
+   runs the handler of ``/login`` for ``/login%0A``. No resource is named with a control
+   character, so the middlewares and the Worker refuse every such path outright (400,
+   :func:`has_control_character`); this form keeps every other user of the matcher
+   (``check_request``, replay, the rules) counting what such a router serves;
+4. with a *mount* (WSGI ``SCRIPT_NAME``, ASGI ``root_path``: a prefix the server takes off
+   before routing, which gunicorn also takes from a client's ``SCRIPT_NAME`` header), the
+   path without the mount as well, in every form above: the router matches that one, while
+   the edge sees the whole path.
 
 Counting a request under both forms can only over-count an odd spelling that the app
 serves as a 404 anyway; it never lets a served spelling through uncounted. Comparison is
@@ -66,6 +76,20 @@ def _utf8(raw: str) -> bytes:
             for c in raw
         )
         return cleaned.encode("utf-8", "surrogateescape")
+
+
+# C0 controls and DEL: what no resource name holds, and what routers disagree about.
+_CONTROLS = re.compile("[\x00-\x1f\x7f]")
+
+
+def has_control_character(path: str) -> bool:
+    """True when a (decoded) path holds a C0 control character or DEL (U+0000-U+001F, U+007F).
+
+    The app's middlewares and the Worker refuse such a request with 400 before anything else:
+    routers read them each their own way (a Starlette route's ``$`` matches before a final
+    newline), so no spelling of the class can reach a handler the limits do not count.
+    """
+    return _CONTROLS.search(path) is not None
 
 
 # Paths made only of bytes of the path set (nearly all) skip the per-byte loop.
@@ -148,7 +172,7 @@ def encode_policy_path(path: str) -> str:
 
 
 # A path with none of these needs no work: nothing to decode, merge, resolve or turn.
-_PLAIN_ROUTE = re.compile(r"(?:/[^%\\/?#]+)*/?")
+_PLAIN_ROUTE = re.compile(r"(?:/[^%\\/?#\x00-\x1f\x7f]+)*/?")
 _SLASHES = re.compile(r"/{2,}")
 
 
@@ -196,23 +220,37 @@ def decode_path(target: str) -> str:
     return unquote(path) if "%" in path else path
 
 
-def request_paths(path: str) -> tuple[str, ...]:
+def request_paths(path: str, mount: str = "") -> tuple[str, ...]:
     """Every form of a request path that limits are checked against (one or more).
 
     ``path`` is what the app has: the decoded path its router matches (ASGI ``path``) or the
     raw target (``raw_path``, with or without its query). Decoding an already decoded path
     again can only add a form, never lose the router's own: the router's input is always
-    one of the forms, then its decoded form, then the canonical form of that.
+    one of the forms, then its decoded form, then the canonical form of that; a decoded path
+    that ends in a newline also without it. ``mount`` is the prefix the server took off
+    before routing (WSGI ``SCRIPT_NAME``, ASGI ``root_path``), already part of ``path``:
+    the forms of the path without it are added.
     """
     path = path[: MAX_PATH_LENGTH * 3]
-    if path.startswith("/") and "/." not in path and _PLAIN_ROUTE.fullmatch(path):
+    if not mount and path.startswith("/") and "/." not in path and _PLAIN_ROUTE.fullmatch(path):
         return (path,)
+    forms = _forms(path, [])
+    if mount and path.startswith(mount):
+        _forms(path[len(mount) :] or "/", forms)
+    return tuple(forms)
+
+
+def _forms(path: str, forms: list[str]) -> list[str]:
+    """Add the forms of one path (see :func:`request_paths`) to ``forms``, without repeats."""
     decoded = decode_path(path)
-    forms = [path]
-    for form in (decoded, canonical_path(decoded)):
+    found = [path, decoded, canonical_path(decoded)]
+    if decoded.endswith("\n"):
+        routed = decoded[:-1]
+        found += [routed, canonical_path(routed)]
+    for form in found:
         if form not in forms:
             forms.append(form)
-    return tuple(forms)
+    return forms
 
 
 def _exact_key(path: str) -> str:

@@ -5,17 +5,22 @@ one corpus (tests/differential/corpus.py), drawn by Hypothesis from the policy's
 respells requests in every way a path, a method, a host and a client IP can be spelled. The
 corpus goes through each layer:
 
-- the app: a FastAPI app under uvicorn and a Flask app under waitress, each behind applimit's
-  middleware over a real Redis, every request sent byte for byte over a raw socket. A request
+- the app: a FastAPI app under uvicorn (with the h11 and the httptools parser), a Flask app
+  under waitress and under gunicorn, and a Django project under gunicorn, each behind
+  applimit's middleware over a real Redis, every request sent byte for byte over a raw
+  socket (every other one under a ``SCRIPT_NAME`` header where gunicorn honours it). A request
   a handler serves must be counted by every limit that claims the handler's route
-  (``spec.ROUTES``, written by hand), and the client must be counted per ``ip_bucket``;
+  (``spec.ROUTES``, written by hand), and the client must be counted per ``ip_bucket``; a
+  path holding a control character is refused with 400 before any handler runs;
 - the Worker that ``edgegen build`` generates, in workerd: a request whose URL (as the origin
-  received it) an app serves with a limited route must have been counted by that limit, and
-  the Worker's ``ipBucket`` must equal Python's ``ip_bucket`` for every client IP;
+  received it) an app serves with a limited route must have been counted by that limit (a
+  path with a control character is answered 400 and never reaches the origin), and the
+  Worker's ``ipBucket`` must equal Python's ``ip_bucket`` for every client IP;
 - the Enterprise rule expressions, evaluated by tests/rules_eval.py on the path Cloudflare's
   URL normalisation produces: a request an app serves (as spelled: the origin gets the
-  original URL) must match the rule of every limit that claims it, except for the residual
-  gaps docs/edge.md states (:func:`documented_rule_gap`).
+  original URL; for a path the middleware refuses, what the bare app serves) must match the
+  rule of every limit that claims it, except for the residual gaps docs/edge.md states
+  (:func:`documented_rule_gap`).
 
 Each test prints a table of the first mismatches when it fails. The apps run once per session
 and are shared by the tests that need them.
@@ -28,16 +33,27 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import rules_eval
 from differential import apps, runners, spec
-from differential.corpus import KINDS, KNOWN, Spelling, build_corpus, corpus_digest
+from differential.corpus import (
+    CLAIMED,
+    CONTROL_CODES,
+    ENUMERATED_KINDS,
+    KINDS,
+    KNOWN,
+    Spelling,
+    build_corpus,
+    corpus_digest,
+)
+from differential.rawhttp import RawClient
 from differential.report import Mismatch, table
 from harness import RedisServer
 
 import edgegen
-from policy import decode_path, ip_bucket
+from policy import decode_path, ip_bucket, normalize_path
 
 MIN_CORPUS = 1_000
 EDGE_MD = Path(__file__).resolve().parents[1] / "docs" / "edge.md"
@@ -115,7 +131,19 @@ def test_corpus_is_large_and_spells_everything(corpus: tuple[Spelling, ...]) -> 
     assert len({(s.method, s.target, s.host, s.ip) for s in corpus}) == len(corpus)
     assert set(KNOWN) <= set(corpus)
     kinds = Counter(s.kind.split(":", 1)[0] for s in corpus)
-    assert set(KINDS) <= set(kinds), kinds
+    assert set(KINDS) | set(ENUMERATED_KINDS) <= set(kinds), kinds
+    # Every byte at the end of every claimed route; every control character, in both cases
+    # of hex, at the end of each and inside each.
+    for path, _method, _host in CLAIMED:
+        wire = quote(path, safe="/")
+        targets_of = {s.target for s in corpus if s.target.startswith(wire)}
+        for byte in range(0x100):
+            assert f"{wire}%{byte:02X}" in targets_of, (path, byte)
+        for code in CONTROL_CODES:
+            for escape in (f"%{code:02X}", f"%{code:02x}"):
+                assert f"{wire}{escape}" in targets_of, (path, escape)
+                assert f"{wire}{escape}?x=1" in targets_of, (path, escape)
+                assert any(escape in t[len(wire) // 2 : -1] for t in targets_of), (path, escape)
     targets = " ".join(s.target for s in corpus)
     for needle in ("%2F", "%2f", "%2e", "%2E", "/./", "/../", "//", "\\", "%5C", "?", "%FF"):
         assert needle in targets, needle
@@ -171,8 +199,42 @@ def test_app_counts_every_request_its_handlers_serve(
         if not expected <= record.counted:
             got = record.counted - {spec.CLIENTS}
             saw = f"route path {record.route_path}"
+            if record.mount is not None:
+                saw += f" (SCRIPT_NAME {record.mount})"
             mismatches.append(mismatch(record.spelling, record.handler, saw, expected, got))
     assert not mismatches, table(f"{stack}: served but not counted", mismatches, len(records))
+
+
+# C0 controls and DEL, written here rather than taken from the library under test.
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
+def controlled(target: str) -> bool:
+    """Whether a request target's path, decoded as a router decodes it, holds a control
+    character (what every middleware and the Worker refuse with 400)."""
+    return _CONTROL.search(decode_path(target)) is not None
+
+
+@pytest.mark.parametrize("stack", apps.STACKS)
+def test_app_refuses_control_characters_before_any_handler(
+    stack: str, app_runs: Callable[[str], list[runners.AppRecord]]
+) -> None:
+    """Every spelling whose decoded path holds a control character is answered 400 by the
+    middleware (no handler runs, nothing is counted), under every server and under
+    SCRIPT_NAME; no other spelling is refused with 400 by the middleware."""
+    records = app_runs(stack)
+    wrong = []
+    for record in records:
+        if not controlled(record.spelling.target):
+            continue
+        if record.status == 0:
+            # The server refused the request line itself: the middleware never saw it.
+            continue
+        if record.status != 400 or record.handler is not None or record.counted:
+            wrong.append((record.spelling.line, record.mount, record.status, record.handler))
+    reached = [r for r in records if controlled(r.spelling.target) and r.status == 400]
+    assert len(reached) > len(CONTROL_CODES) * len(CLAIMED), len(reached)
+    assert not wrong, wrong[:20]
 
 
 @pytest.mark.parametrize("stack", apps.STACKS)
@@ -233,6 +295,12 @@ def origin_served(
     return {stack: runners.oracle(stack, ordered) for stack in apps.STACKS}
 
 
+def worker_controlled(target: str) -> bool:
+    """:func:`controlled` for the path the Worker gets: WHATWG's parser has deleted raw tabs
+    and newlines and encoded other raw controls first."""
+    return _CONTROL.search(decode_path(normalize_path(target))) is not None
+
+
 @pytest.mark.workerd
 def test_worker_counts_what_the_origin_serves(
     worker_run: runners.WorkerRun,
@@ -241,6 +309,19 @@ def test_worker_counts_what_the_origin_serves(
     """If an app serves the URL the origin received with a route a limit claims, the Worker
     consulted that limit's binding."""
     records = worker_run.records
+    # A path with a control character is answered 400 by the Worker itself (as the app's
+    # middlewares answer it): it never reaches the origin, so nothing is served uncounted.
+    refused = [r for r in records if worker_controlled(r.spelling.target)]
+    assert len(refused) > len(CONTROL_CODES) * len(CLAIMED)
+    wrong = [
+        r
+        for r in refused
+        if r.status != 400
+        or r.origin_request is not None
+        or "control character" not in (r.detail or "")
+    ]
+    assert not wrong, [(r.spelling.line, r.status, r.origin_url, r.detail) for r in wrong[:10]]
+    records = [r for r in records if not worker_controlled(r.spelling.target)]
     failed = [r for r in records if r.status != 200 or r.origin_request is None]
     assert not failed, [(r.spelling.line, r.status, r.error) for r in failed[:10]]
     mismatches = []
@@ -345,8 +426,20 @@ def dot_segment_gap(path: str, missing: frozenset[str]) -> bool:
     return all(limits.limit(name).match.matcher().matches_path(unresolved) for name in missing)
 
 
+@pytest.fixture(scope="session")
+def bare_served(
+    corpus: tuple[Spelling, ...],
+) -> dict[str, dict[tuple[str, str, str], runners.Served]]:
+    """Which handler each bare app (no middleware) runs for the spellings the middleware
+    refuses with 400: an origin without applimit serves them as its router reads them."""
+    wanted = sorted({(s.method, s.target, s.host) for s in corpus if controlled(s.target)})
+    return {stack: runners.oracle(stack, wanted) for stack in apps.STACKS}
+
+
 def test_rules_count_what_the_origin_serves(
-    corpus: tuple[Spelling, ...], app_runs: Callable[[str], list[runners.AppRecord]]
+    corpus: tuple[Spelling, ...],
+    app_runs: Callable[[str], list[runners.AppRecord]],
+    bare_served: dict[str, dict[tuple[str, str, str], runners.Served]],
 ) -> None:
     """A request an app serves (as spelled: under the default normalisation scope the origin
     gets the original URL) matches the rule of every limit that claims it, on the path
@@ -364,6 +457,10 @@ def test_rules_count_what_the_origin_serves(
         records = {stack: by_stack[stack][index] for stack in apps.STACKS}
         assert all(r.spelling == spelling for r in records.values())
         handlers = {stack: r.handler for stack, r in records.items()}
+        if controlled(spelling.target):
+            # Refused by the middleware; a rule must still count what a bare origin serves.
+            request = (spelling.method, spelling.target, spelling.host)
+            handlers = {stack: bare_served[stack][request].handler for stack in apps.STACKS}
         expected, served = expected_claims(handlers, spelling.host)
         if not expected:
             continue
@@ -388,3 +485,62 @@ def test_rules_count_what_the_origin_serves(
     note = f"; docs/edge.md no longer states {missing_docs}" if missing_docs else ""
     title = f"rules: origin served but no rule matched ({len(allowed)} in documented gaps{note})"
     assert not mismatches, table(title, mismatches, len(corpus))
+
+
+# --- the reported bypasses, with a limit that refuses ---------------------------------------
+
+LOGIN_LIMIT = 5
+LOGIN_POLICY = f"""\
+version: 1
+tiers: [free]
+app: {{ key_prefix: bypass, timeout: 5s }}
+limits:
+  - name: login
+    match: {{ paths: [/login], methods: [POST] }}
+    app: {{ per: ip, algorithm: sliding_log, tiers: {{ free: {LOGIN_LIMIT}/1h }} }}
+"""
+
+
+def _login_runs(
+    stack: str, redis_url: str, targets: list[bytes], headers: list[tuple[str, str]]
+) -> Counter[int]:
+    """Send each target as a POST from one client to the stack under LOGIN_POLICY; the
+    statuses, and how many times the login handler ran."""
+    statuses: Counter[int] = Counter()
+    text = LOGIN_POLICY.replace("bypass", f"bypass-{stack}-{len(targets)}-{len(headers)}")
+    with (
+        apps.serve(stack, policy_text=text, redis_url=redis_url) as port,
+        RawClient(apps.HOST, port) as http,
+    ):
+        for target in targets:
+            sent = [("Host", "api.example.com"), ("CF-Connecting-IP", "203.0.113.9"), *headers]
+            response = http.request("POST", target, sent)
+            statuses[response.status] += 1
+            if response.header("x-handler") == "login":
+                statuses[-1] += 1
+    return statuses
+
+
+@pytest.mark.parametrize("stack", apps.STACKS)
+def test_a_final_newline_never_reaches_the_login_handler(
+    stack: str, redis_server: RedisServer
+) -> None:
+    """Twelve POSTs of /login%0A (and its other spellings) against a limit of five: the
+    middleware answers 400 and the handler never runs (on main, FastAPI ran it twelve
+    times)."""
+    targets = [b"/login%0A", b"/%6c%6f%67%69%6e%0a", b"/login%0A?x=1", b"/login%0D%0A"] * 3
+    statuses = _login_runs(stack, redis_server.url, targets, [])
+    assert statuses[-1] == 0, statuses
+    assert statuses[400] == len(targets), statuses
+
+
+@pytest.mark.parametrize("stack", sorted(apps.MOUNTED))
+def test_script_name_from_a_header_is_counted_under_gunicorn(
+    stack: str, redis_server: RedisServer
+) -> None:
+    """gunicorn takes SCRIPT_NAME from a loopback peer's header and routes PATH_INFO
+    without it: twelve POSTs of /x/login with ``SCRIPT_NAME: /x`` run the login handler
+    five times, then get 429 (on main, twelve times)."""
+    statuses = _login_runs(stack, redis_server.url, [b"/x/login"] * 12, [("SCRIPT_NAME", "/x")])
+    assert statuses[-1] == LOGIN_LIMIT, statuses
+    assert statuses[429] == 12 - LOGIN_LIMIT, statuses

@@ -14,6 +14,13 @@ with a method (GET, HEAD, POST and others, also in lower case), a Host spelling 
 trailing dot, port, subdomains of the policy's hosts, near misses) and a client IP (IPv4, and
 IPv6 in many spellings, several addresses in each /64, IPv4-mapped).
 
+Besides the drawn kinds, whole classes are enumerated, not drawn (:func:`enumerated`): every
+byte from 0x00 to 0xFF percent-escaped at the end of each claimed route; every C0 control
+character and DEL, escaped in upper and lower hex, at every position of those routes (first,
+middle, around each slash, after a trailing slash, before a query); and the Unicode line
+terminators and invisible characters a router might read specially (NEL, LINE and PARAGRAPH
+SEPARATOR, BOM, NBSP...), escaped and raw, at the end and in the middle.
+
 The draw is deterministic: each kind is one ``@given`` run with ``derandomize=True`` and no
 database, so every run of the suite sends the same corpus (:func:`corpus_digest` names it).
 Hypothesis always tries the simplest possible input first; the second, random draw of each
@@ -374,6 +381,64 @@ TRANSFORMS: dict[str, Callable[[st.DrawFn, str], str]] = {
 KINDS = ("plain", *TRANSFORMS, "mixed")
 
 
+# --- whole classes, enumerated -------------------------------------------------------------
+
+# The routes a limit claims, one request each: (path, method, host).
+CLAIMED = (
+    ("/login", "POST", "api.example.com"),
+    ("/api/items", "GET", "api.example.com"),
+    ("/api/search", "POST", "api.example.com"),
+    ("/café", "GET", "api.example.com"),
+    ("/api/v1/exports/x", "GET", "api.example.com"),
+    ("/webhooks/x", "POST", "hooks.example.com"),
+)
+CONTROL_CODES = (*range(0x20), 0x7F)
+# Line terminators and invisible characters beyond C0: NEL, LINE and PARAGRAPH SEPARATOR,
+# NBSP, BOM, ZERO WIDTH SPACE, MONGOLIAN VOWEL SEPARATOR, the C1 controls' ends.
+TERMINATORS = (
+    "\u0085",
+    "\u2028",
+    "\u2029",
+    "\u00a0",
+    "\ufeff",
+    "\u200b",
+    "\u180e",
+    "\u0080",
+    "\u009f",
+)
+ENUMERATED_KINDS = ("every-byte", "controls", "terminators")
+
+
+def _control_positions(path: str, char: str) -> list[str]:
+    """``path`` with ``char`` inserted at every position a router could read specially."""
+    slashes = (i for i, c in enumerate(path) if c == "/" and i > 0)
+    spots = sorted({1, len(path), len(path) // 2, *slashes})
+    out = [path[:at] + char + path[at:] for at in spots]
+    out += [path + "/" + char, path + char + "?x=1", path + char + "/"]
+    return list(dict.fromkeys(out))
+
+
+def enumerated() -> tuple[Spelling, ...]:
+    """The enumerated classes (see the module docstring), each spelling once."""
+    out: list[Spelling] = []
+    for index, (path, method, host) in enumerate(CLAIMED):
+        wire = _on_wire(path, keep_utf8=False)
+        for byte in range(0x100):
+            ip = IPV4[(byte + index) % len(IPV4)]
+            out.append(Spelling(method, f"{wire}%{byte:02X}", host, ip, "every-byte"))
+        for code in CONTROL_CODES:
+            for escape in dict.fromkeys((f"%{code:02X}", f"%{code:02x}")):
+                for spelled in _control_positions(wire, escape):
+                    out.append(Spelling(method, spelled, host, IPV4[code % len(IPV4)], "controls"))
+        for char in TERMINATORS:
+            for spelled in _control_positions(path, char)[:3]:
+                out.append(Spelling(method, spelled, host, IPV4[0], "terminators:raw"))
+                escaped = _on_wire(spelled, keep_utf8=False)
+                out.append(Spelling(method, escaped, host, IPV4[1], "terminators:escaped"))
+    unique = {(s.method, s.target, s.host): s for s in reversed(out)}
+    return tuple(s for s in out if unique[s.method, s.target, s.host] is s)
+
+
 # --- hosts and client IPs -----------------------------------------------------------------
 
 IPV4 = ("203.0.113.7", "198.51.100.23", "192.0.2.200")
@@ -498,7 +563,8 @@ def _draw_one(strategy: st.SearchStrategy[list[Spelling]]) -> list[Spelling]:
 
 
 def build_corpus(policy_text: str, per_kind: int = PER_KIND) -> tuple[Spelling, ...]:
-    """The whole corpus: the known spellings, then ``per_kind`` distinct spellings of each kind."""
+    """The whole corpus: the known spellings, ``per_kind`` distinct spellings of each drawn
+    kind, then the enumerated classes."""
     out: list[Spelling] = list(KNOWN)
     seen = set(out)
     for kind in KINDS:
@@ -512,6 +578,8 @@ def build_corpus(policy_text: str, per_kind: int = PER_KIND) -> tuple[Spelling, 
             if spelling not in seen:
                 seen.add(spelling)
                 out.append(spelling)
+    sent = {(s.method, s.target, s.host) for s in out}
+    out.extend(s for s in enumerated() if (s.method, s.target, s.host) not in sent)
     return tuple(out)
 
 

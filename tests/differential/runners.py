@@ -1,8 +1,9 @@
 """The corpus through each layer, as records the invariants are checked on.
 
-- :func:`run_app`: every spelling, byte for byte, to the FastAPI or Flask app with applimit's
-  middleware over a real Redis: which handler served it, which limits counted it, and how
-  many requests the ``clients`` limit has counted for the client so far;
+- :func:`run_app`: every spelling, byte for byte, to a stack's app with applimit's middleware
+  over a real Redis (every other one under ``SCRIPT_NAME`` where the server honours it,
+  :func:`mounted`): which handler served it, which limits counted it, and how many requests
+  the ``clients`` limit has counted for the client so far;
 - :func:`oracle`: requests to the bare app (no middleware): which handler an origin runs;
 - :func:`run_worker`: every spelling to the generated Worker in workerd: the URL and method
   the origin received, which limit bindings the Worker consulted and with which key, and
@@ -51,6 +52,8 @@ class AppRecord:
     route_path: str | None
     counted: frozenset[str]
     clients_remaining: int | None
+    # The SCRIPT_NAME header it was sent with (its target prefixed with it), if any.
+    mount: str | None = None
 
 
 def _items(value: str | None) -> dict[str, dict[str, int]]:
@@ -65,18 +68,33 @@ def _items(value: str | None) -> dict[str, dict[str, int]]:
     return items
 
 
-def _headers(host: str, ip: str | None) -> list[tuple[str, str]]:
+def _headers(host: str, ip: str | None, mount: str | None = None) -> list[tuple[str, str]]:
     headers = [("Host", host)]
     if ip is not None:
         headers.append(("CF-Connecting-IP", ip))
+    if mount is not None:
+        headers.append(("SCRIPT_NAME", mount))
     return headers
 
 
-def _send(client: RawClient, method: str, target: bytes, host: str, ip: str | None) -> Response:
+def _send(
+    client: RawClient,
+    method: str,
+    target: bytes,
+    host: str,
+    ip: str | None,
+    mount: str | None = None,
+) -> Response:
     try:
-        return client.request(method, target, _headers(host, ip))
+        return client.request(method, target, _headers(host, ip, mount))
     except NoAnswer:
         return Response(status=0)
+
+
+def mounted(stack: str, index: int, spelling: Spelling) -> bool:
+    """Whether the runner sends this spelling under ``apps.MOUNT`` with a ``SCRIPT_NAME``
+    header: every other origin-form request of a stack whose server honours the header."""
+    return stack in apps.MOUNTED and index % 2 == 1 and spelling.target.startswith("/")
 
 
 def run_app(stack: str, corpus: Iterable[Spelling], *, redis_url: str) -> list[AppRecord]:
@@ -91,10 +109,11 @@ def run_app(stack: str, corpus: Iterable[Spelling], *, redis_url: str) -> list[A
         apps.serve(stack, policy_text=text, redis_url=redis_url) as port,
         RawClient(apps.HOST, port) as http,
     ):
-        for spelling in corpus:
-            response = _send(
-                http, spelling.method, spelling.target_bytes, spelling.host, spelling.ip
-            )
+        for index, spelling in enumerate(corpus):
+            target, mount = spelling.target_bytes, None
+            if mounted(stack, index, spelling):
+                target, mount = apps.MOUNT.encode("ascii") + target, apps.MOUNT
+            response = _send(http, spelling.method, target, spelling.host, spelling.ip, mount)
             policies = _items(response.header("ratelimit-policy"))
             remaining = _items(response.header("ratelimit")).get(spec.CLIENTS, {}).get("r")
             route_path = response.header("x-route-path")
@@ -106,6 +125,7 @@ def run_app(stack: str, corpus: Iterable[Spelling], *, redis_url: str) -> list[A
                     route_path=unquote(route_path) if route_path is not None else None,
                     counted=frozenset(policies),
                     clients_remaining=remaining,
+                    mount=mount,
                 )
             )
     return records
@@ -149,6 +169,8 @@ class WorkerRecord:
     origin_method: str | None
     consulted: tuple[tuple[str, str | None], ...]
     error: str | None
+    # The ``detail`` of a problem+json answer the Worker gave itself, if any.
+    detail: str | None = None
 
     @property
     def counted(self) -> frozenset[str]:
@@ -280,6 +302,7 @@ def run_worker(
                 origin_method=answer["originMethod"],
                 consulted=tuple((str(n), k) for n, k in answer["consulted"] or ()),
                 error=answer["error"],
+                detail=answer["detail"],
             )
         )
     buckets = result["buckets"]

@@ -55,17 +55,26 @@ async function send(mf, req) {
       headers: req.headers,
       redirect: "manual",
     });
-    await res.arrayBuffer();
+    const body = await res.text();
     const consulted = res.headers.get("x-differential-consulted");
+    const problem = (res.headers.get("content-type") ?? "").startsWith("application/problem+json");
     return {
       status: res.status,
+      detail: problem ? (JSON.parse(body).detail ?? null) : null,
       originUrl: res.headers.get("x-origin-url"),
       originMethod: res.headers.get("x-origin-method"),
       consulted: consulted === null ? null : JSON.parse(consulted),
       error: res.headers.get("x-differential-error"),
     };
   } catch (err) {
-    return { status: 0, originUrl: null, originMethod: null, consulted: null, error: String(err) };
+    return {
+      status: 0,
+      detail: null,
+      originUrl: null,
+      originMethod: null,
+      consulted: null,
+      error: String(err),
+    };
   }
 }
 

@@ -69,7 +69,7 @@ def test_compound_operands_are_parenthesised() -> None:
     matcher = Matcher.create(paths=["/a"], path_prefixes=["/b/"], methods=["POST"])
     text = _expr.matcher_expression(matcher).text
     assert text == (
-        '(http.request.uri.path in {"/a" "/a%2F" "/a/"} or '
+        '(http.request.uri.path in {"/a" "/a%0A" "/a%2F" "/a%2F%0A" "/a/" "/a/%0A"} or '
         'starts_with(http.request.uri.path, "/b/") or '
         'starts_with(http.request.uri.path, "/b%2F")) '
         'and http.request.method eq "POST"'
@@ -154,7 +154,7 @@ def test_credentialed_condition() -> None:
     matcher = Matcher.create(paths=["/x"])
     text = _expr.matcher_expression(matcher, credentialed=when).text
     assert text == (
-        'http.request.uri.path in {"/x" "/x%2F" "/x/"} and '
+        'http.request.uri.path in {"/x" "/x%0A" "/x%2F" "/x%2F%0A" "/x/" "/x/%0A"} and '
         '(any(len(http.request.headers["authorization"][*])[*] gt 0) or '
         'len(http.request.cookies["session"]) gt 0)'
     )
@@ -201,13 +201,21 @@ def test_policy_paths_are_written_as_the_normalised_path_holds_them(
 
 
 def test_spellings_are_bounded() -> None:
-    """%2F for at most three slashes after the leading one: 8 spellings of a prefix, 24 of an
-    exact path (with the trailing / and %2F), however deep the path."""
+    """%2F for at most three slashes after the leading one: 8 spellings of a prefix, 48 of an
+    exact path (with the trailing / and %2F, each also with a final %0A), however deep the
+    path."""
     deep = "/a/b/c/d/e/f/"
     assert len(_expr.path_spellings(deep, exact=False)) == 8
-    assert len(_expr.path_spellings(deep.rstrip("/"), exact=True)) == 24
+    assert len(_expr.path_spellings(deep.rstrip("/"), exact=True)) == 48
     assert _expr.path_spellings("/api/", exact=False) == ["/api/", "/api%2F"]
-    assert _expr.path_spellings("/login", exact=True) == ["/login", "/login/", "/login%2F"]
+    assert _expr.path_spellings("/login", exact=True) == [
+        "/login",
+        "/login/",
+        "/login%2F",
+        "/login%0A",
+        "/login/%0A",
+        "/login%2F%0A",
+    ]
     assert _expr.path_spellings("/a/b", exact=False, spellings=_expr.Spellings(0)) == ["/a/b"]
 
 

@@ -211,7 +211,7 @@ def test_odd_input_never_throws(tmp_path: Path) -> None:
         # Long enough to be odd, short enough for the local HTTP server (it answers 431
         # above ~16 KB of request line and headers, and Miniflare sends the URL twice).
         request("/api/" + "a" * 7_000),
-        request("/api/%FF%FE%00/%C3%28/%"),
+        request("/api/%FF%FE/%C3%28/%"),
         request("/api/x", Cookie=";;;=;==;session"),
         request("/api/x", ip="x" * 5_000),
         request("/api/x", ip="  "),
@@ -222,6 +222,54 @@ def test_odd_input_never_throws(tmp_path: Path) -> None:
     # Without CF-Connecting-IP nothing is counted: all five pass.
     assert [r["status"] for r in responses[:5]] == [200] * 5
     assert all(r["status"] in (200, 429) for r in responses)
+
+
+# Every C0 control character and DEL, escaped in either case of hex.
+CONTROL_ESCAPES = tuple(
+    text
+    for code in (*range(0x20), 0x7F)
+    for text in dict.fromkeys((f"%{code:02X}", f"%{code:02x}"))
+)
+
+
+def control_spellings(path: str, escape: str) -> list[str]:
+    """``path`` with one escaped control character at every position a router could read
+    specially: first, last, around each slash, inside a segment, after a trailing slash and
+    before a query."""
+    slashes = (i for i, c in enumerate(path) if c == "/" and i > 0)
+    spots = sorted({1, len(path), len(path) // 2, *slashes})
+    out = [path[:at] + escape + path[at:] for at in spots]
+    out += [path + "/" + escape, path + escape + "?x=1", path + escape + "/"]
+    return list(dict.fromkeys(out))
+
+
+def test_control_characters_are_refused_before_anything(tmp_path: Path) -> None:
+    """A path whose decoded form holds a control character (every C0 byte and DEL, escaped
+    in upper and lower hex, at every position of a limited exact path and a prefix) gets a
+    400 problem answer and never reaches the origin, as the app's middlewares answer; an
+    unlimited path too. Neighbours of the class (space, NEL, LINE SEPARATOR, "%250A")
+    still pass to the origin."""
+    worker = build_worker(tmp_path)
+    paths = ("/login", "/api/items", "/static/app.js")
+    bad = [
+        spelled
+        for escape in CONTROL_ESCAPES
+        for path in paths
+        for spelled in control_spellings(path, escape)
+    ]
+    fine = ["/login%20", "/login%C2%85", "/login%E2%80%A8", "/login%250A", "/api/%25%30%41"]
+    sent = [request(p, method="POST") for p in bad] + [request(p) for p in fine]
+    responses = run(job_for(tmp_path, worker, sent))
+    refused = responses[: len(bad)]
+    wrong = [(p, r["status"]) for p, r in zip(bad, refused, strict=True) if r["status"] != 400]
+    assert not wrong, wrong[:10]
+    for response in refused:
+        assert "x-origin" not in response["headers"]
+        assert response["headers"]["content-type"] == "application/problem+json"
+        body = json.loads(response["body"])
+        assert body["status"] == 400 and "control character U+00" in body["detail"]
+    for sent_request, response in zip(sent[len(bad) :], responses[len(bad) :], strict=True):
+        assert_reached_origin(response, sent_request)
 
 
 def test_a_missing_binding_fails_open(tmp_path: Path) -> None:
@@ -692,6 +740,10 @@ _PATH_PIECES = [
     "%EF%BB%BF",
     "%E2%80%A8",
     "%00",
+    "%0A",
+    "%0d",
+    "%7F",
+    "%1f",
     "%20",
     "%",
     "%%",
@@ -711,13 +763,16 @@ _PATH_PIECES = [
 
 
 def path_corpus() -> list[str]:
-    """Request paths: fixed odd cases and 400 random ones from pieces that decode oddly."""
+    """Request paths: fixed odd cases (control characters among them) and 400 random ones
+    from pieces that decode oddly."""
     import random
 
     rng = random.Random(1212)
     fixed = ["/", "", "/api/items", "//api/items", "/%61pi/items", "/api%2Fitems", "/a/b/..",
              "/a/./b/", "/..", "/%2e%2e/x", "\\api\\x", "api/x", "/login/", "/%EF%BB%BFx",
-             "%EF%BB%BF", "/caf%C3%A9", "/\u00e9%C3%A9\u00e9%A9"]  # fmt: skip
+             "%EF%BB%BF", "/caf%C3%A9", "/\u00e9%C3%A9\u00e9%A9", "/login%0A", "/login\n",
+             "/lo%09gin/%0d%0a", "/a%7F/..//b", "/%00", "/x%1F%0B%0C", "/%0A/..",
+             "/%C2%85"]  # fmt: skip
     randoms = [
         "/" + "".join(rng.choice(_PATH_PIECES) for _ in range(rng.randint(1, 8)))
         for _ in range(400)

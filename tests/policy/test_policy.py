@@ -353,11 +353,46 @@ def test_matcher_semantics(
         ("/a\\b", ("/a\\b", "/a/b")),
         ("/caf%C3%A9", ("/caf%C3%A9", "/caf\u00e9")),
         ("/%FF", ("/%FF", "/\ufffd")),
+        ("/login\n", ("/login\n", "/login")),
+        ("/login%0A", ("/login%0A", "/login\n", "/login")),
+        ("/login%0D%0A", ("/login%0D%0A", "/login\r\n", "/login\r")),
+        ("/lo%09gin", ("/lo%09gin", "/lo\tgin")),
+        ("/a/..//b%0a", ("/a/..//b%0a", "/a/..//b\n", "/b\n", "/a/..//b", "/b")),
     ],
 )
 def test_request_paths(target: str, forms: tuple[str, ...]) -> None:
-    """The router's path, its decoded form and its canonical form, in that order, deduped."""
+    """The router's path, its decoded form and its canonical form, in that order, deduped;
+    ending in a newline, both again without it (a route's ``$`` matches before it)."""
     assert policy.request_paths(target) == forms
+
+
+@pytest.mark.parametrize(
+    ("path", "mount", "forms"),
+    [
+        ("/x/login", "/x", ("/x/login", "/login")),
+        ("/x/l%6Fgin", "/x", ("/x/l%6Fgin", "/x/login", "/l%6Fgin", "/login")),
+        ("/x", "/x", ("/x", "/")),
+        ("/x/", "/x/", ("/x/", "/")),
+        ("/y/login", "/x", ("/y/login",)),
+        ("/x/login", "", ("/x/login",)),
+    ],
+)
+def test_request_paths_with_a_mount(path: str, mount: str, forms: tuple[str, ...]) -> None:
+    """A mount (SCRIPT_NAME, root_path) the path starts with adds the forms of the path
+    without it: what the router matches. One it does not start with adds nothing."""
+    assert policy.request_paths(path, mount) == forms
+
+
+def test_control_characters_are_exactly_c0_and_del() -> None:
+    """has_control_character is true for U+0000-U+001F and U+007F anywhere in a path, and
+    for nothing else (space, C1 controls, line separators, non-ASCII are not refused)."""
+    for code in range(0x110000):
+        if 0xD800 <= code <= 0xDFFF:
+            continue
+        char = chr(code)
+        expected = code < 0x20 or code == 0x7F
+        for path in (f"/login{char}", f"/{char}x", f"/a{char}/b"):
+            assert policy.has_control_character(path) is expected, (hex(code), path)
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,8 @@ limits:
   - name: all
     app: {per: ip, algorithm: sliding_window, tiers: {default: 50/1m}}
 """
-STATUSES = {200, 429, 503}
+# 400: a path holding a control character (bad_path).
+STATUSES = {200, 400, 429, 503}
 # An HTTP field value: visible characters, spaces and tabs, no CR/LF/NUL.
 FIELD_VALUE = re.compile(rb"[\t\x20-\x7e\x80-\xff]*")
 TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")

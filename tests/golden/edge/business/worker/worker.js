@@ -70,13 +70,15 @@ const CONFIG = {
 // module, `config` here); this file holds no policy data. It defines plain functions and no
 // exports, so tests can run it in workerd with a different entry point.
 //
-// For each request: find the limits whose matcher applies (same meaning as policy/_match.py:
-// exact paths OR path prefixes, AND methods, AND hosts, where the path is checked in every
-// form `requestPaths` gives), pick each limit's counter (requests that carry a credential
-// are counted apart, against the limit's looser credentialed rate), count the client
-// (`ipBucket` of CF-Connecting-IP) in each counter's binding in policy order, and answer 429
-// for the first counter that refuses. Anything else, including every internal error, passes
-// the request to the origin untouched: a broken limiter must not take the site down.
+// For each request: refuse with 400 a path whose decoded form holds a control character (as
+// the app's middlewares do). Then find the limits whose matcher applies (same meaning as
+// policy/_match.py: exact paths OR path prefixes, AND methods, AND hosts, where the path is
+// checked in every form `requestPaths` gives), pick each limit's counter (requests that carry
+// a credential are counted apart, against the limit's looser credentialed rate), count the
+// client (`ipBucket` of CF-Connecting-IP) in each counter's binding in policy order, and
+// answer 429 for the first counter that refuses. Anything else, including every internal
+// error, passes the request to the origin untouched: a broken limiter must not take the site
+// down.
 //
 // `decodePath`, `canonicalPath`, `requestPaths` and `ipBucket` are ports of
 // policy/_match.py and policy/_net.py: they give exactly the strings the Python functions
@@ -99,7 +101,10 @@ const HEX_PAIR = /^[0-9A-Fa-f]{2}$/;
 const ASCII_RUN = /[\x00-\x7f]+/g;
 const SLASH_RUN = /\/{2,}/g;
 // A path with none of these needs no work: nothing to decode, merge, resolve or turn.
-const PLAIN_ROUTE = /^(?:\/[^%\\/?#]+)*\/?$/;
+const PLAIN_ROUTE = /^(?:\/[^%\\/?#\x00-\x1f\x7f]+)*\/?$/;
+// C0 controls and DEL (policy/_match.py _CONTROLS): no resource name holds them, and routers
+// read them each their own way (a Starlette route's "$" matches before a final "\n").
+const HAS_CONTROL = /[\x00-\x1f\x7f]/;
 
 /** Percent-decode one run of ASCII characters to bytes; a "%" without two hex digits stays. */
 function unquoteBytes(run) {
@@ -178,7 +183,8 @@ function canonicalPath(path) {
 
 /**
  * Every form a request path is checked in: the path as given (here the pathname WHATWG's
- * parser made of request.url), its decoded form and the canonical form of that; no repeats.
+ * parser made of request.url), its decoded form and the canonical form of that, and both
+ * again without a final newline when the decoded form ends in one; no repeats.
  */
 function requestPaths(path) {
   const text = path.slice(0, MAX_PATH_LENGTH * 3);
@@ -186,13 +192,42 @@ function requestPaths(path) {
     return [text];
   }
   const decoded = decodePath(text);
-  const forms = [text];
-  for (const form of [decoded, canonicalPath(decoded)]) {
+  const found = [text, decoded, canonicalPath(decoded)];
+  if (decoded.endsWith("\n")) {
+    const routed = decoded.slice(0, -1);
+    found.push(routed, canonicalPath(routed));
+  }
+  const forms = [];
+  for (const form of found) {
     if (!forms.includes(form)) {
       forms.push(form);
     }
   }
   return forms;
+}
+
+/**
+ * The 400 answer for a path whose decoded form holds a control character
+ * (policy/_match.py has_control_character), or null. Checked before anything else, as the
+ * app's middlewares check it: such a path names no resource, and routers disagree on it.
+ */
+function controlCharacterRefusal(url) {
+  const decoded = decodePath(url.pathname.slice(0, MAX_PATH_LENGTH * 3));
+  const found = decoded.match(HAS_CONTROL);
+  if (found === null) {
+    return null;
+  }
+  const code = found[0].charCodeAt(0).toString(16).toUpperCase().padStart(4, "0");
+  const problem = {
+    type: "about:blank",
+    title: "Bad Request",
+    status: 400,
+    detail: `The request path holds the control character U+${code}, which no resource is named with; remove it.`,
+  };
+  return new Response(JSON.stringify(problem), {
+    status: 400,
+    headers: { "Content-Type": "application/problem+json", "Cache-Control": "no-store" },
+  });
 }
 
 /** An exact path without its one trailing slash ("/" stays "/"). */
@@ -564,9 +599,16 @@ function tooManyRequests(counter) {
   });
 }
 
-/** The 429 response for the first counter that refuses the request, or null to let it pass. */
+/**
+ * The 429 response for the first counter that refuses the request, a 400 for a path with a
+ * control character, or null to let it pass.
+ */
 async function decide(request, env, config) {
   const url = new URL(request.url);
+  const badPath = controlCharacterRefusal(url);
+  if (badPath !== null) {
+    return badPath;
+  }
   const counters = applicableLimits(request, url, config);
   if (counters.length === 0) {
     return null;

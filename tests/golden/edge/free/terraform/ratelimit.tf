@@ -25,7 +25,7 @@ resource "cloudflare_ruleset" "edgegen_http_ratelimit" {
     {
       ref         = "edgegen:search-24193290"
       description = "search: 50/10s per client IP, managed_challenge"
-      expression  = "http.request.uri.path in {\"/search\" \"/search%2F\" \"/search/\"}"
+      expression  = "http.request.uri.path in {\"/search\" \"/search%0A\" \"/search%2F\" \"/search%2F%0A\" \"/search/\" \"/search/%0A\"}"
       action      = "managed_challenge"
       ratelimit   = {
         characteristics     = ["cf.colo.id", "ip.src"]
