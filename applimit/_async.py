@@ -10,6 +10,7 @@ Cluster), under one deadline for the batch.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -24,6 +25,7 @@ from ._clients import AsyncClient, Target
 from ._core import Prepared
 from ._decision import Decision
 from ._errors import REDIS_FAILURES
+from ._flow import Flow, Wait
 from ._memory import AsyncMemoryWire
 from ._observe import Observer
 from ._shell import LimiterBase, load_policy
@@ -73,6 +75,9 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
             observers=observers,
             log_identities=log_identities,
         )
+        # The calls of syncs whose decisions were cancelled, still on their way (see
+        # _drive): aclose() lets them land first.
+        self._abandoned: set[asyncio.Future[list[object]]] = set()
 
     def _resolve(self, client: object | None, url: str, cluster: bool) -> Target[AsyncClient]:
         return _clients.async_target(
@@ -203,7 +208,11 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
     # -- lifecycle ------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Close the limiter's own connections (a client you passed stays open)."""
+        """Close the limiter's own connections (a client you passed stays open), once
+        the syncs of cancelled decisions still on their way have landed (within the
+        timeout), so that what they carry is counted."""
+        if self._abandoned:
+            await asyncio.wait(set(self._abandoned), timeout=self.timeout)
         await self._wire.close()
 
     async def __aenter__(self) -> Self:
@@ -221,10 +230,15 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
 
     # -- running calls --------------------------------------------------------------------
 
-    async def _decide(self, prepared: Prepared) -> Decision:
+    async def _decide(self, prepared: Prepared) -> Decision:  # noqa: C901, PLR0912 (the flow driven in line: a coroutine of its own costs every decision an await)
         """Make the decision: an exact one in its two steps, around the awaited calls;
-        otherwise drive the decision's flow, awaiting each Send and sending back its
-        outcomes."""
+        otherwise drive the decision's flow, awaiting each Send (and Wait) and sending
+        back its outcomes.
+
+        A decision cancelled (the caller went away) while an approximate sync's calls are
+        on their way lets the calls run: their outcome is handed to the flow when it
+        comes, so that what the sync carries is counted exactly (see
+        :meth:`_abandon`)."""
         observing = self.observing
         if observing:
             started = _perf_counter()
@@ -249,13 +263,26 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
             # No call sent: answered here (approximate mode, the denial cache, an open
             # breaker or no limit at all).
             sent = False
+            carrying: asyncio.Future[list[object]] | None = None
             try:
                 send = next(flow)
-                sent = True
                 while True:
-                    send = flow.send(await wire.run(send.calls))
+                    if isinstance(send, Wait):
+                        send = flow.send(await _wait(send))
+                        continue
+                    sent = True
+                    if send.carries:
+                        carrying = asyncio.ensure_future(wire.run(send.calls))
+                        outcomes = await asyncio.shield(carrying)
+                        carrying = None
+                    else:
+                        outcomes = await wire.run(send.calls)
+                    send = flow.send(outcomes)
             except StopIteration as done:
                 decision = done.value
+            except BaseException:
+                self._abandon(flow, carrying)
+                raise
         if observing:
             self.notifier.notify(
                 prepared,
@@ -264,3 +291,44 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
                 not sent and not decision.degraded,
             )
         return decision
+
+    def _abandon(self, flow: Flow, carrying: asyncio.Future[list[object]] | None) -> None:
+        """A decision's flow stopped midway (cancelled, or an error): closed now (it gives
+        back what its sync carried, see _approx.py), or, when a sync's calls are on their
+        way, once their outcome has been handed to it (see :func:`_finish_abandoned`)."""
+        if carrying is None:
+            flow.close()
+        elif carrying.done():
+            _finish_abandoned(flow, carrying)
+        else:
+            self._abandoned.add(carrying)
+            carrying.add_done_callback(self._abandoned.discard)
+            carrying.add_done_callback(functools.partial(_finish_abandoned, flow))
+
+
+async def _wait(wait: Wait) -> list[object]:
+    """Until the sync ``wait`` is for lands: ``[]``, or ``[TimeoutError]`` when its
+    deadline passed first."""
+    future = wait.flight.future()
+    if future is None:
+        return []
+    try:
+        async with asyncio.timeout(max(0.0, wait.deadline - time.monotonic())):
+            await future
+    except TimeoutError:
+        return [TimeoutError("the sync waited for did not land in time")]
+    return []
+
+
+def _finish_abandoned(flow: Flow, carrying: asyncio.Future[list[object]]) -> None:
+    """The outcome of a sync whose decision was cancelled, handed to its flow: the flow
+    takes in what Redis counted of what the sync carried (and gives back the rest), then
+    is closed before it asks for anything more."""
+    if carrying.cancelled() or carrying.exception() is not None:
+        flow.close()
+        return
+    try:
+        flow.send(carrying.result())
+    except StopIteration:
+        return
+    flow.close()

@@ -16,6 +16,14 @@ or its failure (an exception of ``REDIS_FAILURES``, not raised); the list may st
 first failure when the later calls were not sent. The shells only drive the flow: the
 sync one runs each Send on its wire and blocks, the async one awaits it.
 
+In approximate mode a flow may also yield a :class:`Wait`: another decision's sync of the
+same keys is in flight, and this one is best answered once it lands. The shell waits (a
+thread on an event, a task on a future) until it lands or the Wait's deadline passes,
+and sends back an empty list, or ``[TimeoutError]``. A Send whose ``carries`` is true
+carries requests admitted locally: a shell that stops driving the flow meanwhile (a
+cancelled task) still hands it the outcome when it comes, or closes the flow, which gives
+them back to pending (see _approx.py); either way none is lost.
+
 An exact decision (no approximate limit in the policy: most limiters) is two steps around
 its calls, :meth:`Decider.start` and :meth:`Decider.finish` (then any refunds), which is
 all its flow is made of; the shells call them directly, without the generator around them
@@ -35,7 +43,7 @@ from typing import Protocol
 
 from redis.exceptions import ResponseError
 
-from ._approx import ApproxCache
+from ._approx import ApproxCache, Flight, Sync
 from ._breaker import Breakers, CircuitBreaker
 from ._core import Core, Prepared, ScriptCall, wrote
 from ._decision import Decision
@@ -61,17 +69,36 @@ class Send:
 
     ``refund`` marks the calls that give back what a denied multi-slot request consumed:
     the decision is made, their failure is only logged, and each gets a deadline of its
-    own.
+    own. ``carries`` marks an approximate sync's calls, which carry requests admitted
+    locally (see the module's docstring).
     """
 
-    __slots__ = ("calls", "refund")
+    __slots__ = ("calls", "carries", "refund")
 
-    def __init__(self, calls: tuple[ScriptCall, ...], *, refund: bool = False) -> None:
+    def __init__(
+        self, calls: tuple[ScriptCall, ...], *, refund: bool = False, carries: bool = False
+    ) -> None:
         self.calls = calls
         self.refund = refund
+        self.carries = carries
 
     def __repr__(self) -> str:
         return f"Send({len(self.calls)} calls{', refund' if self.refund else ''})"
+
+
+class Wait:
+    """What a flow needs next in approximate mode: wait for ``flight`` (another
+    decision's sync of the same keys) to land, until ``deadline`` (``time.monotonic()``
+    seconds); send back ``[]``, or ``[TimeoutError]`` when the deadline passed first."""
+
+    __slots__ = ("deadline", "flight")
+
+    def __init__(self, flight: Flight, deadline: float) -> None:
+        self.flight = flight
+        self.deadline = deadline
+
+    def __repr__(self) -> str:
+        return "Wait()"
 
 
 # An exact decision's calls on their way (Decider.start): the calls, the breaker of each,
@@ -80,8 +107,9 @@ class Send:
 Sending = tuple[tuple[ScriptCall, ...], Sequence[CircuitBreaker], float]
 
 
-# A decision in the making: yields Sends, receives their outcomes, returns the Decision.
-Flow = Generator[Send, list[object], Decision]
+# A decision in the making: yields Sends (and Waits), receives their outcomes, returns the
+# Decision.
+Flow = Generator[Send | Wait, list[object], Decision]
 
 
 class Transport(Protocol):
@@ -151,31 +179,70 @@ class Decider:
     def _approximate(self, approx: ApproxCache, prepared: Prepared) -> Flow:
         """Approximate mode: a local answer, or the batch, then (when it is denied) the
         pending requests that still fit, then the request alone, so a denial is Redis'
-        own (see _approx.py)."""
-        step = approx.begin(prepared)
-        if isinstance(step, Decision):
-            return step
-        decision = yield from self._exact(step.batch)
-        flush = approx.settle(step, decision)
-        if flush is None:
+        own (see _approx.py). While another decision's sync of the same keys is in
+        flight, wait for it and begin again (within the timeout), or ask Redis about the
+        request alone."""
+        deadline = 0.0
+        while True:
+            step = approx.begin(prepared)
+            if isinstance(step, Decision):
+                return step
+            if not isinstance(step, Flight):
+                break
+            if not deadline:
+                deadline = time.monotonic() + self.timeout
+            if (yield Wait(step, deadline)):
+                # Syncs of the same keys took the whole timeout: as for a call queued
+                # that long behind others, the failure policy decides.
+                return self._failed(
+                    prepared,
+                    TimeoutError("syncs of the same keys took the whole timeout"),
+                    self.breakers.main,
+                    report=False,
+                )
+        if step is None:
+            sent = approx.clock()
+            alone = yield from self._exact(prepared)
+            approx.learn(prepared, alone, sent)
+            return alone
+        decision, ask = yield from self._sync(approx, step)
+        if not ask:
             return decision
-        flushed = None
-        if flush.prepared is not None:
-            flushed = yield from self._exact(flush.prepared)
-        if not approx.flushed(flush, flushed):
-            return decision
+        sent = approx.clock()
         final = yield from self._exact(prepared)
-        approx.learn(prepared, final)
+        approx.learn(prepared, final, sent)
         return final
 
-    def _exact(self, prepared: Prepared) -> Flow:
+    def _sync(
+        self, approx: ApproxCache, step: Sync
+    ) -> Generator[Send, list[object], tuple[Decision, bool]]:
+        """Run a sync: the batch, then (when it is denied) the pending requests that still
+        fit. Its decision, and whether the request is to be asked about alone. Stopped
+        before its reply is taken in (the flow closed, an exception), it gives what it
+        carries back to pending."""
+        try:
+            decision = yield from self._exact(step.batch, carries=True)
+            flush = approx.settle(step, decision)
+            if flush is None:
+                return decision, False
+            flushed = None
+            if flush.prepared is not None:
+                flushed = yield from self._exact(flush.prepared, carries=True)
+            return decision, approx.flushed(flush, flushed)
+        except BaseException:
+            approx.abandon(step)
+            raise
+
+    def _exact(
+        self, prepared: Prepared, *, carries: bool = False
+    ) -> Generator[Send, list[object], Decision]:
         """One decision by Redis, as a flow: :meth:`start`, the calls, :meth:`finish`,
         then any refunds (what the shells run directly when no approximate limit is in
-        play)."""
+        play). ``carries``: an approximate sync's calls (see :class:`Send`)."""
         step = self.start(prepared)
         if isinstance(step, Decision):
             return step
-        decision, refunds = self.finish(prepared, step, (yield Send(step[0])))
+        decision, refunds = self.finish(prepared, step, (yield Send(step[0], carries=carries)))
         if refunds:
             self.refunded((yield Send(refunds, refund=True)))
         return decision

@@ -19,7 +19,7 @@ from ._clients import SyncClient, Target
 from ._core import Prepared, ScriptCall
 from ._decision import Decision
 from ._errors import REDIS_FAILURES
-from ._flow import Flow
+from ._flow import Flow, Wait
 from ._memory import MemoryWire
 from ._observe import Observer
 from ._shell import LimiterBase, load_policy
@@ -295,15 +295,32 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
         sent = False
         try:
             send = next(flow)
-            sent = True
             while True:
+                if isinstance(send, Wait):
+                    send = flow.send(_wait(send))
+                    continue
+                sent = True
                 send = flow.send(self._refund(send.calls) if send.refund else wire.run(send.calls))
         except StopIteration as done:
             decision: Decision = done.value
             return decision, sent
+        except BaseException:
+            # Stopped midway (an interrupt, a bug): the flow gives back what its sync
+            # carried (see _approx.py) before the error goes on.
+            flow.close()
+            raise
 
     def _refund(self, calls: Sequence[ScriptCall]) -> list[object]:
         """Each refund on its own, with a deadline of its own: one that fails does not keep
         the others from running."""
         wire = self._wire
         return [wire.run((call,))[0] for call in calls]
+
+
+def _wait(wait: Wait) -> list[object]:
+    """Block until the sync ``wait`` is for lands: ``[]``, or ``[TimeoutError]`` when
+    its deadline passed first."""
+    event = wait.flight.event()
+    if event is None or event.wait(max(0.0, wait.deadline - time.monotonic())):
+        return []
+    return [TimeoutError("the sync waited for did not land in time")]

@@ -172,8 +172,9 @@ async def test_reset_drops_the_local_state(make_limiter: MakeLimiter) -> None:
 
 
 async def test_threads_sharing_one_limiter_stay_within_the_bound(make_limiter: MakeLimiter) -> None:
-    """Eight threads on one sync Limiter (the lock guards the local counts) admit at least
-    the limit and at most the limit plus sync_every - 1 per thread that may be syncing."""
+    """Eight threads on one sync Limiter admit at least the limit and at most the limit
+    plus sync_every - 1: one instance's bound, however many of its threads sync at once
+    (test_applimit_approximate_bound.py tries many more mixes)."""
     driver = make_limiter(policy("100/1m", sync_every=10), test_clock=TestClock())
     if driver.is_async:
         pytest.skip("threads share a sync Limiter; the async one runs on one event loop")
@@ -185,4 +186,4 @@ async def test_threads_sharing_one_limiter_stay_within_the_bound(make_limiter: M
 
     with ThreadPoolExecutor(8) as pool:
         admitted = sum(pool.map(hits, range(8)))
-    assert 100 <= admitted <= 100 + 8 * 9
+    assert 100 <= admitted <= 100 + overshoot_bound(1, 10)
