@@ -131,6 +131,7 @@ class _Linter:
 
     def run(self) -> list[Diagnostic]:
         self.env()
+        self.store()
         self.names()
         self.cloudflare()
         for index, limit in enumerate(self.policy.limits):
@@ -144,6 +145,18 @@ class _Linter:
         for contributed in self.checks:
             self.found.extend(contributed(self.policy))
         return sorted(self.found, key=lambda d: (d.line or 0, d.column or 0, d.code))
+
+    def store(self) -> None:
+        url = self.policy.app.redis_url
+        if url.startswith("memory://") and any(limit.app for limit in self.policy.limits):
+            self.add(
+                "L112",
+                Severity.INFO,
+                ("app", "redis_url"),
+                f"app.redis_url is {url}: each process counts on its own, in its memory (for "
+                "an app's tests); every instance of a deployed app must share one Redis URL",
+                None,
+            )
 
     def env(self) -> None:
         if self.source is None:
@@ -361,9 +374,15 @@ class _Linter:
     def matchers(self) -> None:
         limits = self.policy.limits
         compiled = [limit.match.matcher() for limit in limits]
+        # A limit with no edge part that the middleware never applies counts only where
+        # code names it: its match selects nothing, so it overlaps nothing.
+        matched = [
+            limit.edge is not None or (limit.app is not None and limit.app.middleware)
+            for limit in limits
+        ]
         for i in range(len(limits)):
             for j in range(i + 1, len(limits)):
-                if limits[i].name == limits[j].name:
+                if limits[i].name == limits[j].name or not (matched[i] and matched[j]):
                     continue
                 if compiled[i].same_as(compiled[j]):
                     self.add(

@@ -406,6 +406,10 @@ class Clients(_Model):
         return _not_a_flag(value)
 
 
+# The name of an in-process store in a memory:// URL (applimit/_clients.py reads it the same).
+_MEMORY_NAME = re.compile(r"[A-Za-z0-9_-]*")
+
+
 class App(_Model):
     """Settings of the in-app limiter shared by every app limit."""
 
@@ -448,17 +452,22 @@ class App(_Model):
             return ValueError(f"{shown!r}: {why}; {how}")
 
         scheme, sep, rest = value.partition("://")
+        if scheme == "memory" and sep:
+            # The in-process store for an app's tests, usually from the environment
+            # (REDIS_URL=memory:// behind ${REDIS_URL:-...}); lint L112 says what it means.
+            if not _MEMORY_NAME.fullmatch(rest):
+                raise bad(
+                    "a memory URL is memory:// or memory://name, where name (letters, digits, "
+                    "- and _) picks one of the process's in-memory stores",
+                    "write it like memory:// or memory://tests",
+                )
+            return value
         if not sep or scheme not in ("redis", "rediss", "unix", "redis+sentinel"):
-            why = (
-                "memory:// is for tests and is given to Limiter.from_policy, never written "
-                "in a policy; "
-                if scheme == "memory"
-                else ""
-            )
             raise ValueError(
-                f"{shown!r} is not a Redis URL; {why}write it like redis://host:6379/0 "
+                f"{shown!r} is not a Redis URL; write it like redis://host:6379/0 "
                 "(rediss:// for TLS, unix:///path/to/redis.sock for a socket, "
-                "redis+sentinel://host:26379/mymaster for Sentinel)"
+                "redis+sentinel://host:26379/mymaster for Sentinel; memory:// for an app's "
+                "tests)"
             )
         if scheme == "redis+sentinel":
             how = "write it like redis+sentinel://host:26379,host2:26379/mymaster/0"

@@ -238,6 +238,25 @@ def test_lint_matchers_identical_and_overlapping() -> None:
     assert sorted(d.limit or "" for d in found["L105"]) == ["c", "c"]
 
 
+def test_a_limit_applied_only_by_name_overlaps_nothing() -> None:
+    """A limit with ``middleware: false`` and no edge part (docs/web.md's "limits for
+    explicit use only") selects no request by its match, so no L104/L105 names it; with an
+    edge part its match counts at the edge, so it still does."""
+    found = _codes(
+        BASE
+        + """
+  - name: api
+    match: { path_prefix: /api/ }
+    app: { tiers: { free: 1/1s, pro: 2/1s, enterprise: 3/1s } }
+  - name: exports
+    app: { middleware: false, tiers: { free: 1/1s, pro: 2/1s, enterprise: 3/1s } }
+  - name: reports
+    app: { middleware: false, tiers: { free: 1/1s, pro: 2/1s, enterprise: 3/1s } }
+"""
+    )
+    assert "L104" not in found and "L105" not in found
+
+
 def test_lint_missing_tier_shadow_and_no_credentials() -> None:
     """L106 (tier without rate), L107 (shadow mode) and L108 (no credentials) fire."""
     found = _codes(

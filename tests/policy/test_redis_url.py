@@ -69,7 +69,7 @@ BAD = [
     (f"ftp://:{PASSWORD}@host/0", "is not a Redis URL"),
     (f"{PASSWORD}@host:6379", "is not a Redis URL"),
     (f"rediss+tls://:{PASSWORD}@host/0", "redis+sentinel://host:26379/mymaster for Sentinel"),
-    (f"memory://:{PASSWORD}@x", "memory:// is for tests and is given to Limiter.from_policy"),
+    (f"memory://:{PASSWORD}@x", "a memory URL is memory:// or memory://name"),
     (f"redis://:{PASSWORD}/x@host:6379/0", "redis://:***@host:6379/0"),
     (f"redis://:{PASSWORD}?x@host:6379/0", "percent-encode them (%2F, %3F, %23)"),
 ]
@@ -133,3 +133,36 @@ def test_a_database_path_redis_would_misread_is_refused() -> None:
     and reads /0/1 as database 1: both are refused here rather than misread."""
     assert "db" not in redis.connection.parse_url(BAD[2][0])  # type: ignore[no-untyped-call]
     assert redis.connection.parse_url(BAD[3][0])["db"] == 1  # type: ignore[no-untyped-call]
+
+
+@pytest.mark.parametrize("url", ["memory://", "memory://tests", "memory://a-b_9"])
+def test_memory_comes_from_the_environment(
+    tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``REDIS_URL=memory://`` behind ``${REDIS_URL:-redis://...}`` (the README's policy)
+    loads, lint says what it means (info L112, so --strict still passes), and a limiter
+    built from the file alone decides in this process."""
+    from applimit import Limiter
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        "version: 1\n"
+        "app:\n"
+        "  redis_url: ${REDIS_URL:-redis://localhost:6379/0}\n"
+        "limits:\n"
+        "  - name: api\n"
+        "    match: { path_prefix: /api/ }\n"
+        "    app: { tiers: { default: 2/1m } }\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("REDIS_URL", url)
+    loaded = policy.load(path)
+    assert loaded.app.redis_url == url
+    [finding] = [d for d in policy.lint(loaded) if d.code == "L112"]
+    assert finding.severity is policy.Severity.INFO and finding.line == 3
+    assert cli.main(["validate", "--strict", str(path)]) == 0
+    limiter = Limiter.from_policy(path)
+    try:
+        assert [limiter.hit("api", "u").allowed for _ in range(3)] == [True, True, False]
+    finally:
+        limiter.close()
