@@ -11,6 +11,9 @@ Public surface::
         .check_request(method, path, identity, tier=, cost=, ip=, host=)
         .reset(name, identity, tier=)
     Decision, LimitResult                        what a call answers
+    Caller, RequestInfo                          who calls (identify's answer), and the request
+                                                 it reads (the same classes the web modules
+                                                 export)
     ApplimitError and its subclasses             see applimit._errors
     rate_limited(limiter, name, identity=...)    a limit on a plain function (RateLimited)
     Observer, DecisionEvent, Outcome             observers=[...]: every decision, per limit
@@ -42,11 +45,13 @@ from ._errors import (
 from ._eventlog import EventLogObserver
 from ._observe import DecisionEvent, Observer, Outcome, OvershootObserver
 from ._sync import Limiter
+from ._web import Caller, RequestInfo
 
 __all__ = [
     "ApplimitError",
     "AsyncLimiter",
     "BreakerState",
+    "Caller",
     "ConfigurationError",
     "Decision",
     "DecisionEvent",
@@ -58,6 +63,7 @@ __all__ = [
     "Outcome",
     "OvershootObserver",
     "RateLimited",
+    "RequestInfo",
     "UnknownLimitError",
     "UnknownTierError",
     "rate_limited",

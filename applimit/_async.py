@@ -210,10 +210,16 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
     async def aclose(self) -> None:
         """Close the limiter's own connections (a client you passed stays open), once
         the syncs of cancelled decisions still on their way have landed (within the
-        timeout), so that what they carry is counted."""
+        timeout), so that what they carry is counted.
+
+        The limiter stays usable: a decision after ``aclose()`` opens new connections in
+        the event loop it runs in. An app's lifespan that closes the limiter on shutdown
+        thus serves the next start-up too (each ``TestClient(app)`` runs the lifespan in
+        an event loop of its own).
+        """
         if self._abandoned:
             await asyncio.wait(set(self._abandoned), timeout=self.timeout)
-        await self._wire.close()
+        await self._reopened().close()
 
     async def __aenter__(self) -> Self:
         """Use as ``async with AsyncLimiter.from_policy(...) as limiter:``."""

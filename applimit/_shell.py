@@ -122,6 +122,8 @@ class LimiterBase(ABC, Generic[WireT]):
             probe_timeout=max(4 * self.timeout, recovery_time),
         )
         self.breaker = self.breakers.main
+        # Kept to open a fresh wire when the limiter is closed (see _reopened).
+        self._target = target
         self._wire: WireT = self._open(target)
         self.decider = (Decider if enabled else _Disabled)(
             self.core,
@@ -150,6 +152,20 @@ class LimiterBase(ABC, Generic[WireT]):
     def _open(self, target: Target[Any]) -> WireT:
         """The wire to ``target``, built without I/O."""
         ...
+
+    def _reopened(self) -> WireT:
+        """Put a fresh wire (no connection yet, no I/O) in the old one's place and return
+        the old one, for the caller to close.
+
+        Closing a limiter releases its connections without ending it: the next decision
+        opens new ones, in the event loop it runs in. An app's lifespan that closes the
+        limiter on shutdown therefore serves the next start-up too (each ``TestClient(app)``
+        of a test suite runs the lifespan in an event loop of its own), instead of every
+        later request meeting a closed limiter.
+        """
+        old = self._wire
+        self._wire = self.decider.wire = self._open(self._target)
+        return old
 
     # -- parts ----------------------------------------------------------------------------
 

@@ -237,8 +237,13 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
     # -- lifecycle ------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the limiter's own connections (a client you passed stays open)."""
-        self._wire.close()
+        """Close the limiter's own connections (a client you passed stays open).
+
+        The limiter stays usable: a decision after ``close()`` opens new connections (an
+        app's shutdown hook followed by another start-up in the same process, as a test
+        suite's apps do). What it counted is in Redis, so nothing is forgotten.
+        """
+        self._reopened().close()
 
     def __enter__(self) -> Self:
         """Use as ``with Limiter.from_policy(...) as limiter:``; closes on exit."""

@@ -65,24 +65,22 @@ def identify_safely(
 
 def check_request(
     limiter: Limiter, gate: Gate, request: RequestInfo, caller: Caller | None, cost: int = 1
-) -> tuple[Decision | None, Outcome]:
+) -> tuple[Decision, Outcome]:
     """Every limit whose ``match:`` applies, decided in one call, as the WSGI middleware
-    decides; the limiter raising is logged and lets the request through (no decision)."""
+    decides. Redis failures are decided by ``on_redis_error`` inside the limiter; what it
+    raises (a bug, a misuse) reaches the framework as any exception of the app does."""
     subject = gate.subject(request, caller)
-    try:
-        decision = limiter.check_request(
-            request.method,
-            request.path,
-            subject.identity,
-            tier=subject.tier,
-            cost=cost,
-            ip=subject.ip,
-            host=request.host,
-            keys=subject.keys,
-            mount=request.mount,
-        )
-    except Exception:
-        return None, gate.failed()
+    decision = limiter.check_request(
+        request.method,
+        request.path,
+        subject.identity,
+        tier=subject.tier,
+        cost=cost,
+        ip=subject.ip,
+        host=request.host,
+        keys=subject.keys,
+        mount=request.mount,
+    )
     return decision, gate.outcome(decision, subject.tier)
 
 
@@ -94,19 +92,16 @@ def hit_limit(
     *,
     caller: Caller | None,
     cost: int,
-) -> tuple[Decision | None, Outcome]:
+) -> tuple[Decision, Outcome]:
     """One named limit, whatever its ``match:`` says, for a per-view decorator.
 
     An anonymous caller is counted by client address in the bucket ``check_request`` uses
     for it, as the FastAPI dependency counts it.
     """
     subject = gate.subject(request, caller)
-    try:
-        decision = limiter.hit(
-            name, subject.identity, tier=subject.tier, cost=cost, ip=subject.ip, keys=subject.keys
-        )
-    except Exception:
-        return None, gate.failed()
+    decision = limiter.hit(
+        name, subject.identity, tier=subject.tier, cost=cost, ip=subject.ip, keys=subject.keys
+    )
     return decision, gate.outcome(decision, subject.tier)
 
 

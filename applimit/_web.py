@@ -947,19 +947,6 @@ class Gate:
             ("X-RateLimit-Reset", str(item.reset)),
         ]
 
-    @staticmethod
-    def failed() -> Outcome:
-        """The outcome when the limiter raised: log it, and let the request through.
-
-        The limiter turns every Redis failure into a degraded decision, so this is a bug or
-        a misuse (a closed limiter); the app keeps serving while the log says what broke.
-        """
-        logger.exception(
-            "the rate limiter raised; the request is let through unlimited",
-            extra={"applimit_event": "limiter_failed"},
-        )
-        return PASS
-
     def _degraded(self, decision: Decision, items: list[PolicyItem]) -> Outcome:
         """Redis could not answer: the failure policy already decided allow or deny.
 

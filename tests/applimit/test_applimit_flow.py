@@ -181,10 +181,18 @@ def test_a_denied_multi_slot_request_asks_for_its_refund(
         limiter.close()
 
 
-def test_a_closed_limiters_flow_raises() -> None:
-    """After close(), a flow raises at its first step, whatever its caches hold."""
+def test_close_puts_a_fresh_wire_in_place_of_the_closed_one() -> None:
+    """close() closes the wire the limiter had (a flow on it raises at its first step,
+    whatever the caches hold) and puts an unopened one in its place: the limiter's next
+    flow asks for its call as before, to be sent on new connections."""
     limiter = _limiter()
+    old = limiter.decider.wire
     limiter.close()
+    fresh = limiter.decider.wire
+    assert old.closed and fresh is not old and not fresh.closed
+    step = next(limiter.decider.decide_flow(limiter.core.for_limit("hit", "log", "x", None, 1)))
+    assert isinstance(step, Send) and len(step.calls) == 1
+    limiter.decider.wire = old
     flow = limiter.decider.decide_flow(limiter.core.for_limit("hit", "log", "x", None, 1))
     with pytest.raises(ApplimitError, match="closed"):
         next(flow)
