@@ -38,9 +38,10 @@ A Terraform-style run::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ._analytics import EdgeReport, report
 from ._artifacts import Artifacts, Placement, Target, WorkerArtifact
-from ._cloudflare import Client
 from ._compile import build
 from ._formats import load_plan, load_state, save_plan, save_state
 from ._output import write
@@ -94,3 +95,18 @@ __all__ = [
     "save_state",
     "write",
 ]
+
+
+if TYPE_CHECKING:
+    from ._cloudflare import Client
+
+
+def __getattr__(name: str) -> Any:
+    """``edgegen.Client``, imported on first use: it needs httpx (the ``edge`` extra), which
+    the policy commands (``validate``, ``show``, ``schema``, ``diff``) and an app-only
+    install do without."""
+    if name == "Client":
+        from ._cloudflare import Client
+
+        return Client
+    raise AttributeError(f"module 'edgegen' has no attribute {name!r}")

@@ -28,12 +28,11 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from . import _json
-from ._cloudflare import Client
 from ._ids import RULE_REF_PREFIX
 from ._messages import MAX_QUOTED_ERRORS
 from ._state import Scope
@@ -55,6 +54,10 @@ MITIGATIONS = frozenset(
         "force_connection_close",
     }
 )
+
+if TYPE_CHECKING:
+    # The client (httpx) only as a type: importing this module needs no edge extra.
+    from ._cloudflare import Client
 LOGGED = "log"
 # Rules asked about in one GraphQL request: each costs three aliased fields, and Cloudflare
 # caps the fields and the cost of one query.

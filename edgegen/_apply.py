@@ -14,12 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from policy import Policy
 
-from ._cloudflare import Client, Write
 from ._plan import ZonePlan, locate_rejections, rejections
 from .errors import ApplyError, CloudflareAPIError, EdgegenError, Rejection, ZoneError
+
+if TYPE_CHECKING:
+    # The client (httpx) only as a type: importing this module needs no edge extra.
+    from ._cloudflare import Client, Write
 
 
 def writes(client: Client, plan: ZonePlan) -> list[Write]:

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import policy
 from policy import Cloudflare, Policy
@@ -24,14 +24,17 @@ from policy import Cloudflare, Policy
 from . import _apply, _diff, _formats, _plan_format, _replay_report
 from ._artifacts import Artifacts
 from ._cli_replay import describe_source, open_args_traffic, replay_options, traffic_args
-from ._cloudflare import Client, Write
 from ._pipeline import load_and_build
 from ._plan import SavedPlan, ZonePlan
 from ._plan_format import markdown_text, terminal_text
 from ._replay import replay_pair
 from ._state import RemoteState, Scope
 from ._zone import ApplyEvent, apply, plan, pull
-from .errors import UsageError, ZoneError
+from .errors import EdgegenError, UsageError, ZoneError
+
+if TYPE_CHECKING:
+    # The client (httpx) only as a type: importing this module needs no edge extra.
+    from ._cloudflare import Client, Write
 
 
 def _token_option(parser: argparse.ArgumentParser) -> None:
@@ -173,6 +176,9 @@ def scope_of(loaded: Policy, artifacts: Artifacts, path: str) -> Scope:
 
 def make_client(args: argparse.Namespace) -> Client:
     """The API client, with the token and base URL from the environment."""
+    # Imported here: the client needs httpx (the edge extra); the other commands do not.
+    from ._cloudflare import Client
+
     return Client.from_env(os.environ, token_file=getattr(args, "token_file", None))
 
 
@@ -410,6 +416,13 @@ def run_diff(args: argparse.Namespace) -> int:
     """Print the semantic and artifact diff of two policy versions."""
     old = _diff.load_version(args.old)
     new = _diff.load_version(args.new)
+    stopped = [version for version in (old, new) if version.errors]
+    if stopped:
+        # The validity gate, on both sides: a diff of a policy that cannot run says nothing.
+        for version in stopped:
+            policy.write_diagnostics(version.errors, sys.stderr)
+        names = " and ".join(f"{v.label} has {v.build_error}" for v in stopped)
+        raise EdgegenError(f"{names}; fix them (edgegen validate lists them) and diff again")
     result = _diff.diff(old, new)
     impact = _traffic_impact(args, old.policy, new.policy) if args.traffic else None
     if args.format == "markdown":

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import policy
-from policy import AppLimit, EdgeLimit, Limit, Match, Policy, Rate
+from policy import AppLimit, Diagnostic, EdgeLimit, Limit, Match, Policy, Rate
 
 from ._artifacts import Artifacts, Target
 from ._compile import build
+from ._placement import check
 from ._plan_format import code, markdown_text, terminal_text
 from .errors import CompileError, UsageError
 
@@ -39,6 +40,9 @@ class Version:
     policy: Policy
     artifacts: Artifacts | None
     build_error: str | None = None
+    # The validity gate's errors (policy.check with the edge's checks): a version with any
+    # is not diffed (the command fails, listing them).
+    errors: tuple[Diagnostic, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,15 +162,34 @@ def _git_show(spec: str) -> str:
 
 
 def load_version(spec: str) -> Version:
-    """Load a policy from a path or ``git:REF:PATH`` and build it (a failed build is kept)."""
+    """Load a policy from a path or ``git:REF:PATH``, run the validity gate on it, and build
+    it (a failed build is kept). A version the gate stops carries its ``errors`` and no
+    build; one whose Worker needs Jinja, where the edge extra is not installed, is compared
+    as a policy only."""
     if spec.startswith(GIT_PREFIX):
         loaded = policy.loads(_git_show(spec), spec)
     else:
         loaded = policy.load(spec)
+    checked = check(loaded)
+    if not checked.ok:
+        count = len(checked.errors)
+        return Version(
+            spec, loaded, None, f"{count} error{'s' if count != 1 else ''}", checked.errors
+        )
     try:
         return Version(spec, loaded, build(loaded))
     except CompileError as exc:
         return Version(spec, loaded, None, str(exc))
+    except ModuleNotFoundError as exc:
+        if exc.name != "jinja2":
+            raise
+        return Version(
+            spec,
+            loaded,
+            None,
+            "the Worker is built with Jinja, which comes with the edge extra "
+            "(pip install 'edgegen[edge]'): generated artifacts are not compared",
+        )
 
 
 # --- the semantic diff ---------------------------------------------------------------

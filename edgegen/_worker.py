@@ -16,14 +16,15 @@ from __future__ import annotations
 import importlib.resources
 import json
 from dataclasses import dataclass
-from typing import Any
-
-import jinja2
+from typing import TYPE_CHECKING, Any
 
 from policy import QUOTA_EXCEEDED, Limit, Policy, Rate, Worker, header_key
 
 from . import _ids
 from ._artifacts import WorkerArtifact
+
+if TYPE_CHECKING:
+    import jinja2
 
 TEMPLATE_PACKAGE = "edgegen._worker_templates"
 MODULE_TEMPLATE = "worker.js.j2"
@@ -186,6 +187,10 @@ def config(policy: Policy, limits: list[WorkerLimit]) -> dict[str, Any]:
 
 
 def _environment() -> jinja2.Environment:
+    # Imported here: only the Worker's module needs Jinja (the edge extra), so a policy
+    # without Worker limits, and every other command, runs without it.
+    import jinja2
+
     return jinja2.Environment(
         loader=jinja2.FunctionLoader(template_text),
         # JavaScript, not HTML: escaping is done by script_json, never by Jinja.

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from policy import Policy
 
 from . import _apply
 from ._artifacts import Artifacts
-from ._cloudflare import Client, Write
 from ._compile import build as _build
 from ._formats import write_hashes_of
 from ._plan import SavedPlan, ZonePlan, check_saved, fingerprints, make_plan
@@ -36,6 +35,10 @@ from ._state import (
     content_sha256,
 )
 from .errors import CloudflareAPIError, StalePlanError, TamperedPlanError, ZoneError
+
+if TYPE_CHECKING:
+    # The client (httpx) only as a type: importing this module needs no edge extra.
+    from ._cloudflare import Client, Write
 
 
 def pull(client: Client, scope: Scope, *, zone_settings: bool = True) -> RemoteState:

@@ -24,6 +24,10 @@ Handler = Callable[[argparse.Namespace], int]
 
 # The distribution that installs the edgegen command (pyproject.toml's project name).
 DISTRIBUTION = "edgegen"
+# The extra that installs each optional package a command may need (pyproject.toml).
+EXTRA_OF = {"httpx": "edge", "httpcore": "edge", "jinja2": "edge", "matplotlib": "chart"}
+# Exit code of a command that needs an extra that is not installed (a usage error).
+MISSING_EXTRA = 2
 # With --detailed-exitcode, 2 means "there are changes", so every error exits 1 instead
 # (Terraform's convention, which CI scripts already read).
 DETAILED_ERROR = 1
@@ -87,7 +91,7 @@ def _printable_streams() -> None:
         stream.reconfigure(errors="backslashreplace")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one exit code per kind of error, mapped here only)
     """Run edgegen; returns the exit code (0 ok, 1 error, 2 usage or 'changes' for plan).
 
     With ``--detailed-exitcode`` (plan, diff) 2 means "changes" only: errors, usage errors
@@ -113,6 +117,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Messages quote what Cloudflare and the zone said: never as terminal controls.
         sys.stderr.write(f"edgegen: error: {terminal_text(str(exc))}\n")
         return DETAILED_ERROR if detailed else exc.exit_code
+    except ModuleNotFoundError as exc:
+        extra = EXTRA_OF.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        sys.stderr.write(
+            f"edgegen: error: edgegen {args.command} needs {exc.name}, which the {extra!r} "
+            f"extra installs: pip install 'edgegen[{extra}]'\n"
+        )
+        return DETAILED_ERROR if detailed else MISSING_EXTRA
     except KeyboardInterrupt:
         sys.stderr.write("edgegen: interrupted\n")
         return 130

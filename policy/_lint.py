@@ -24,6 +24,7 @@ L108    warning              unauthenticated_only with no credentials in authent
 L109    error                an edge credentialed_rate that is not looser than the limit's rate
 L110    warning              an edge credentialed_rate that nothing uses
 L111    info                 a limit counts per an app key in the app, per IP at the edge
+L112    info                 app.redis_url is memory://: each process counts alone
 ======  ========  =========  ====================================================
 
 Checks that know more than the policy are contributed by their owner, as ``checks``

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -147,6 +148,52 @@ def test_an_app_install_needs_none_of_the_edge_packages() -> None:
     )
     result = _run_without(("httpx", "jinja2"), code)
     assert result.returncode == 0, result.stderr
+
+
+def test_an_app_install_runs_the_policy_commands(tmp_path: Path) -> None:
+    """Without httpx and jinja2 (an ``[app]``-only install), ``edgegen --help``,
+    ``validate``, ``show``, ``schema`` and ``diff`` work (diff compares the policies; the
+    Worker's artifacts need Jinja, and it says so); ``build``, ``plan`` and ``report`` exit
+    2 naming the extra to install, without a traceback."""
+    policy_file = "examples/policy.yaml"
+    works = [
+        ["validate", policy_file],
+        ["show", policy_file],
+        ["schema"],
+        ["diff", "examples/policy-previous.yaml", policy_file],
+    ]
+    needs = [
+        ["build", policy_file, "--out", str(tmp_path / "out")],
+        ["plan", policy_file, "--state", "examples/zone-state.json"],
+        ["report", policy_file, "--since", "1h"],
+    ]
+    code = (
+        "import edgegen.cli, json\n"
+        "codes = []\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    try:\n"
+        "        codes.append(edgegen.cli.main(argv))\n"
+        "    except SystemExit as exc:\n"
+        "        codes.append(exc.code)\n"
+        "print(json.dumps(codes))\n"
+    )
+    block = _BLOCK.format(names=("httpx", "jinja2"))
+    result = subprocess.run(
+        [sys.executable, "-c", block + code, json.dumps([["--help"], *works, *needs])],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+        env={**os.environ, "CLOUDFLARE_API_TOKEN": "t" * 40},
+    )
+    assert result.returncode == 0, result.stderr
+    codes = json.loads(result.stdout.strip().splitlines()[-1])
+    assert codes == [0] * (1 + len(works)) + [2] * len(needs), (codes, result.stderr)
+    assert "Traceback" not in result.stderr
+    for argv in needs:
+        assert f"edgegen {argv[0]} needs" in result.stderr
+    assert result.stderr.count("pip install 'edgegen[edge]'") >= len(needs)
 
 
 def test_an_edge_install_needs_none_of_the_app_packages(tmp_path: Path) -> None:

@@ -133,20 +133,18 @@ def test_diff_detailed_exitcode(run: Any, case: str, code: int, output: str) -> 
     assert _diff(run, case, "--format", output)[0] == 0
 
 
-def test_diff_detailed_exitcode_counts_a_build_that_breaks(run: Any, tmp_path: Path) -> None:
-    """A new version that no longer builds is a change (2), though no file is compared;
-    the JSON says which side does not build and why."""
+def test_diff_stops_at_a_version_the_gate_refuses(run: Any, tmp_path: Path) -> None:
+    """A new version the zone's plan cannot carry (a 2h timeout on the free plan) has errors
+    that ``edgegen validate`` reports: the diff fails with them (1, also under
+    --detailed-exitcode, where 2 means "changes"), printing no diff."""
     old = (GOLDEN / "no_changes" / "old.yaml").read_text()
     broken = old.replace("plan: business", "plan: free").replace("10m", "2h")
     assert broken != old
     old_path = _policy(tmp_path, old, "old.yaml")
     new_path = _policy(tmp_path, broken, "new.yaml")
-    code, out, _ = run("diff", old_path, new_path, "--format", "json", "--detailed-exitcode")
-    data = json.loads(out)
-    assert data["new"]["builds"] is False
-    assert code == 2
-    assert data["new"]["build_error"]
-    assert data["artifacts"] == {"compared": False, "files": []}
+    code, out, err = run("diff", old_path, new_path, "--format", "json", "--detailed-exitcode")
+    assert code == 1 and out == ""
+    assert "[error L2" in err and "new.yaml has" in err
 
 
 @pytest.mark.parametrize(

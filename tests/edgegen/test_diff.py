@@ -139,6 +139,31 @@ def test_a_version_that_does_not_build(tmp_path: Path) -> None:
     assert result.files == ()
 
 
+def test_a_version_with_errors_is_not_diffed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The validity gate runs on both sides: a new version naming a tier the policy does
+    not list (L002) fails the diff (exit 1, the finding located on stderr, nothing on
+    stdout), in every format; so does an old one."""
+    old = (GOLDEN / "no_changes" / "old.yaml").read_text()
+    (tmp_path / "old.yaml").write_text(old)
+    broken = old.replace("free:", "fre:", 1)
+    assert broken != old
+    (tmp_path / "new.yaml").write_text(broken)
+    for pair in (("old.yaml", "new.yaml"), ("new.yaml", "old.yaml")):
+        for fmt in ("text", "markdown", "json"):
+            code = cli.main(["diff", *(str(tmp_path / p) for p in pair), "--format", fmt])
+            out, err = capsys.readouterr()
+            assert code == 1, (pair, fmt, err)
+            assert out == ""
+            assert "[error L002]" in err and "new.yaml has 1 error" in err
+            assert "Traceback" not in err
+    code = cli.main(
+        ["diff", str(tmp_path / "old.yaml"), str(tmp_path / "new.yaml"), "--detailed-exitcode"]
+    )
+    assert code == 1
+
+
 def test_markdown_fits_a_comment(tmp_path: Path) -> None:
     """A huge change is cut to fit a GitHub comment, saying so."""
     old = (GOLDEN / "no_changes" / "old.yaml").read_text()
