@@ -160,6 +160,12 @@ def format_text(document: Mapping[str, Any]) -> str:
     """The usage document as lines for a terminal."""
     subject = document["subject"]
     lines = [f"usage of {subject['description']} in {document['redis']}"]
+    if document["tier"] is None and any(len(limit["tiers"]) > 1 for limit in document["limits"]):
+        # The app's identify() knows the caller's tier; the counts are the same under each.
+        lines.append(
+            "(the tier is the app's to know: the same counts are shown against each tier's "
+            "quota; --tier TIER shows one)"
+        )
     for limit in document["limits"]:
         flags = [limit["algorithm"], f"per {limit['per']}"]
         if limit["shadow"]:

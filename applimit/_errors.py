@@ -16,6 +16,7 @@ since no failure policy can answer a question that has no meaning.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 
 import redis.exceptions as rexc
@@ -27,6 +28,14 @@ class ApplimitError(Exception):
 
 class ConfigurationError(ApplimitError, ValueError):
     """The policy or the limiter's options cannot be used; the message says what to change."""
+
+
+def did_you_mean(given: object, known: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the closest of ``known`` to a misspelt name, else ""."""
+    if not isinstance(given, str):
+        return ""
+    close = difflib.get_close_matches(given, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class UnknownLimitError(ApplimitError, LookupError):
@@ -42,7 +51,8 @@ class UnknownLimitError(ApplimitError, LookupError):
                 f"`app:` section to it in the policy, or use one of: {listed}."
             )
         else:
-            message = f"the policy has no limit named {name!r}; its app limits are: {listed}."
+            message = f"the policy has no limit named {name!r}{did_you_mean(name, self.known)}"
+            message += f"; its app limits are: {listed}."
         super().__init__(message)
 
     def __str__(self) -> str:
@@ -58,7 +68,8 @@ class UnknownTierError(ApplimitError, LookupError):
         self.known = tuple(known)
         listed = ", ".join(repr(k) for k in self.known)
         super().__init__(
-            f"tier {tier!r} is not in the policy's tiers ({listed}); pass one of them, or add "
+            f"tier {tier!r} is not in the policy's tiers ({listed}){did_you_mean(tier, self.known)}"
+            "; pass one of them, or add "
             f"{tier!r} to `tiers:` in the policy."
         )
 

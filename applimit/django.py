@@ -55,7 +55,7 @@ from policy import PolicyError
 
 from ._decision import Decision
 from ._decorator import RateLimited
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, did_you_mean
 from ._sync import Limiter
 from ._views import (
     check_request,
@@ -156,9 +156,10 @@ def load_config(options: object) -> Config:
         )
     unknown = sorted(str(k) for k in options if k not in _OPTIONS)
     if unknown:
+        hints = "".join(did_you_mean(k, _OPTIONS) for k in unknown)
         known = "; ".join(f"{k!r}: {v}" for k, v in _OPTIONS.items())
         raise _setting_error(
-            None, f"unknown option(s) {', '.join(map(repr, unknown))}; known: {known}."
+            None, f"unknown option(s) {', '.join(map(repr, unknown))}{hints}; known: {known}."
         )
     policy = options.get("policy")
     if not isinstance(policy, (str, os.PathLike)):

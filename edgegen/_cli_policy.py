@@ -123,6 +123,10 @@ def describe(loaded: Policy) -> list[dict[str, Any]]:
             shadow = " (shadow)" if not app.enforce else ""
             approx = " (approximate)" if app.mode.value == "approximate" else ""
             row["app"] = f"{app.algorithm.value} per {app.per.value}{shadow}{approx}: {tiers}"
+            if app.algorithm.value == "sliding_window":
+                # The previous window's weighted count can hold a refused client for up to
+                # two periods, which fixed-window users do not expect (docs/web.md, 429).
+                row["note"] = "a refused client may wait up to two periods (Retry-After)"
         rows.append(row)
     return rows
 
@@ -169,6 +173,8 @@ def run_show(args: argparse.Namespace) -> int:
             out.append(f"      edge: {row['edge']}")
         if "app" in row:
             out.append(f"      app:  {row['app']}")
+        if "note" in row:
+            out.append(f"            {row['note']}")
     sys.stdout.write("\n".join(out) + "\n")
     return 0
 

@@ -161,6 +161,20 @@ def test_usage_shows_what_the_limiter_counted_for_each_rate_of_the_tier(
     assert limits["exports"]["shadow"] is True
 
 
+def test_usage_without_a_tier_says_why_every_tier_is_shown(
+    policy_file: Path, limiter: Limiter
+) -> None:
+    """Without --tier the text says that the same counts stand against each tier's quota
+    (the app's identify knows the caller's tier); with --tier it shows that tier alone."""
+    limiter.hit("api", "alice", tier="pro")
+    code, out, err = run("usage", str(policy_file), "--user", "alice")
+    assert code == 0, err
+    assert "the same counts are shown against each tier's quota; --tier TIER shows one" in out
+    code, out, err = run("usage", str(policy_file), "--user", "alice", "--tier", "pro")
+    assert code == 0, err
+    assert "against each tier's quota" not in out
+
+
 def test_usage_consumes_nothing(policy_file: Path, limiter: Limiter) -> None:
     """Reading usage many times leaves the counts as they were: it only peeks."""
     limiter.hit("api", "bob")

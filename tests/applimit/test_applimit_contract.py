@@ -376,6 +376,11 @@ async def test_typed_errors_for_unknown_names(make_limiter: MakeLimiter) -> None
         await limiter.hit("log", "u", tier="gold")
     with pytest.raises(UnknownLimitError, match="no limit named 'nope'"):
         await limiter.hit("nope", "u")
+    # A misspelt name or tier gets the closest one offered.
+    with pytest.raises(UnknownLimitError, match=r"no limit named 'lgo' \(did you mean 'log'\?\)"):
+        await limiter.hit("lgo", "u")
+    with pytest.raises(UnknownTierError, match=r"'fre' .*\(did you mean 'free'\?\)"):
+        await limiter.hit("log", "u", tier="fre")
     with pytest.raises(UnknownLimitError, match="has no app part"):
         await limiter.hit("edge-only", "u")
     with pytest.raises(InvalidArgumentError, match="cost"):

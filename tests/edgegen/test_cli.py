@@ -4,6 +4,7 @@ without a cloudflare section, and exit codes under --detailed-exitcode."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -172,6 +173,17 @@ def test_usage_errors_still_exit_2_without_detailed_exitcode(run: Any) -> None:
 
 
 # --- show --format json ----------------------------------------------------------------
+
+
+def test_show_says_how_long_a_sliding_window_refusal_may_wait(run: Any) -> None:
+    """The example's sliding_window limit ('api') carries the note that a refused client may
+    wait up to two periods; the other algorithms' limits do not."""
+    code, out, _ = run("show", str(EXAMPLE))
+    assert code == 0
+    blocks = re.split(r"\n  (?=\S)", out)
+    [api] = [b for b in blocks if b.startswith("api:")]
+    assert "may wait up to two periods" in api
+    assert sum("may wait up to two periods" in b for b in blocks) == 1
 
 
 def test_show_as_json_is_the_policy_as_data(run: Any) -> None:

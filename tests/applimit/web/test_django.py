@@ -346,7 +346,7 @@ def test_a_wrong_setting_stops_start_up(policy_path: Path, tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"polcy": "policy.yaml"}, "settings.APPLIMIT: unknown option(s) 'polcy'; known:"),
+        ({"polcy": "policy.yaml"}, "unknown option(s) 'polcy' (did you mean 'policy'?); known:"),
         ({}, "settings.APPLIMIT option policy: it is required"),
         ({"policy": "no-such.yaml"}, "settings.APPLIMIT option policy: "),
         ({"identify": "no_such_module.identify"}, "option identify: 'no_such_module.identify'"),
