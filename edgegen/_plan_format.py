@@ -92,13 +92,67 @@ def _rule_title(change: RuleChange) -> str:
     return f"{name} ({change.ref})" if name != change.ref else change.ref
 
 
+# An inline set of quoted strings in a rule expression: {"a" "b" ...}.
+_STRING_SET = re.compile(r'\{("(?:[^"\\]|\\.)*"(?: "(?:[^"\\]|\\.)*")*)\}')
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
+# A set of at most this many spellings is shown whole.
+FOLD_OVER = 4
+FOLD_NOTE = (
+    "(expressions folded: an exact path is also matched with %2F for its slashes, a trailing "
+    "/ or %2F, and a final %0A, which apps read as the same path; the saved plan and the "
+    "built ruleset hold every spelling, docs/edge.md, Expressions)"
+)
+
+
+def _spelling(member: str) -> bool:
+    """Whether a quoted path of a set is one of the encoded spellings of another."""
+    text = member[1:-1]
+    return "%2F" in text or text.endswith("%0A") or (text.endswith("/") and text != "/")
+
+
+def fold_expression(expression: str) -> str:
+    """The expression with each long set of paths folded to its plain paths and a count of
+    the other spellings (``{"/login" ... +5 spellings}``), for a terminal."""
+
+    def fold(match: re.Match[str]) -> str:
+        members = _QUOTED.findall(match.group(1))
+        plain = [m for m in members if not _spelling(m)]
+        if len(members) <= FOLD_OVER or not plain:
+            return match.group(0)
+        return "{" + " ".join(plain) + f" ... +{len(members) - len(plain)} spellings}}"
+
+    return _STRING_SET.sub(fold, expression)
+
+
+def _shown(path: str, value: Any) -> str:
+    if path == "expression" and isinstance(value, str):
+        return _value(fold_expression(value))
+    return _value(value)
+
+
 def _field_line(change: FieldChange, action: str) -> str:
     if action == "create":
-        return f"{change.path}: {_value(change.new)}"
-    return f"{change.path}: {_value(change.old)} -> {_value(change.new)}"
+        return f"{change.path}: {_shown(change.path, change.new)}"
+    return f"{change.path}: {_shown(change.path, change.old)} -> {_shown(change.path, change.new)}"
 
 
 _SIGNS = {"create": "+", "update": "~", "move": ">", "delete": "-"}
+
+
+def _rule_lines(plan: ZonePlan) -> list[str]:
+    """Each rule change and its fields; the note when an expression was folded."""
+    out = []
+    for change in plan.rule_changes:
+        where = f", at position {change.position}" if change.position is not None else ""
+        out.append(f"  {_SIGNS[change.action]} {change.action} {_rule_title(change)}{where}")
+        out.extend(f"      {_field_line(f, change.action)}" for f in change.fields)
+    if any(
+        f.path == "expression" and _shown(f.path, f.new) != _value(f.new)
+        for change in plan.rule_changes
+        for f in change.fields
+    ):
+        out.append(f"  {FOLD_NOTE}")
+    return out
 
 
 def to_text(plan: ZonePlan) -> str:
@@ -108,10 +162,7 @@ def to_text(plan: ZonePlan) -> str:
     out.append(f"Rate limiting rules (http_ratelimit entrypoint, {version}):")
     if plan.ruleset_body is None:
         out.append("  no changes")
-    for change in plan.rule_changes:
-        where = f", at position {change.position}" if change.position is not None else ""
-        out.append(f"  {_SIGNS[change.action]} {change.action} {_rule_title(change)}{where}")
-        out.extend(f"      {_field_line(f, change.action)}" for f in change.fields)
+    out.extend(_rule_lines(plan))
     if plan.foreign_rules:
         n = len(plan.foreign_rules)
         out.append(f"  {_plural(n, 'rule')} not managed by edgegen kept in place:")

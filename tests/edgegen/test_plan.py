@@ -629,3 +629,33 @@ def test_text_and_markdown_name_every_change() -> None:
     assert "10 -> 20" in text
     assert "`10` → `20`" in markdown
     assert summary(plan) == "Plan: rules: 1 to create, 1 to update, 1 to delete."
+
+
+def test_the_terminal_plan_folds_path_spellings() -> None:
+    """An expression's long set of path spellings is shown as its plain paths and a count,
+    with one note that says why (the terminal); every spelling stays in the plan itself and
+    in the Markdown; a short set is shown whole."""
+    from edgegen._plan_format import FOLD_NOTE, fold_expression
+
+    full = (
+        'http.request.uri.path in {"/login" "/login%0A" "/login%2F" "/login%2F%0A" "/login/" '
+        '"/login/%0A" "/x" "/x%0A"} and http.request.method eq "POST"'
+    )
+    assert fold_expression(full) == (
+        'http.request.uri.path in {"/login" "/x" ... +6 spellings} and '
+        'http.request.method eq "POST"'
+    )
+    short = 'http.request.uri.path in {"/" "/a/" "/b"}'
+    assert fold_expression(short) == short
+    loaded = policy.loads(
+        "version: 1\ncloudflare: { plan: enterprise }\nlimits:\n"
+        "  - name: login\n    match: { paths: [/login], methods: [POST] }\n"
+        "    edge: { rate: 5/1m, unauthenticated_only: false }\n"
+    )
+    made = edgegen.plan(edgegen.build(loaded), RemoteState(SCOPE, None, None, ()))
+    text = to_text(made)
+    assert "+5 spellings}" in text and FOLD_NOTE in text
+    assert "%0A" not in text.split(FOLD_NOTE)[0]
+    assert "/login/%0A" in to_markdown(made)
+    [rule] = made.ruleset_body["rules"] if made.ruleset_body else []
+    assert "/login/%0A" in rule["expression"]
