@@ -17,7 +17,7 @@ from policy import Policy
 
 from ._pipeline import load_and_build
 from ._plan_format import markdown_text, terminal_text
-from ._replay import Layer, Replay, ReplayOptions
+from ._replay import Layer, Replay, ReplayOptions, ReplayResult
 from ._replay_report import to_json, to_markdown, to_text, write_chart
 from ._suggest import suggest, suggestions_json, suggestions_table
 from ._traffic import FORMATS, Traffic, TrafficOptions, TrafficStats, load_tiers
@@ -167,10 +167,19 @@ def traffic_options(args: argparse.Namespace, loaded: Policy) -> TrafficOptions:
 
 
 def open_args_traffic(args: argparse.Namespace, loaded: Policy) -> Traffic:
-    """The records of ``--traffic``, read as the options say."""
-    return open_traffic(
+    """The records of ``--traffic``, read as the options say; traffic that gives no record
+    at all (every line malformed, the wrong --traffic-format) is an error at its end, not
+    an empty report."""
+    traffic = open_traffic(
         args.traffic, traffic_options(args, loaded), background=args.background_read
     )
+    return traffic.require_records()
+
+
+def warn(result: ReplayResult) -> None:
+    """The replay's warnings on standard error too (a report may go to a file or a PR)."""
+    for warning in result.warnings:
+        sys.stderr.write(f"edgegen: warning: {terminal_text(warning)}\n")
 
 
 def stats_lines(stats: TrafficStats) -> list[str]:
@@ -229,6 +238,7 @@ def run_replay(args: argparse.Namespace) -> int:
             feed(record)
     stats = traffic.stats
     result = engine.result()
+    warn(result)
     if chart is not None:
         write_chart(result, chart, title=f"Replay of {args.policy}")
     if args.format == "json":
@@ -248,7 +258,8 @@ def run_suggest(args: argparse.Namespace) -> int:
     if not any(limit.app is not None for limit in loaded.limits):
         raise UsageError(f"{args.policy} has no app limits to suggest rates for")
     with open_args_traffic(args, loaded) as traffic:
-        items, _ = suggest(loaded, traffic, target, replay_options(args))
+        items, engine = suggest(loaded, traffic, target, replay_options(args))
+    warn(engine.result())
     stats = traffic.stats
     if args.format == "json":
         data = suggestions_json(items, target)

@@ -7,7 +7,7 @@ counts; reading files (``_traffic``) and formatting (``_replay_report``) live el
 A request refused at one layer does not reach the next. Memory is bounded by the identities
 active within a period (the models forget idle keys; ``sweep``), plus what the report keeps
 by design: one entry per distinct identity that a limit counted (for "identities affected"
-and the headroom figures) and a per-minute timeline.
+and the headroom figures) and a timeline of at most ``TIMELINE_BUCKETS`` buckets.
 
 What each layer sees, and the assumptions this module makes (``ASSUMPTIONS``, printed in
 every report), are in docs/replay.md.
@@ -217,21 +217,53 @@ class _AppLimit:
     tiers: dict[str, list[_AppCheck]]
 
 
+# The timeline keeps at most this many buckets: past that, its buckets widen to the next
+# of _TIMELINE_WIDTHS (each a multiple of the one before; then whole days, doubling), so
+# its memory is bounded whatever the records' span (one record in 1970 and one in 9999).
+TIMELINE_BUCKETS = 1 << 14
+_TIMELINE_WIDTHS = (1, 5, 15, 30, 60, 180, 360, 720, 1440)
+
+
 @dataclass(slots=True)
 class Timeline:
-    """Per minute since the first record: admitted, and refused by each layer."""
+    """Admitted, and refused by each layer, per bucket of ``width`` minutes.
+
+    ``minutes`` maps a bucket's first minute (minutes since the epoch, a multiple of
+    ``width``) to its counts; ``start_minute`` is the first record's minute. A bucket is one
+    minute until more than :data:`TIMELINE_BUCKETS` would be kept.
+    """
 
     start_minute: int | None = None
     minutes: dict[int, list[int]] = field(default_factory=dict)
+    width: int = 1
 
     def counts(self, minute: int) -> list[int]:
-        """The counts of one minute (minutes since the epoch), to be added to in place."""
+        """The counts of the bucket that holds ``minute`` (minutes since the epoch), to be
+        added to in place (until the next call: a call may merge buckets)."""
         if self.start_minute is None or minute < self.start_minute:
             self.start_minute = minute
-        counts = self.minutes.get(minute)
+        at = minute - minute % self.width
+        counts = self.minutes.get(at)
         if counts is None:
-            counts = self.minutes[minute] = [0, 0, 0, 0]
+            if len(self.minutes) >= TIMELINE_BUCKETS:
+                self._widen()
+                return self.counts(minute)
+            counts = self.minutes[at] = [0, 0, 0, 0]
         return counts
+
+    def _widen(self) -> None:
+        """Merge the buckets into the next width (at least halving their number)."""
+        width = self.width
+        while len({at - at % width for at in self.minutes}) > TIMELINE_BUCKETS // 2:
+            later = [w for w in _TIMELINE_WIDTHS if w > width]
+            width = later[0] if later else width * 2
+        merged: dict[int, list[int]] = {}
+        for at, counts in self.minutes.items():
+            into = merged.setdefault(at - at % width, [0, 0, 0, 0])
+            for index, value in enumerate(counts):
+                into[index] += value
+        self.minutes = merged
+        self.width = width
 
 
 _COLUMN = {None: 0, Layer.RULES: 1, Layer.WORKER: 2, Layer.APP: 3}
@@ -252,6 +284,20 @@ class ReplayResult:
     layers: tuple[Layer, ...] = ()
     notes: list[str] = field(default_factory=list)
     label: Callable[[Hashable], str] = str
+    # Requests without a host, replayed through a policy where a Worker route or a limit
+    # names hosts: they can match none of those.
+    hostless: int = 0
+
+    @property
+    def warnings(self) -> list[str]:
+        """What makes the figures less than they seem, with counts, for every report."""
+        if not self.hostless:
+            return []
+        return [
+            f"{self.hostless:,} of {self.requests:,} requests have no host, so they match no "
+            "Worker route and no limit that names hosts; log the host (append host=$host to "
+            "a combined log's format, or a host column; docs/replay.md)"
+        ]
 
     def rows_of(self, layer: Layer) -> list[Row]:
         """The rows of one layer, in policy order."""
@@ -324,6 +370,12 @@ class Replay:
         self._rule_cache: dict[tuple[str, str, str, bool], list[_Rule]] = {}
         self._binding_cache: dict[tuple[str, str, str, bool], list[_Binding] | None] = {}
         self._app_cache: dict[tuple[str, str, str], list[_AppLimit]] = {}
+        # Whether a request without a host misses something a request with one could match.
+        matchers = [rule.matcher for rule in self.rules]
+        matchers += [binding.matcher for binding in self.bindings]
+        matchers += [app.matcher for app in self.apps]
+        routed = bool(self.bindings) and any(host != "*" for host, _ in self.routes)
+        self._needs_host = routed or any(matcher.hosts for matcher in matchers)
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -482,6 +534,8 @@ class Replay:
     def _request(self, request: Request) -> Layer | None:
         method = "GET" if request.method == "HEAD" else request.method
         host = request.host
+        if not host and self._needs_host:
+            self.result_.hostless += 1
         path = request.path
         authenticated = (
             request.authenticated if request.authenticated is not None else request.user is not None

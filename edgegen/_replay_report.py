@@ -33,10 +33,14 @@ def _share(part: int, whole: int) -> str:
     return f"{share:.1f}%"
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
 def _when(at_us: int | None) -> str:
+    # In whole microseconds: a float of seconds rounds the last moment of 9999 into 10000.
     if at_us is None:
         return "-"
-    moment = dt.datetime.fromtimestamp(at_us / 1_000_000, tz=dt.UTC)
+    moment = _EPOCH + dt.timedelta(microseconds=at_us)
     return moment.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
@@ -84,20 +88,33 @@ def _row_data(row: Row, result: ReplayResult) -> dict[str, Any]:
     }
 
 
+def _bucket_minutes(first: int, last: int, stored: int) -> int:
+    """The narrowest bucket width (a multiple of the timeline's own) that shows the minutes
+    ``first`` to ``last`` in at most _TIMELINE_POINTS aligned buckets: one of
+    _NICE_BUCKETS, else whole days, doubling, so the count stays bounded whatever the
+    span."""
+    for width in _NICE_BUCKETS:
+        if width % stored == 0 and last // width - first // width < _TIMELINE_POINTS:
+            return width
+    width = 2 * _NICE_BUCKETS[-1]
+    while width % stored or last // width - first // width >= _TIMELINE_POINTS:
+        width *= 2
+    return width
+
+
 def timeline(result: ReplayResult) -> tuple[int, list[tuple[int, list[int]]]]:
     """The timeline in at most _TIMELINE_POINTS buckets: (bucket minutes, [(start minute,
     [admitted, refused by rules, by the Worker, by the app])])."""
     line = result.timeline
-    if line.start_minute is None:
+    if line.start_minute is None or not line.minutes:
         return 1, []
-    last = max(line.minutes)
-    span = last - line.start_minute + 1
-    width = next((w for w in _NICE_BUCKETS if span / w <= _TIMELINE_POINTS), 1440)
-    start = line.start_minute - line.start_minute % width
+    first = line.start_minute
+    last = max(line.minutes) + line.width - 1
+    width = _bucket_minutes(first, last, line.width)
+    start = first - first % width
     buckets: dict[int, list[int]] = {}
     for minute, counts in line.minutes.items():
-        at = start + (minute - start) // width * width
-        into = buckets.setdefault(at, [0, 0, 0, 0])
+        into = buckets.setdefault(minute - minute % width, [0, 0, 0, 0])
         for index, value in enumerate(counts):
             into[index] += value
     points = [(at, buckets.get(at, [0, 0, 0, 0])) for at in range(start, last + 1, width)]
@@ -127,6 +144,7 @@ def to_json(
         },
         "assumptions": list(ASSUMPTIONS),
         "notes": list(result.notes),
+        "warnings": result.warnings,
     }
 
 
@@ -203,6 +221,7 @@ def _summary(result: ReplayResult) -> list[str]:
         )
     if result.challenged:
         lines.append(f"Challenged at the edge: {result.challenged:,}.")
+    lines.extend(f"Warning: {warning}." for warning in result.warnings)
     return lines
 
 
@@ -498,10 +517,17 @@ def impact_markdown(
         f"Replayed {before.requests:,} requests ({source}, {_when(before.first_us)} to "
         f"{_when(before.last_us)}): refused {share_before} -> {share_after} of all requests."
     )
+    for warning in _warnings(before, after):
+        lines.extend(["", f"**Warning:** {_md_cell(warning)}."])
     lines.append("")
     lines.extend(f"- {_md_cell(line)}" for line in impact_lines(impacts))
     lines.append("")
     return "\n".join(lines)
+
+
+def _warnings(before: ReplayResult, after: ReplayResult) -> list[str]:
+    """The warnings of either replay, each once."""
+    return list(dict.fromkeys([*before.warnings, *after.warnings]))
 
 
 def impact_text(
@@ -514,6 +540,7 @@ def impact_text(
         f"{_share(before.requests - before.admitted, before.requests)} -> "
         f"{_share(after.requests - after.admitted, after.requests)}"
     )
+    lines.extend(f"  Warning: {warning}." for warning in _warnings(before, after))
     lines.extend(f"  {line}" for line in impact_lines(impacts))
     return "\n".join(lines) + "\n"
 
@@ -526,6 +553,7 @@ def impact_json(
         "requests": before.requests,
         "refused_before": before.requests - before.admitted,
         "refused_after": after.requests - after.admitted,
+        "warnings": _warnings(before, after),
         "limits": [
             {
                 "layer": item.layer.value,

@@ -2,7 +2,10 @@
 
 ``read_traffic(paths, options)`` opens every file at once (so a missing file or a format
 that cannot be told fails before anything is replayed), then yields :class:`Request` records
-lazily: memory holds one line per file and a short reorder buffer, never a file.
+lazily. Each file is read once, front to back (a named pipe or a process substitution
+works), and memory holds per file one block, one line, the lines the format was told from
+and a reorder buffer, each with a stated bound (the constants below; docs/replay.md,
+"Hostile input"), whatever the file holds; time is linear in its size.
 
 Formats (told from a file's first non-empty line, or the first of its first ten that shows
 one, unless ``options.format`` names one):
@@ -31,9 +34,11 @@ them, or an ``authenticated`` column), else it is None and the replay decides. I
 the logged tier, else the tiers file's entry for its user, else ``options.default_tier``.
 
 A malformed line is counted by reason with its first examples (``file:line: reason``) in
-:class:`TrafficStats` and skipped; under ``options.strict`` the first one raises
-:class:`TrafficError`. Examples never quote a whole line: only the value at fault, cut
-before any query string and truncated, so credentials in a log do not reach a report.
+:class:`TrafficStats` and skipped (a value that is no time, no number or no printable text
+is malformed, so nothing after the reader overflows or fails to print it); under
+``options.strict`` the first one raises :class:`TrafficError`. Examples never quote a whole
+line: only the value at fault, cut before any query string and truncated, so credentials in
+a log do not reach a report.
 """
 
 from __future__ import annotations
@@ -67,13 +72,31 @@ FORMATS: Final = ("combined", "logpush", "events", "ndjson", "csv")
 # request arrived, when it finishes; a proxy's buffers flush out of order) and still be
 # replayed in order; anything later is counted as malformed "out of order".
 REORDER_WINDOW_US: Final = 5_000_000
+# The reorder buffer holds at most this many records, and this many characters of their
+# lines, whatever the window: past either, its oldest record is given out early (so one
+# second holding a million records, or a file in reverse order, costs bounded memory), and
+# a record older than one already given out is "out of order".
+REORDER_MAX_RECORDS: Final = 1 << 15
+REORDER_MAX_CHARS: Final = 1 << 24
 # Examples kept per file, so a report can point at the lines without listing thousands.
 MAX_EXAMPLES: Final = 5
 _SHOWN_CHARS = 40
-# No request's log line is this long; a longer one is skipped as malformed, unread.
-MAX_LINE_CHARS: Final = 1 << 20
-# The format is told from the first non-empty line that shows one among this many.
+# No request's log line is this long; a longer one is malformed "line too long", skipped
+# in pieces of this size and never held (a file without line ends cannot fill memory).
+MAX_LINE_CHARS: Final = 1 << 18
+# The format is told from the first non-empty line that shows one among this many, and
+# from at most this many characters of them (blank lines are passed over, not kept).
 DETECT_LINES: Final = 10
+DETECT_CHARS: Final = 1 << 20
+# Files are read in blocks of this many characters.
+_BLOCK_CHARS = 1 << 14
+# Record times must lie from the Unix epoch to the end of the year 9999 (what a datetime
+# holds); any other time is malformed "timestamp", never an overflow later on.
+MAX_TIME_US: Final = 253_402_300_799_999_999
+# The cost of a decision event is at most applimit's MAX_COST.
+MAX_COST: Final = 1_000_000_000
+# A number read from text (unix seconds, a status code) has at most this many digits.
+_MAX_DIGITS = 20
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -210,6 +233,19 @@ class Traffic:
         records, self._records = self._records, None
         return records
 
+    def require_records(self) -> Traffic:
+        """Make a stream that ends without one record a :class:`TrafficError` (raised at its
+        end, saying what the lines were instead), so that nothing is reported as if it had
+        been replayed: every line malformed, a wrong ``--traffic-format``, empty files."""
+        if self._records is not None:
+            self._records = self._at_least_one(self._records)
+        return self
+
+    def _at_least_one(self, records: Iterator[Request]) -> Iterator[Request]:
+        yield from records
+        if not self.stats.records:
+            raise TrafficError(_nothing_read(self.stats))
+
     def close(self) -> None:
         """Close every file (stdin is left open)."""
         for release in self._closers:
@@ -221,6 +257,36 @@ class Traffic:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def _nothing_read(stats: TrafficStats) -> str:
+    """Why no record was read, in one line: the malformed lines' reasons and first example,
+    or lines that are not requests, or empty files."""
+    names = ", ".join(f.file for f in stats.files)
+    malformed = stats.malformed
+    if malformed:
+        reasons: dict[str, int] = {}
+        for f in stats.files:
+            for reason, n in f.malformed.items():
+                reasons[reason] = reasons.get(reason, 0) + n
+        said = ", ".join(f"{n:,} {reason}" for reason, n in sorted(reasons.items()))
+        example = next((e for f in stats.files for e in f.examples), "")
+        formats = ", ".join(sorted({f.format for f in stats.files}))
+        return (
+            f"no usable record in {names}: every line with content is malformed ({said}; "
+            f"e.g. {example}); the lines were read as {formats}: if that is not their "
+            f"format, name it with --traffic-format ({', '.join(FORMATS)})"
+        )
+    skipped = sum(f.skipped for f in stats.files)
+    if skipped:
+        return (
+            f"no usable record in {names}: its {skipped:,} lines are decision events that are "
+            "not hits (peek); replay a log that records requests"
+        )
+    return (
+        f"no record to replay: {names} holds no lines with content; name a file of recorded "
+        "requests"
+    )
 
 
 class _Malformed(Exception):
@@ -330,20 +396,40 @@ def _open(path: str | Path) -> tuple[str, IO[str], bool, Callable[[], None]]:
 
 
 def _numbered(text: IO[str], label: str) -> Iterator[tuple[int, str | None]]:
-    """``(line number, line without its end)``, None for a line longer than
-    :data:`MAX_LINE_CHARS` (skipped unread, so a file without line ends cannot fill
-    memory); a damaged gzip stream is a TrafficError."""
+    """``(line number, line without its end)`` for every non-empty line, None for a line
+    longer than :data:`MAX_LINE_CHARS`; a damaged gzip stream is a TrafficError.
+
+    The text is read in blocks of :data:`_BLOCK_CHARS` and split (blank lines cost a count,
+    not a step each, so a file of blank lines passes quickly). A line is told too long as
+    soon as that many characters are read without its end, and the rest of it is dropped
+    block by block, never held: a file without line ends (``/dev/zero``) is one malformed
+    line at once, not an unbounded read.
+    """
     lineno = 0
-    readline = text.readline
+    read = text.read
+    rest = ""
+    # Inside a line already told too long: drop what comes up to its end.
+    skipping = False
     try:
-        while line := readline(MAX_LINE_CHARS):
-            lineno += 1
-            if len(line) == MAX_LINE_CHARS and line[-1] != "\n":
-                while (line := readline(MAX_LINE_CHARS)) and line[-1] != "\n":
-                    pass
+        while block := read(_BLOCK_CHARS):
+            lines = (rest + block).split("\n") if rest else block.split("\n")
+            rest = lines.pop()
+            if skipping and lines:
+                skipping = False
+                del lines[0]
+            for line in lines:
+                lineno += 1
+                if line:
+                    yield lineno, line if len(line) <= MAX_LINE_CHARS else None
+            if skipping:
+                rest = ""
+            elif len(rest) > MAX_LINE_CHARS:
+                lineno += 1
                 yield lineno, None
-            else:
-                yield lineno, line.rstrip("\r\n")
+                rest = ""
+                skipping = True
+        if rest and not skipping:
+            yield lineno + 1, rest
     except (EOFError, OSError, zlib.error) as exc:
         raise TrafficError(
             f"{label}:{lineno + 1}: the file cannot be read past this line ({exc}); a gzip "
@@ -354,11 +440,14 @@ def _numbered(text: IO[str], label: str) -> Iterator[tuple[int, str | None]]:
 
 
 def _head(lines: Iterator[tuple[int, str | None]], label: str) -> list[tuple[int, str | None]]:
-    """The lines up to the :data:`DETECT_LINES`-th non-empty one, read to tell the format."""
+    """The non-empty lines up to the :data:`DETECT_LINES`-th, or until they hold
+    :data:`DETECT_CHARS` characters, read to tell the format. Blank lines are passed over
+    and not kept: the parsers skip them anyway, and a file of blank lines must not fill
+    memory."""
     head: list[tuple[int, str | None]] = []
-    seen = 0
+    chars = 0
     for lineno, line in lines:
-        if line is None and not seen:
+        if line is None and not head:
             raise TrafficError(
                 f"{label}:{lineno}: the line is longer than {MAX_LINE_CHARS:,} characters, "
                 "so this is no log of requests (a binary file, or JSON without line ends?); "
@@ -366,11 +455,12 @@ def _head(lines: Iterator[tuple[int, str | None]], label: str) -> list[tuple[int
                 file=label,
                 line=lineno,
             )
+        if line is not None and (not line or line.isspace()):
+            continue
         head.append((lineno, line))
-        if line is None or line.strip():
-            seen += 1
-            if seen == DETECT_LINES:
-                break
+        chars += len(line) if line is not None else MAX_LINE_CHARS
+        if len(head) == DETECT_LINES or chars >= DETECT_CHARS:
+            break
     return head
 
 
@@ -408,8 +498,10 @@ def _detect_line(line: str, *, csv_header: bool) -> str | None:
         return _detect_object(line)
     if _COMBINED.match(line):
         return "combined"
-    if csv_header and "," in line and "timestamp" in _csv_header(line):
-        return "csv"
+    if csv_header and "," in line:
+        with contextlib.suppress(_Malformed):
+            if "timestamp" in _csv_header(line):
+                return "csv"
     return None
 
 
@@ -417,7 +509,7 @@ def _detect_object(line: str) -> str | None:
     """The JSON format a line is in, told by its keys."""
     try:
         obj = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict):
         return None
@@ -453,8 +545,17 @@ def _parser(
         if not content:
             return _csv_parser(label, [], user_from, options), lines
         header_at, header = content[0]
+        try:
+            names = _csv_header(header)
+        except _Malformed as bad:
+            raise TrafficError(
+                f"{label}:{header_at}: the CSV header cannot be read ({bad.detail}); the first "
+                "line must name the columns",
+                file=label,
+                line=header_at,
+            ) from None
         after = [(n, line) for n, line in head if n > header_at]
-        return _csv_parser(label, _csv_header(header), user_from, options), chain(after, lines)
+        return _csv_parser(label, names, user_from, options), chain(after, lines)
     rest = chain(head, lines)
     factory = {
         "combined": _combined_parser,
@@ -477,7 +578,7 @@ def _closing(records: Iterator[Request], release: Callable[[], None]) -> Iterato
         release()
 
 
-def _ordered(  # noqa: C901, PLR0912 (every record's hot loop: one body, no calls per record)
+def _ordered(  # noqa: C901, PLR0912, PLR0915 (every record's hot loop: one body, no calls)
     lines: Iterable[tuple[int, str | None]],
     parse: _Parser,
     stats: FileStats,
@@ -489,15 +590,25 @@ def _ordered(  # noqa: C901, PLR0912 (every record's hot loop: one body, no call
     A record is held until one ``window`` later has been read, so records up to a window
     late are put back in order; a record later than that (its time is before the newest
     seen minus the window) cannot be, since records after it may already have been given
-    out, and is malformed "out of order".
+    out, and is malformed "out of order". The buffer holds at most
+    :data:`REORDER_MAX_RECORDS` records and :data:`REORDER_MAX_CHARS` characters of their
+    lines: past either, the oldest is given out before its window has passed, and a record
+    older than one given out is "out of order" too.
     """
     window = options.reorder_window_us
     strict = options.strict
-    # (time, record) in time order. Nearly every record is the newest yet and is appended;
-    # a late one is inserted from the right, where records a little later than it are.
-    pending: deque[tuple[int, Request]] = deque()
-    append, popleft, insert = pending.append, pending.popleft, pending.insert
-    newest = -(1 << 62)
+    # (time, line length, record) in time order: nearly every record is the newest yet and
+    # is appended here.
+    pending: deque[tuple[int, int, Request]] = deque()
+    append, popleft = pending.append, pending.popleft
+    # The records that came behind a newer one: a heap of (time, line number, line length,
+    # record), so that a file in reverse order costs log n a record, not n. The line number
+    # keeps equal times in file order and spares the heap from comparing records; a record
+    # here is given out after any in ``pending`` of the same time, which were read first.
+    late: list[tuple[int, int, int, Request]] = []
+    push, pop = heapq.heappush, heapq.heappop
+    held = 0
+    newest = released = -(1 << 62)
     for lineno, line in lines:
         if not line or line.isspace():
             if line is None:
@@ -510,40 +621,71 @@ def _ordered(  # noqa: C901, PLR0912 (every record's hot loop: one body, no call
                 stats.skipped += 1
                 continue
             at = record.at_us
-            if at < newest - window:
-                late = (newest - at) / 1e6
-                raise _Malformed(
-                    "out of order",
-                    f"{late:.3f} s before a record already read (the tolerance is "
-                    f"{window / 1e6:g} s; sort the file by time)",
-                )
+            if not 0 <= at <= MAX_TIME_US:
+                raise _Malformed("timestamp", "the time is before 1970 or after the year 9999")
+            if at < newest - window or at < released:
+                raise _late(at, newest - window, released, window)
         except _Malformed as bad:
             _count(stats, label, lineno, bad, strict)
             continue
+        size = len(line)
+        held += size
         if at >= newest:
             newest = at
-            append((at, record))
+            append((at, size, record))
         else:
-            i = len(pending)
-            while i and pending[i - 1][0] > at:
-                i -= 1
-            insert(i, (at, record))
+            push(late, (at, lineno, size, record))
         due = newest - window
-        if pending[0][0] < due:
+        while True:
+            if late and (not pending or late[0][0] < pending[0][0]):
+                if not (
+                    late[0][0] < due
+                    or len(pending) + len(late) > REORDER_MAX_RECORDS
+                    or held > REORDER_MAX_CHARS
+                ):
+                    break
+                at, _, size, record = pop(late)
+            elif pending and (
+                pending[0][0] < due
+                or len(pending) + len(late) > REORDER_MAX_RECORDS
+                or held > REORDER_MAX_CHARS
+            ):
+                at, size, record = popleft()
+            else:
+                break
+            held -= size
+            released = at
             if stats.first_us is None:
-                stats.first_us = pending[0][0]
-            while pending[0][0] < due:
-                at, record = popleft()
-                stats.records += 1
-                stats.last_us = at
-                yield record
-    while pending:
-        at, record = popleft()
+                stats.first_us = at
+            stats.records += 1
+            stats.last_us = at
+            yield record
+    while pending or late:
+        if late and (not pending or late[0][0] < pending[0][0]):
+            at, _, _, record = pop(late)
+        else:
+            at, _, record = popleft()
         if stats.first_us is None:
             stats.first_us = at
         stats.records += 1
         stats.last_us = at
         yield record
+
+
+def _late(at: int, due: int, released: int, window: int) -> _Malformed:
+    """Why a record cannot be put in order: later than the window, or older than a record
+    the full reorder buffer already gave out."""
+    if at < due:
+        return _Malformed(
+            "out of order",
+            f"{(due + window - at) / 1e6:.3f} s before a record already read (the tolerance "
+            f"is {window / 1e6:g} s; sort the file by time)",
+        )
+    return _Malformed(
+        "out of order",
+        f"{(released - at) / 1e6:.3f} s before a record already replayed (the reorder buffer "
+        f"of {REORDER_MAX_RECORDS:,} records was full; sort the file by time)",
+    )
 
 
 def _count(stats: FileStats, label: str, lineno: int, bad: _Malformed, strict: bool) -> None:
@@ -583,8 +725,11 @@ def _user_from(value: str | None) -> tuple[str, str] | None:
 
 def _shown(value: object) -> str:
     """A logged value as a report may quote it: before any query string (where tokens
-    travel), with anything credential-like cut, and short."""
-    text = str(value)
+    travel), with anything credential-like cut, and short. A JSON list or object is named,
+    not printed (it may be nested deeper than repr() can go)."""
+    if isinstance(value, dict | list):
+        return "a JSON object" if isinstance(value, dict) else "a JSON list"
+    text = str(value)[: 4 * _SHOWN_CHARS]
     text = text.split("?", 1)[0]
     text = _SECRETISH.sub(r"\1<redacted>", text)
     if len(text) > _SHOWN_CHARS:
@@ -625,6 +770,8 @@ def _flag(value: object) -> bool | None:
     """An ``authenticated`` column's value; empty is unknown."""
     if value is None or isinstance(value, bool):
         return value
+    if type(value) is not str and not isinstance(value, int | float):
+        raise _Malformed("authenticated", f"{_shown(value)} is not true or false")
     text = str(value).strip().lower()
     if not text or text == "-":
         return None
@@ -635,23 +782,40 @@ def _flag(value: object) -> bool | None:
     raise _Malformed("authenticated", f"{_shown(value)} is not true or false")
 
 
+def _digits(text: str) -> bool:
+    """Whether ``text`` is a whole number int() takes at once: ASCII digits (``isdigit``
+    also says yes to "²", which int() refuses), not too many of them."""
+    return text.isdigit() and text.isascii() and len(text) <= _MAX_DIGITS
+
+
 def _rfc3339_us(text: str) -> int:
     """``2026-12-03T08:00:00.5Z`` -> µs; an offset is required (a local time is a guess)."""
     try:
         when = datetime.fromisoformat(text)
-    except ValueError:
+        if when.tzinfo is None:
+            raise _Malformed("timestamp", f"{_shown(text)} has no UTC offset (add Z or +00:00)")
+        # The offset may carry the year 1 before the epoch's calendar begins.
+        return (when - _EPOCH) // _MICROSECOND
+    except (ValueError, OverflowError):
         raise _Malformed("timestamp", f"{_shown(text)} is not an RFC 3339 time") from None
-    if when.tzinfo is None:
-        raise _Malformed("timestamp", f"{_shown(text)} has no UTC offset (add Z or +00:00)")
-    return (when - _EPOCH) // _MICROSECOND
 
 
 def _unix_us(text: str) -> int:
     """``1764748800.123456`` (unix seconds, any fraction) -> µs, exactly."""
     whole, _, frac = text.partition(".")
-    if not whole.isdigit() or (frac and not frac.isdigit()):
+    if not (whole.isdigit() and whole.isascii() and len(whole) <= _MAX_DIGITS) or (
+        frac and not (frac.isdigit() and frac.isascii())
+    ):
         raise _Malformed("timestamp", f"{_shown(text)} is not unix seconds or RFC 3339")
     return int(whole) * 1_000_000 + (int((frac + "000000")[:6]) if frac else 0)
+
+
+def _seconds_us(value: float) -> int:
+    """Unix seconds as a JSON number with a fraction -> µs; never an overflow (infinity,
+    ``1e400``) or NaN, which are malformed."""
+    if not 0 <= value <= MAX_TIME_US / 1_000_000:
+        raise _Malformed("timestamp", f"{_shown(value)} is not a time from 1970 to 9999")
+    return round(value * 1_000_000)
 
 
 def _time_us(value: object) -> int:
@@ -660,8 +824,8 @@ def _time_us(value: object) -> int:
         return _rfc3339_us(value)
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value * 1_000_000
-    if isinstance(value, float) and value >= 0:
-        return round(value * 1_000_000)
+    if isinstance(value, float):
+        return _seconds_us(value)
     if isinstance(value, str) and value:
         if value[0].isdigit() and "-" not in value and ":" not in value:
             return _unix_us(value)
@@ -688,10 +852,10 @@ def _logpush_time_us(value: object) -> int:
     """``EdgeStartTimestamp`` in any of Logpush's timestamp formats -> µs."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return _epoch_number_us(value)
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and _digits(value):
         return _epoch_number_us(int(value))
-    if isinstance(value, float) and value >= 0:
-        return round(value * 1_000_000)
+    if isinstance(value, float):
+        return _seconds_us(value)
     if isinstance(value, str) and value:
         return _rfc3339_us(value)
     raise _Malformed("timestamp", f"EdgeStartTimestamp {_shown(value)} is not a time")
@@ -725,20 +889,45 @@ def _load_object(line: str) -> dict[str, Any]:
         obj, end = _decode(line)
         if end != len(line) and line[end:].strip():
             raise json.JSONDecodeError("extra data after the object", line, end)
-    except ValueError as exc:
-        # The position, not the text: the line may hold headers and cookies.
+    except (ValueError, RecursionError) as exc:
+        # The position, not the text: the line may hold headers and cookies. Nesting deeper
+        # than the decoder recurses is as malformed as a missing brace.
         pos = getattr(exc, "colno", None)
         at = f" (column {pos})" if pos else ""
         raise _Malformed("not JSON", f"the line is not a JSON object{at}") from None
     if not isinstance(obj, dict):
         raise _Malformed("not JSON", "the line is JSON but not an object")
+    if "\\u" in line and _lone_surrogate(obj):
+        # Only a \uXXXX escape can make one (the text was decoded with replacement); it
+        # cannot be written as UTF-8, so no report could print the value.
+        raise _Malformed("encoding", "a \\uD800-\\uDFFF escape that is half of a pair")
     return obj
+
+
+def _lone_surrogate(obj: object) -> bool:
+    """Whether any text of a decoded JSON value (keys included) holds a lone surrogate.
+    A loop, not recursion: the value may be nested as deep as the decoder went."""
+    stack = [obj]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    return True
+        elif isinstance(value, dict):
+            stack.extend(value)
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
 
 
 def _optional_text(value: object) -> str | None:
     if value is None:
         return None
-    if isinstance(value, bool):
+    if isinstance(value, bool | dict | list):
         raise _Malformed("field type", f"{_shown(value)} is not text")
     text = str(value)
     return text if text and text != "-" else None
@@ -749,7 +938,7 @@ def _status(value: object) -> int | None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
         return value or None
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and value.isdigit() and value.isascii() and len(value) < 10:
         return int(value) or None
     raise _Malformed("status", f"{_shown(value)} is not a status code")
 
@@ -757,12 +946,15 @@ def _status(value: object) -> int | None:
 # --- combined ------------------------------------------------------------------------------
 
 # %h %l %u [%t] "%r" %>s %b, then "%{Referer}i" "%{User-agent}i" (combined) and appended
-# fields. Quoted parts may hold backslash escapes (Apache \", nginx \x22).
-_QUOTED = r'"([^"\\]*(?:\\.[^"\\]*)*)"'
+# fields. Quoted parts may hold backslash escapes (Apache \", nginx \x22). Every pattern
+# runs in time linear in the line: the repeats are possessive, and an appended field's
+# name must begin a run of name characters (after a space or a quote), so a long run with
+# no "=" after it is scanned once, not again from each of its characters.
+_QUOTED = r'"([^"\\]*+(?:\\.[^"\\]*+)*+)"'
 _COMBINED = re.compile(
     rf"(\S+) (\S+) (\S+) \[([^\]]*)\] {_QUOTED} (\S+) (\S+)(?: {_QUOTED} {_QUOTED})?(.*)"
 )
-_APPENDED = re.compile(rf"([A-Za-z_][\w.-]*)=(?:{_QUOTED}|(\S*))")
+_APPENDED = re.compile(rf"(?<![\w.-])([A-Za-z_][\w.-]*+)=(?:{_QUOTED}|(\S*))")
 _ESCAPE = re.compile(r"\\(x[0-9A-Fa-f]{2}|.)")
 
 
@@ -797,9 +989,10 @@ def _clf_time_us(text: str) -> int:
             int(text[18:20]),
             tzinfo=timezone(sign * offset),
         )
-    except (ValueError, KeyError):
+        # The offset may carry the year 1 before the epoch's calendar begins.
+        return (when - _EPOCH) // _MICROSECOND
+    except (ValueError, KeyError, OverflowError):
         raise _Malformed("timestamp", f"[{_shown(text)}] is not a log time") from None
-    return (when - _EPOCH) // _MICROSECOND
 
 
 def _request_line(line: str) -> tuple[str, str, str]:
@@ -910,7 +1103,7 @@ def _combined_parser(user_from: tuple[str, str] | None, options: TrafficOptions)
             _tier(tier, user, tiers, default_tier),
             authenticated,
             None,
-            int(status) if status.isdigit() else _status(status),
+            _status(status),
         )
 
     return parse
@@ -979,8 +1172,8 @@ def _events_parser(_: tuple[str, str] | None, options: TrafficOptions) -> _Parse
         if obj.get("operation", "hit") != "hit":
             return None
         cost = obj.get("cost", 1)
-        if not isinstance(cost, int) or isinstance(cost, bool) or cost < 1:
-            raise _Malformed("cost", f"{_shown(cost)} is not a positive integer")
+        if not isinstance(cost, int) or isinstance(cost, bool) or not 1 <= cost <= MAX_COST:
+            raise _Malformed("cost", f"{_shown(cost)} is not a whole number from 1 to {MAX_COST:,}")
         tier = obj.get("tier")
         return Request(
             _time_us(obj.get("ts")),
@@ -1062,8 +1255,17 @@ def _ndjson_parser(user_from: tuple[str, str] | None, options: TrafficOptions) -
     return parse
 
 
+def _csv_values(line: str) -> list[str]:
+    """One CSV row's values; a row the csv module refuses (a field over its size limit) is
+    malformed."""
+    try:
+        return next(csv.reader((line,)), [])
+    except csv.Error as exc:
+        raise _Malformed("columns", f"not a CSV row ({exc})") from None
+
+
 def _csv_header(line: str) -> list[str]:
-    return [name.strip().lower() for name in next(csv.reader((line,)))]
+    return [name.strip().lower() for name in _csv_values(line)]
 
 
 def _csv_parser(
@@ -1088,7 +1290,7 @@ def _csv_parser(
 
     def parse(line: str) -> Request:
         # Most rows hold no quotes: split them directly, and let csv handle the rest.
-        values = line.split(",") if '"' not in line else next(csv.reader((line,)))
+        values = line.split(",") if '"' not in line else _csv_values(line)
         if len(values) != width:
             raise _Malformed("columns", f"{len(values)} values for {width} columns")
         return _named(dict(zip(header, values, strict=True)), user_key, options)

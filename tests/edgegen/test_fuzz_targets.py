@@ -62,6 +62,13 @@ SEEDS = [
     b"Wed, 21 Oct 2015 07:28:00 GMT",
     b'\x01\xf4\x00\x01{"success": false, "errors": [{"code": 10000, "message": "x"}]}',
     b'\x00\xc8\x00\x00{"success": true, "result": null}',
+    # Traffic: a line of each format, and values that once overflowed or could not print.
+    b'203.0.113.9 - u [01/Dec/2026:10:00:00 +0000] "GET /a?b HTTP/1.1" 200 1 "-" "c" host=x',
+    b'{"EdgeStartTimestamp": 1796284800000000000, "ClientIP": "1.2.3.4", "ClientRequestURI": "/"}',
+    b'{"v": 1, "ts": 1796284800.5, "limit": "api", "identity": "u", "cost": 2}',
+    b'{"timestamp": Infinity, "method": "GET", "path": "/", "ip": "1.2.3.4", "user": "\\ud800"}',
+    b"timestamp,method,path,ip\n0001-01-01T00:00:00+01:00,GET,/,1.2.3.4\n1e400,GET,/,1.2.3.4",
+    b"\n" * 5000,
 ]
 
 

@@ -184,3 +184,73 @@ def test_authenticated_option_moves_requests_to_the_credentialed_counter(
     rows = {(r["layer"], r["limit"]): r for r in json.loads(out)["rows"]}
     assert rows[("worker", "api")]["counted"] == 0
     assert rows[("worker", "api (credentialed)")]["counted"] > 0
+
+
+NO_HOST = '203.0.113.9 - - [03/Dec/2026:08:00:0{} +0000] "GET /api/v1/items HTTP/1.1" 200 1\n'
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "said"),
+    [
+        (NO_HOST.replace("Dec", "Xyz").format(0) * 2, [], "2 timestamp"),
+        (NO_HOST.format(0), ["--traffic-format", "ndjson"], "1 not JSON"),
+        (
+            '{"v": 1, "ts": 1796284800, "limit": "api", "identity": "u", "operation": "peek"}\n',
+            [],
+            "not hits",
+        ),
+        ("", [], "holds no lines"),
+        ("\n  \n", [], "holds no lines"),
+    ],
+    ids=["malformed", "wrong-format", "no-hits", "empty", "blank"],
+)
+@pytest.mark.parametrize("command", ["replay", "suggest", "diff"])
+def test_no_usable_record_is_an_error(
+    command: str,
+    content: str,
+    extra: list[str],
+    said: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Traffic that gives no record (every line malformed, the wrong --traffic-format, no
+    requests, nothing) fails with one line saying what the lines were, instead of an empty
+    report and exit 0."""
+    path = tmp_path / "traffic.log"
+    path.write_text(content)
+    argv = [command, POLICY, "--traffic", str(path), *extra]
+    if command == "diff":
+        argv = ["diff", PREVIOUS, POLICY, "--traffic", str(path), *extra]
+    code, _, err = run(argv, capsys)
+    assert code == 1
+    assert err.count("\n") == 1
+    assert err.startswith("edgegen: error: no ")
+    assert said in err
+    assert str(path) in err
+    assert "Traceback" not in err
+
+
+def test_requests_without_a_host_are_warned_about(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A combined log without host= matches no Worker route and no limit that names a
+    host: the replay says how many requests that was, on stderr and in the report."""
+    path = tmp_path / "access.log"
+    path.write_text("".join(NO_HOST.format(i) for i in range(3)))
+    code, out, err = run(["replay", POLICY, "--traffic", str(path)], capsys)
+    assert code == 0
+    assert "edgegen: warning: 3 of 3 requests have no host" in err
+    assert "Warning: 3 of 3 requests have no host" in out
+    code, out, _ = run(["replay", POLICY, "--traffic", str(path), "--format", "json"], capsys)
+    (warning,) = json.loads(out)["warnings"]
+    assert warning.startswith("3 of 3 requests have no host")
+    code, _, err = run(["suggest", POLICY, "--traffic", str(path)], capsys)
+    assert "warning: 3 of 3 requests have no host" in err
+    code, out, _ = run(["diff", PREVIOUS, POLICY, "--traffic", str(path)], capsys)
+    assert "Warning: 3 of 3 requests have no host" in out
+    with_host = (NO_HOST.format(i).replace("\n", " host=api.example.com\n") for i in range(3))
+    path.write_text("".join(with_host))
+    code, out, err = run(["replay", POLICY, "--traffic", str(path), "--format", "json"], capsys)
+    assert code == 0
+    assert "warning" not in err
+    assert json.loads(out)["warnings"] == []
