@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 NODE_STAMP := workers/node_modules/.installed-stamp
 BENCH_STAMP := $(VENV)/.bench-installed-stamp
 
-.PHONY: demo test lint typecheck unit deps node-deps bench soak clean
+.PHONY: demo test lint typecheck unit deps node-deps bench soak clean dist
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,5 +81,11 @@ SOAK_SECONDS ?= 120
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak --seconds $(SOAK_SECONDS)
 
+## dist: the wheel in dist/, to install elsewhere or upload to an internal index (see README)
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir dist .
+	@ls dist
+
 clean:
-	rm -rf $(VENV) workers/node_modules .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) workers/node_modules .mypy_cache .ruff_cache .pytest_cache .hypothesis dist

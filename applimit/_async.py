@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
-from policy import Policy
+from edgegen_policy import Policy
 
 from . import _clients
 from ._awire import AsyncTransport, open_async

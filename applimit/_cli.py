@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from policy import Duration, Policy, PolicyLoadError, ip_bucket, load, write_diagnostics
+from edgegen_policy import Duration, Policy, PolicyLoadError, ip_bucket, load, write_diagnostics
 
 from ._clients import MEMORY_SCHEME, shown_url
 from ._core import AppRule

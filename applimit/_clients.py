@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeAlias, TypeVar, cast
 from urllib.parse import unquote
 
+import edgegen_policy as policy
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
@@ -41,8 +42,6 @@ import redis.sentinel
 from pydantic import ValidationError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-
-import policy
 
 from ._errors import ConfigurationError
 

@@ -26,9 +26,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Generic, Literal, TypeVar
 
-from redis.crc import key_slot
-
-from policy import (
+from edgegen_policy import (
     Algorithm,
     AppKey,
     Layer,
@@ -39,7 +37,8 @@ from policy import (
     ip_bucket,
     request_paths,
 )
-from policy import check as check_policy
+from edgegen_policy import check as check_policy
+from redis.crc import key_slot
 
 from . import _keys
 from ._decision import Decision, LimitResult, combine, make_result, single

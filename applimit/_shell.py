@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, Protocol, TypeVar
 
-from policy import Policy, load
+from edgegen_policy import Policy, load
 
 from . import _memory
 from ._approx import ApproxCache

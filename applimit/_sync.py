@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from policy import Policy
+from edgegen_policy import Policy
 
 from . import _clients
 from ._clients import SyncClient, Target

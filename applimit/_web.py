@@ -33,8 +33,8 @@ from http.cookies import CookieError, SimpleCookie
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from policy import QUOTA_EXCEEDED as _QUOTA_EXCEEDED
-from policy import KeyName, decode_path, has_control_character, header_key, normalize_host
+from edgegen_policy import QUOTA_EXCEEDED as _QUOTA_EXCEEDED
+from edgegen_policy import KeyName, decode_path, has_control_character, header_key, normalize_host
 
 from ._core import MAX_COST
 from ._decision import Decision, LimitResult
@@ -42,7 +42,8 @@ from ._errors import ConfigurationError, InvalidArgumentError
 
 logger = logging.getLogger("applimit")
 
-# The problem type of a refusal: the Worker's too (policy/_http.py), so one client sees one.
+# The problem type of a refusal: the Worker's too (edgegen_policy/_http.py), so one client
+# sees one.
 QUOTA_EXCEEDED: Final = _QUOTA_EXCEEDED
 
 TEMPORARY_REDUCED_CAPACITY = (

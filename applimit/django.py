@@ -50,8 +50,7 @@ from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-u
 from django.core.signals import setting_changed  # type: ignore[import-untyped]
 from django.http import HttpResponse  # type: ignore[import-untyped]
 from django.utils.module_loading import import_string  # type: ignore[import-untyped]
-
-from policy import PolicyError
+from edgegen_policy import PolicyError
 
 from ._decision import Decision
 from ._decorator import RateLimited

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from policy import Policy
+    from edgegen_policy import Policy
 
     from ._async import AsyncLimiter
     from ._sync import Limiter

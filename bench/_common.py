@@ -25,10 +25,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import edgegen_policy as policy
 import redis
-
-import policy
-from policy import Policy
+from edgegen_policy import Policy
 
 ROOT = Path(__file__).resolve().parent.parent
 _TESTS = ROOT / "tests"

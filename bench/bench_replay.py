@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import policy
+import edgegen_policy as policy
+
 from edgegen._replay import Layer, Replay, ReplayOptions
 from edgegen._traffic import TrafficOptions
 from edgegen._traffic_pipe import open_traffic

@@ -18,9 +18,10 @@ import random
 import time
 from collections.abc import Callable, Hashable, Sequence, Sized
 
+from edgegen_policy import Algorithm, Rate
+
 from edgegen._replay_models import app_model, rule_counter, worker_counter
 from edgegen._replay_types import AppModel, EdgeCounter
-from policy import Algorithm, Rate
 
 START_US = 1_764_547_200 * 1_000_000
 IDENTITIES = 10_000

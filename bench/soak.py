@@ -39,7 +39,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import policy
+import edgegen_policy as policy
+
 from applimit import AsyncLimiter, Limiter
 from bench._common import redis_server
 

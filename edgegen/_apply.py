@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from policy import Policy
+from edgegen_policy import Policy
 
 from ._plan import ZonePlan, locate_rejections, rejections
 from .errors import ApplyError, CloudflareAPIError, EdgegenError, Rejection, ZoneError

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from policy import Action, CloudflarePlan
+from edgegen_policy import Action, CloudflarePlan
 
 T = TypeVar("T")
 

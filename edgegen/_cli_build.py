@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import policy
-from policy import Diagnostic, Policy
+import edgegen_policy as policy
+from edgegen_policy import Diagnostic, Policy
 
 from ._artifacts import Artifacts, Target
 from ._output import write

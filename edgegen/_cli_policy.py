@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Any
 
-import policy
-from policy import Policy, Severity
+import edgegen_policy as policy
+from edgegen_policy import Policy, Severity
 
 from ._messages import shown_url
 from ._placement import check

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from policy import Policy
+from edgegen_policy import Policy
 
 from ._pipeline import load_and_build
 from ._plan_format import markdown_text, terminal_text

@@ -15,7 +15,7 @@ import sys
 from datetime import timedelta
 from typing import Any
 
-from policy import Duration
+from edgegen_policy import Duration
 
 from ._analytics import DEFAULT_TOP, Count, EdgeReport, RuleReport, report
 from ._cli_zone import make_client, scope_of

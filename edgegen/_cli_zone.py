@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import policy
-from policy import Cloudflare, Policy
+import edgegen_policy as policy
+from edgegen_policy import Cloudflare, Policy
 
 from . import _apply, _diff, _formats, _plan_format, _replay_report
 from ._artifacts import Artifacts

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from policy import (
+from edgegen_policy import (
     Action,
     Checked,
     Diagnostic,
@@ -25,7 +25,7 @@ from policy import (
     Severity,
     diagnostic_at,
 )
-from policy import check as policy_check
+from edgegen_policy import check as policy_check
 
 from . import _expr, _ids, _terraform, _worker
 from ._artifacts import Artifacts, Placement, Target

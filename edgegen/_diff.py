@@ -18,8 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import policy
-from policy import AppLimit, Diagnostic, EdgeLimit, Limit, Match, Policy, Rate
+import edgegen_policy as policy
+from edgegen_policy import AppLimit, Diagnostic, EdgeLimit, Limit, Match, Policy, Rate
 
 from ._artifacts import Artifacts, Target
 from ._compile import build

@@ -28,7 +28,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from policy import AuthenticatedWhen, Matcher
+from edgegen_policy import AuthenticatedWhen, Matcher
 
 from ._capabilities import COOKIES, HEADERS, HOST, MAX_EXPRESSION_LENGTH, METHOD, PATH
 

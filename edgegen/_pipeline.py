@@ -18,8 +18,8 @@ import sys
 from dataclasses import dataclass
 from typing import TextIO
 
-import policy
-from policy import Checked, Policy
+import edgegen_policy as policy
+from edgegen_policy import Checked, Policy
 
 from ._artifacts import Artifacts
 from ._compile import build_checked

@@ -46,7 +46,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from policy import (
+from edgegen_policy import (
     Action,
     Check,
     Checked,
@@ -62,7 +62,7 @@ from policy import (
     credentialed_rate,
     diagnostic_at,
 )
-from policy import check as policy_check
+from edgegen_policy import check as policy_check
 
 from ._capabilities import (
     CHALLENGES,

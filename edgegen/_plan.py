@@ -36,10 +36,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Final, Literal
 
+from edgegen_policy import Policy
 from pydantic import Field, GetCoreSchemaHandler, StrictInt
 from pydantic_core import core_schema
-
-from policy import Policy
 
 from . import _compile, _ids
 from ._artifacts import Artifacts, Target, WorkerArtifact

@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from policy import (
+from edgegen_policy import (
     Action,
     EdgeTarget,
     Limit,
@@ -32,7 +32,7 @@ from policy import (
     normalize_host,
     request_paths,
 )
-from policy import Matcher as PolicyMatcher
+from edgegen_policy import Matcher as PolicyMatcher
 
 from . import _placement
 from ._replay_models import app_model, rule_counter, worker_counter

@@ -44,7 +44,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Hashable, Iterable, Sequence
 
-from policy import Action, Algorithm, Rate
+from edgegen_policy import Action, Algorithm, Rate
 
 from ._replay_types import AppModel, EdgeCounter
 

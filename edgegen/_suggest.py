@@ -22,7 +22,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from policy import Algorithm, Policy
+from edgegen_policy import Algorithm, Policy
 
 from ._replay import Layer, Replay, ReplayOptions, Row, _AppCheck
 from ._replay_types import Request

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from policy import QUOTA_EXCEEDED, Limit, Policy, Rate, Worker, header_key
+from edgegen_policy import QUOTA_EXCEEDED, Limit, Policy, Rate, Worker, header_key
 
 from . import _ids
 from ._artifacts import WorkerArtifact

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from policy import Policy
+from edgegen_policy import Policy
 
 from . import _apply
 from ._artifacts import Artifacts

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import TextIO
 
-from policy import PolicyLoadError, write_diagnostics
+from edgegen_policy import PolicyLoadError, write_diagnostics
 
 from . import _cli_build, _cli_policy, _cli_replay, _cli_report, _cli_zone
 from ._plan_format import terminal_text

@@ -245,7 +245,7 @@ class NaiveFixedWindow:
 
 def free_api_rate() -> tuple[int, float, str]:
     """The example policy's free-tier rate of the ``api`` limit: requests, seconds, text."""
-    import policy
+    import edgegen_policy as policy
 
     api = policy.load(POLICY).limit("api")
     assert api.app is not None
@@ -418,7 +418,7 @@ def metrics_table(table: dict[tuple[str, str], Counter[str]]) -> list[str]:
     The metric counts limit *results*: a tier with two rates (api's pro tier, 1000/1m and
     20000/1h) counts each request once per rate, which a note under the table says.
     """
-    import policy
+    import edgegen_policy as policy
 
     loaded = policy.load(POLICY)
     shown = list(OUTCOMES[:2])

@@ -14,11 +14,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
+from edgegen_policy import CloudflarePlan, Policy
 
 import edgegen
-import policy
-from policy import CloudflarePlan, Policy
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "edge"

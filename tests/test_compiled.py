@@ -165,7 +165,7 @@ def test_the_compiled_modules_pass_the_contract(compiled_tree: Path) -> None:
 _WRONG_ARGUMENTS = """
 import applimit._core
 from applimit import Limiter
-from policy import loads
+from edgegen_policy import loads
 
 policy = loads('''
 version: 1

@@ -50,10 +50,10 @@ from differential.corpus import (
 )
 from differential.rawhttp import RawClient
 from differential.report import Mismatch, table
+from edgegen_policy import decode_path, ip_bucket, normalize_path
 from harness import RedisServer
 
 import edgegen
-from policy import decode_path, ip_bucket, normalize_path
 
 MIN_CORPUS = 1_000
 EDGE_MD = Path(__file__).resolve().parents[1] / "docs" / "edge.md"

@@ -137,10 +137,10 @@ def test_the_picture_renders_from_scrapes_of_a_real_registry(
 ) -> None:
     """Two scrapes of a limiter's registry (decisions on a real Redis between them) render
     to a PNG with every panel."""
+    import edgegen_policy as policy
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    import policy
     from applimit import Limiter
     from applimit.prometheus import PrometheusObserver
 

@@ -70,13 +70,13 @@ def _data_files() -> list[str]:
         for p in templates.iterdir()
         if p.suffix in (".js", ".j2", ".json")
     ]
-    return [*wanted, "policy/py.typed", "edgegen/py.typed", "applimit/py.typed"]
+    return [*wanted, "edgegen_policy/py.typed", "edgegen/py.typed", "applimit/py.typed"]
 
 
 def test_wheel_contains_packages_and_data(wheel: Path) -> None:
     """The wheel holds the three packages, their py.typed markers, Lua and templates."""
     names = set(zipfile.ZipFile(wheel).namelist())
-    for package in ("policy", "edgegen", "applimit"):
+    for package in ("edgegen_policy", "edgegen", "applimit"):
         assert f"{package}/__init__.py" in names
     missing = [f for f in _data_files() if f not in names]
     assert missing == []
@@ -104,8 +104,8 @@ def test_installed_wheel_runs_outside_the_source_tree(wheel: Path, tmp_path: Pat
     )
     env = {**os.environ, "PYTHONPATH": str(site)}
     code = (
-        "import policy, edgegen.cli, sys; "
-        "assert policy.__file__.startswith(sys.argv[1]), policy.__file__; "
+        "import edgegen_policy, edgegen.cli, sys; "
+        "assert edgegen_policy.__file__.startswith(sys.argv[1]), edgegen_policy.__file__; "
         "raise SystemExit(edgegen.cli.main(['validate', sys.argv[2]]))"
     )
     result = subprocess.run(
@@ -141,7 +141,7 @@ def test_an_app_install_needs_none_of_the_edge_packages() -> None:
     """applimit (limiter, ASGI/WSGI middleware) imports and decides a limit's plan without
     httpx and jinja2, the dependencies of the `edge` extra."""
     code = (
-        "import applimit, applimit.asgi, applimit.wsgi, policy\n"
+        "import applimit, applimit.asgi, applimit.wsgi, edgegen_policy as policy\n"
         "from applimit._core import Core\n"
         "p = policy.load('examples/policy.yaml')\n"
         "assert not any(m in sys.modules and sys.modules[m] for m in ('httpx', 'jinja2'))\n"

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 import redis
 import redis.asyncio
@@ -23,7 +24,6 @@ import redis.asyncio.cluster
 from harness import RedisCluster, RedisServer
 from limiter_support import Driver, MakeLimiter, MemoryAdmin
 
-import policy
 from applimit import AsyncLimiter, Limiter, _memory
 
 # The store of the memory backend's limiters (cleared before each test).

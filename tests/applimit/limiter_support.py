@@ -227,7 +227,7 @@ def hammer(
     """
     import threading
 
-    import policy
+    import edgegen_policy as policy
 
     clock = None if frozen_us is None else (lambda: frozen_us / US)
     limiter = Limiter(policy.loads(text), redis_url=url, test_clock=clock)

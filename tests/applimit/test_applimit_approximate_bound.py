@@ -28,12 +28,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 import redis
 from harness import RedisCluster, RedisServer
 from limiter_support import TestClock, script_calls
 
-import policy
 from applimit import AsyncLimiter, Decision, DecisionEvent, Limiter, _script
 from applimit._flow import Send, Wait
 

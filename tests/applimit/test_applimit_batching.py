@@ -11,11 +11,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+import edgegen_policy as policy
 import pytest
 import redis
 from harness import RedisCluster, RedisServer
 
-import policy
 from applimit import BreakerState, Decision, Limiter
 
 T = TypeVar("T")

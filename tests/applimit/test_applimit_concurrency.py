@@ -77,7 +77,8 @@ async def test_hundreds_of_coroutines_share_connections_and_stay_exact(
 ) -> None:
     """300 coroutines at once on 16 connections: their calls are pipelined together, none
     fails for want of a connection, and exactly 100 are admitted."""
-    import policy
+    import edgegen_policy as policy
+
     from applimit import AsyncLimiter
 
     text = POLICY.replace("timeout: 5s", "timeout: 2s")

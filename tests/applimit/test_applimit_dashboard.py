@@ -11,13 +11,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 from harness import RedisServer
 from limiter_support import TestClock
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-import policy
 from applimit import Limiter, Outcome
 from applimit.prometheus import PrometheusObserver
 

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 import redis
 import redis.asyncio
@@ -21,7 +22,6 @@ import redis.sentinel
 from harness import HOST, RedisCluster, RedisServer, find_redis_binary, running, wait_until
 from limiter_support import Driver
 
-import policy
 from applimit import AsyncLimiter, Limiter, _wire
 
 POLICY = policy.loads(

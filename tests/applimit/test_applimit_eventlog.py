@@ -12,11 +12,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 from harness import RedisServer
 from limiter_support import Driver
 
-import policy
 from applimit import AsyncLimiter, EventLogObserver, Limiter
 
 POLICY = """

@@ -11,13 +11,13 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
+import edgegen_policy as policy
 import pytest
 import redis
 from harness import RedisCluster, RedisServer, running
 from limiter_support import Driver
 from redis.crc import key_slot
 
-import policy
 from applimit import AsyncLimiter, BreakerState, Limiter
 
 TIMEOUT = 0.05

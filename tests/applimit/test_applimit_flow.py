@@ -13,13 +13,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 import redis
 from harness import RedisCluster
 from limiter_support import TestClock
 from redis._parsers.base import BaseParser
 
-import policy
 from applimit import ApplimitError, BreakerState, Decision, Limiter, _script
 from applimit._core import ScriptCall
 from applimit._flow import Flow, Send

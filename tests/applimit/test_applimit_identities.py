@@ -8,12 +8,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
+import edgegen_policy as policy
 import httpx
 import pytest
 from fastapi import Depends, FastAPI, Request
 from harness import RedisServer
 
-import policy
 from applimit import AsyncLimiter, Limiter, RateLimited, rate_limited
 from applimit.asgi import Caller
 from applimit.fastapi import RateLimit, RequestInfo

@@ -12,12 +12,12 @@ import dataclasses
 from types import MappingProxyType
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from limiter_support import MakeLimiter
 
-import policy
 from applimit import InvalidArgumentError, Limiter, RateLimited, _keys, rate_limited
 from applimit._core import Core, compile_policy
 from applimit.asgi import Caller

@@ -3,13 +3,13 @@ what matching afresh gives, for any path, and stays bounded however many paths i
 
 from __future__ import annotations
 
+import edgegen_policy as policy
+from edgegen_policy import request_paths
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import policy
 from applimit import _core
 from applimit._core import Core, compile_policy
-from policy import request_paths
 
 POLICY = policy.loads(
     """

@@ -15,9 +15,9 @@ import threading
 import tomllib
 from pathlib import Path
 
+import edgegen_policy as policy
 import pytest
 
-import policy
 from applimit import AsyncLimiter, ConfigurationError, Limiter, UnknownLimitError, _memory
 
 POLICY = """

@@ -10,6 +10,7 @@ import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 from harness import RedisServer
 from limiter_support import Driver
@@ -17,7 +18,6 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry
 
-import policy
 from applimit import AsyncLimiter, DecisionEvent, Limiter, Observer, Outcome
 from applimit.otel import OpenTelemetryObserver
 from applimit.prometheus import PrometheusObserver

@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import edgegen_policy as policy
 import redis
 from harness import RedisServer
 from limiter_support import US, MakeLimiter, TestClock
@@ -19,7 +20,6 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry
 
-import policy
 from applimit import Decision, DecisionEvent, Limiter, Observer, _script
 from applimit._flow import Send
 from applimit.otel import OpenTelemetryObserver

@@ -7,12 +7,12 @@ encoded calls to real servers; this test says they are the same bytes as before.
 
 from __future__ import annotations
 
+import edgegen_policy as policy
 import hiredis
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import policy
 from applimit._core import Core, Prepared, ScriptCall, compile_policy
 from applimit._protocol import _HEADS, EVAL, EVALSHA, FCALL, pack, pack_calls
 

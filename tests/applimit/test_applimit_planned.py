@@ -7,11 +7,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import policy
 from applimit import ApplimitError, _core
 from applimit._core import Core, Prepared, compile_policy
 

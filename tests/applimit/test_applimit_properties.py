@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import edgegen_policy as policy
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,7 +28,6 @@ from limiter_support import (
     as_expected,
 )
 
-import policy
 from applimit import Limiter
 
 SETTINGS = settings(

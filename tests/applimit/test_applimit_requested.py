@@ -9,11 +9,11 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import policy
 from applimit import ApplimitError, _core
 from applimit._core import Core, Prepared, compile_policy
 

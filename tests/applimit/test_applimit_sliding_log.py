@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
+import edgegen_policy as policy
 import pytest
 import redis
 from harness import RedisServer
@@ -19,7 +20,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from limiter_support import US, SlidingLogModel, TestClock, as_expected
 
-import policy
 from applimit import Limiter, _script
 
 LIMIT = 10

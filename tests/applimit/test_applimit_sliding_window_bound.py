@@ -16,11 +16,11 @@ import random
 import uuid
 from collections.abc import Iterator
 
+import edgegen_policy as policy
 import pytest
 from harness import RedisServer
 from limiter_support import US, TestClock
 
-import policy
 from applimit import Limiter
 
 LIMIT = 100

@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 import pickle
 
+import edgegen_policy as policy
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import applimit
-import policy
 from applimit import ConfigurationError, LimitResult, _keys, _script
 from applimit._breaker import BreakerState, CircuitBreaker
 from applimit._clients import parse_sentinel_url

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 from harness import RedisServer
 
-import policy
 from applimit import AsyncLimiter, ConfigurationError, Limiter
 from applimit._clients import shown_url
 

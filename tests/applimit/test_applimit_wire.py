@@ -15,12 +15,12 @@ import threading
 import time
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 import redis
 from harness import RedisCluster, RedisServer
 from limiter_support import Driver
 
-import policy
 from applimit import AsyncLimiter, BreakerState, Limiter, _hiredis, _script, _wire
 
 POLICY = """

@@ -27,11 +27,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 from harness import RedisCluster, running, wait_until
 from redis.crc import key_slot
 
-import policy
 from applimit import AsyncLimiter, BreakerState, Decision, Limiter
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]

@@ -7,13 +7,13 @@ of any length up to 1 MB, whole keys rather than tags, and what actually lands i
 
 from __future__ import annotations
 
+import edgegen_policy as policy
 import pytest
 import redis
 from harness import RedisServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import policy
 from applimit import Limiter, _keys
 from applimit._core import Core, compile_policy
 

@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import edgegen_policy as policy
 import servers
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from flask import Flask, make_response
 from flask import request as flask_request
 
-import policy
 from applimit import AsyncLimiter, Limiter
 from applimit.asgi import RateLimitMiddleware as AsgiRateLimit
 from applimit.wsgi import RateLimitMiddleware as WsgiRateLimit

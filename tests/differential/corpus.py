@@ -38,10 +38,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TypeVar
 
+import edgegen_policy as policy
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-
-import policy
 
 from . import spec
 

@@ -24,7 +24,8 @@ REDIS_URL = os.environ.get("DIFFERENTIAL_REDIS_URL") or None
 
 
 def _flask() -> Any:
-    import policy
+    import edgegen_policy as policy
+
     from applimit import Limiter
 
     limiter = None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import policy
+import edgegen_policy as policy
 
 ANY_METHOD = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH")
 GET = ("GET", "HEAD")  # both frameworks serve HEAD with the GET handler

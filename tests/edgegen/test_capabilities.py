@@ -11,15 +11,15 @@ import re
 import textwrap
 from pathlib import Path
 
+import edgegen_policy as policy
 import pytest
+from edgegen_policy import Action, CloudflarePlan, Severity
 
 import edgegen
-import policy
 from edgegen import _capabilities as capabilities
 from edgegen import _placement
 from edgegen._capabilities import PLANS, WORKER, Sourced
 from edgegen._placement import EDGE_CHECKS
-from policy import Action, CloudflarePlan, Severity
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "edge.md"
 # The marker names the function that renders the table (its module has moved before).
@@ -230,7 +230,7 @@ def test_lint_and_build_agree() -> None:
 def test_lint_codes_are_documented() -> None:
     """Every L2xx code placement can emit is in its docstring table, and every L0xx/L1xx
     code of the lint pass in the lint docstring table."""
-    from policy import _lint
+    from edgegen_policy import _lint
 
     for module, pattern in ((_placement, r"L2\d\d"), (_lint, r"L[01]\d\d")):
         source = Path(module.__file__ or "").read_text()
@@ -410,7 +410,7 @@ def test_a_looser_credentialed_rate_passes_and_an_unused_one_is_reported() -> No
 
 def test_lint_codes_are_in_the_policy_reference() -> None:
     """Every L0xx/L1xx code lint emits, and L210, has a row in docs/policy.md."""
-    from policy import _lint
+    from edgegen_policy import _lint
 
     reference = (DOCS.parent / "policy.md").read_text(encoding="utf-8")
     emitted = set(re.findall(r'"(L[01]\d\d)"', Path(_lint.__file__).read_text())) | {"L210"}

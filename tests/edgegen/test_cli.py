@@ -11,9 +11,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 
-import policy
 from edgegen import _formats, cli
 from edgegen._state import RemoteState, Scope
 

@@ -11,13 +11,13 @@ import tomllib
 from pathlib import Path
 from urllib.parse import unquote
 
+import edgegen_policy as policy
 import pytest
 import rules_eval
 from edge_support import GOLDEN, GOLDEN_POLICY, PLANS, compare_with_golden, golden_files
 from edge_support import golden_policy as load_golden
 
 import edgegen
-import policy
 from edgegen import Artifacts, CompileError, Target, _compile, _ids, _placement, _worker
 from edgegen._capabilities import PLANS as CAPABILITIES
 

@@ -7,11 +7,11 @@ import random
 
 import pytest
 import rules_eval
+from edgegen_policy import AuthenticatedWhen, Matcher
 from hypothesis import given
 from hypothesis import strategies as st
 
 from edgegen import _expr
-from policy import AuthenticatedWhen, Matcher
 
 HOSTILE = [
     '"',

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 from cloudflare_fake import ACCOUNT_ID, TOKEN, ZONE_ID, FakeCloudflare
 from zone_support import (
@@ -51,7 +52,6 @@ from zone_support import (
     zone_state,
 )
 
-import policy
 from edgegen import _cloudflare, cli
 
 BASE = EXAMPLE.read_text()

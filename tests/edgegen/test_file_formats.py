@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 
 import edgegen
-import policy
 from edgegen import _formats
 from edgegen.errors import ZoneError
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import edgegen_policy as policy
 import httpx
 import pytest
 from cloudflare_fake import ACCOUNT_ID, TOKEN, ZONE_ID, FakeCloudflare, envelope
@@ -27,7 +28,6 @@ from hypothesis import strategies as st
 from zone_support import EXAMPLE, HAND_MADE, Network, Sleeps, clone, variant
 
 import edgegen
-import policy
 from edgegen import (
     Artifacts,
     Client,

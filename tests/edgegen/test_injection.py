@@ -36,13 +36,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+import edgegen_policy as policy
 import hcl_subset
 import pytest
 import rules_eval
 import yaml
 
 import edgegen
-import policy
 from edgegen import Artifacts, Target, _compile, _diff, _ids
 from edgegen._plan import make_plan
 from edgegen._plan_format import to_markdown, to_text

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 
 import edgegen
-import policy
 from edgegen import Artifacts, Placement, Target, WorkerArtifact, ZonePlan, _compile, _ids
 from edgegen._formats import plan_from_json, plan_to_json, write_hashes
 from edgegen._plan import (

@@ -13,9 +13,9 @@ import json
 import os
 from pathlib import Path
 
+import edgegen_policy as policy
 import pytest
 
-import policy
 from edgegen._replay import Layer, Replay, ReplayOptions, replay, replay_pair
 from edgegen._replay_report import impact, impact_lines, impact_markdown, to_json, to_markdown
 from edgegen._replay_types import Request

@@ -21,13 +21,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 import redis
 from edge_support import run_node
+from edgegen_policy import Algorithm, Rate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import policy
 from applimit import Limiter
 from edgegen._replay_models import (
     GcraModel,
@@ -42,7 +43,6 @@ from edgegen._replay_models import (
     worker_counter,
 )
 from edgegen._replay_types import AppModel
-from policy import Algorithm, Rate
 
 US = 1_000_000
 # Time starts at a whole minute (plus a drawn offset), as a server's clock might read.

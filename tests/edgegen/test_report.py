@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import edgegen_policy as policy
 import httpx
 import pytest
 import respx
@@ -34,7 +35,6 @@ from cloudflare_fake import (
 from zone_support import EXAMPLE, HAND_MADE, Sleeps
 
 import edgegen
-import policy
 from edgegen import _analytics, _cli_report, cli
 from edgegen._retry import RetryPolicy
 

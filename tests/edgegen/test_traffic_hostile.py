@@ -20,11 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-import policy
 from edgegen import _traffic, cli
 from edgegen._replay import TIMELINE_BUCKETS, Replay
 from edgegen._replay_report import timeline, to_json, to_text

@@ -14,15 +14,21 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 import rules_eval
 from edge_support import HARNESS, PLANS, WORKERS, golden_policy, require_node_modules, run_node
+from edgegen_policy import (
+    credentialed_rate,
+    ip_bucket,
+    normalize_host,
+    normalize_path,
+    request_paths,
+)
+from edgegen_policy._match import canonical_path, decode_path
 
 import edgegen
-import policy
 from edgegen import _worker
-from policy import credentialed_rate, ip_bucket, normalize_host, normalize_path, request_paths
-from policy._match import canonical_path, decode_path
 
 pytestmark = pytest.mark.workerd
 
@@ -694,7 +700,7 @@ def test_ipv6_clients_are_counted_per_network(tmp_path: Path) -> None:
     assert [r["status"] for r in responses] == [200] * 5 + [429] * 45 + [200, 200]
 
 
-# --- the ports of policy/_match.py and policy/_net.py, string for string ------------------
+# --- the ports of edgegen_policy/_match.py and _net.py, string for string ------------------
 
 FUNCTIONS_MODULE = """
 export default {

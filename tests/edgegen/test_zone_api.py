@@ -8,12 +8,12 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import edgegen_policy as policy
 import pytest
 from cloudflare_fake import ACCOUNT_ID, TOKEN, ZONE_ID, FakeCloudflare
 from zone_support import EXAMPLE, HAND_MADE, Sleeps
 
 import edgegen
-import policy
 
 WORKER = "api-edge-limits"
 SCOPE = edgegen.Scope(ZONE_ID, ACCOUNT_ID, WORKER)

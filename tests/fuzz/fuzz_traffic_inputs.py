@@ -30,7 +30,8 @@ from pathlib import Path
 import atheris
 
 with atheris.instrument_imports():
-    import policy
+    import edgegen_policy as policy
+
     from edgegen._replay import Replay
     from edgegen._replay_report import to_json, to_text
     from edgegen._traffic import FORMATS, MAX_TIME_US, TrafficError, TrafficOptions, read_traffic

@@ -7,11 +7,11 @@ import io
 from pathlib import Path
 from typing import Any
 
+import edgegen_policy as policy
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import policy
 from edgegen.cli import main
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "policy.yaml"

@@ -5,10 +5,9 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote
 
+import edgegen_policy as policy
 from hypothesis import given
 from hypothesis import strategies as st
-
-import policy
 
 NAMES = st.text(st.characters(codec="utf-8", exclude_categories=("Cc", "Cs")), min_size=1)
 

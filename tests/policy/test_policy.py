@@ -9,12 +9,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import edgegen_policy as policy
 import pytest
+from edgegen_policy import Duration, Matcher, Rate, Severity
 from hypothesis import given
 from hypothesis import strategies as st
-
-import policy
-from policy import Duration, Matcher, Rate, Severity
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "policy.yaml"
@@ -575,7 +574,7 @@ def test_the_plain_path_shortcut_normalises_like_the_full_algorithm(
 ) -> None:
     """normalize_path returns plain paths (most request paths) unchanged without running
     the algorithm; for every input it must agree with the full algorithm."""
-    from policy._match import _normalize
+    from edgegen_policy._match import _normalize
 
     raw = "/" + text if absolute else text
     assert policy.normalize_path(raw) == _normalize(raw)

@@ -8,9 +8,8 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+import edgegen_policy as policy
 import pytest
-
-import policy
 
 GOOD_HEADER = """\
 version: 1

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import edgegen_policy as policy
 import pytest
+from edgegen_policy import AppKey, Layer, Severity
 
-import policy
 from applimit import ConfigurationError, Limiter
 from edgegen import _diff
-from policy import AppKey, Layer, Severity
 
 BASE = """\
 version: 1

@@ -12,10 +12,10 @@ import json
 import re
 from pathlib import Path
 
+import edgegen_policy as policy
 import pytest
 import redis.connection
 
-import policy
 from applimit import Limiter
 from edgegen import cli
 

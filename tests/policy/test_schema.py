@@ -1,6 +1,7 @@
 """``edgegen schema`` is the loader's truth: every document the loader accepts passes it.
 
-The schema is generated from the model the loader validates with (``policy/_schema.py``);
+The schema is generated from the model the loader validates with
+(``policy/edgegen_policy/_schema.py``);
 these tests hold the two together on the project's own examples, on the shortcuts the
 issue named, and on documents generated from a small grammar of the policy's fields.
 """
@@ -14,14 +15,13 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 import yaml
+from edgegen_policy._loader import parse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
-
-import policy
-from policy._loader import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

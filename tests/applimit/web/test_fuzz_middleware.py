@@ -18,12 +18,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import edgegen_policy as policy
 import pytest
 from harness import RedisServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import policy
 from applimit import AsyncLimiter, Limiter
 from applimit.asgi import Caller
 from applimit.asgi import RateLimitMiddleware as AsgiMiddleware

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import edgegen_policy as policy
 import httpx
 import pytest
 from fastapi import Depends, FastAPI
@@ -20,7 +21,6 @@ from flask import Flask
 from harness import RedisServer
 from servers import serve_asgi, serve_wsgi
 
-import policy
 from applimit import AsyncLimiter, Limiter
 from applimit.fastapi import RateLimit, add_problem_handler
 from applimit.flask import Limits

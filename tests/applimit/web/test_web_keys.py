@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
+import edgegen_policy as policy
 import httpx
 import pytest
 from fastapi import Depends, FastAPI
@@ -21,7 +22,6 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-import policy
 from applimit import AsyncLimiter, Limiter
 from applimit.asgi import Caller, RequestInfo
 from applimit.asgi import RateLimitMiddleware as AsgiMiddleware

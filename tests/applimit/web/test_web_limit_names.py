@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 
+import edgegen_policy as policy
 import httpx
 import pytest
 from webcheck import rate_limit_headers
 
-import policy
 from applimit import LimitResult
 from applimit._decision import combine
 from applimit._web import Gate, Outcome

@@ -325,7 +325,7 @@ async def test_middleware_false_limits_apply_only_where_named(
 
 def test_middleware_false_is_a_policy_field(sync_limiter: Limiter, tmp_path: Path) -> None:
     """The field loads as a bool on the app part, true by default; other values fail."""
-    from policy import PolicyError, load
+    from edgegen_policy import PolicyError, load
 
     policy = load(sync_limiter_policy(tmp_path, "false"))
     assert [limit.app.middleware for limit in policy.limits if limit.app] == [True, False]

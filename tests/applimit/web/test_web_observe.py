@@ -11,6 +11,7 @@ import socket
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import edgegen_policy as policy
 import flask
 import httpx
 import pytest
@@ -22,7 +23,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-import policy
 from applimit import AsyncLimiter, Decision, Limiter
 from applimit.asgi import DECISION_STATE_KEY
 from applimit.asgi import RateLimitMiddleware as AsgiMiddleware

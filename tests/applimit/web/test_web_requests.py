@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from urllib.parse import unquote_to_bytes
 
+import edgegen_policy as policy
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import policy
 from applimit import _web
 from applimit._web import UNKNOWN_IP, Gate, RequestInfo, TrustedProxies, parse_ip
 from applimit.asgi import Caller

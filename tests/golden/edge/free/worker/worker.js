@@ -187,7 +187,7 @@ const CONFIG = {
 //
 // For each request: refuse with 400 a path whose decoded form holds a control character (as
 // the app's middlewares do). Then find the limits whose matcher applies (same meaning as
-// policy/_match.py: exact paths OR path prefixes, AND methods, AND hosts, where the path is
+// policy/edgegen_policy/_match.py: exact paths OR path prefixes, AND methods, AND hosts, where the path is
 // checked in every form `requestPaths` gives), pick each limit's counter (requests that carry
 // a credential are counted apart, against the limit's looser credentialed rate), count the
 // client (`ipBucket` of CF-Connecting-IP) in each counter's binding in policy order, and
@@ -196,18 +196,18 @@ const CONFIG = {
 // down.
 //
 // `decodePath`, `canonicalPath`, `requestPaths` and `ipBucket` are ports of
-// policy/_match.py and policy/_net.py: they give exactly the strings the Python functions
+// policy/edgegen_policy/_match.py and policy/edgegen_policy/_net.py: they give exactly the strings the Python functions
 // give, which tests check on generated corpora.
 
 // Longest client key sent to a binding. An IPv6 network is at most 43 characters; anything
 // longer is not an address Cloudflare set, and is cut rather than trusted to be small.
 const MAX_KEY_LENGTH = 64;
-// policy/_match.py MAX_PATH_LENGTH: paths are looked at up to three times this length.
+// policy/edgegen_policy/_match.py MAX_PATH_LENGTH: paths are looked at up to three times this length.
 const MAX_PATH_LENGTH = 16384;
 // IPv6 clients are counted per network of this many bits unless the policy says otherwise.
 const DEFAULT_IPV6_PREFIX = 64;
 
-// --- paths: policy/_match.py decode_path, canonical_path, request_paths ------------------
+// --- paths: policy/edgegen_policy/_match.py decode_path, canonical_path, request_paths ------------------
 
 // Python's bytes.decode("utf-8", "replace"): invalid bytes become U+FFFD (the same maximal
 // subparts as WHATWG's decoder), and a byte order mark is kept, not swallowed.
@@ -217,7 +217,7 @@ const ASCII_RUN = /[\x00-\x7f]+/g;
 const SLASH_RUN = /\/{2,}/g;
 // A path with none of these needs no work: nothing to decode, merge, resolve or turn.
 const PLAIN_ROUTE = /^(?:\/[^%\\/?#\x00-\x1f\x7f]+)*\/?$/;
-// C0 controls and DEL (policy/_match.py _CONTROLS): no resource name holds them, and routers
+// C0 controls and DEL (policy/edgegen_policy/_match.py _CONTROLS): no resource name holds them, and routers
 // read them each their own way (a Starlette route's "$" matches before a final "\n").
 const HAS_CONTROL = /[\x00-\x1f\x7f]/;
 
@@ -323,7 +323,7 @@ function requestPaths(path) {
 
 /**
  * The 400 answer for a path whose decoded form holds a control character
- * (policy/_match.py has_control_character), or null. Checked before anything else, as the
+ * (policy/edgegen_policy/_match.py has_control_character), or null. Checked before anything else, as the
  * app's middlewares check it: such a path names no resource, and routers disagree on it.
  */
 function controlCharacterRefusal(url) {
@@ -350,7 +350,7 @@ function exactKey(path) {
   return path.length > 1 && path.endsWith("/") ? path.slice(0, -1) : path;
 }
 
-// --- client addresses: policy/_net.py ip_bucket --------------------------------------------
+// --- client addresses: policy/edgegen_policy/_net.py ip_bucket --------------------------------------------
 
 // Python's str.strip() removes what str.isspace() calls whitespace: this set, not JS trim's.
 const PY_STRIP =
@@ -495,7 +495,7 @@ function dotted(high, low) {
 }
 
 /**
- * The IPv4 client an IPv6 address carries (policy/_net.py `embedded_ipv4`), or null:
+ * The IPv4 client an IPv6 address carries (policy/edgegen_policy/_net.py `embedded_ipv4`), or null:
  * IPv4-mapped ::ffff:a.b.c.d, IPv4-translated ::ffff:0:a.b.c.d, NAT64 64:ff9b::a.b.c.d,
  * IPv4-compatible ::a.b.c.d, 6to4 2002:AABB:CCDD::/48 and Teredo 2001:0::/32 (the client
  * inverted in the last 32 bits). Each counts as that IPv4 client, as in the app.
@@ -524,7 +524,7 @@ function embeddedIPv4(h) {
 }
 
 /**
- * The key a client address is counted under (policy/_net.py ip_bucket, to the character).
+ * The key a client address is counted under (policy/edgegen_policy/_net.py ip_bucket, to the character).
  *
  * IPv4 as is; an IPv6 address that carries an IPv4 client (`embeddedIPv4`) as that IPv4
  * address; other IPv6 addresses as

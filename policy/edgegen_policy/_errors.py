@@ -2,8 +2,8 @@
 
 A :class:`Diagnostic` is every finding about a policy: a load error (``P...``), a lint
 finding (``L0xx``, ``L1xx``), a check contributed by a consumer of the policy (edgegen's
-``L2xx``) and the compiler's own (``E3xx``). ``policy/_report.py`` is the one place that
-prints it (terminal line, JSON, Markdown).
+``L2xx``) and the compiler's own (``E3xx``). ``_report.py`` is the one place that prints it
+(terminal line, JSON, Markdown).
 
 Exception tree::
 
