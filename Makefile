@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 NODE_STAMP := workers/node_modules/.installed-stamp
 BENCH_STAMP := $(VENV)/.bench-installed-stamp
 
-.PHONY: demo test lint typecheck unit deps node-deps bench soak clean dist
+.PHONY: demo test lint typecheck unit compat deps node-deps bench soak clean dist
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,8 +62,19 @@ unit: $(STAMP) $(NODE_STAMP)
 	npm test --prefix workers --silent
 	$(BIN)/python -m pytest
 
-## test: install into .venv (and workers/node_modules), then ruff, mypy --strict, pytest
-test: lint typecheck unit
+## compat: the contract suite on the oldest supported redis-py (pyproject's app extra), without
+## hiredis; the rest of the suite runs on the newest release with it
+REDIS_OLDEST := 8.0.0
+OLDEST_DIR := $(VENV)/redis-$(REDIS_OLDEST)
+COMPAT_PATH := tests/compat/no_hiredis:$(OLDEST_DIR)
+compat: $(STAMP)
+	test -d $(OLDEST_DIR) || $(BIN)/python -m pip install --quiet --no-deps --target $(OLDEST_DIR) redis==$(REDIS_OLDEST)
+	PYTHONPATH=$(COMPAT_PATH) $(BIN)/python -c "import redis, redis.utils; assert redis.__version__ == '$(REDIS_OLDEST)' and not redis.utils.HIREDIS_AVAILABLE, redis.__version__"
+	PYTHONPATH=$(COMPAT_PATH) $(BIN)/python -m pytest -q -p no:cacheprovider tests/applimit/test_applimit_contract.py tests/applimit/test_applimit_faults.py tests/applimit/test_applimit_batching.py
+
+## test: install into .venv (and workers/node_modules), then ruff, mypy --strict, pytest (and
+## the contract suite on the oldest supported redis-py)
+test: lint typecheck unit compat
 
 ## bench: every benchmark but http, about eight minutes; results in bench/results/, report in
 ## docs/benchmarks.md (make bench BENCH_ARGS="--only sync,async" for a selection)

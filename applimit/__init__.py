@@ -31,6 +31,8 @@ docs/applimit.md describes the algorithms, keys and failure policy; docs/web.md 
 
 from __future__ import annotations
 
+# First: outside the redis-py range it was tested on, applimit fails at import, loudly.
+from . import _compat  # noqa: F401 (imported for its check)
 from ._async import AsyncLimiter
 from ._breaker import BreakerState
 from ._decision import Decision, LimitResult

@@ -40,7 +40,7 @@ try:
     import hiredis
 
     _PUSH = hiredis.PushNotification
-except AttributeError:  # pragma: no cover - hiredis before 3.2 has no push type
+except (ImportError, AttributeError):  # no hiredis, or one before 3.2 (no push type)
     _PUSH = None
 
 _CLOSED = "Connection closed by server."

@@ -29,7 +29,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Generator, Sequence
 from typing import Any
 
-import hiredis
 import redis.exceptions
 
 from . import _script
@@ -53,10 +52,27 @@ Write = tuple[bytes, int]
 Replies = list[object]
 
 
+def _pack_in_python(args: tuple[str | bytes | int, ...]) -> bytes:
+    """One RESP command, packed here: what hiredis.pack_command gives, without hiredis."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode("utf-8")
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+_hiredis_pack: Any
+try:
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # hiredis is in the app extra, but optional: packed in Python then
+    _hiredis_pack = None
+
+
 def pack_command(args: tuple[str | bytes | int, ...]) -> bytes:
-    """One RESP command, packed by hiredis in one C call."""
-    # hiredis' stub types its argument as a one-element tuple; it takes any length.
-    return bytes(hiredis.pack_command(args))  # type: ignore[arg-type]
+    """One RESP command, packed by hiredis in one C call (in Python without hiredis)."""
+    if _hiredis_pack is None:
+        return _pack_in_python(args)
+    return bytes(_hiredis_pack(args))
 
 
 # The head of a call's command (the command, the function's name, SHA or script), by

@@ -100,6 +100,11 @@ def _redis_py_replies(connection: Any, count: int) -> Replies:
         except redis.exceptions.ResponseError as error:
             # An error reply is the call's own; the connection is clean.
             replies.append(error)
+        except (OSError, ValueError) as error:
+            # redis-py's Python parser (no hiredis) before 8.2 lets a socket closed under
+            # it (the limiter closed by another thread) surface as OSError or ValueError
+            # ("I/O operation on closed file"): a lost connection, like any other.
+            raise redis.exceptions.ConnectionError(f"the connection was closed: {error}") from error
     return replies
 
 
