@@ -18,15 +18,11 @@ from typing import Any
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-# The decision path's modules that callgrind shows are worth it (bench/profiles/8-mypyc):
-# _core and _flow save most, _keys about 1% more. _protocol compiled saved 0.9% of an async
-# decision but cost 1.3% more of a sync one (the interpreted wires subclass and call it), so
-# it stays interpreted. So does applimit/_decision.py, which builds its frozen dataclasses
-# as plain classes with the same slots and then switches their class (a native class cannot
-# be switched), and so do the wires, the shells and the web layer: thin over redis-py and the
-# frameworks, or replaced in tests. (Compiling the async wire with _protocol and _hiredis
-# took an async decision from 91,637 to 87,011 instructions, but the interpreted sync wire
-# subclasses _protocol's classes, and tests patch the wires' methods.)
+# The decision path's modules that are worth compiling (measured: docs/benchmarks-compare.md,
+# "Why each speed trick stays"). The others stay interpreted: _protocol (the interpreted
+# wires subclass its classes), _decision (it switches the class of plain slots objects,
+# which a native class cannot), the wires, the shells and the web layer (thin over redis-py
+# and the frameworks, or patched in tests).
 COMPILED = [
     "applimit/_core.py",
     "applimit/_flow.py",

@@ -213,8 +213,9 @@ class ApproxCache:
         with self._lock:
             if len(checks) == 1:
                 # One check (most limits) that fits: what the code below does for one,
-                # without its lists and generators (about 1 µs of a local decision's
-                # ~16). When it does not fit, the code below takes it from the start.
+                # without its lists and generators (docs/benchmarks-compare.md, "Why
+                # each speed trick stays"). When it does not fit, the code below takes it
+                # from the start.
                 only = self._entry(checks[0])
                 if only is not None and self._fits(checks[0], only, cost, now):
                     only.pending += cost

@@ -116,9 +116,9 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
         prepared = self.core.for_limit("hit", name, identity, tier, cost, ip=ip, keys=keys)
         decider = self.decider
         if decider.approx is None and prepared.checks:
-            # _decide's exact branch, in line: the commonest call saves a coroutine and
-            # its frame on every await (3-5% of an async decision's CPU with 256 callers,
-            # bench/bench_async.py); kept the same as _decide's, observed the same way.
+            # _decide's exact branch, in line (kept the same as it, observed the same way):
+            # the commonest call saves a coroutine and its frame per await
+            # (docs/benchmarks-compare.md, "Why each speed trick stays").
             observing = self.observing
             if observing:
                 started = _perf_counter()

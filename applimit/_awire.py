@@ -54,16 +54,9 @@ from ._protocol import (
     unpair,
 )
 
-# A batch's callers are answered in parts, each part let run before the next is answered:
-# the first ones send their next calls (a new batch) while this one is still being
-# answered, so Redis works on one batch while the event loop works through another.
-# Without it all of a batch's callers wake at once, and Redis and the loop take turns
-# idling. A part is half the calls in flight (see AsyncWire._answer), at least this many:
-# the callers settle in two batches that take turns, each a round trip and a flush for
-# half of them. Parts of a fixed 32 calls kept 256 callers in batches of 32 to 96, each
-# batch's own work (a task, a timer, a write, a read, the breaker told) shared by fewer
-# decisions: 4-7% of bench/bench_async.py's rate (docs/benchmarks-compare.md). One part
-# for the whole batch leaves Redis idle while the loop answers (about half the rate).
+# A batch's callers are answered in parts (half the calls in flight, at least this many),
+# so that Redis works on one batch while the event loop answers another, instead of the two
+# taking turns idling (docs/benchmarks-compare.md, "Why each speed trick stays").
 _MIN_PART = 32
 # Connections a wire keeps from one batch for the next (see AsyncWire._kept): about as
 # many batches as are in flight at once at a steady load.

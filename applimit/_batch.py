@@ -42,10 +42,9 @@ from ._protocol import Replies
 # The most calls sent in one write: bounds how long one read of replies may take and
 # the buffer it needs; the calls beyond it go in the next write.
 MAX_BATCH = 128
-# How many writes may be in flight at once, each on a connection of its own. More than
-# one lets Redis work on the next write while this one's replies are handed out, but
-# splits the queue into smaller writes; with 8 and 32 threads two or three writers
-# measured no better than one, within the noise of a shared machine.
+# How many writes may be in flight at once, each on a connection of its own: more would let
+# Redis work on the next write meanwhile, but split the queue into smaller writes, and
+# measured no better (docs/benchmarks-compare.md, "Why each speed trick stays").
 WRITERS = 1
 
 _QUEUED = 0  # waiting in the queue

@@ -825,7 +825,7 @@ class Core:
         if keys is not None:
             # A dict, and the read-only view a Caller keeps, skip the Mapping ABC's
             # isinstance: for a mappingproxy (registered with the ABC, not a subclass)
-            # it runs the ABC's whole subclass check every time, about 1 µs.
+            # it runs the ABC's whole subclass check every time.
             if (
                 type(keys) is not dict
                 and type(keys) is not MappingProxyType
@@ -979,7 +979,8 @@ class Core:
         """The checks of a user's call that for_limit's memo does not hold (more active
         users than it keeps): the limit's rule and tier are looked up and checked once per
         (limit, tier as passed), so such a call costs the identity's tag and its checks,
-        not every argument's lookup and check again (for_limit about 2.5 against 3.2 µs).
+        not every argument's lookup and check again (docs/benchmarks-compare.md, "Why each
+        speed trick stays").
         Anything unusual (a limit that counts by IP or by an app key, an empty identity, a
         cost out of range) takes _checks_of, which raises what it must."""
         shape = self._user_shapes.get((name, tier))
@@ -1115,8 +1116,8 @@ class Core:
         # The nonce names sliding-log entries: unique per call, so two requests in the same
         # microsecond never merge into one entry. 48 bits of the limiter's own generator
         # (see _NONCES), which spares a system call per decision (os.urandom), as twelve
-        # hex digits: bytes.hex() makes them in C, about 1,200 instructions fewer than a
-        # format spec (bench/profiles step 27).
+        # hex digits made in C by bytes.hex() (docs/benchmarks-compare.md, "Why each
+        # speed trick stays").
         nonce = _NONCES.getrandbits(48).to_bytes(6, "little").hex() if operation == "hit" else ""
         if not self.cluster:
             # One server: every check in one call.

@@ -3,13 +3,13 @@
 redis-py reads a reply through two or three levels of its own per call (the connection's
 ``read_response``, then its parser's): it formats the error text it would raise before
 reading (``_host_error``), enters a timeout context (asyncio), and checks for client-side
-caching and push messages. For the limiter's script calls, on connections of its own, that
-is about 4% of a sync decision's instructions and 5% of an async one's
-(bench/profiles/9-reads). Here the replies are taken from the parser's hiredis reader
-with the socket read only when no whole reply is buffered, which is what redis-py's
-parser does underneath, and the failures end as redis-py's would: the connection
-disconnected and a ``redis.exceptions`` error raised. A push message (RESP3: client
-tracking, server maintenance notices) goes to the parser's handler, as redis-py does.
+caching and push messages: for the limiter's script calls, on connections of its own, a
+measurable share of a decision (docs/benchmarks-compare.md, "Why each speed trick stays").
+Here the replies are taken from the parser's hiredis reader with the socket read only when
+no whole reply is buffered, which is what redis-py's parser does underneath, and the
+failures end as redis-py's would: the connection disconnected and a ``redis.exceptions``
+error raised. A push message (RESP3: client tracking, server maintenance notices) goes to
+the parser's handler, as redis-py does.
 
 Only redis-py's own hiredis parser is read this way (``direct``); any other parser (a
 redis-py whose internals differ, or hiredis missing) is read through ``read_response``.

@@ -122,15 +122,14 @@ def _adopt(connection: Any) -> None:
     """Make a connected plain socket blocking, its timeouts the kernel's, so that the
     wire can write and read it directly (:func:`applimit._hiredis.exchange`).
 
-    A Python socket with a timeout is non-blocking underneath: every send and every
-    receive first waits in ``poll`` for the socket to be ready, so a decision took four
-    system calls (about 2 µs each on a small virtual machine) where a blocking socket
-    takes two, its send and its receive; the kernel's own timeouts bound them the same
-    way, per call. Only redis-py's plain sockets on Linux with its hiredis parser are
-    adopted: a TLS socket buffers inside OpenSSL, and elsewhere the timeval's layout is
-    not known here; those keep redis-py's reads and writes, as does a connection class
-    that overrides ``send_packed_command`` (to count or trace what it sends). The
-    connection's other users (redis-py's ``read_response`` in a push handler,
+    A Python socket with a timeout is non-blocking underneath: every send and every receive
+    first waits in ``poll`` for the socket to be ready, so a decision took four system calls
+    where a blocking socket takes two, its send and its receive; the kernel's own timeouts
+    bound them the same way, per call. Only redis-py's plain sockets on Linux with its
+    hiredis parser are adopted: a TLS socket buffers inside OpenSSL, and elsewhere the
+    timeval's layout is not known here; those keep redis-py's reads and writes, as does a
+    connection class that overrides ``send_packed_command`` (to count or trace what it
+    sends). The connection's other users (redis-py's ``read_response`` in a push handler,
     ``disconnect``) work the same on a blocking socket, a timeout there read as a failure
     of the connection.
     """
