@@ -14,6 +14,8 @@ Public surface::
     Caller, RequestInfo                          who calls (identify's answer), and the request
                                                  it reads (the same classes the web modules
                                                  export)
+    Refusal, EXEMPT                              what a refusal= function receives; the
+                                                 Decision of a request an exemption spared
     ApplimitError and its subclasses             see applimit._errors
     rate_limited(limiter, name, identity=...)    a limit on a plain function (RateLimited)
     Observer, DecisionEvent, Outcome             observers=[...]: every decision, per limit
@@ -47,9 +49,10 @@ from ._errors import (
 from ._eventlog import EventLogObserver
 from ._observe import DecisionEvent, Observer, Outcome, OvershootObserver
 from ._sync import Limiter
-from ._web import Caller, RequestInfo
+from ._web import EXEMPT, Caller, Refusal, RequestInfo
 
 __all__ = [
+    "EXEMPT",
     "ApplimitError",
     "AsyncLimiter",
     "BreakerState",
@@ -65,6 +68,7 @@ __all__ = [
     "Outcome",
     "OvershootObserver",
     "RateLimited",
+    "Refusal",
     "RequestInfo",
     "UnknownLimitError",
     "UnknownTierError",

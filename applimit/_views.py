@@ -63,6 +63,32 @@ def identify_safely(
         return None, gate.identify_failed(request, error)
 
 
+def resolve_caller(
+    gate: Gate, request: RequestInfo, native: object, identify: Callable[[], Caller | None]
+) -> tuple[Caller | None, Outcome | None]:
+    """The caller of a request the limits apply to, after the app's exemptions, in the
+    middleware's order: ``exempt_when`` first (so that a request it spares never reaches
+    ``identify``), then ``identify`` under ``on_identify_error``, then ``exempt_caller``
+    for an identified caller. ``native`` is what the exemption functions get.
+
+    The second place is None to count the request; :data:`~applimit._web.EXEMPTED` to
+    spare it; an outcome with a 503 refusal when one of the functions raised and the
+    choice is to refuse (``"raise"`` re-raises).
+    """
+    if gate.exempt_when is not None:
+        spared = gate.exempts(request, native)
+        if spared is not None:
+            return None, spared
+    caller, refused = identify_safely(gate, request, identify)
+    if refused is not None:
+        return None, refused
+    if caller is not None and gate.exempt_caller is not None:
+        spared = gate.exempts_caller(request, native, caller)
+        if spared is not None:
+            return caller, spared
+    return caller, None
+
+
 def check_request(
     limiter: Limiter, gate: Gate, request: RequestInfo, caller: Caller | None, cost: int = 1
 ) -> tuple[Decision, Outcome]:

@@ -10,7 +10,9 @@ this module. It does no I/O and imports no web framework:
 - :class:`TrustedProxies` turns the direct peer and the forwarding headers into the client IP;
 - :class:`Gate` turns a :class:`~applimit.Decision` into the response headers, and into the
   refusal (status, headers, RFC 9457 problem body) when the request is denied; it also says
-  what a failing ``identify`` means (``on_identify_error``);
+  what a failing ``identify`` means (``on_identify_error``), whether the app's
+  ``exempt_when`` / ``exempt_caller`` spare a request (:data:`EXEMPT` is the Decision left
+  for the app then), and what body the app's ``refusal`` function gives a refusal;
 - :func:`middleware_gate` checks the middleware's options when it is built, so that a bad
   option stops the app at start-up with a :class:`~applimit.ConfigurationError` naming it.
 
@@ -633,11 +635,29 @@ class PolicyItem:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """A response the middleware sends instead of calling the app."""
+    """A response the middleware sends instead of calling the app.
+
+    ``status`` is 429 (a limit refused), 503 (a limit failing closed, or a failing
+    ``identify`` or exemption function under ``on_identify_error="refuse"``) or 400 (a path
+    holding a control character). ``headers`` are the rate-limit headers
+    (``RateLimit-Policy``, ``RateLimit``, ``Retry-After``) and the body's own; ``body`` is
+    the RFC 9457 problem document. ``decision`` is the limiter's answer, None when nothing
+    was decided (the 400, the 503 of a failing function). An app's ``refusal=`` function
+    receives this default and may replace the body.
+    """
 
     status: int
     headers: tuple[tuple[str, str], ...]
     body: bytes
+    decision: Decision | None = None
+
+    @property
+    def retry_after(self) -> int | None:
+        """The seconds of its ``Retry-After`` header, or None (a 400 has none)."""
+        for name, value in self.headers:
+            if name == "Retry-After":
+                return int(value)
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -654,6 +674,43 @@ class Outcome:
 
 
 PASS = Outcome()
+# The answer of an exemption (exempt_when, exempt_caller): pass the request to the app
+# without counting it or adding headers. An Outcome of its own, so that shells can tell
+# it from PASS.
+EXEMPTED = Outcome()
+
+
+class _Exempt(Decision):
+    """The Decision left for the app when an exemption spared the request (``exempt_when``,
+    ``exempt_caller``, a view marked exempt): allowed, nothing counted, no limit results.
+    There is one, ``applimit.EXEMPT``: test it with ``decision is applimit.EXEMPT``."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "applimit.EXEMPT"
+
+
+EXEMPT: Final[Decision] = _Exempt(True, 0, 0, 0.0, None, None, (), False)
+
+ExemptWhen = Callable[[RequestInfo, str], bool]
+"""``exempt_when(request, client_ip) -> bool``: True spares the request (neither counted
+nor refused, no headers); asked before ``identify``, for requests some limit matches.
+``client_ip`` is the client's address as the limits count it (``trusted_proxies``
+applied): a forwarding header a client wrote cannot make it an internal address."""
+
+ExemptCaller = Callable[[RequestInfo, Caller], bool]
+"""``exempt_caller(request, caller) -> bool``: True spares the request of an identified
+caller; asked after ``identify``, only when it returned a :class:`Caller`."""
+
+RefusalBody = tuple[bytes | str, str]
+"""What a ``refusal=`` function returns: the body (``str`` is sent as UTF-8) and its
+``Content-Type``."""
+
+RenderRefusal = Callable[[RequestInfo, Refusal], RefusalBody | None]
+"""``refusal(request, default) -> (body, content_type) | None``: the app's own body for a
+429 or 503; None sends the default problem document. Status and rate-limit headers are
+kept."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -705,6 +762,11 @@ class Gate:
     ``legacy_headers`` adds ``X-RateLimit-Limit``/``-Remaining``/``-Reset`` (delta seconds)
     for the most restrictive item. ``tiers`` is the policy's tier list (least generous first),
     used to place anonymous callers and callers with no tier in the lowest one.
+
+    ``exempt_when``, ``exempt_caller`` and ``refusal`` are the app's functions (see
+    :meth:`exempts`, :meth:`exempts_caller` and :meth:`render`); a shell tests them for
+    None before calling, so that an unset one costs nothing. Their first argument is what
+    the shell gives them: the :class:`RequestInfo`, or (Django) the framework's request.
     """
 
     def __init__(
@@ -715,6 +777,9 @@ class Gate:
         legacy_headers: bool = False,
         problem_type: str = QUOTA_EXCEEDED,
         on_identify_error: OnIdentifyError = "raise",
+        exempt_when: Callable[[Any, str], bool] | None = None,
+        exempt_caller: Callable[[Any, Caller], bool] | None = None,
+        refusal: Callable[[Any, Refusal], RefusalBody | None] | None = None,
     ) -> None:
         """Configure the gate; ``tiers`` must not be empty."""
         if not tiers:
@@ -729,6 +794,9 @@ class Gate:
         self.legacy_headers = legacy_headers
         self.problem_type = problem_type
         self.on_identify_error: OnIdentifyError = on_identify_error
+        self.exempt_when = exempt_when
+        self.exempt_caller = exempt_caller
+        self.refusal = refusal
         # Tier names come from identify(), which may pass on what a client sent: remember a
         # bounded number of them, so a stream of invented tiers cannot grow memory.
         self._warned_tiers: set[str] = set()
@@ -780,31 +848,75 @@ class Gate:
         ``"anonymous"`` logs it and returns None: count the caller as anonymous, by IP;
         ``"refuse"`` logs it and returns a 503 refusal without consuming any quota.
         """
+        return self._failed("identify", request, error)
+
+    def exempts(self, request: RequestInfo, native: object) -> Outcome | None:
+        """``exempt_when(native, client_ip)``: :data:`EXEMPTED` when it spares the request,
+        None when not (or when unset). ``client_ip`` is the one the limits would count.
+
+        An exception (or an answer other than True or False, which is a bug: an async
+        function's coroutine would otherwise spare everyone) follows ``on_identify_error``
+        as identify's does: ``"raise"`` re-raises, ``"anonymous"`` logs it and does not
+        exempt (the request is counted as any other), ``"refuse"`` logs it and returns the
+        503 refusal.
+        """
+        hook = self.exempt_when
+        if hook is None:
+            return None
+        try:
+            answer = _yes_or_no("exempt_when", hook(native, self.proxies.client_ip(request)))
+        except Exception as error:
+            return self._failed("exempt_when", request, error)
+        return EXEMPTED if answer else None
+
+    def exempts_caller(
+        self, request: RequestInfo, native: object, caller: Caller
+    ) -> Outcome | None:
+        """``exempt_caller(native, caller)`` for an identified caller, as :meth:`exempts`."""
+        hook = self.exempt_caller
+        if hook is None:
+            return None
+        try:
+            answer = _yes_or_no("exempt_caller", hook(native, caller))
+        except Exception as error:
+            return self._failed("exempt_caller", request, error)
+        return EXEMPTED if answer else None
+
+    def _failed(self, option: str, request: RequestInfo, error: Exception) -> Outcome | None:
+        """``on_identify_error`` applied to an exception of the app's ``option`` function."""
         if self.on_identify_error == "raise":
             raise error
+        if self.on_identify_error == "anonymous":
+            meaning = (
+                "counts the caller as anonymous"
+                if option == "identify"
+                else "does not exempt the request"
+            )
+        else:
+            meaning = "refuses the request with 503"
         logger.error(
-            "identify() raised on %s %s; on_identify_error=%r %s",
+            "%s() raised on %s %s; on_identify_error=%r %s",
+            option,
             request.method,
             request.raw_path,
             self.on_identify_error,
-            "counts the caller as anonymous"
-            if self.on_identify_error == "anonymous"
-            else "refuses the request with 503",
+            meaning,
             exc_info=error,
             extra={
-                "applimit_event": "identify_failed",
+                "applimit_event": "identify_failed" if option == "identify" else "exempt_failed",
                 "on_identify_error": self.on_identify_error,
                 "error": type(error).__name__,
             },
         )
         if self.on_identify_error == "anonymous":
             return None
+        what = "who is calling" if option == "identify" else "whether this request is rate limited"
         body = problem_body(
             type_=TEMPORARY_REDUCED_CAPACITY,
             title="Service Unavailable",
             status=503,
             detail=(
-                "The service cannot tell who is calling right now; "
+                f"The service cannot tell {what} right now; "
                 f"retry in {_seconds(IDENTIFY_RETRY_AFTER)}."
             ),
             extra={"retry-after": IDENTIFY_RETRY_AFTER},
@@ -815,6 +927,38 @@ class Gate:
             ("Content-Length", str(len(body))),
         )
         return Outcome(refusal=Refusal(status=503, headers=headers, body=body))
+
+    def render(self, refusal: Refusal, request: RequestInfo, native: object) -> Refusal:
+        """The refusal to send: ``refusal``, with the body of the app's ``refusal=``
+        function (called with ``native`` and ``refusal``) when one is set.
+
+        The status and every header but the body's own (``Content-Type``,
+        ``Content-Length``) are kept: ``RateLimit-Policy``, ``RateLimit``, ``Retry-After``
+        and ``X-RateLimit-*`` describe the refusal whatever the body says. A 400 (a path
+        holding a control character) keeps its own body. The function answering None, or
+        failing (raising, or an answer that is not ``(body, content_type)``), sends the
+        default: a refusal must go out; a failure is logged with its traceback.
+        """
+        page = self.refusal
+        if page is None or refusal.status == 400:
+            return refusal
+        try:
+            answer = page(native, refusal)
+            if answer is None:
+                return refusal
+            body, content_type = _refusal_body(answer)
+        except Exception:
+            logger.exception(
+                "refusal() failed for the %d answer to %s %s; the default body is sent",
+                refusal.status,
+                request.method,
+                request.raw_path,
+                extra={"applimit_event": "refusal_failed", "status": refusal.status},
+            )
+            return refusal
+        headers = [(k, v) for k, v in refusal.headers if k.lower() not in _BODY_HEADERS]
+        headers += [("Content-Type", content_type), ("Content-Length", str(len(body)))]
+        return Refusal(refusal.status, tuple(headers), body, refusal.decision)
 
     # -- headers ----------------------------------------------------------------------------
 
@@ -900,7 +1044,9 @@ class Gate:
         )
         headers.append(("Content-Type", PROBLEM_JSON))
         headers.append(("Content-Length", str(len(body))))
-        return Outcome(refusal=Refusal(status=429, headers=tuple(headers), body=body))
+        return Outcome(
+            refusal=Refusal(status=429, headers=tuple(headers), body=body, decision=decision)
+        )
 
     def _admitted(self, result: LimitResult) -> Outcome:
         """What :meth:`outcome` makes of one enforced result that admits the request, with
@@ -978,7 +1124,56 @@ class Gate:
             ("Content-Type", PROBLEM_JSON),
             ("Content-Length", str(len(body))),
         ]
-        return Outcome(refusal=Refusal(status=503, headers=tuple(headers), body=body))
+        return Outcome(
+            refusal=Refusal(status=503, headers=tuple(headers), body=body, decision=decision)
+        )
+
+
+# The headers that describe a refusal's body, replaced with the body (Gate.render).
+_BODY_HEADERS = frozenset({"content-type", "content-length"})
+
+
+def _yes_or_no(option: str, answer: object) -> bool:
+    """An exemption function's answer, which must be True or False: a coroutine (an async
+    function given where a plain one is needed) or a forgotten return would otherwise be
+    read as an answer, and a truthy one would spare every request."""
+    if type(answer) is bool:
+        return answer
+    if inspect.iscoroutine(answer):
+        answer.close()  # never awaited: close it, or Python warns about it
+    raise TypeError(
+        f"{option}() returned {type(answer).__name__}; return True to exempt the request "
+        "(neither counted nor refused) or False to limit it, from a plain function"
+    )
+
+
+def _refusal_body(answer: object) -> tuple[bytes, str]:
+    """A ``refusal=`` function's ``(body, content_type)``, checked; the body as bytes."""
+    if inspect.iscoroutine(answer):
+        answer.close()  # never awaited: close it, or Python warns about it
+    if not isinstance(answer, tuple) or len(answer) != 2:
+        raise TypeError(
+            f"refusal() returned {type(answer).__name__}; return (body, content_type), such "
+            "as (html, 'text/html; charset=utf-8'), or None for the default problem body, "
+            "from a plain function"
+        )
+    body, content_type = answer
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    if not isinstance(body, bytes):
+        raise TypeError(f"refusal() returned a body of {type(body).__name__}; use bytes or str")
+    # A header value the app chose: printable ASCII only, so that it cannot end the header.
+    if (
+        not isinstance(content_type, str)
+        or not content_type
+        or not content_type.isascii()
+        or not content_type.isprintable()
+    ):
+        raise ValueError(
+            f"refusal() returned the content type {content_type!r}; use a media type such "
+            "as 'text/html; charset=utf-8' (printable ASCII)"
+        )
+    return body, content_type
 
 
 def _seconds(count: int) -> str:
@@ -1096,6 +1291,9 @@ def middleware_gate(
     legacy_headers: object,
     problem_type: object,
     on_identify_error: object,
+    exempt_when: object = None,
+    exempt_caller: object = None,
+    refusal: object = None,
 ) -> Gate:
     """The gate for a middleware (or dependency) called ``owner``, every option checked.
 
@@ -1148,7 +1346,39 @@ def middleware_gate(
         legacy_headers=legacy,
         problem_type=problem_type,
         on_identify_error=on_identify_error,
+        exempt_when=_plain_function(
+            owner, "exempt_when", exempt_when, "(request, client_ip) -> bool"
+        ),
+        exempt_caller=_plain_function(
+            owner, "exempt_caller", exempt_caller, "(request, caller) -> bool"
+        ),
+        refusal=_plain_function(
+            owner, "refusal", refusal, "(request, refusal) -> (body, content_type) | None"
+        ),
     )
+
+
+def _plain_function(owner: str, option: str, value: object, shape: str) -> Any:
+    """``value`` when it is None or a plain (not async) function; else the option's error.
+
+    These functions run inside the decision, which does not await them: a coroutine
+    function's answer would be a coroutine, not an answer.
+    """
+    if value is None:
+        return None
+    if not callable(value):
+        raise _option_error(
+            owner, option, f"{value!r} is not callable; pass a function {option}{shape} or None."
+        )
+    # An object whose __call__ is async is one too.
+    if inspect.iscoroutinefunction(value) or inspect.iscoroutinefunction(type(value).__call__):
+        raise _option_error(
+            owner,
+            option,
+            f"{getattr(value, '__name__', value)!r} is an async function; pass a plain "
+            f"function {option}{shape} (it runs inside the decision, which does not await it).",
+        )
+    return value
 
 
 def _flag(owner: str, option: str, value: object) -> bool:

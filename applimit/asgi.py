@@ -36,14 +36,18 @@ from typing import Any
 from ._async import AsyncLimiter
 from ._errors import ConfigurationError
 from ._web import (
+    EXEMPT,
     PASS,
     QUOTA_EXCEEDED,
     Caller,
     Cost,
+    ExemptCaller,
+    ExemptWhen,
     Identify,
     OnIdentifyError,
     Outcome,
     Refusal,
+    RenderRefusal,
     RequestInfo,
     TrustedProxies,
     bad_path,
@@ -85,6 +89,15 @@ class RateLimitMiddleware:
     :class:`TrustedProxies`); ``legacy_headers`` adds the ``X-RateLimit-*`` headers. The
     limiter itself never makes a request fail (its failure policy decides).
 
+    ``exempt_when(request, client_ip) -> bool`` (asked before ``identify``; ``client_ip``
+    is the one the limits count) and ``exempt_caller(request, caller) -> bool`` (asked
+    after it, for an identified caller) spare a request: neither counted nor refused, no
+    rate-limit headers, and ``applimit.EXEMPT`` left as its Decision; an exception from
+    either follows ``on_identify_error``. ``refusal(request, default) -> (body,
+    content_type) | None`` gives a 429 or 503 the app's own body (status and rate-limit
+    headers kept; should it fail, the default body is sent and the error logged). All
+    three are plain functions, even where ``identify`` may be async.
+
     A bad option raises :class:`~applimit.ConfigurationError` naming it.
     """
 
@@ -100,6 +113,9 @@ class RateLimitMiddleware:
         behind_cloudflare: bool = False,
         legacy_headers: bool = False,
         problem_type: str = QUOTA_EXCEEDED,
+        exempt_when: ExemptWhen | None = None,
+        exempt_caller: ExemptCaller | None = None,
+        refusal: RenderRefusal | None = None,
     ) -> None:
         """Wrap ``app``; ``limiter`` is an ``applimit.AsyncLimiter``."""
         self.app = app
@@ -124,6 +140,9 @@ class RateLimitMiddleware:
                 legacy_headers=legacy_headers,
                 problem_type=problem_type,
                 on_identify_error=on_identify_error,
+                exempt_when=exempt_when,
+                exempt_caller=exempt_caller,
+                refusal=refusal,
             )
         except ConfigurationError as error:
             # Starlette builds its middleware on the first call, which under uvicorn is
@@ -136,9 +155,7 @@ class RateLimitMiddleware:
             return
         self._cors = _inner_cors(app)
 
-    async def __call__(  # noqa: PLR0911 (each early answer of a request ends it: one return each)
-        self, scope: Scope, receive: Receive, send: Send
-    ) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Handle one ASGI connection."""
         if self.startup_error is not None:
             await self._fail(scope, receive, send, self.startup_error)
@@ -156,6 +173,24 @@ class RateLimitMiddleware:
         ):
             await self.app(scope, receive, send)
             return
+        await self._limited(scope, receive, send, request)
+
+    async def _limited(
+        self, scope: Scope, receive: Receive, send: Send, request: RequestInfo
+    ) -> None:
+        """A request some limit matches: the exemptions, ``identify``, one decision of
+        every matching limit, then the app with the headers or the refusal.
+
+        The Decision is left for the app in ``scope["state"]["applimit_decision"]``
+        (``request.state.applimit_decision`` in Starlette and FastAPI): what a shadow
+        limit would have decided, the remaining counts, whether Redis answered.
+        """
+        gate = self.gate
+        if gate.exempt_when is not None:
+            spared = gate.exempts(request, request)
+            if spared is not None:
+                await self._spare(scope, receive, send, request, spared)
+                return
         try:
             identify = self.identify
             caller = identify(request) if identify is not None else None
@@ -164,30 +199,17 @@ class RateLimitMiddleware:
                 # usual plain Caller or None needs no coroutine of its own per request.
                 caller = await identified(caller)
         except Exception as error:
-            failed = self.gate.identify_failed(request, error)
-            if failed is not None and failed.refusal is not None:
-                await self._refuse(scope, receive, send, failed.refusal)
+            failed = gate.identify_failed(request, error)
+            if failed is not None:
+                await self._spare(scope, receive, send, request, failed)
                 return
             caller = None
-        outcome = await self._check(scope, request, caller, request_cost(self.cost, request))
-        if outcome.refusal is not None:
-            await self._refuse(scope, receive, send, outcome.refusal)
-            return
-        if outcome is PASS or not outcome.headers:
-            await self.app(scope, receive, send)
-            return
-        await self.app(scope, receive, _with_headers(send, outcome))
-
-    async def _check(
-        self, scope: Scope, request: RequestInfo, caller: Caller | None, cost: int
-    ) -> Outcome:
-        """Decide every matching limit in one call; never raise.
-
-        The Decision is left for the app in ``scope["state"]["applimit_decision"]``
-        (``request.state.applimit_decision`` in Starlette and FastAPI): what a shadow
-        limit would have decided, the remaining counts, whether Redis answered.
-        """
-        subject = self.gate.subject(request, caller)
+        if caller is not None and gate.exempt_caller is not None:
+            spared = gate.exempts_caller(request, request, caller)
+            if spared is not None:
+                await self._spare(scope, receive, send, request, spared)
+                return
+        subject = gate.subject(request, caller)
         # Redis failures are decided by on_redis_error inside the limiter; anything it
         # raises is a bug or a misuse, raised to the app rather than taken for an outage.
         decision = await self.limiter.check_request(
@@ -195,14 +217,35 @@ class RateLimitMiddleware:
             request.path,
             subject.identity,
             tier=subject.tier,
-            cost=cost,
+            cost=request_cost(self.cost, request),
             ip=subject.ip,
             host=request.host,
             keys=subject.keys,
             mount=request.mount,
         )
         scope.setdefault("state", {})[DECISION_STATE_KEY] = decision
-        return self.gate.outcome(decision, subject.tier)
+        outcome = gate.outcome(decision, subject.tier)
+        if outcome.refusal is not None:
+            await self._refuse(scope, receive, send, gate.render(outcome.refusal, request, request))
+            return
+        if outcome is PASS or not outcome.headers:
+            await self.app(scope, receive, send)
+            return
+        await self.app(scope, receive, _with_headers(send, outcome))
+
+    async def _spare(
+        self, scope: Scope, receive: Receive, send: Send, request: RequestInfo, spared: Outcome
+    ) -> None:
+        """An exemption's answer: the app, uncounted and without headers, with
+        ``applimit.EXEMPT`` as the Decision; or the 503 of a failing ``identify`` or
+        exemption function under ``on_identify_error="refuse"``."""
+        if spared.refusal is not None:
+            await self._refuse(
+                scope, receive, send, self.gate.render(spared.refusal, request, request)
+            )
+            return
+        scope.setdefault("state", {})[DECISION_STATE_KEY] = EXEMPT
+        await self.app(scope, receive, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, refusal: Refusal) -> None:
         """Send ``refusal``, through a copy of the inner CORS middleware when there is one,

@@ -29,6 +29,10 @@ closed), ``Retry-After``, ``RateLimit-Policy``/``RateLimit`` and the RFC 9457 pr
 body. The middleware also turns :class:`~applimit.RateLimited`, raised by a function
 decorated with ``rate_limited`` inside a view, into that answer instead of a 500 page.
 
+``@rate_limit_exempt`` leaves a view out of the middleware's request check; the
+``exempt_when``, ``exempt_caller`` and ``refusal`` settings mean what the WSGI middleware's
+options mean, each getting the ``HttpRequest`` where the middleware's get the request info.
+
 ``identify(request)`` gets Django's ``HttpRequest``, so behind ``AuthenticationMiddleware``
 it can read ``request.user``; it runs at most once per request. One ``Limiter`` is built
 from the settings on first use and shared by the process (it is safe across threads).
@@ -49,6 +53,7 @@ from django.conf import settings  # type: ignore[import-untyped]  # Django ships
 from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
 from django.core.signals import setting_changed  # type: ignore[import-untyped]
 from django.http import HttpResponse  # type: ignore[import-untyped]
+from django.urls import Resolver404, get_resolver  # type: ignore[import-untyped]
 from django.utils.module_loading import import_string  # type: ignore[import-untyped]
 from edgegen_policy import PolicyError
 
@@ -59,15 +64,17 @@ from ._sync import Limiter
 from ._views import (
     check_request,
     hit_limit,
-    identify_safely,
     joined,
     known_limit,
     merge_headers,
     native_cost,
     needs_check,
     rate_limited_outcome,
+    resolve_caller,
 )
 from ._web import (
+    EXEMPT,
+    PASS,
     QUOTA_EXCEEDED,
     Caller,
     Gate,
@@ -78,7 +85,14 @@ from ._web import (
     middleware_gate,
 )
 
-__all__ = ["Caller", "RateLimitMiddleware", "get_limiter", "rate_limit", "request_info"]
+__all__ = [
+    "Caller",
+    "RateLimitMiddleware",
+    "get_limiter",
+    "rate_limit",
+    "rate_limit_exempt",
+    "request_info",
+]
 
 SETTING = "APPLIMIT"
 V = TypeVar("V", bound=Callable[..., Any])
@@ -98,11 +112,19 @@ _OPTIONS = {
     "behind_cloudflare": "read CF-Connecting-IP from trusted peers",
     "legacy_headers": "also send X-RateLimit-Limit, -Remaining, -Reset",
     "problem_type": "the type URI of the 429 problem body",
+    "exempt_when": "exempt_when(request, client_ip) -> bool: True spares it (or its path)",
+    "exempt_caller": "exempt_caller(request, caller) -> bool, for identified callers (or its path)",
+    "refusal": "refusal(request, default) -> (body, content_type) | None (or its dotted path)",
 }
 _CALLER = "_applimit_caller"
 # Where the Decision of a request is left for its view (see docs/web.md).
 DECISION_ATTRIBUTE = "applimit_decision"
 _REFUSAL = "_applimit_refusal"
+# The mark rate_limit_exempt puts on a view (functools.wraps and method_decorator carry it
+# to wrappers, as csrf_exempt's), and whether any view has it: until one has, the
+# middleware resolves no URL of its own.
+_EXEMPT_VIEW = "applimit_exempt"
+_exempt_views = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +192,12 @@ def load_config(options: object) -> Config:
     if not isinstance(check_requests, bool):
         raise _setting_error("check_requests", f"{check_requests!r} is not True or False.")
     identify = _function("identify", options.get("identify"))
+    # Given as dotted paths, imported here; middleware_gate checks what they are.
+    hooks = {
+        option: _function(option, value) if isinstance(value, str) else value
+        for option in ("exempt_when", "exempt_caller", "refusal")
+        if (value := options.get(option)) is not None
+    }
     cost: object = options.get("cost", 1)
     if isinstance(cost, str):
         cost = _function("cost", cost)
@@ -192,6 +220,7 @@ def load_config(options: object) -> Config:
             legacy_headers=options.get("legacy_headers", False),
             problem_type=options.get("problem_type", QUOTA_EXCEEDED),
             on_identify_error=options.get("on_identify_error", "raise"),
+            **hooks,
         )
     except ConfigurationError as error:
         limiter.close()
@@ -268,16 +297,42 @@ def _call_identify(config: Config, request: Any) -> Caller | None:
 def _caller(
     config: Config, request: Any, info: RequestInfo
 ) -> tuple[Caller | None, Outcome | None]:
-    """The caller from ``identify``, once per request, under ``on_identify_error``: a
-    refusal in the second place when identify raised and the choice is to refuse."""
+    """The caller from ``identify``, once per request, after the app's exemptions, under
+    ``on_identify_error``: in the second place ``EXEMPTED`` when an exemption spares the
+    request, a refusal when a function raised and the choice is to refuse."""
     if not hasattr(request, _CALLER):
         setattr(
             request,
             _CALLER,
-            identify_safely(config.gate, info, lambda: _call_identify(config, request)),
+            resolve_caller(config.gate, info, request, lambda: _call_identify(config, request)),
         )
     found: tuple[Caller | None, Outcome | None] = getattr(request, _CALLER)
     return found
+
+
+def _rendered(config: Config, request: Any, info: RequestInfo, outcome: Outcome) -> Outcome:
+    """``outcome`` with its refusal given the app's own body (``refusal``), if any."""
+    if outcome.refusal is None or config.gate.refusal is None:
+        return outcome
+    return Outcome(outcome.headers, config.gate.render(outcome.refusal, info, request))
+
+
+def _refused(config: Config, request: Any, info: RequestInfo, refusal: Refusal) -> Any:
+    """The response to a refusal, with the app's own body (``refusal``), if any."""
+    return refusal_response(config.gate.render(refusal, info, request))
+
+
+def _view_is_exempt(request: Any) -> bool:
+    """Whether the view the request resolves to is marked by :func:`rate_limit_exempt`.
+
+    Resolved as Django's handler resolves it (the request's own ``urlconf`` when a
+    middleware set one); a path that resolves to no view is checked.
+    """
+    try:
+        match = get_resolver(getattr(request, "urlconf", None)).resolve(request.path_info)
+    except Resolver404:
+        return False
+    return getattr(match.func, _EXEMPT_VIEW, False) is True
 
 
 def refusal_response(refusal: Refusal) -> Any:
@@ -306,9 +361,15 @@ class RateLimitMiddleware:
     async_capable = False
 
     def __init__(self, get_response: Callable[[Any], Any]) -> None:
-        """Keep the next handler and read the settings now, so that mistakes show early."""
+        """Keep the next handler and read the settings now, so that mistakes show early.
+
+        The root URLconf is loaded now too (as Django's system checks load it), so that
+        every view marked :func:`rate_limit_exempt` is marked before the first request.
+        """
         self.get_response = get_response
         configured()
+        if getattr(settings, "ROOT_URLCONF", None):
+            get_resolver().url_patterns  # noqa: B018 (imports the URLconf and its views)
 
     def __call__(self, request: Any) -> Any:
         """Check the request; answer the refusal, or add the headers to the response."""
@@ -319,37 +380,51 @@ class RateLimitMiddleware:
             return refusal_response(bad)
         if not config.check_requests or not needs_check(config.limiter, info):
             return self.get_response(request)
-        caller, refused = _caller(config, request, info)
-        if refused is not None:
-            outcome = refused
+        if _exempt_views and _view_is_exempt(request):
+            _keep(request, EXEMPT)
+            return self.get_response(request)
+        caller, answer = _caller(config, request, info)
+        if answer is not None:
+            if answer.refusal is None:
+                # An exemption spares the request.
+                _keep(request, EXEMPT)
+                return self.get_response(request)
+            outcome = answer
         else:
             units = native_cost(config.cost, request, info)
             decision, outcome = check_request(config.limiter, config.gate, info, caller, units)
             _keep(request, decision)
         if outcome.refusal is not None:
-            return refusal_response(outcome.refusal)
+            return _refused(config, request, info, outcome.refusal)
         return _add_headers(self.get_response(request), outcome)
 
     def process_exception(self, request: Any, exception: Exception) -> Any:
         """A view's ``RateLimited`` becomes the limiter's refusal; anything else is not ours."""
         if not isinstance(exception, RateLimited):
             return None
-        refusal = rate_limited_outcome(configured().gate, exception).refusal
-        return refusal_response(refusal) if refusal is not None else None
+        config = configured()
+        refusal = rate_limited_outcome(config.gate, exception).refusal
+        if refusal is None:
+            return None
+        return _refused(config, request, request_info(request), refusal)
 
 
 def _hit(name: str, cost: Cost, request: Any) -> Outcome:
     config = configured()
     info = request_info(request)
-    caller, refused = _caller(config, request, info)
-    if refused is not None:
-        return refused
+    caller, answer = _caller(config, request, info)
+    if answer is not None:
+        if answer.refusal is None:
+            # An exemption spares the request.
+            _keep(request, EXEMPT)
+            return PASS
+        return _rendered(config, request, info, answer)
     units = native_cost(cost, request, info)
     decision, outcome = hit_limit(
         config.limiter, config.gate, name, info, caller=caller, cost=units
     )
     _keep(request, decision)
-    return outcome
+    return _rendered(config, request, info, outcome)
 
 
 def _keep(request: Any, decision: Decision | None) -> None:
@@ -361,6 +436,24 @@ def _keep(request: Any, decision: Decision | None) -> None:
             DECISION_ATTRIBUTE,
             joined(getattr(request, DECISION_ATTRIBUTE, None), decision),
         )
+
+
+def rate_limit_exempt(view: V) -> V:
+    """Leave a view out of the middleware's request check.
+
+    Its requests are neither counted nor refused by the limits whose ``match:`` covers
+    them, get no rate-limit headers, and carry ``applimit.EXEMPT`` as
+    ``request.applimit_decision``. A limit the view names itself (``@rate_limit``) still
+    applies. Decorate a function view (in any order with Django's decorators, which carry
+    the mark as they carry ``csrf_exempt``'s), a class-based view's ``as_view()`` in the
+    URLconf, or its ``dispatch`` through ``method_decorator``. A WSGI middleware wrapping
+    the callable runs before Django resolves the URL and cannot see the mark: use
+    ``exempt_when`` there.
+    """
+    global _exempt_views
+    setattr(view, _EXEMPT_VIEW, True)
+    _exempt_views = True
+    return view
 
 
 def rate_limit(name: str, *, cost: Cost = 1) -> Callable[[V], V]:

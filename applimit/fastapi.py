@@ -37,10 +37,15 @@ from ._flow import UNLIMITED
 from ._sync import Limiter
 from ._views import joined
 from ._web import (
+    EXEMPT,
+    PROBLEM_JSON,
     QUOTA_EXCEEDED,
     Caller,
+    ExemptCaller,
+    ExemptWhen,
     Identify,
     Refusal,
+    RenderRefusal,
     RequestInfo,
     Subject,
     TrustedProxies,
@@ -82,15 +87,13 @@ class RateLimitExceeded(HTTPException):
 
 
 def problem_response(exc: RateLimitExceeded) -> Response:
-    """The refusal as a response: status, rate-limit headers, application/problem+json."""
+    """The refusal as a response: status, rate-limit headers, the problem+json body (or
+    the body and content type of the app's ``refusal=`` function)."""
     refusal = exc.refusal
-    headers = {k: v for k, v in refusal.headers if k.lower() not in _BODY_HEADERS}
-    return Response(
-        content=refusal.body,
-        status_code=refusal.status,
-        headers=headers,
-        media_type="application/problem+json",
-    )
+    # Content-Type is the refusal's own; Content-Length is the response's to compute.
+    headers = {k: v for k, v in refusal.headers if k.lower() != "content-length"}
+    headers.setdefault("Content-Type", PROBLEM_JSON)
+    return Response(content=refusal.body, status_code=refusal.status, headers=headers)
 
 
 def add_problem_handler(app: FastAPI) -> None:
@@ -108,9 +111,13 @@ class RateLimit:
 
     ``limiter`` is an ``AsyncLimiter`` (or a sync ``Limiter``, run in the thread pool).
     ``name`` picks one limit of the policy; None checks every limit whose matcher applies
-    to the request. ``identify``, ``trusted_proxies``, ``behind_cloudflare`` and
-    ``legacy_headers`` mean what they mean for the middleware. ``cost`` is how many units
-    one request uses. The dependency returns the :class:`~applimit.Decision`.
+    to the request. ``identify``, ``trusted_proxies``, ``behind_cloudflare``,
+    ``legacy_headers``, ``problem_type``, ``exempt_when``, ``exempt_caller`` and
+    ``refusal`` mean what they mean for the middleware (an exception from ``identify`` or
+    an exemption function propagates). ``cost`` is how many units one request uses. The
+    dependency returns the :class:`~applimit.Decision`: ``applimit.EXEMPT`` for a request
+    an exemption spared. The ``refusal=`` body is sent by :func:`add_problem_handler`'s
+    handler.
 
     A named limit applies here even when the policy marks it ``middleware: false``; with no
     name, such limits are left out, as the middleware leaves them out. An unknown ``name``
@@ -129,6 +136,9 @@ class RateLimit:
         behind_cloudflare: bool = False,
         legacy_headers: bool = False,
         problem_type: str = QUOTA_EXCEEDED,
+        exempt_when: ExemptWhen | None = None,
+        exempt_caller: ExemptCaller | None = None,
+        refusal: RenderRefusal | None = None,
     ) -> None:
         """Configure the dependency; an unknown ``name`` fails here, at start-up."""
         if name is not None and name not in limiter.limits:
@@ -150,6 +160,9 @@ class RateLimit:
             legacy_headers=legacy_headers,
             problem_type=problem_type,
             on_identify_error="raise",
+            exempt_when=exempt_when,
+            exempt_caller=exempt_caller,
+            refusal=refusal,
         )
 
     async def __call__(self, request: Request, response: Response) -> Decision:
@@ -164,19 +177,35 @@ class RateLimit:
             # No limit covers this request: the app's identify (its auth) is not run, as
             # the middleware does not run it.
             return UNLIMITED
+        gate = self.gate
+        # on_identify_error is "raise" here: an exemption function's exception propagates,
+        # so an exemption's answer is EXEMPTED or None.
+        if gate.exempt_when is not None and gate.exempts(info, info) is not None:
+            return self._keep(request, EXEMPT)
         caller = await identify_async(self.identify, info)
-        subject = self.gate.subject(info, caller)
-        decision = await self._decide(info, subject)
-        # Left for the app as the ASGI middleware leaves it (joined with its, or with an
-        # earlier dependency's, when the request was decided before).
+        if (
+            caller is not None
+            and gate.exempt_caller is not None
+            and gate.exempts_caller(info, info, caller) is not None
+        ):
+            return self._keep(request, EXEMPT)
+        subject = gate.subject(info, caller)
+        decision = self._keep(request, await self._decide(info, subject))
+        outcome = gate.outcome(decision, subject.tier)
+        if outcome.refusal is not None:
+            raise RateLimitExceeded(decision, gate.render(outcome.refusal, info, info))
+        for key, value in outcome.headers:
+            response.headers[key] = value
+        return decision
+
+    @staticmethod
+    def _keep(request: Request, decision: Decision) -> Decision:
+        """Leave the Decision for the app as the ASGI middleware leaves it (joined with
+        its, or with an earlier dependency's, when the request was decided before);
+        return ``decision``."""
         request.state.applimit_decision = joined(
             getattr(request.state, DECISION_STATE_KEY, None), decision
         )
-        outcome = self.gate.outcome(decision, subject.tier)
-        if outcome.refusal is not None:
-            raise RateLimitExceeded(decision, outcome.refusal)
-        for key, value in outcome.headers:
-            response.headers[key] = value
         return decision
 
     async def _decide(self, info: RequestInfo, subject: Subject) -> Decision:

@@ -21,6 +21,10 @@ limit fails closed), ``Retry-After``, ``RateLimit-Policy``/``RateLimit`` and the
 problem body. The same handler turns :class:`~applimit.RateLimited`, raised by a function
 decorated with ``rate_limited`` inside a view, into that answer instead of a 500.
 
+``@limits.exempt`` leaves a view (``limits.exempt(blueprint)``: a blueprint) out of the
+request check; ``exempt_when`` and ``exempt_caller`` spare requests from every check, and
+``refusal`` gives the refusals a body of the app's own, as for the WSGI middleware.
+
 The check runs as a ``before_request`` function, so Flask's request context (``flask.g``,
 ``flask.session``, ``flask.request``) is there for ``identify``; it also means that a
 refused request passes through the app's ``after_request`` functions (Flask-CORS adds its
@@ -35,7 +39,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from flask import Flask, Request, Response, g, request
+from flask import Blueprint, Flask, Request, Response, current_app, g, request
 from werkzeug.exceptions import HTTPException
 
 from ._decision import Decision
@@ -45,21 +49,25 @@ from ._sync import Limiter
 from ._views import (
     check_request,
     hit_limit,
-    identify_safely,
     joined,
     known_limit,
     merge_headers,
     native_cost,
     needs_check,
     rate_limited_outcome,
+    resolve_caller,
 )
 from ._web import (
+    EXEMPT,
     PROBLEM_JSON,
     QUOTA_EXCEEDED,
     Caller,
+    ExemptCaller,
+    ExemptWhen,
     OnIdentifyError,
     Outcome,
     Refusal,
+    RenderRefusal,
     RequestInfo,
     TrustedProxies,
     bad_path,
@@ -79,6 +87,7 @@ __all__ = ["Caller", "Limits", "RateLimitExceeded", "RequestInfo", "TrustedProxi
 
 P = ParamSpec("P")
 R = TypeVar("R")
+V = TypeVar("V")
 
 SyncIdentify = Callable[[RequestInfo], "Caller | None"]
 Cost = int | Callable[[Request], int]
@@ -89,6 +98,8 @@ _CALLER = "applimit.caller"
 _HEADERS = "applimit.headers"
 _REFUSED = "applimit.refused"
 _BODY_HEADERS = {"content-type", "content-length"}
+# The mark Limits.exempt puts on a view; functools.wraps carries it to wrappers.
+_EXEMPT_VIEW = "applimit_exempt"
 
 
 class RateLimitExceeded(HTTPException):
@@ -101,8 +112,9 @@ class RateLimitExceeded(HTTPException):
     """
 
     def __init__(self, refusal: Refusal, decision: Decision | None = None) -> None:
-        """Carry the refusal; ``code`` is its status."""
-        super().__init__(description="Too Many Requests")
+        """Carry the refusal; ``code`` is its status. ``get_response()`` answers with the
+        refusal's own bytes and content type (the app's ``refusal=`` body, if any)."""
+        super().__init__(description="Too Many Requests", response=problem_response(refusal))
         self.code = refusal.status
         self.refusal = refusal
         self.decision = decision
@@ -110,8 +122,8 @@ class RateLimitExceeded(HTTPException):
     def get_body(
         self, environ: WSGIEnvironment | None = None, scope: dict[str, Any] | None = None
     ) -> str:
-        """The problem+json body (werkzeug's ``get_response`` builds the response)."""
-        return self.refusal.body.decode("utf-8")
+        """The refusal's body as text (``get_response`` sends its bytes as they are)."""
+        return self.refusal.body.decode("utf-8", "replace")
 
     def get_headers(
         self, environ: WSGIEnvironment | None = None, scope: dict[str, Any] | None = None
@@ -121,8 +133,13 @@ class RateLimitExceeded(HTTPException):
 
 
 def problem_response(refusal: Refusal) -> Response:
-    """A :class:`~applimit._web.Refusal` as a Flask response."""
-    response = Response(refusal.body, status=refusal.status, mimetype=PROBLEM_JSON)
+    """A :class:`~applimit._web.Refusal` as a Flask response, with its own content type
+    (the problem document's, or the one of the app's ``refusal=`` body)."""
+    content_type = PROBLEM_JSON
+    for key, value in refusal.headers:
+        if key.lower() == "content-type":
+            content_type = value
+    response = Response(refusal.body, status=refusal.status, content_type=content_type)
     for key, value in refusal.headers:
         if key.lower() not in _BODY_HEADERS:
             response.headers[key] = value
@@ -139,9 +156,11 @@ class Limits:
     every request against the limits whose ``match:`` applies (turn it off when the WSGI
     middleware does that, or to limit named views only); ``cost`` is what one request
     uses there, or a function of the :class:`RequestInfo` returning it. ``on_identify_error``,
-    ``trusted_proxies``, ``behind_cloudflare``, ``legacy_headers`` and ``problem_type``
-    mean what they mean for the WSGI middleware; a bad option raises
-    :class:`~applimit.ConfigurationError` here.
+    ``trusted_proxies``, ``behind_cloudflare``, ``legacy_headers``, ``problem_type``,
+    ``exempt_when``, ``exempt_caller`` and ``refusal`` mean what they mean for the WSGI
+    middleware (the exemptions spare a request from the request check and from the views'
+    own limits alike); a bad option raises :class:`~applimit.ConfigurationError` here.
+    :meth:`exempt` leaves a view, or a blueprint, out of the request check.
     """
 
     def __init__(
@@ -157,6 +176,9 @@ class Limits:
         behind_cloudflare: bool = False,
         legacy_headers: bool = False,
         problem_type: str = QUOTA_EXCEEDED,
+        exempt_when: ExemptWhen | None = None,
+        exempt_caller: ExemptCaller | None = None,
+        refusal: RenderRefusal | None = None,
     ) -> None:
         """Configure the extension (a bad option fails here); install it when ``app`` is
         given, or later with :meth:`init_app`."""
@@ -179,7 +201,14 @@ class Limits:
             legacy_headers=legacy_headers,
             problem_type=problem_type,
             on_identify_error=on_identify_error,
+            exempt_when=exempt_when,
+            exempt_caller=exempt_caller,
+            refusal=refusal,
         )
+        # Set by exempt(): until a view or blueprint is marked, the request check looks
+        # for no mark.
+        self._exempt_views = False
+        self._exempt_blueprints: set[str] = set()
         if app is not None:
             self.init_app(app)
 
@@ -228,25 +257,43 @@ class Limits:
 
         return decorate
 
+    def exempt(self, view: V) -> V:
+        """Leave a view (or every view of a ``Blueprint``) out of the request check.
+
+        Decorate the view (``@limits.exempt`` in either order with ``@app.get``), or pass
+        a blueprint: ``limits.exempt(admin)``. Its requests are neither counted nor
+        refused by the limits whose ``match:`` covers them, get no rate-limit headers,
+        and carry ``applimit.EXEMPT`` as their Decision. A limit the view names itself
+        (``@limits.limit``) still applies. The WSGI middleware, which runs before Flask
+        routes the request, cannot see the mark: use ``exempt_when`` there.
+        """
+        if isinstance(view, Blueprint):
+            self._exempt_blueprints.add(view.name)
+        else:
+            setattr(view, _EXEMPT_VIEW, True)
+        self._exempt_views = True
+        return view
+
     def close(self) -> None:
         """Close the limiter (its Redis connections), for an app's shutdown or a test."""
         self.limiter.close()
 
     # -- the hooks --------------------------------------------------------------------------
 
-    def _caller(self, info: RequestInfo) -> Caller | None:
-        """The caller, from ``identify`` once per request; an identify failure that the
-        gate turns into a refusal is raised (again, for every check of the request)."""
+    def _caller(self, info: RequestInfo) -> tuple[Caller | None, bool]:
+        """The caller, from ``identify`` once per request, and whether an exemption spares
+        the request; a failure that the gate turns into a refusal is raised (again, for
+        every check of the request)."""
         environ = request.environ
-        if _CALLER not in environ:
-            environ[_CALLER] = identify_safely(
-                self.gate, info, lambda: identify_sync(self.identify, info)
+        found = environ.get(_CALLER)
+        if found is None:
+            found = environ[_CALLER] = resolve_caller(
+                self.gate, info, info, lambda: identify_sync(self.identify, info)
             )
-        caller, refused = environ[_CALLER]
-        if refused is not None and refused.refusal is not None:
-            raise RateLimitExceeded(refused.refusal)
-        found: Caller | None = caller
-        return found
+        caller, answer = found
+        if answer is not None and answer.refusal is not None:
+            raise RateLimitExceeded(self.gate.render(answer.refusal, info, info))
+        return caller, answer is not None
 
     def _check_request(self) -> None:
         info = RequestInfo.from_wsgi(request.environ)
@@ -255,33 +302,54 @@ class Limits:
             raise RateLimitExceeded(bad)
         if not needs_check(self.limiter, info):
             return
-        caller = self._caller(info)
+        if self._exempt_views and self._view_is_exempt():
+            self._keep(EXEMPT)
+            return
+        caller, exempt = self._caller(info)
+        if exempt:
+            self._keep(EXEMPT)
+            return
         units = request_cost(self.cost, info)
         decision, outcome = check_request(self.limiter, self.gate, info, caller, units)
-        self._apply(outcome, decision)
+        self._apply(outcome, decision, info)
+
+    def _view_is_exempt(self) -> bool:
+        """Whether :meth:`exempt` marked the view Flask routed the request to, or one of
+        its blueprints (a 404 or 405 has no view, and is checked)."""
+        endpoint = request.endpoint
+        view = current_app.view_functions.get(endpoint) if endpoint else None
+        if view is not None and getattr(view, _EXEMPT_VIEW, False) is True:
+            return True
+        # Nested blueprints are named "parent.child"; exempt() knows the child as "child".
+        return any(
+            name.rpartition(".")[2] in self._exempt_blueprints for name in request.blueprints
+        )
 
     def _hit(self, name: str, cost: Cost) -> None:
         info = RequestInfo.from_wsgi(request.environ)
-        caller = self._caller(info)
+        caller, exempt = self._caller(info)
+        if exempt:
+            self._keep(EXEMPT)
+            return
         units = native_cost(cost, request, info)
         decision, outcome = hit_limit(
             self.limiter, self.gate, name, info, caller=caller, cost=units
         )
-        self._apply(outcome, decision)
+        self._apply(outcome, decision, info)
 
     @staticmethod
-    def _apply(outcome: Outcome, decision: Decision | None) -> None:
-        if decision is not None:
-            # Left for the app as the WSGI middleware leaves it (and joined with its, when
-            # both decide), and in flask.g; g may outlive the request (an app context a
-            # test keeps), so the environ holds the request's own.
-            environ = request.environ
-            kept = environ[DECISION_ENVIRON_KEY] = joined(
-                environ.get(DECISION_ENVIRON_KEY), decision
-            )
-            g.applimit_decision = kept
+    def _keep(decision: Decision) -> None:
+        """Leave the Decision for the app as the WSGI middleware leaves it (joined with
+        its, when both decide), and in flask.g; g may outlive the request (an app context
+        a test keeps), so the environ holds the request's own."""
+        environ = request.environ
+        kept = environ[DECISION_ENVIRON_KEY] = joined(environ.get(DECISION_ENVIRON_KEY), decision)
+        g.applimit_decision = kept
+
+    def _apply(self, outcome: Outcome, decision: Decision, info: RequestInfo) -> None:
+        self._keep(decision)
         if outcome.refusal is not None:
-            raise RateLimitExceeded(outcome.refusal, decision)
+            raise RateLimitExceeded(self.gate.render(outcome.refusal, info, info), decision)
         if outcome.headers:
             request.environ.setdefault(_HEADERS, []).extend(outcome.headers)
 
@@ -301,6 +369,7 @@ class Limits:
 
     def _answer_rate_limited(self, error: RateLimited) -> Response:
         request.environ[_REFUSED] = True
+        info = RequestInfo.from_wsgi(request.environ)
         refusal = rate_limited_outcome(self.gate, error).refusal
         if refusal is None:
             # A denied decision always names what denied it; should one not, the answer is
@@ -313,5 +382,10 @@ class Limits:
                 detail=f"Rate limit {error.name!r} refuses this request; retry in {retry} s.",
                 extra={"limit": error.name, "retry-after": retry},
             )
-            refusal = Refusal(status=429, headers=(("Retry-After", str(retry)),), body=body)
-        return problem_response(refusal)
+            refusal = Refusal(
+                status=429,
+                headers=(("Retry-After", str(retry)),),
+                body=body,
+                decision=error.decision,
+            )
+        return problem_response(self.gate.render(refusal, info, info))

@@ -27,12 +27,17 @@ from ._errors import ConfigurationError
 from ._sync import Limiter
 from ._views import check_request
 from ._web import (
+    EXEMPT,
     PASS,
     QUOTA_EXCEEDED,
     Caller,
     Cost,
+    ExemptCaller,
+    ExemptWhen,
     OnIdentifyError,
     Outcome,
+    Refusal,
+    RenderRefusal,
     RequestInfo,
     TrustedProxies,
     bad_path,
@@ -68,6 +73,14 @@ class RateLimitMiddleware:
     ``behind_cloudflare`` decide how the client IP is read (see :class:`TrustedProxies`);
     ``legacy_headers`` adds the ``X-RateLimit-*`` headers. The limiter itself never makes a
     request fail.
+
+    ``exempt_when(request, client_ip) -> bool`` (asked before ``identify``; ``client_ip``
+    is the one the limits count) and ``exempt_caller(request, caller) -> bool`` (asked
+    after it, for an identified caller) spare a request: neither counted nor refused, no
+    rate-limit headers, and ``applimit.EXEMPT`` left as its Decision; an exception from
+    either follows ``on_identify_error``. ``refusal(request, default) -> (body,
+    content_type) | None`` gives a 429 or 503 the app's own body (status and rate-limit
+    headers kept; should it fail, the default body is sent and the error logged).
     """
 
     def __init__(
@@ -82,6 +95,9 @@ class RateLimitMiddleware:
         behind_cloudflare: bool = False,
         legacy_headers: bool = False,
         problem_type: str = QUOTA_EXCEEDED,
+        exempt_when: ExemptWhen | None = None,
+        exempt_caller: ExemptCaller | None = None,
+        refusal: RenderRefusal | None = None,
     ) -> None:
         """Wrap ``app``; ``limiter`` is an ``applimit.Limiter``."""
         self.app = app
@@ -103,6 +119,9 @@ class RateLimitMiddleware:
             legacy_headers=legacy_headers,
             problem_type=problem_type,
             on_identify_error=on_identify_error,
+            exempt_when=exempt_when,
+            exempt_caller=exempt_caller,
+            refusal=refusal,
         )
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
@@ -110,43 +129,67 @@ class RateLimitMiddleware:
         request = RequestInfo.from_wsgi(environ)
         bad = bad_path(request)
         if bad is not None:
-            start_response(f"400 {_REASONS[400]}", list(bad.headers))
-            return [bad.body]
+            return _refuse(start_response, bad)
         if is_preflight(request) or not self.limiter.matches(
             request.method, request.path, request.host, request.mount
         ):
             return self.app(environ, start_response)
-        refused: Outcome | None = None
-        try:
-            caller = identify_sync(self.identify, request)
-        except Exception as error:
-            refused = self.gate.identify_failed(request, error)
-            caller = None
-        if refused is not None:
-            outcome = refused
-        else:
-            outcome = self._check(environ, request, caller, request_cost(self.cost, request))
-        if outcome.refusal is not None:
-            refusal = outcome.refusal
-            start_response(f"{refusal.status} {_REASONS[refusal.status]}", list(refusal.headers))
-            return [refusal.body]
-        if outcome is PASS or not outcome.headers:
-            return self.app(environ, start_response)
-        return self.app(environ, _with_headers(start_response, outcome))
+        return self._limited(environ, start_response, request)
 
-    def _check(
-        self, environ: WSGIEnvironment, request: RequestInfo, caller: Caller | None, cost: int
-    ) -> Outcome:
-        """Decide every matching limit in one call; never raise.
+    def _limited(
+        self, environ: WSGIEnvironment, start_response: StartResponse, request: RequestInfo
+    ) -> Iterable[bytes]:
+        """A request some limit matches: the exemptions, ``identify``, one decision of
+        every matching limit, then the app with the headers or the refusal.
 
         The Decision is left for the app in ``environ["applimit.decision"]``
         (``request.environ`` in Flask): what a shadow limit would have decided, the
         remaining counts, whether Redis answered.
         """
-        decision, outcome = check_request(self.limiter, self.gate, request, caller, cost)
-        if decision is not None:
-            environ[DECISION_ENVIRON_KEY] = decision
-        return outcome
+        gate = self.gate
+        if gate.exempt_when is not None:
+            spared = gate.exempts(request, request)
+            if spared is not None:
+                return self._spare(environ, start_response, request, spared)
+        try:
+            caller = identify_sync(self.identify, request)
+        except Exception as error:
+            failed = gate.identify_failed(request, error)
+            if failed is not None:
+                return self._spare(environ, start_response, request, failed)
+            caller = None
+        if caller is not None and gate.exempt_caller is not None:
+            spared = gate.exempts_caller(request, request, caller)
+            if spared is not None:
+                return self._spare(environ, start_response, request, spared)
+        cost = request_cost(self.cost, request)
+        decision, outcome = check_request(self.limiter, gate, request, caller, cost)
+        environ[DECISION_ENVIRON_KEY] = decision
+        if outcome.refusal is not None:
+            return _refuse(start_response, gate.render(outcome.refusal, request, request))
+        if outcome is PASS or not outcome.headers:
+            return self.app(environ, start_response)
+        return self.app(environ, _with_headers(start_response, outcome))
+
+    def _spare(
+        self,
+        environ: WSGIEnvironment,
+        start_response: StartResponse,
+        request: RequestInfo,
+        spared: Outcome,
+    ) -> Iterable[bytes]:
+        """An exemption's answer: the app, uncounted and without headers, with
+        ``applimit.EXEMPT`` as the Decision; or the 503 of a failing ``identify`` or
+        exemption function under ``on_identify_error="refuse"``."""
+        if spared.refusal is not None:
+            return _refuse(start_response, self.gate.render(spared.refusal, request, request))
+        environ[DECISION_ENVIRON_KEY] = EXEMPT
+        return self.app(environ, start_response)
+
+
+def _refuse(start_response: StartResponse, refusal: Refusal) -> list[bytes]:
+    start_response(f"{refusal.status} {_REASONS[refusal.status]}", list(refusal.headers))
+    return [refusal.body]
 
 
 def _with_headers(start_response: StartResponse, outcome: Outcome) -> StartResponse:
