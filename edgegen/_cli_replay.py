@@ -2,16 +2,21 @@
 
 A thin shell: it reads the command line, the policy and the traffic files (``_traffic``),
 runs the replay (``_replay``, ``_suggest``) and prints the report (``_replay_report``).
-``edgegen diff --traffic`` uses :func:`traffic_args` and :func:`open_traffic` from here.
+``edgegen diff --traffic`` uses :func:`traffic_args` and :func:`open_args_traffic` from
+here. While the records are read, :class:`Progress` says how far the reading has got on
+standard error, when that is a terminal.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from edgegen_policy import Policy
 
@@ -19,8 +24,8 @@ from ._pipeline import load_and_build
 from ._plan_format import markdown_text, terminal_text
 from ._replay import Layer, Replay, ReplayOptions, ReplayResult
 from ._replay_report import to_json, to_markdown, to_text, write_chart
-from ._suggest import suggest, suggestions_json, suggestions_table
-from ._traffic import FORMATS, Traffic, TrafficOptions, TrafficStats, load_tiers
+from ._suggest import suggest, suggestions_json, suggestions_markdown, suggestions_text
+from ._traffic import FORMATS, Position, Traffic, TrafficOptions, TrafficStats, load_tiers
 from ._traffic_pipe import open_traffic
 from .errors import UsageError
 
@@ -80,6 +85,12 @@ def traffic_args(parser: argparse.ArgumentParser, *, required: bool) -> None:
         "--strict",
         action="store_true",
         help="stop at the first malformed record (default: count and report them)",
+    )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress line on standard error while the traffic is read (it is shown "
+        "only when standard error is a terminal)",
     )
 
 
@@ -166,13 +177,125 @@ def traffic_options(args: argparse.Namespace, loaded: Policy) -> TrafficOptions:
     )
 
 
+# Progress: counted every this many records, redrawn at most every this many seconds (the
+# first time at the first count, so a long replay shows life at once).
+PROGRESS_EVERY = 1024
+PROGRESS_INTERVAL_S = 0.25
+
+
+class Progress:
+    """One line on a terminal that says how the reading is getting on: records read, their
+    rate, and, when every input's size is known, how much of it is read and an estimate of
+    the time left (from the bytes read so far against the files' sizes).
+
+    :meth:`update` redraws it at most every ``interval`` seconds; :meth:`finish` clears it,
+    so what follows (warnings, a report) starts on a clean line.
+    """
+
+    def __init__(
+        self,
+        stream: TextIO,
+        position: Callable[[], Position],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        interval: float = PROGRESS_INTERVAL_S,
+    ) -> None:
+        self.stream = stream
+        self.position = position
+        self.clock = clock
+        self.interval = interval
+        self.started = clock()
+        self.drawn_at: float | None = None
+        self.shown = False
+
+    def update(self, records: int) -> None:
+        """``records`` have been read: redraw the line unless it was drawn very lately."""
+        now = self.clock()
+        if self.drawn_at is not None and now - self.drawn_at < self.interval:
+            return
+        self.drawn_at = now
+        read, total = self.position()
+        line = progress_line(records, now - self.started, read, total)
+        # One character short of the width: a full line would wrap, and \r would then
+        # return to the start of the second half.
+        self.stream.write("\r" + line[: _columns(self.stream) - 1] + "\x1b[K")
+        self.stream.flush()
+        self.shown = True
+
+    def finish(self) -> None:
+        """Clear the line, if one was drawn."""
+        if self.shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self.shown = False
+
+
+def _columns(stream: TextIO) -> int:
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        return 80
+    # A terminal that has not been given a size (a fresh pseudo-terminal) says 0.
+    return columns if columns > 0 else 80
+
+
+def _size(count: int) -> str:
+    if count < 1024:
+        return f"{count:,} bytes"
+    value = count / 1024
+    for unit in ("KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:,.1f} GiB"
+
+
+def _left(seconds: float) -> str:
+    whole = max(1, round(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
+
+
+def progress_line(records: int, elapsed: float, read: int, total: int | None) -> str:
+    """The progress line: ``records`` read in ``elapsed`` seconds, ``read`` bytes of the
+    inputs' ``total`` (None when a pipe or standard input has no size to compare with)."""
+    parts = [f"{records:,} records read"]
+    if elapsed > 0:
+        parts.append(f"{records / elapsed:,.0f} records/s")
+    if total:
+        parts.append(f"{min(read, total) / total:.0%} of {_size(total)}")
+        if 0 < read < total and elapsed > 0:
+            parts.append(f"about {_left(elapsed * (total - read) / read)} left")
+    elif read:
+        parts.append(f"{_size(read)} read")
+    return "edgegen: " + ", ".join(parts)
+
+
+def show_progress(args: argparse.Namespace, stream: TextIO) -> bool:
+    """Whether to show progress: on a terminal, unless --quiet."""
+    if getattr(args, "quiet", False):
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def open_args_traffic(args: argparse.Namespace, loaded: Policy) -> Traffic:
     """The records of ``--traffic``, read as the options say; traffic that gives no record
     at all (every line malformed, the wrong --traffic-format) is an error at its end, not
-    an empty report."""
+    an empty report. On a terminal, progress is shown on standard error while they are
+    read, and cleared when the traffic is closed."""
     traffic = open_traffic(
         args.traffic, traffic_options(args, loaded), background=args.background_read
     )
+    stream = sys.stderr
+    if show_progress(args, stream):
+        progress = Progress(stream, traffic.position)
+        traffic.observe(PROGRESS_EVERY, progress.update, progress.finish)
     return traffic.require_records()
 
 
@@ -265,26 +388,8 @@ def run_suggest(args: argparse.Namespace) -> int:
         data = suggestions_json(items, target)
         data["traffic"] = stats_json(stats)
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
-        return 0
-    table = suggestions_table(items)
-    heading = f"Suggested app rates: at most {target:.2%} of identities refused"
-    if args.format == "markdown":
-        lines = [f"### {heading}", ""]
-        lines.append("| " + " | ".join(table[0]) + " |")
-        lines.append("|" + "|".join("---" for _ in table[0]) + "|")
-        lines.extend(
-            "| " + " | ".join(markdown_text(cell) for cell in row) + " |" for row in table[1:]
-        )
-        sys.stdout.write("\n".join(lines) + "\n")
-        return 0
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    lines = [*stats_lines(stats), heading + ":"]
-    lines.extend(
-        "  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
-        for row in table
-    )
-    lines.append(
-        "Exact for sliding_log; for sliding_window and gcra a guide (docs/replay.md, Suggestions)."
-    )
-    sys.stdout.write(terminal_text("\n".join(lines) + "\n"))
+    elif args.format == "markdown":
+        sys.stdout.write(suggestions_markdown(items, target))
+    else:
+        sys.stdout.write(terminal_text(suggestions_text(items, target, stats_lines(stats))))
     return 0

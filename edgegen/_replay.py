@@ -221,12 +221,17 @@ class _AppLimit:
 # of _TIMELINE_WIDTHS (each a multiple of the one before; then whole days, doubling), so
 # its memory is bounded whatever the records' span (one record in 1970 and one in 9999).
 TIMELINE_BUCKETS = 1 << 14
+# What a timeline bucket counts, in order: each request in exactly one of them ("rules" are
+# the requests a rule blocked; "challenged" those a rule challenged and that went no
+# further).
+TIMELINE_COLUMNS = ("admitted", "rules", "worker", "app", "challenged")
 _TIMELINE_WIDTHS = (1, 5, 15, 30, 60, 180, 360, 720, 1440)
 
 
 @dataclass(slots=True)
 class Timeline:
-    """Admitted, and refused by each layer, per bucket of ``width`` minutes.
+    """Admitted, refused by each layer, and challenged at the edge, per bucket of ``width``
+    minutes: the counts of :data:`TIMELINE_COLUMNS`, each request in one of them.
 
     ``minutes`` maps a bucket's first minute (minutes since the epoch, a multiple of
     ``width``) to its counts; ``start_minute`` is the first record's minute. A bucket is one
@@ -248,7 +253,7 @@ class Timeline:
             if len(self.minutes) >= TIMELINE_BUCKETS:
                 self._widen()
                 return self.counts(minute)
-            counts = self.minutes[at] = [0, 0, 0, 0]
+            counts = self.minutes[at] = [0] * len(TIMELINE_COLUMNS)
         return counts
 
     def _widen(self) -> None:
@@ -259,7 +264,7 @@ class Timeline:
             width = later[0] if later else width * 2
         merged: dict[int, list[int]] = {}
         for at, counts in self.minutes.items():
-            into = merged.setdefault(at - at % width, [0, 0, 0, 0])
+            into = merged.setdefault(at - at % width, [0] * len(TIMELINE_COLUMNS))
             for index, value in enumerate(counts):
                 into[index] += value
         self.minutes = merged
@@ -267,6 +272,9 @@ class Timeline:
 
 
 _COLUMN = {None: 0, Layer.RULES: 1, Layer.WORKER: 2, Layer.APP: 3}
+# A request a rule challenged and that went no further (--challenges stop): apart from the
+# rules' blocks, since a managed challenge does not refuse (a person may pass it).
+_CHALLENGED = 4
 
 
 @dataclass(slots=True)
@@ -363,7 +371,9 @@ class Replay:
         )
         self._next_sweep = _SWEEP_EVERY
         self._minute = -1
-        self._counts: list[int] = [0, 0, 0, 0]
+        self._counts: list[int] = [0] * len(TIMELINE_COLUMNS)
+        # Set by _rules when the request it stops was challenged rather than blocked.
+        self._challenge_stopped = False
         self._tier_names = frozenset(self.tiers)
         self._paths: dict[str, tuple[str, ...]] = {}
         self._buckets: dict[str, str] = {}
@@ -523,6 +533,9 @@ class Replay:
         else:
             result.refused[refused] += 1
             column = _COLUMN[refused]
+            if self._challenge_stopped:
+                self._challenge_stopped = False
+                column = _CHALLENGED
         # The timeline, inlined for the common case of a record in the same minute.
         minute = at // _MINUTE_US
         if minute != self._minute:
@@ -583,6 +596,7 @@ class Replay:
                     if self.options.challenges == "pass":
                         # A client that solves the challenge goes on to the next rule.
                         continue
+                    self._challenge_stopped = True
                 else:
                     row.refused += 1
                 return True
@@ -800,6 +814,7 @@ def _route_covers(route: tuple[str, str], host: str, path: str) -> bool:
 
 __all__ = [
     "ASSUMPTIONS",
+    "TIMELINE_COLUMNS",
     "Layer",
     "Replay",
     "ReplayOptions",

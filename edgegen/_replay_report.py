@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ._plan_format import code, markdown_text
-from ._replay import ASSUMPTIONS, Layer, ReplayResult, Row
+from ._replay import ASSUMPTIONS, TIMELINE_COLUMNS, Layer, ReplayResult, Row
 from .errors import UsageError
 
 REPORT_VERSION = 1
@@ -104,7 +104,8 @@ def _bucket_minutes(first: int, last: int, stored: int) -> int:
 
 def timeline(result: ReplayResult) -> tuple[int, list[tuple[int, list[int]]]]:
     """The timeline in at most _TIMELINE_POINTS buckets: (bucket minutes, [(start minute,
-    [admitted, refused by rules, by the Worker, by the app])])."""
+    [admitted, blocked by rules, refused by the Worker, by the app, challenged at the edge])]),
+    each request counted once (:data:`~edgegen._replay.TIMELINE_COLUMNS`)."""
     line = result.timeline
     if line.start_minute is None or not line.minutes:
         return 1, []
@@ -114,10 +115,11 @@ def timeline(result: ReplayResult) -> tuple[int, list[tuple[int, list[int]]]]:
     start = first - first % width
     buckets: dict[int, list[int]] = {}
     for minute, counts in line.minutes.items():
-        into = buckets.setdefault(minute - minute % width, [0, 0, 0, 0])
+        into = buckets.setdefault(minute - minute % width, [0] * len(TIMELINE_COLUMNS))
         for index, value in enumerate(counts):
             into[index] += value
-    points = [(at, buckets.get(at, [0, 0, 0, 0])) for at in range(start, last + 1, width)]
+    empty = [0] * len(TIMELINE_COLUMNS)
+    points = [(at, buckets.get(at, empty)) for at in range(start, last + 1, width)]
     return width, points
 
 
@@ -140,7 +142,7 @@ def to_json(
         "timeline": {
             "bucket_minutes": width,
             "columns": ["start", "admitted", "rules", "worker", "app"],
-            "points": [[_when(at * 60_000_000), *counts] for at, counts in points],
+            "points": [_json_point(at, counts) for at, counts in points],
         },
         "assumptions": list(ASSUMPTIONS),
         "notes": list(result.notes),
@@ -148,7 +150,24 @@ def to_json(
     }
 
 
+def _json_point(at: int, counts: Sequence[int]) -> list[Any]:
+    """One timeline point as JSON: its "rules" count every request a rule stopped, blocked
+    or challenged, as the report's "refused" totals do."""
+    admitted, rules, worker, app, challenged = counts
+    return [_when(at * 60_000_000), admitted, rules + challenged, worker, app]
+
+
 _LAYER_NAME = {Layer.RULES: "Cloudflare's rules", Layer.WORKER: "the Worker", Layer.APP: "the app"}
+# What the reports call each outcome of a request, by timeline column: the summary's lines
+# and the chart's legend say the same words.
+OUTCOME_NAMES = {
+    "admitted": "Admitted",
+    "rules": f"Refused by {_LAYER_NAME[Layer.RULES]}",
+    "worker": f"Refused by {_LAYER_NAME[Layer.WORKER]}",
+    "app": f"Refused by {_LAYER_NAME[Layer.APP]}",
+    "challenged": "Challenged at the edge",
+}
+_LAYER_COLUMN = {Layer.RULES: "rules", Layer.WORKER: "worker", Layer.APP: "app"}
 
 
 def _quiet(rows: Sequence[Row], name: Callable[[str], str] = str) -> str | None:
@@ -216,11 +235,10 @@ def _summary(result: ReplayResult) -> list[str]:
     ]
     for layer in result.layers:
         refused = result.refused[layer]
-        lines.append(
-            f"Refused by {_LAYER_NAME[layer]}: {refused:,} ({_share(refused, result.requests)})."
-        )
+        name = OUTCOME_NAMES[_LAYER_COLUMN[layer]]
+        lines.append(f"{name}: {refused:,} ({_share(refused, result.requests)}).")
     if result.challenged:
-        lines.append(f"Challenged at the edge: {result.challenged:,}.")
+        lines.append(f"{OUTCOME_NAMES['challenged']}: {result.challenged:,}.")
     lines.extend(f"Warning: {warning}." for warning in result.warnings)
     return lines
 
@@ -343,7 +361,8 @@ def to_markdown(result: ReplayResult, traffic_lines: Sequence[str] = ()) -> str:
 
 
 def write_chart(result: ReplayResult, path: Path, title: str = "Replay") -> None:
-    """Draw the timeline (admitted and refused per layer, stacked) to an SVG or PNG file.
+    """Draw the timeline (admitted, refused per layer and challenged at the edge, stacked)
+    to an SVG or PNG file.
 
     matplotlib is an optional extra (``edgegen[chart]``); UsageError says how to install
     it when it is missing, and when the file's suffix is neither .svg nor .png.
@@ -360,36 +379,66 @@ def write_chart(result: ReplayResult, path: Path, title: str = "Replay") -> None
         raise UsageError(
             "--chart needs matplotlib: pip install 'edgegen[chart]' (or pip install matplotlib)"
         ) from exc
+    figure = _chart(plt, result, title)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+
+
+# Stacked from the bottom: what got through, then where the rest stopped, in the order
+# traffic meets the layers.
+_CHART_SERIES = (
+    ("admitted", "#4c9a2a"),
+    ("challenged", "#e6ab02"),
+    ("rules", "#d95f02"),
+    ("worker", "#7570b3"),
+    ("app", "#e7298a"),
+)
+
+
+def _chart(plt: Any, result: ReplayResult, title: str) -> Any:
+    """The chart's figure. Each series is named as the text report names that outcome
+    (:data:`OUTCOME_NAMES`); the legend sits above the plotting area, outside it, so it
+    never covers a bar."""
+    from matplotlib import dates
+
     width, points = timeline(result)
     times = [dt.datetime.fromtimestamp(at * 60, tz=dt.UTC) for at, _ in points]
-    series: list[tuple[int, ...]] = (
-        list(zip(*(counts for _, counts in points), strict=True)) if points else [()] * 4
-    )
-    names = ["admitted", "refused by rules", "refused by the Worker", "refused by the app"]
-    colours = ["#4c9a2a", "#d95f02", "#7570b3", "#e7298a"]
-    figure, axes = plt.subplots(figsize=(9, 3.6), dpi=110)
+    column = {name: index for index, name in enumerate(TIMELINE_COLUMNS)}
+    figure, axes = plt.subplots(figsize=(9, 4), dpi=110, layout="constrained")
     bottom = [0] * len(points)
-    for values, name, colour in zip(series, names, colours, strict=True):
+    for key, colour in _CHART_SERIES:
+        values = [counts[column[key]] for _, counts in points]
         if not any(values):
             continue
         axes.bar(
-            times,  # type: ignore[arg-type]
+            times,
             values,
             width=width / 1440 * 0.9,
             bottom=bottom,
-            label=name,
+            label=OUTCOME_NAMES[key],
             color=colour,
             align="edge",
         )
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    axes.set_title(title)
+    # Short date labels that need no rotation (rotating them adjusts the layout by hand,
+    # which the constrained layout that places the legend does not allow).
+    locator = dates.AutoDateLocator()  # type: ignore[no-untyped-call]  # unannotated in matplotlib
+    formatter = dates.ConciseDateFormatter(locator)  # type: ignore[no-untyped-call]  # likewise
+    axes.xaxis.set_major_locator(locator)
+    axes.xaxis.set_major_formatter(formatter)
     axes.set_ylabel(f"requests per {width} min")
-    axes.legend(loc="upper left", fontsize="small")
-    figure.autofmt_xdate()
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path)
-    plt.close(figure)
+    axes.set_title(title)
+    handles, labels = axes.get_legend_handles_labels()
+    if handles:
+        figure.legend(
+            handles,
+            labels,
+            loc="outside upper center",
+            ncols=min(3, len(handles)),
+            fontsize="small",
+        )
+    return figure
 
 
 # -- impact of a policy change ------------------------------------------------------------

@@ -49,7 +49,9 @@ import gzip
 import heapq
 import io
 import json
+import os
 import re
+import stat
 import sys
 import zlib
 from collections import deque
@@ -214,18 +216,47 @@ class TrafficStats:
         return out
 
 
+# How far a reader has got: (bytes of the inputs read so far, their total size, None when
+# an input is a pipe or standard input whose size cannot be known in advance).
+Position = tuple[int, int | None]
+
+
 class Traffic:
     """The records of :func:`read_traffic`, in time order (iterate once), and their stats.
 
     Closing (or leaving a ``with`` block) closes every file, also after a partial read.
+    ``position`` says how far the reading has got, in bytes of the files as stored (gzip
+    files by their compressed bytes), for a progress report.
     """
 
     def __init__(
-        self, records: Iterator[Request], stats: TrafficStats, closers: list[Callable[[], None]]
+        self,
+        records: Iterator[Request],
+        stats: TrafficStats,
+        closers: list[Callable[[], None]],
+        position: Callable[[], Position] | None = None,
     ) -> None:
         self._records: Iterator[Request] | None = records
         self.stats = stats
         self._closers = closers
+        self._position = position
+
+    def position(self) -> Position:
+        """Bytes of the inputs read so far and their total size (None when an input is a
+        pipe or standard input): an estimate, since readers read a little ahead."""
+        return self._position() if self._position is not None else (0, None)
+
+    def observe(
+        self, every: int, callback: Callable[[int], None], done: Callable[[], None]
+    ) -> Traffic:
+        """Call ``callback`` with the number of records given out after every ``every``
+        records, and ``done`` when the traffic is closed (however the reading ended)."""
+        if every < 1:
+            raise ValueError("observe every one record or more")
+        if self._records is not None:
+            self._records = _observed(self._records, every, callback)
+        self._closers.insert(0, done)
+        return self
 
     def __iter__(self) -> Iterator[Request]:
         if self._records is None:
@@ -257,6 +288,17 @@ class Traffic:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def _observed(
+    records: Iterator[Request], every: int, callback: Callable[[int], None]
+) -> Iterator[Request]:
+    due = every
+    for count, record in enumerate(records, 1):
+        yield record
+        if count == due:
+            due += every
+            callback(count)
 
 
 def _nothing_read(stats: TrafficStats) -> str:
@@ -324,10 +366,12 @@ def read_traffic(paths: Sequence[str | Path], options: TrafficOptions) -> Traffi
     streams: list[Iterator[Request]] = []
     stats = TrafficStats([])
     closers: list[Callable[[], None]] = []
+    positions: list[Callable[[], Position]] = []
     try:
         for path in paths:
-            label, text, packed, release = _open(path)
+            label, text, packed, release, position = _open(path)
             closers.append(release)
+            positions.append(position)
             lines = _numbered(text, label)
             head = _head(lines, label)
             # An empty file has no records in any format: it is "empty", not a guess.
@@ -347,15 +391,27 @@ def read_traffic(paths: Sequence[str | Path], options: TrafficOptions) -> Traffi
     else:
         # Each file is in time order; ties keep the order the files were named in.
         merged = heapq.merge(*streams, key=attrgetter("at_us"))
-    return Traffic(merged, stats, closers)
+    return Traffic(merged, stats, closers, lambda: _sum_positions(positions))
+
+
+def _sum_positions(positions: Sequence[Callable[[], Position]]) -> Position:
+    done = 0
+    total: int | None = 0
+    for position in positions:
+        read, size = position()
+        done += read
+        total = None if total is None or size is None else total + size
+    return done, total
 
 
 # --- files ---------------------------------------------------------------------------------
 
 
-def _open(path: str | Path) -> tuple[str, IO[str], bool, Callable[[], None]]:
-    """The file's label, its text, whether it is gzip, and what releases it (closes a
-    file; leaves stdin open). Releasing twice is harmless."""
+def _open(
+    path: str | Path,
+) -> tuple[str, IO[str], bool, Callable[[], None], Callable[[], Position]]:
+    """The file's label, its text, whether it is gzip, what releases it (closes a file;
+    leaves stdin open; releasing twice is harmless), and how far it has been read."""
     label = str(path)
     raw: IO[bytes]
     if label == "-":
@@ -392,7 +448,28 @@ def _open(path: str | Path) -> tuple[str, IO[str], bool, Callable[[], None]]:
                 if reader is not raw:
                     reader.detach()
 
-    return label, text, packed, release
+    return label, text, packed, release, _position_of(raw)
+
+
+def _position_of(raw: IO[bytes]) -> Callable[[], Position]:
+    """How far ``raw`` has been read, and its size when it is a regular file (a pipe, a
+    terminal or a stream without a descriptor has none). A closed file was read to its end
+    or abandoned: either way it counts as read."""
+    try:
+        status = os.fstat(raw.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return lambda: (0, None)
+    if not stat.S_ISREG(status.st_mode):
+        return lambda: (0, None)
+    size = status.st_size
+
+    def position() -> Position:
+        try:
+            return min(raw.tell(), size), size
+        except (OSError, ValueError):
+            return size, size
+
+    return position
 
 
 def _numbered(text: IO[str], label: str) -> Iterator[tuple[int, str | None]]:

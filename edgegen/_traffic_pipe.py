@@ -8,7 +8,9 @@ tuples through a pipe (a pipe's buffer is the only queue, so a slow consumer sto
 reader: memory stays bounded); the parent rebuilds them as :class:`Request` values. What
 the parent sees is the same as reading in process: the same records in the same order, the
 same stats (sent when the child is done) and the same :class:`TrafficError`, raised in the
-parent where the child met it.
+parent where the child met it. Each batch carries how far the child has read the files,
+which is what the parent's :meth:`~edgegen._traffic.Traffic.position` answers (a progress
+report's estimate: the child reads at most a pipe's buffer ahead).
 
 Only the child opens the files, and each once: it opens them and tells their formats first
 and answers "ready" (or the error), which the parent waits for, so a missing file or an
@@ -41,7 +43,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ._replay_types import Request
-from ._traffic import Traffic, TrafficError, TrafficOptions, TrafficStats, read_traffic
+from ._traffic import (
+    Position,
+    Traffic,
+    TrafficError,
+    TrafficOptions,
+    TrafficStats,
+    read_traffic,
+)
 
 # Records per message: large enough that a message's overhead is small, small enough that
 # the parent starts at once.
@@ -81,24 +90,25 @@ def _child(
     parent: int,
     by_signal: bool,
 ) -> None:
-    """Open the files and say "ready" with their stats (or the error); then send every
-    record in batches, then ("end", stats) or ("error", ...)."""
+    """Open the files and say "ready" with their stats and position (or the error); then
+    send every record in batches, each with the position reached, then ("end", stats,
+    position) or ("error", ...)."""
     # The fork copied the parent's read end: holding it, this process would never see the
     # pipe break, and would block for ever on a full pipe once the parent is gone.
     inherited.close()
     _die_with_parent(parent, by_signal=by_signal)
     try:
         with read_traffic(paths, options) as traffic:
-            _send(conn, ("ready", traffic.stats))
+            _send(conn, ("ready", traffic.stats, traffic.position()))
             batch: list[tuple[Any, ...]] = []
             for record in traffic:
                 batch.append(tuple(record))
                 if len(batch) >= _BATCH:
-                    _send(conn, ("records", batch))
+                    _send(conn, ("records", batch, traffic.position()))
                     batch = []
             if batch:
-                _send(conn, ("records", batch))
-        _send(conn, ("end", traffic.stats))
+                _send(conn, ("records", batch, traffic.position()))
+        _send(conn, ("end", traffic.stats, traffic.position()))
     except TrafficError as exc:
         _send(conn, ("error", str(exc), exc.file, exc.line))
     except (BrokenPipeError, KeyboardInterrupt):
@@ -132,7 +142,12 @@ class BackgroundTraffic(Traffic):
         except BaseException:
             self._stop()
             raise
-        super().__init__(self._received(), message[1], [self._stop])
+        # Where the child's reading has got, as of the last batch received.
+        self._reached: Position = message[2]
+        super().__init__(self._received(), message[1], [self._stop], self._where)
+
+    def _where(self) -> Position:
+        return self._reached
 
     def _message(self) -> tuple[Any, ...]:
         try:
@@ -155,9 +170,11 @@ class BackgroundTraffic(Traffic):
             message = self._message()
             kind = message[0]
             if kind == "records":
+                self._reached = message[2]
                 for fields in message[1]:
                     yield make(fields)
             elif kind == "end":
+                self._reached = message[2]
                 stats: TrafficStats = message[1]
                 self.stats.files[:] = stats.files
                 return

@@ -276,7 +276,8 @@ def test_impact_names_newly_refused_and_freed_identities() -> None:
 
 def test_suggest_finds_the_rate_for_a_known_trace() -> None:
     """Ten users whose peaks per minute are 1..10: at a 10 % target one may be refused, so
-    the suggestion is 9/1m; at 0 %, 10/1m; the current 5/1m refuses five."""
+    the floor is 9/1m; at 0 %, 10/1m; the current 5/1m refuses five. Ten identities are a
+    small sample, so the floor, looser than today, is not suggested: 5/1m is kept."""
     loaded = load(
         """
   - name: api
@@ -292,15 +293,17 @@ def test_suggest_finds_the_rate_for_a_known_trace() -> None:
     (item,) = items
     assert item.identities == 10
     assert item.refused_now == 5
-    assert item.suggested_rate == "9/1m"
-    assert item.refused_suggested == 1
+    assert item.floor_rate == "9/1m"
+    assert item.refused_floor == 1
+    assert item.small_sample and item.kept
+    assert item.suggested_rate == "5/1m" and item.refused_suggested == 5
     items, _ = suggest(loaded, records, 0.0)
-    assert items[0].suggested_rate == "10/1m" and items[0].refused_suggested == 0
+    assert items[0].floor_rate == "10/1m" and items[0].refused_floor == 0
 
 
 def test_suggestion_checked_by_a_replay_of_the_suggested_rate() -> None:
-    """For sliding_log the suggestion is exact: replaying the suggested rate refuses no
-    more identities than the target allows, and one less would refuse more."""
+    """For sliding_log the floor is exact: replaying it refuses no more identities than the
+    target allows, and one less would refuse more."""
     loaded = load(
         """
   - name: api
@@ -320,7 +323,7 @@ def test_suggestion_checked_by_a_replay_of_the_suggested_rate() -> None:
         key=lambda r: r.at_us,
     )
     (item,), _ = suggest(loaded, records, 0.05)
-    assert item.suggested is not None
+    assert item.floor is not None
 
     def refused_identities(count: int) -> int:
         variant = load(
@@ -332,9 +335,9 @@ def test_suggestion_checked_by_a_replay_of_the_suggested_rate() -> None:
         )
         return len(row(replay(variant, records), Layer.APP, "api", "free").refused_by)  # type: ignore[attr-defined]
 
-    assert refused_identities(item.suggested) == item.refused_suggested <= int(0.05 * 40)
-    if item.suggested > 1:
-        assert refused_identities(item.suggested - 1) > int(0.05 * 40)
+    assert refused_identities(item.floor) == item.refused_floor <= int(0.05 * 40)
+    if item.floor > 1:
+        assert refused_identities(item.floor - 1) > int(0.05 * 40)
 
 
 def test_markdown_report_and_impact_match_golden() -> None:

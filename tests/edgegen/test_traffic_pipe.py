@@ -75,6 +75,60 @@ def test_small_files_and_stdin_are_read_in_process(sample: Path) -> None:
         assert not isinstance(asked, BackgroundTraffic)
 
 
+# --- how far the reading has got (for the progress line) ----------------------------------
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["in process", "second process"])
+def test_the_position_grows_to_the_files_size(sample: Path, background: bool) -> None:
+    """The position counts the file's stored (gzip) bytes: it grows while records are read
+    and ends at the file's size, read in process or in the second process."""
+    size = sample.stat().st_size
+    opened = BackgroundTraffic if background else read_traffic
+    with opened([sample], TrafficOptions()) as traffic:
+        seen = []
+        for n, _ in enumerate(traffic, 1):
+            if n % 4096 == 0:
+                seen.append(traffic.position())
+        end = traffic.position()
+    assert end == (size, size)
+    assert all(total == size for _, total in seen)
+    done = [read for read, _ in seen]
+    assert done == sorted(done)
+    assert 0 < done[0] < size
+
+
+def test_the_position_has_no_total_when_an_input_is_a_pipe(sample: Path, tmp_path: Path) -> None:
+    """A named pipe has no size to compare with: the total is None, and the bytes counted
+    are those of the regular files."""
+    fifo = tmp_path / "fifo.ndjson"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", 'cat "$0" > "$1"', str(HERE / "named.ndjson"), fifo])
+    try:
+        with read_traffic([sample, fifo], TrafficOptions()) as traffic:
+            count = sum(1 for _ in traffic)
+            read, total = traffic.position()
+    finally:
+        writer.wait(timeout=30)
+    assert count > 0
+    assert total is None
+    assert read == sample.stat().st_size
+
+
+def test_observe_counts_records_and_runs_done_on_close(sample: Path) -> None:
+    """observe calls back every N records with the count so far, and its done when the
+    traffic is closed, also after a partial read."""
+    calls: list[int] = []
+    done: list[bool] = []
+    with read_traffic([sample], TrafficOptions()) as traffic:
+        traffic.observe(1000, calls.append, lambda: done.append(True))
+        records = iter(traffic)
+        for _ in range(2500):
+            next(records)
+        assert calls == [1000, 2000]
+        assert not done
+    assert done == [True]
+
+
 # --- inputs that cannot be read twice, and a parent that dies ------------------------------
 
 ROOT = Path(__file__).resolve().parents[2]
