@@ -24,8 +24,10 @@ without it, FastAPI's default handler answers ``{"detail": ...}`` with the same 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from http import HTTPStatus
+from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request, Response
 from starlette.concurrency import run_in_threadpool
@@ -210,45 +212,37 @@ class RateLimit:
 
     async def _decide(self, info: RequestInfo, subject: Subject) -> Decision:
         limiter, tier, cost, keys = self.limiter, subject.tier, self.cost, subject.keys
+        # The call, bound to its arguments: awaited from an AsyncLimiter, run in the thread
+        # pool from a Limiter (typed Any: one of two limiters' methods).
+        decide: Any
         if self.name is None:
-            method, path, who, ip, host = (
+            decide = functools.partial(
+                limiter.check_request,
                 info.method,
                 info.path,
                 subject.identity,
-                subject.ip,
-                info.host,
+                tier=tier,
+                cost=cost,
+                ip=subject.ip,
+                host=info.host,
+                keys=keys,
+                mount=info.mount,
             )
-            mount = info.mount
-            if isinstance(limiter, AsyncLimiter):
-                return await limiter.check_request(
-                    method,
-                    path,
-                    who,
-                    tier=tier,
-                    cost=cost,
-                    ip=ip,
-                    host=host,
-                    keys=keys,
-                    mount=mount,
-                )
-            return await run_in_threadpool(
-                lambda: limiter.check_request(
-                    method,
-                    path,
-                    who,
-                    tier=tier,
-                    cost=cost,
-                    ip=ip,
-                    host=host,
-                    keys=keys,
-                    mount=mount,
-                )
+        else:
+            # The user, or (identity None) an anonymous caller counted by address, in the
+            # bucket check_request counts it in; a per-IP limit counts the address.
+            decide = functools.partial(
+                limiter.hit,
+                self.name,
+                subject.identity,
+                tier=tier,
+                cost=cost,
+                ip=subject.ip,
+                keys=keys,
             )
-        # The user, or (identity None) an anonymous caller counted by address, in the
-        # bucket check_request counts it in; a per-IP limit counts the address.
-        name, identity, ip = self.name, subject.identity, subject.ip
         if isinstance(limiter, AsyncLimiter):
-            return await limiter.hit(name, identity, tier=tier, cost=cost, ip=ip, keys=keys)
-        return await run_in_threadpool(
-            lambda: limiter.hit(name, identity, tier=tier, cost=cost, ip=ip, keys=keys)
-        )
+            decision: Decision = await decide()
+            return decision
+        # A sync Limiter blocks: it decides in the thread pool, off the event loop.
+        decided: Decision = await run_in_threadpool(decide)
+        return decided
