@@ -172,17 +172,32 @@ async def _limiters(cluster: RedisCluster, text: str = POLICY) -> tuple[Limiter,
     return sync, async_
 
 
-async def _assert_healthy(sync: Limiter, async_: AsyncLimiter) -> None:
-    """Every identity is decided by Redis again and every breaker is closed."""
+async def _degraded(sync: Limiter, async_: AsyncLimiter) -> list[tuple[str, str, str]]:
+    """The (flavour, limit, identity) that a peek of every identity found degraded."""
+    found = []
     for flavour, identity in _identities():
         for limit in LIMITS:
             if flavour == "sync":
                 decision = await asyncio.to_thread(sync.peek, limit, identity)
             else:
                 decision = await async_.peek(limit, identity)
-            assert not decision.degraded, (flavour, limit, identity)
-    assert sync.breaker_state is BreakerState.CLOSED
-    assert async_.breaker_state is BreakerState.CLOSED
+            if decision.degraded:
+                found.append((flavour, limit, identity))
+    return found
+
+
+async def _assert_healthy(sync: Limiter, async_: AsyncLimiter) -> None:
+    """Every identity is decided by Redis again and every breaker is closed: a whole sweep
+    of them, within GRACE (one answer slower than a 50 ms timeout on a loaded machine opens
+    a breaker again until its next probe; the sweep is then asked again)."""
+    deadline = time.monotonic() + GRACE
+    while True:
+        degraded = await _degraded(sync, async_)
+        closed = (sync.breaker_state, async_.breaker_state) == (BreakerState.CLOSED,) * 2
+        if not degraded and closed:
+            return
+        assert time.monotonic() < deadline, (degraded, sync.breaker_state, async_.breaker_state)
+        await asyncio.sleep(0.05)  # the breakers' next probe
 
 
 def _assert_failure_policy(seen: list[Seen]) -> None:
