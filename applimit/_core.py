@@ -34,6 +34,8 @@ from edgegen_policy import (
     Mode,
     OnRedisError,
     Policy,
+    Rate,
+    checked_rates,
     ip_bucket,
     request_paths,
 )
@@ -138,15 +140,13 @@ class CompiledPolicy:
     ipv6_prefix: int = 64
 
 
-def _rates(rates: Iterable[tuple[int, int, str]]) -> tuple[RateSpec, ...]:
-    """Rates of one tier, one per period: for equal periods the smaller quota decides alone."""
-    best: dict[int, RateSpec] = {}
-    for quota, period_ms, text in rates:
-        spec = RateSpec(quota=quota, period_us=period_ms * 1000, period_text=text)
-        seen = best.get(spec.period_us)
-        if seen is None or spec.quota < seen.quota:
-            best[spec.period_us] = spec
-    return tuple(best.values())
+def _rates(rates: Iterable[Rate]) -> tuple[RateSpec, ...]:
+    """Rates of one tier as plain values, one per period (``checked_rates``: for equal
+    periods the smaller quota decides alone)."""
+    return tuple(
+        RateSpec(quota=r.limit, period_us=r.period.ms * 1000, period_text=str(r.period))
+        for r in checked_rates(rates)
+    )
 
 
 def compile_policy(policy: Policy) -> CompiledPolicy:
@@ -167,10 +167,7 @@ def compile_policy(policy: Policy) -> CompiledPolicy:
             edge_only.add(limit.name)
             continue
         on_error = app.on_redis_error or policy.app.on_redis_error
-        tiers = {
-            tier: _rates((r.limit, r.period.ms, str(r.period)) for r in rates)
-            for tier, rates in app.tiers.items()
-        }
+        tiers = {tier: _rates(rates) for tier, rates in app.tiers.items()}
         rules.append(
             AppRule(
                 name=limit.name,

@@ -28,6 +28,7 @@ from edgegen_policy import (
     Limit,
     Policy,
     Rate,
+    checked_rates,
     ip_bucket,
     normalize_host,
     request_paths,
@@ -483,7 +484,7 @@ class Replay:
                 if not rates:
                     continue
                 checks = []
-                for rate in _checked_rates(rates):
+                for rate in checked_rates(rates):
                     row = Row(Layer.APP, limit.name, tier, rate, enforced=not shadow)
                     self.rows.append(row)
                     checks.append(
@@ -777,17 +778,6 @@ def replay_pair(
         before.feed(record)
         after.feed(record)
     return before.result(), after.result()
-
-
-def _checked_rates(rates: Iterable[Rate]) -> list[Rate]:
-    """The rates of a tier that applimit checks: of two with the same period, only the
-    smaller limit (applimit/_core.py), in the policy's order."""
-    best: dict[float, Rate] = {}
-    for rate in rates:
-        seen = best.get(rate.period.seconds)
-        if seen is None or rate.limit < seen.limit:
-            best[rate.period.seconds] = rate
-    return [rate for rate in rates if best[rate.period.seconds] is rate]
 
 
 def _route_parts(route: str) -> tuple[str, str]:

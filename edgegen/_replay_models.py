@@ -44,7 +44,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Hashable, Iterable, Sequence
 
-from edgegen_policy import Action, Algorithm, Rate
+from edgegen_policy import Action, Algorithm, Rate, checked_rates
 
 from ._replay_types import AppModel, EdgeCounter
 
@@ -312,14 +312,9 @@ def app_model(algorithm: Algorithm, rate: Rate, burst: int | None) -> AppModel:
 def app_models(
     algorithm: Algorithm, rates: Iterable[Rate], burst: int | None
 ) -> tuple[AppModel, ...]:
-    """The models of one tier's rates, one per period, as applimit checks them: of two
-    rates with the same period only the smaller limit is checked (applimit/_core.py)."""
-    best: dict[int, Rate] = {}
-    for rate in rates:
-        seen = best.get(_period_us(rate))
-        if seen is None or rate.limit < seen.limit:
-            best[_period_us(rate)] = rate
-    return tuple(app_model(algorithm, rate, burst) for rate in best.values())
+    """The models of one tier's rates, one per period, as applimit checks them
+    (``checked_rates``: of two rates with the same period only the smaller limit)."""
+    return tuple(app_model(algorithm, rate, burst) for rate in checked_rates(rates))
 
 
 def admit(checks: Sequence[tuple[AppModel, Hashable, bool]], now_us: int, cost: int = 1) -> bool:

@@ -11,6 +11,8 @@ Public surface::
                                              its one formatter
     policy.json_schema()                     -> dict
     Rate, Duration, Algorithm, Action, CloudflarePlan, ...   the shared vocabulary
+    checked_rates                            a tier's rates as they are checked: the smaller
+                                             limit of one period decides alone
     Matcher, request_paths, canonical_path   request matching, the same at edge and app
     has_control_character                    a path the middlewares and the Worker refuse
     ip_bucket                                the key a client address is counted under
@@ -74,6 +76,7 @@ from ._vocab import (
     Mode,
     OnRedisError,
     Rate,
+    checked_rates,
 )
 
 
@@ -123,6 +126,7 @@ __all__ = [
     "allowance",
     "canonical_path",
     "check",
+    "checked_rates",
     "credentialed_rate",
     "decode_path",
     "diagnostic_at",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -193,6 +194,19 @@ class Rate(_Text):
         "description": "Requests per period, e.g. 100/1m or 5/10s",
         "examples": ["100/1m", "5/10s", "20000/1h"],
     }
+
+
+def checked_rates(rates: Iterable[Rate]) -> tuple[Rate, ...]:
+    """The rates of one tier that are checked: of two with the same period only the smaller
+    limit, which alone decides (the larger can never refuse first). One per period, in the
+    order each period first appears. The one statement of the rule: the app's limiter, its
+    in-process store and the replay's models all take their rates through it."""
+    best: dict[int, Rate] = {}
+    for rate in rates:
+        seen = best.get(rate.period.ms)
+        if seen is None or rate.limit < seen.limit:
+            best[rate.period.ms] = rate
+    return tuple(best.values())
 
 
 class Algorithm(StrEnum):

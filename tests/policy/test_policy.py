@@ -772,3 +772,12 @@ def test_policy_imports_nothing_of_edgegen() -> None:
         "assert not [m for m in sys.modules if m.startswith(('edgegen', 'applimit'))]"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+
+
+def test_checked_rates_keep_the_smaller_limit_of_each_period() -> None:
+    """Of two rates with one period only the smaller limit is checked, whichever comes
+    first; periods keep the order they first appear in (the app, its memory store and the
+    replay all read a tier's rates through this one rule)."""
+    rates = [policy.Rate.parse(r) for r in ("100/1m", "20000/1h", "60/1m", "200/60s", "5/1s")]
+    assert [str(r) for r in policy.checked_rates(rates)] == ["60/1m", "20000/1h", "5/1s"]
+    assert policy.checked_rates([]) == ()
