@@ -975,8 +975,8 @@ def _load_object(line: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise _Malformed("not JSON", "the line is JSON but not an object")
     if "\\u" in line and _lone_surrogate(obj):
-        # Only a \uXXXX escape can make one (the text was decoded with replacement); it
-        # cannot be written as UTF-8, so no report could print the value.
+        # Only a \u escape of half a surrogate pair can make one (the text was decoded
+        # with replacement); it cannot be written as UTF-8, so no report could print it.
         raise _Malformed("encoding", "a \\uD800-\\uDFFF escape that is half of a pair")
     return obj
 

@@ -98,6 +98,12 @@ def test_the_fleet_demo_prints_its_metrics_and_they_match_its_own_counts() -> No
     exports = rows[("exports", "pro")]
     assert exports["denied"] == 0
     assert exports["allowed"] <= 50
+    # The per-instance counters admit exactly four times the limit, as README shows,
+    # whatever second of the wall clock's minute the demo runs at.
+    naive = re.search(r"per-instance in-memory counter\s+(\d+)\s+(\d+)\s+([\d.]+x)\s+([\d ]+)", out)
+    assert naive is not None, out
+    assert naive.group(1, 2, 3) == ("400", "200", "4.0x")
+    assert naive.group(4).split() == ["100"] * 4
     assert sum(exports.values()) == 60
     assert exports["shadow_denied"] >= 60 - 50 - exports.get("degraded_allowed", 0)
     pro = rows[("api", "pro")]
