@@ -1,7 +1,7 @@
 """``AsyncLimiter``: the asyncio shell around the core, for ASGI apps.
 
-It only drives the decision flow (``_flow.py``): each call the flow asks for is awaited on
-the limiter's wire (``_awire.py``), and the outcomes are sent back into it. It never
+It only drives the decision machine (``_flow.py``): each Send is awaited on the limiter's
+wire (``_awire.py``), and its outcomes handed back. It never
 blocks the event loop, and every decision keeps to ``app.timeout``: the script calls of
 the decisions made in one turn of the event loop are sent together (per master on Redis
 Cluster), under one deadline for the batch.
@@ -13,7 +13,7 @@ import asyncio
 import functools
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
@@ -25,17 +25,15 @@ from ._clients import AsyncClient, Target
 from ._core import Prepared
 from ._decision import Decision
 from ._errors import REDIS_FAILURES
-from ._flow import Flow, Wait
+from ._flow import Decider, Send, Wait
 from ._memory import AsyncMemoryWire
 from ._observe import Observer
 from ._shell import LimiterBase, load_policy
 
-# Bound once: read twice per observed decision.
-_perf_counter = time.perf_counter
-
 
 class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
-    """The asyncio twin of :class:`~applimit.Limiter`: the same methods, as coroutines.
+    """The asyncio twin of :class:`~applimit.Limiter`: the same methods, each returning an
+    awaitable (a coroutine).
 
     Build it with :meth:`from_policy` and close it with ``await limiter.aclose()`` (or use
     ``async with``). Use it from one event loop.
@@ -76,7 +74,7 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
             log_identities=log_identities,
         )
         # The calls of syncs whose decisions were cancelled, still on their way (see
-        # _drive): aclose() lets them land first.
+        # _abandon): aclose() lets them land first.
         self._abandoned: set[asyncio.Future[list[object]]] = set()
 
     def _resolve(self, client: object | None, url: str, cluster: bool) -> Target[AsyncClient]:
@@ -101,7 +99,7 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
 
     # -- decisions ------------------------------------------------------------------------
 
-    async def hit(
+    def hit(
         self,
         name: str,
         identity: str | None,
@@ -110,37 +108,15 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
         cost: int = 1,
         ip: str | None = None,
         keys: Mapping[str, str] | None = None,
-    ) -> Decision:
+    ) -> Coroutine[Any, Any, Decision]:
         """Count a request against limit ``name`` for ``identity`` if it fits; identity
-        None is an anonymous caller at ``ip`` (see Limiter.hit)."""
-        prepared = self.core.for_limit("hit", name, identity, tier, cost, ip=ip, keys=keys)
-        decider = self.decider
-        if decider.approx is None and prepared.checks:
-            # _decide's exact branch, in line (kept the same as it, observed the same way):
-            # the commonest call saves a coroutine and its frame per await
-            # (docs/benchmarks-compare.md, "Why each speed trick stays").
-            observing = self.observing
-            if observing:
-                started = _perf_counter()
-            step = decider.start(prepared)
-            if isinstance(step, Decision):
-                decision, sent = step, False
-            else:
-                sent = True
-                decision, refunds = decider.finish(prepared, step, await self._wire.run(step[0]))
-                if refunds:
-                    decider.refunded(await self._wire.run(refunds))
-            if observing:
-                self.notifier.notify(
-                    prepared,
-                    decision,
-                    _perf_counter() - started,
-                    not sent and not decision.degraded,
-                )
-            return decision
-        return await self._decide(prepared)
+        None is an anonymous caller at ``ip`` (see Limiter.hit). Awaitable; the
+        arguments are checked at the call."""
+        return self._decide(
+            self.core.for_limit("hit", name, identity, tier, cost, ip=ip, keys=keys)
+        )
 
-    async def peek(
+    def peek(
         self,
         name: str,
         identity: str | None,
@@ -149,13 +125,13 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
         cost: int = 1,
         ip: str | None = None,
         keys: Mapping[str, str] | None = None,
-    ) -> Decision:
-        """What :meth:`hit` would decide now, consuming nothing."""
-        return await self._decide(
+    ) -> Coroutine[Any, Any, Decision]:
+        """What :meth:`hit` would decide now, consuming nothing. Awaitable."""
+        return self._decide(
             self.core.for_limit("peek", name, identity, tier, cost, ip=ip, keys=keys)
         )
 
-    async def check_request(
+    def check_request(
         self,
         method: str,
         path: str,
@@ -167,9 +143,10 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
         host: str | None = None,
         keys: Mapping[str, str] | None = None,
         mount: str = "",
-    ) -> Decision:
-        """Hit every app limit whose ``match`` applies, all or nothing (see Limiter)."""
-        return await self._decide(
+    ) -> Coroutine[Any, Any, Decision]:
+        """Hit every app limit whose ``match`` applies, all or nothing (see Limiter).
+        Awaitable."""
+        return self._decide(
             self.core.for_request(
                 "hit",
                 method,
@@ -236,80 +213,49 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
 
     # -- running calls --------------------------------------------------------------------
 
-    async def _decide(self, prepared: Prepared) -> Decision:  # noqa: C901, PLR0912 (the flow driven in line: a coroutine of its own costs every decision an await)
-        """Make the decision: an exact one in its two steps, around the awaited calls;
-        otherwise drive the decision's flow, awaiting each Send (and Wait) and sending
-        back its outcomes.
+    async def _decide(self, prepared: Prepared) -> Decision:
+        """Drive the decision's machine (see _flow.py): await each Send on the wire and
+        each Wait, hand back the outcomes, until it decides. The public methods return
+        this coroutine itself rather than awaiting it in one of their own: one coroutine
+        per decision, not two.
 
         A decision cancelled (the caller went away) while an approximate sync's calls are
-        on their way lets the calls run: their outcome is handed to the flow when it
-        comes, so that what the sync carries is counted exactly (see
-        :meth:`_abandon`)."""
-        observing = self.observing
-        if observing:
-            started = _perf_counter()
+        on their way lets the calls run: their outcome is handed to the machine when it
+        comes, so that what the sync carries is counted exactly (see :meth:`_abandon`)."""
         decider = self.decider
         wire = self._wire
-        if decider.approx is None and prepared.checks:
-            # The exact decision (no approximate limit in the policy): the flow's own two
-            # steps, called without the generator around them (about a tenth of an
-            # async decision's CPU).
-            step = decider.start(prepared)
-            if isinstance(step, Decision):
-                # No call sent: answered here (the denial cache, an open breaker).
-                decision, sent = step, False
-            else:
-                sent = True
-                outcomes = await wire.run(step[0])
-                decision, refunds = decider.finish(prepared, step, outcomes)
-                if refunds:
-                    decider.refunded(await wire.run(refunds))
-        else:
-            flow = decider.decide_flow(prepared)
-            # No call sent: answered here (approximate mode, the denial cache, an open
-            # breaker or no limit at all).
-            sent = False
-            carrying: asyncio.Future[list[object]] | None = None
+        step = decider.begin(prepared)
+        carrying: asyncio.Future[list[object]] | None = None
+        while not isinstance(step, Decision):
             try:
-                send = next(flow)
-                while True:
-                    if isinstance(send, Wait):
-                        send = flow.send(await _wait(send))
-                        continue
-                    sent = True
-                    if send.carries:
-                        carrying = asyncio.ensure_future(wire.run(send.calls))
-                        outcomes = await asyncio.shield(carrying)
-                        carrying = None
-                    else:
-                        outcomes = await wire.run(send.calls)
-                    send = flow.send(outcomes)
-            except StopIteration as done:
-                decision = done.value
+                if isinstance(step, Wait):
+                    outcomes = await _wait(step)
+                elif step.carries:
+                    carrying = asyncio.ensure_future(wire.run(step.calls))
+                    outcomes = await asyncio.shield(carrying)
+                    carrying = None
+                else:
+                    outcomes = await wire.run(step.calls)
             except BaseException:
-                self._abandon(flow, carrying)
+                self._abandon(step, carrying)
                 raise
-        if observing:
-            self.notifier.notify(
-                prepared,
-                decision,
-                _perf_counter() - started,
-                not sent and not decision.degraded,
-            )
-        return decision
+            step = decider.advance(step, outcomes)
+        return step
 
-    def _abandon(self, flow: Flow, carrying: asyncio.Future[list[object]] | None) -> None:
-        """A decision's flow stopped midway (cancelled, or an error): closed now (it gives
-        back what its sync carried, see _approx.py), or, when a sync's calls are on their
-        way, once their outcome has been handed to it (see :func:`_finish_abandoned`)."""
+    def _abandon(self, step: Send | Wait, carrying: asyncio.Future[list[object]] | None) -> None:
+        """A decision stopped at ``step`` (cancelled, or an error): abandoned now (what an
+        approximate sync carried goes back to pending, see _approx.py), or, when a
+        sync's calls are on their way, once their outcome has been handed to the machine
+        (see :func:`_finish_abandoned`)."""
+        decider = self.decider
         if carrying is None:
-            flow.close()
+            decider.abandon(step)
         elif carrying.done():
-            _finish_abandoned(flow, carrying)
+            _finish_abandoned(decider, step, carrying)
         else:
             self._abandoned.add(carrying)
             carrying.add_done_callback(self._abandoned.discard)
-            carrying.add_done_callback(functools.partial(_finish_abandoned, flow))
+            carrying.add_done_callback(functools.partial(_finish_abandoned, decider, step))
 
 
 async def _wait(wait: Wait) -> list[object]:
@@ -326,15 +272,13 @@ async def _wait(wait: Wait) -> list[object]:
     return []
 
 
-def _finish_abandoned(flow: Flow, carrying: asyncio.Future[list[object]]) -> None:
-    """The outcome of a sync whose decision was cancelled, handed to its flow: the flow
-    takes in what Redis counted of what the sync carried (and gives back the rest), then
-    is closed before it asks for anything more."""
+def _finish_abandoned(
+    decider: Decider, step: Send | Wait, carrying: asyncio.Future[list[object]]
+) -> None:
+    """The outcome of a sync whose decision was cancelled, handed to the machine: it takes
+    in what Redis counted of what the sync carried (and gives back the rest), and the
+    decision ends there."""
     if carrying.cancelled() or carrying.exception() is not None:
-        flow.close()
-        return
-    try:
-        flow.send(carrying.result())
-    except StopIteration:
-        return
-    flow.close()
+        decider.abandon(step)
+    else:
+        decider.abandon(step, carrying.result())

@@ -1,35 +1,38 @@
-"""The decision as a protocol: one body for ``Limiter`` and ``AsyncLimiter``, no I/O.
+"""The decision as a step machine: one body for ``Limiter`` and ``AsyncLimiter``, no I/O.
 
 A decision may need Redis several times: the script call (one per hash slot on Redis
 Cluster), the refunds of a denied multi-slot request, and in approximate mode a batch, a
 flush and the request alone. What it needs, in which order, and what each answer means
 (the denial cache, approximate batching, the circuit breakers, the failure policy,
-refunds) is written once, here, as a generator in the manner of httpx's ``auth_flow``::
+refunds, observation) is written once, here, as a machine in the manner of h11::
 
-    flow = decider.decide_flow(prepared)
-    send = next(flow)                      # a Send: the script calls to run
-    send = flow.send(outcomes)             # their outcomes; again until StopIteration,
-                                           # whose value is the Decision
+    step = decider.begin(prepared)         # a Decision, or a Send / Wait
+    while not isinstance(step, Decision):
+        step = decider.advance(step, outcomes_of(step))
 
+(:func:`drive` is that loop for the blocking shell; the async shell awaits instead.)
 The outcomes of a :class:`Send` are a list in the order of its calls: each call's reply,
 or its failure (an exception of ``REDIS_FAILURES``, not raised); the list may stop at the
-first failure when the later calls were not sent. The shells only drive the flow: the
-sync one runs each Send on its wire and blocks, the async one awaits it.
+first failure when the later calls were not sent. The shells are that loop and nothing
+more: the sync one runs each Send on its wire and blocks, the async one awaits it. Every
+decision takes it (exact, approximate, peek, disabled, no limit at all), and the machine
+tells the observers of the decision it returns, so neither shell has anything to add.
 
-In approximate mode a flow may also yield a :class:`Wait`: another decision's sync of the
+In approximate mode a step may also be a :class:`Wait`: another decision's sync of the
 same keys is in flight, and this one is best answered once it lands. The shell waits (a
 thread on an event, a task on a future) until it lands or the Wait's deadline passes,
-and sends back an empty list, or ``[TimeoutError]``. A Send whose ``carries`` is true
-carries requests admitted locally: a shell that stops driving the flow meanwhile (a
-cancelled task) still hands it the outcome when it comes, or closes the flow, which gives
-them back to pending (see _approx.py); either way none is lost.
+and advances with an empty list, or ``[TimeoutError]``. A Send whose ``carries`` is true
+carries requests admitted locally: a shell that stops driving the decision meanwhile (a
+cancelled task) still hands the machine the outcome when it comes, or calls
+:meth:`Decider.abandon`, which gives them back to pending (see _approx.py); either way
+none is lost.
 
-An exact decision (no approximate limit in the policy: most limiters) is two steps around
-its calls, :meth:`Decider.start` and :meth:`Decider.finish` (then any refunds), which is
-all its flow is made of; the shells call them directly, without the generator around them
-(a tenth of an async decision's CPU). The meaning is written once either way.
+An exact decision (most of them) is the step :meth:`Decider.begin` returns, with its
+state on the :class:`Send` itself, and :meth:`Decider.advance` of its outcomes; the
+approximate sequence (batch, flush, the request alone) is a generator over the same two
+steps, kept inside the machine: the shells never see the difference.
 
-What the flow asks of the wire (:class:`Transport`): which cluster node serves a slot
+What the machine asks of the wire (:class:`Transport`): which cluster node serves a slot
 (for its breaker), whether the wire tells the breakers of its outcomes itself (the async
 batches do, once per batch), and whether the limiter was closed.
 """
@@ -50,6 +53,7 @@ from ._decision import Decision
 from ._denials import DenialCache
 from ._errors import CLOSED, ApplimitError, PoolExhausted, is_outage
 from ._native import mypyc_attr
+from ._observe import Notifier
 
 logger = logging.getLogger("applimit")
 
@@ -63,37 +67,81 @@ UNLIMITED = Decision(
     allowed=True, limit=0, remaining=0, reset_after=0.0, retry_after=None, policy=None
 )
 
+# Bound once: read twice per observed decision.
+_perf_counter = time.perf_counter
 
-class Send:
-    """What a flow needs next: run ``calls`` and send back their outcomes.
 
-    ``refund`` marks the calls that give back what a denied multi-slot request consumed:
-    the decision is made, their failure is only logged, and each gets a deadline of its
-    own. ``carries`` marks an approximate sync's calls, which carry requests admitted
-    locally (see the module's docstring).
+class Step:
+    """A decision in the making: what the machine needs next (a :class:`Send` or a
+    :class:`Wait`), and what it needs to go on when the shell hands it the outcomes.
+
+    ``request`` is the decision's own plan (what the observers hear of), ``started`` when
+    it began (``time.perf_counter()``, read only when someone observes), ``flow`` the
+    approximate sequence it belongs to (None for an exact decision).
     """
 
-    __slots__ = ("calls", "carries", "refund")
+    __slots__ = ("flow", "request", "started")
+
+    request: Prepared
+    started: float
+    flow: Approximate | None
+
+
+class Send(Step):
+    """Run ``calls`` and advance with their outcomes.
+
+    ``carries`` marks an approximate sync's calls, which carry requests admitted locally
+    (see the module's docstring). ``refund`` marks a call that gives back what a denied
+    multi-slot request consumed: the decision (``decided``) is made, the call's failure is
+    only logged, and each refund is a Send of its own (so each has its own deadline).
+    The rest is the machine's: the plan the calls are of, the breaker of each call, and
+    when they were sent (the denial cache's clock).
+    """
+
+    __slots__ = ("breakers", "calls", "carries", "decided", "plan", "refunds", "sent")
 
     def __init__(
-        self, calls: tuple[ScriptCall, ...], *, refund: bool = False, carries: bool = False
+        self,
+        request: Prepared,
+        plan: Prepared,
+        calls: tuple[ScriptCall, ...],
+        breakers: Sequence[CircuitBreaker],
+        sent: float,
+        *,
+        carries: bool,
     ) -> None:
+        self.request = request
+        self.started = 0.0
+        self.flow = None
+        self.plan = plan
         self.calls = calls
-        self.refund = refund
+        self.breakers = breakers
+        self.sent = sent
         self.carries = carries
+        # Set on a refund: the decision made, and the refunds still to run after it.
+        self.decided: Decision | None = None
+        self.refunds: tuple[ScriptCall, ...] = ()
+
+    @property
+    def refund(self) -> bool:
+        """True for a refund's Send (its decision is made)."""
+        return self.decided is not None
 
     def __repr__(self) -> str:
         return f"Send({len(self.calls)} calls{', refund' if self.refund else ''})"
 
 
-class Wait:
-    """What a flow needs next in approximate mode: wait for ``flight`` (another
-    decision's sync of the same keys) to land, until ``deadline`` (``time.monotonic()``
-    seconds); send back ``[]``, or ``[TimeoutError]`` when the deadline passed first."""
+class Wait(Step):
+    """Wait for ``flight`` (another decision's sync of the same keys) to land, until
+    ``deadline`` (``time.monotonic()`` seconds); advance with ``[]``, or with
+    ``[TimeoutError]`` when the deadline passed first."""
 
     __slots__ = ("deadline", "flight")
 
-    def __init__(self, flight: Flight, deadline: float) -> None:
+    def __init__(self, request: Prepared, flight: Flight, deadline: float) -> None:
+        self.request = request
+        self.started = 0.0
+        self.flow = None
         self.flight = flight
         self.deadline = deadline
 
@@ -101,19 +149,13 @@ class Wait:
         return "Wait()"
 
 
-# An exact decision's calls on their way (Decider.start): the calls, the breaker of each,
-# and when they were sent (the denial cache's clock). A plain tuple: made for every
-# decision, and a class's __init__ is a Python call of its own.
-Sending = tuple[tuple[ScriptCall, ...], Sequence[CircuitBreaker], float]
-
-
-# A decision in the making: yields Sends (and Waits), receives their outcomes, returns the
-# Decision.
-Flow = Generator[Send | Wait, list[object], Decision]
+# The approximate sequence: yields the Sends and Waits the machine hands out, receives
+# their outcomes, returns the Decision.
+Approximate = Generator[Send | Wait, list[object], Decision]
 
 
 class Transport(Protocol):
-    """What the flow reads of the limiter's wire, sync or async (it never calls I/O)."""
+    """What the machine reads of the limiter's wire, sync or async (it never calls I/O)."""
 
     @property
     def closed(self) -> bool:
@@ -133,8 +175,9 @@ class Decider:
     """Makes decisions from plans: local answers, the calls to run, outcomes to decisions.
 
     Holds the state a decision reads and updates besides Redis: the denial cache, the
-    approximate counts, the breakers, and when each kind of trouble was last logged.
-    Thread-safe as far as its parts are (each has its own lock).
+    approximate counts, the breakers, and when each kind of trouble was last logged; and
+    tells the observers (``notifier``) of every decision it makes. Thread-safe as far as
+    its parts are (each has its own lock).
     """
 
     def __init__(
@@ -148,6 +191,7 @@ class Decider:
         clock: Callable[[], float],
         timeout: float,
         max_connections: int,
+        notifier: Notifier,
     ) -> None:
         """``clock`` gives the time a request is sent (the denial cache's clock)."""
         self.core = core
@@ -158,6 +202,9 @@ class Decider:
         self.clock = clock
         self.timeout = timeout
         self.max_connections = max_connections
+        self.notifier = notifier
+        # Read on every decision: with no observer and no shadow limit, none is timed.
+        self.observing = notifier.active
         # When each kind of log line was last written (monotonic seconds).
         self._logged: dict[str, float] = {}
         # A deadline that passed with no outage yet: the breaker, and its outage count
@@ -165,18 +212,85 @@ class Decider:
         # process was too busy; a hung Redis starts an outage instead (see _log_slow).
         self._slow: tuple[CircuitBreaker, int] | None = None
 
-    # -- the flow -------------------------------------------------------------------------
+    # -- the machine ----------------------------------------------------------------------
 
-    def decide_flow(self, prepared: Prepared) -> Flow:
-        """The flow of the decision for ``prepared`` (see the module's docstring)."""
+    def begin(self, prepared: Prepared) -> Decision | Send | Wait:
+        """The decision for ``prepared``, when it is made without Redis (no limit, the
+        denial cache, an open breaker, a local approximate answer); else its first step."""
+        started = _perf_counter() if self.observing else 0.0
+        step: Decision | Send | Wait
         if not prepared.checks:
-            return _given(UNLIMITED)
-        approx = self.approx
-        if approx is None or self.wire.closed or not approx.applies(prepared):
-            return self._exact(prepared)
-        return self._approximate(approx, prepared)
+            step = UNLIMITED
+        else:
+            approx = self.approx
+            if approx is None or self.wire.closed or not approx.applies(prepared):
+                step = self._start(prepared, prepared, carries=False)
+            else:
+                step = self._handed(self._approximate(approx, prepared), prepared, None)
+        if isinstance(step, Decision):
+            if self.observing:
+                self._observe(prepared, step, started, sent=False)
+            return step
+        step.started = started
+        return step
 
-    def _approximate(self, approx: ApproxCache, prepared: Prepared) -> Flow:
+    def advance(self, step: Send | Wait, outcomes: list[object]) -> Decision | Send | Wait:
+        """The next step after ``step``, given its outcomes: the decision, or what to run
+        (or wait for) next."""
+        flow = step.flow
+        following: Decision | Send | Wait
+        if flow is not None:
+            following = self._handed(flow, step.request, outcomes)
+        else:
+            assert isinstance(step, Send)  # a Wait always belongs to a flow
+            following = self._finish(step, outcomes)
+        if isinstance(following, Decision):
+            if self.observing:
+                self._observe(step.request, following, step.started, sent=isinstance(step, Send))
+            return following
+        following.started = step.started
+        return following
+
+    def abandon(self, step: Send | Wait, outcomes: list[object] | None = None) -> None:
+        """The shell stopped driving the decision at ``step`` (cancelled, an error). An
+        approximate sequence is closed, which gives back to pending what its sync carried
+        (see _approx.py); with ``outcomes`` (the carried sync's, landed after the shell
+        stopped), it first takes in what Redis counted. Nobody is told of a decision."""
+        flow = step.flow
+        if flow is None:
+            return
+        if outcomes is not None:
+            try:
+                flow.send(outcomes)
+            except StopIteration:
+                return
+        flow.close()
+
+    def _observe(
+        self, prepared: Prepared, decision: Decision, started: float, *, sent: bool
+    ) -> None:
+        """Tell the observers of ``decision``: answered here when no call was sent and the
+        failure policy did not decide."""
+        self.notifier.notify(
+            prepared, decision, _perf_counter() - started, not sent and not decision.degraded
+        )
+
+    @staticmethod
+    def _handed(
+        flow: Approximate, request: Prepared, outcomes: list[object] | None
+    ) -> Decision | Send | Wait:
+        """The approximate sequence's next step (its first with ``outcomes`` None), marked
+        as the sequence's, or its decision."""
+        try:
+            step = next(flow) if outcomes is None else flow.send(outcomes)
+        except StopIteration as done:
+            decision: Decision = done.value
+            return decision
+        step.flow = flow
+        step.request = request
+        return step
+
+    def _approximate(self, approx: ApproxCache, prepared: Prepared) -> Approximate:
         """Approximate mode: a local answer, or the batch, then (when it is denied) the
         pending requests that still fit, then the request alone, so a denial is Redis'
         own (see _approx.py). While another decision's sync of the same keys is in
@@ -191,7 +305,7 @@ class Decider:
                 break
             if not deadline:
                 deadline = time.monotonic() + self.timeout
-            if (yield Wait(step, deadline)):
+            if (yield Wait(prepared, step, deadline)):
                 # Syncs of the same keys took the whole timeout: as for a call queued
                 # that long behind others, the failure policy decides.
                 return self._failed(
@@ -202,14 +316,14 @@ class Decider:
                 )
         if step is None:
             sent = approx.clock()
-            alone = yield from self._exact(prepared)
+            alone = yield from self._exact(prepared, carries=False)
             approx.learn(prepared, alone, sent)
             return alone
         decision, ask = yield from self._sync(approx, step)
         if not ask:
             return decision
         sent = approx.clock()
-        final = yield from self._exact(prepared)
+        final = yield from self._exact(prepared, carries=False)
         approx.learn(prepared, final, sent)
         return final
 
@@ -218,8 +332,8 @@ class Decider:
     ) -> Generator[Send, list[object], tuple[Decision, bool]]:
         """Run a sync: the batch, then (when it is denied) the pending requests that still
         fit. Its decision, and whether the request is to be asked about alone. Stopped
-        before its reply is taken in (the flow closed, an exception), it gives what it
-        carries back to pending."""
+        before its reply is taken in (the sequence closed, an exception), it gives what
+        it carries back to pending."""
         try:
             decision = yield from self._exact(step.batch, carries=True)
             flush = approx.settle(step, decision)
@@ -234,22 +348,18 @@ class Decider:
             raise
 
     def _exact(
-        self, prepared: Prepared, *, carries: bool = False
+        self, prepared: Prepared, *, carries: bool
     ) -> Generator[Send, list[object], Decision]:
-        """One decision by Redis, as a flow: :meth:`start`, the calls, :meth:`finish`,
-        then any refunds (what the shells run directly when no approximate limit is in
-        play). ``carries``: an approximate sync's calls (see :class:`Send`)."""
-        step = self.start(prepared)
-        if isinstance(step, Decision):
-            return step
-        decision, refunds = self.finish(prepared, step, (yield Send(step[0], carries=carries)))
-        if refunds:
-            self.refunded((yield Send(refunds, refund=True)))
-        return decision
+        """One decision by Redis inside the approximate sequence: the same two steps as
+        an exact decision's (:meth:`_start`, then :meth:`_finish` until it decides)."""
+        step = self._start(prepared, prepared, carries=carries)
+        while not isinstance(step, Decision):
+            step = self._finish(step, (yield step))
+        return step
 
-    def start(self, prepared: Prepared) -> Decision | Sending:
+    def _start(self, request: Prepared, prepared: Prepared, *, carries: bool) -> Decision | Send:
         """An exact decision's first step (the denial cache, the breakers): the decision,
-        when it is made here, or the calls to run, for :meth:`finish`."""
+        when it is made here, or the Send of its calls."""
         wire = self.wire
         if wire.closed:
             # A closed limiter raises, whatever its caches could answer.
@@ -275,24 +385,28 @@ class Decider:
             closed = Breakers.admit(breakers)
             if closed is not None:
                 return self._skipped(prepared, closed)
-        return calls, breakers, self.clock()
+        return Send(request, prepared, calls, breakers, self.clock(), carries=carries)
 
-    def finish(
-        self, prepared: Prepared, sending: Sending, outcomes: Sequence[object]
-    ) -> tuple[Decision, tuple[ScriptCall, ...]]:
+    def _finish(self, send: Send, outcomes: Sequence[object]) -> Decision | Send:
         """An exact decision from the outcomes of its calls (the breakers told, a denial
-        cached), and the refunds to run after it (a denied multi-slot request; their
-        outcomes go to :meth:`refunded`)."""
-        calls, breakers, sent = sending
+        cached), or its first refund (a denied multi-slot request); after a refund, the
+        next one or the decision."""
+        decided = send.decided
+        if decided is not None:
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    _refund_failed(outcome)
+            return self._refunding(send, decided, send.refunds)
+        prepared = send.plan
+        breakers = send.breakers
         reported = self.wire.reports
         for index, outcome in enumerate(outcomes):
             if isinstance(outcome, BaseException):
-                failed = self._failed(prepared, outcome, breakers[index], report=not reported)
-                return failed, ()
+                return self._failed(prepared, outcome, breakers[index], report=not reported)
         if self._slow is not None:
             self._confirm_slow(breakers)
         if not reported:
-            for call, reply, breaker in zip(calls, outcomes, breakers, strict=True):
+            for call, reply, breaker in zip(send.calls, outcomes, breakers, strict=True):
                 # Only during an outage has a breaker anything to learn from a success
                 # (success() does nothing otherwise), and then whether the call wrote
                 # decides if the outage is over.
@@ -304,17 +418,24 @@ class Decider:
             # A reply of the wrong shape: Redis answered, so this is not an outage, but
             # the decision can only follow the failure policy.
             self._log_refusal(error)
-            return prepared.degraded(DEGRADED_RETRY_AFTER), ()
+            return prepared.degraded(DEGRADED_RETRY_AFTER)
         if self.denials is not None and not decision.allowed:
-            self.denials.record(prepared, decision, sent)
-        return decision, refunds
+            self.denials.record(prepared, decision, send.sent)
+        if refunds:
+            return self._refunding(send, decision, refunds)
+        return decision
 
     @staticmethod
-    def refunded(outcomes: Sequence[object]) -> None:
-        """Log the refunds that failed (the decision stands)."""
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                _refund_failed(outcome)
+    def _refunding(
+        send: Send, decision: Decision, refunds: tuple[ScriptCall, ...]
+    ) -> Decision | Send:
+        """The Send of the first of ``refunds``, or ``decision`` when none is left."""
+        if not refunds:
+            return decision
+        refund = Send(send.request, send.plan, refunds[:1], send.breakers, send.sent, carries=False)
+        refund.decided = decision
+        refund.refunds = refunds[1:]
+        return refund
 
     # -- outcomes -------------------------------------------------------------------------
 
@@ -433,10 +554,25 @@ class Decider:
         )
 
 
-def _given(decision: Decision) -> Flow:
-    """A flow that needs no call: its decision is known."""
-    yield from ()
-    return decision
+def drive(
+    decider: Decider,
+    prepared: Prepared,
+    run: Callable[[tuple[ScriptCall, ...]], list[object]],
+    wait: Callable[[Wait], list[object]],
+) -> Decision:
+    """The blocking loop over the machine (``Limiter``'s, and what tests drive by hand):
+    ``run`` each Send's calls, ``wait`` for each Wait, hand back the outcomes, until it
+    decides. Stopped midway (an interrupt, a bug in ``run``), it abandons the decision, so
+    what an approximate sync carried goes back to pending, before the error goes on."""
+    step = decider.begin(prepared)
+    while not isinstance(step, Decision):
+        try:
+            outcomes = wait(step) if isinstance(step, Wait) else run(step.calls)
+        except BaseException:
+            decider.abandon(step)
+            raise
+        step = decider.advance(step, outcomes)
+    return step
 
 
 def _refund_failed(error: BaseException) -> None:

@@ -10,7 +10,7 @@ order, a limiter is built here from:
 3. the core (plans by hash slot on a cluster), the denial cache (off where it could not
    be exact), the approximate counts and the breakers;
 4. the wire (:meth:`LimiterBase._open`: built without I/O, it connects on first use) and
-   the :class:`~applimit._flow.Decider` whose flows the shell drives.
+   the :class:`~applimit._flow.Decider`, the machine the shell drives.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ._core import CompiledPolicy, Core, Prepared, compile_policy
 from ._decision import Decision
 from ._denials import DenialCache
 from ._errors import ConfigurationError
-from ._flow import UNLIMITED, Decider, Flow, Sending, Transport
+from ._flow import UNLIMITED, Decider, Send, Transport, Wait
 from ._observe import Notifier, Observer
 
 
@@ -125,6 +125,7 @@ class LimiterBase(ABC, Generic[WireT]):
         # Kept to open a fresh wire when the limiter is closed (see _reopened).
         self._target = target
         self._wire: WireT = self._open(target)
+        self.notifier = self._notifier(observers, log_identities=log_identities)
         self.decider = (Decider if enabled else _Disabled)(
             self.core,
             wire=self._wire,
@@ -134,12 +135,10 @@ class LimiterBase(ABC, Generic[WireT]):
             clock=self._clock,
             timeout=self.timeout,
             max_connections=max_connections,
+            notifier=self.notifier,
         )
         if self.memory_store is not None:
             self.memory_store.attach(self)
-        self.notifier = self._notifier(observers, log_identities=log_identities)
-        # Read on every decision: with no observer and no shadow limit, none is timed.
-        self.observing = self.notifier.active
 
     # -- what each shell provides ---------------------------------------------------------
 
@@ -273,17 +272,6 @@ class _Disabled(Decider):
     with no results (as for a request no limit matches), and nothing is sent anywhere.
     The arguments are still checked, so a misspelt limit name fails in tests too."""
 
-    def decide_flow(self, prepared: Prepared) -> Flow:
-        """A flow that needs no call and allows."""
-        return _allowed()
-
-    def start(self, prepared: Prepared) -> Decision | Sending:
-        """The exact decision's first step, as the shells call it directly: allowed, with
-        no call."""
+    def begin(self, prepared: Prepared) -> Decision | Send | Wait:
+        """Allowed, with no call."""
         return UNLIMITED
-
-
-def _allowed() -> Flow:
-    yield from ()
-    decision: Decision = UNLIMITED
-    return decision

@@ -1,14 +1,14 @@
 """``Limiter``: the blocking shell around the core, for threads and WSGI apps.
 
-It only drives the decision flow (``_flow.py``): each call the flow asks for is run on
-the limiter's wire (``_wire.py``), blocking, and the outcomes are sent back into it.
+It only drives the decision machine (``_flow.py``): each Send is run on the limiter's
+wire (``_wire.py``), blocking, and its outcomes handed back.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
@@ -16,17 +16,14 @@ from edgegen_policy import Policy
 
 from . import _clients
 from ._clients import SyncClient, Target
-from ._core import Prepared, ScriptCall
+from ._core import Prepared
 from ._decision import Decision
 from ._errors import REDIS_FAILURES
-from ._flow import Flow, Wait
+from ._flow import Wait, drive
 from ._memory import MemoryWire
 from ._observe import Observer
 from ._shell import LimiterBase, load_policy
 from ._wire import SyncTransport, open_sync
-
-# Bound once: read twice per observed decision.
-_perf_counter = time.perf_counter
 
 
 class Limiter(LimiterBase[SyncTransport | MemoryWire]):
@@ -261,65 +258,9 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
     # -- running calls --------------------------------------------------------------------
 
     def _decide(self, prepared: Prepared) -> Decision:
-        """Make the decision: an exact one in its two steps, around the call on the wire;
-        otherwise drive the decision's flow, running each Send and sending back its
-        outcomes."""
-        observing = self.observing
-        if observing:
-            started = _perf_counter()
-        decider = self.decider
-        wire = self._wire
-        if decider.approx is None and prepared.checks:
-            # The exact decision (no approximate limit in the policy): the flow's own two
-            # steps, called without the generator around them.
-            step = decider.start(prepared)
-            if isinstance(step, Decision):
-                # No call sent: answered here (the denial cache, an open breaker).
-                decision, sent = step, False
-            else:
-                sent = True
-                decision, refunds = decider.finish(prepared, step, wire.run(step[0]))
-                if refunds:
-                    decider.refunded(self._refund(refunds))
-        else:
-            decision, sent = self._drive(decider.decide_flow(prepared))
-        if observing:
-            self.notifier.notify(
-                prepared,
-                decision,
-                _perf_counter() - started,
-                not sent and not decision.degraded,
-            )
-        return decision
-
-    def _drive(self, flow: Flow) -> tuple[Decision, bool]:
-        """Run a decision's flow to its end: the decision, and whether a call was sent (else
-        it was answered here: approximate mode, the denial cache, an open breaker or no
-        limit at all)."""
-        wire = self._wire
-        sent = False
-        try:
-            send = next(flow)
-            while True:
-                if isinstance(send, Wait):
-                    send = flow.send(_wait(send))
-                    continue
-                sent = True
-                send = flow.send(self._refund(send.calls) if send.refund else wire.run(send.calls))
-        except StopIteration as done:
-            decision: Decision = done.value
-            return decision, sent
-        except BaseException:
-            # Stopped midway (an interrupt, a bug): the flow gives back what its sync
-            # carried (see _approx.py) before the error goes on.
-            flow.close()
-            raise
-
-    def _refund(self, calls: Sequence[ScriptCall]) -> list[object]:
-        """Each refund on its own, with a deadline of its own: one that fails does not keep
-        the others from running."""
-        wire = self._wire
-        return [wire.run((call,))[0] for call in calls]
+        """Drive the decision's machine (see _flow.py): each Send run on the wire, each
+        Wait blocked on."""
+        return drive(self.decider, prepared, self._wire.run, _wait)
 
 
 def _wait(wait: Wait) -> list[object]:

@@ -78,7 +78,7 @@ SCENARIOS = {
     "wire (the event loop, the batches and the I/O: what is left with no decision to make)",
     "split_plan": "Core.for_limit() alone: the arguments checked, the key, the packed call",
     "split_flow": "the decision flow driven with a reply of Redis, planned beforehand: "
-    "Decider.decide_flow() and Prepared.decide()",
+    "Decider.begin(), Decider.advance() and Prepared.decide()",
     "split_decide": "Prepared.decide() alone on a reply of Redis: the reply read, the "
     "LimitResult and the Decision built",
 }
@@ -293,7 +293,8 @@ def _wsgi(url: str, count: int) -> None:
 
 def _split(scenario: str, url: str, count: int) -> None:
     """The split scenarios: one async decision, whole and by part (see SCENARIOS)."""
-    from applimit import AsyncLimiter
+    from applimit import AsyncLimiter, Decision
+    from applimit._flow import Send
 
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
@@ -318,13 +319,9 @@ def _split(scenario: str, url: str, count: int) -> None:
     reply = loop.run_until_complete(one_reply())
 
     def flow(index: int) -> None:
-        running = decider.decide_flow(planned[index % len(planned)])
-        next(running)
-        try:
-            running.send([reply])
-        except StopIteration:
-            return
-        raise RuntimeError("the flow asked for more than one call")
+        step = decider.begin(planned[index % len(planned)])
+        if not isinstance(step, Send) or not isinstance(decider.advance(step, [reply]), Decision):
+            raise RuntimeError("the decision asked for other than one call")
 
     def step(index: int) -> None:
         if scenario == "split_plan":

@@ -35,7 +35,7 @@ from harness import RedisCluster, RedisServer
 from limiter_support import TestClock, script_calls
 
 from applimit import AsyncLimiter, Decision, DecisionEvent, Limiter, _script
-from applimit._flow import Send, Wait
+from applimit._flow import Send, Wait, drive
 
 ALGORITHMS = ("gcra", "sliding_window", "sliding_log")
 SEEDS = range(8)
@@ -573,17 +573,15 @@ async def test_concurrent_callers_still_sync_once_per_sync_every(
     assert decisions / calls >= 8, calls
 
 
-# --- the flow, driven by hand ----------------------------------------------------------
+# --- the machine, driven by hand ----------------------------------------------------------
 
-# Nothing listens here: the flows below are driven by hand, their calls run elsewhere.
+# Nothing listens here: the decisions below are driven by hand, their calls run elsewhere.
 NOWHERE = "redis://127.0.0.1:1/0"
 
 
-def _answer(client: redis.Redis, send: Send) -> list[object]:
-    """The replies to ``send``'s calls, run with EVAL on a plain client."""
-    return [
-        client.eval(_script.SOURCE, len(call.keys), *call.keys, *call.args) for call in send.calls
-    ]
+def _answer(client: redis.Redis, calls: Any) -> list[object]:
+    """The replies to a Send's ``calls``, run with EVAL on a plain client."""
+    return [client.eval(_script.SOURCE, len(call.keys), *call.keys, *call.args) for call in calls]
 
 
 def test_a_sync_stopped_midway_gives_its_requests_back(redis_client: redis.Redis) -> None:
@@ -599,38 +597,33 @@ def test_a_sync_stopped_midway_gives_its_requests_back(redis_client: redis.Redis
     )
     who = f"user-{uuid.uuid4()}"
 
-    def hit() -> Any:
-        return limiter.decider.decide_flow(limiter.core.for_limit("hit", "a", who, None, 1))
+    def prepared() -> Any:
+        return limiter.core.for_limit("hit", "a", who, None, 1)
 
-    def drive(flow: Any) -> Decision:
-        try:
-            send = next(flow)
-            while True:
-                send = flow.send(_answer(redis_client, send))
-        except StopIteration as done:
-            decision: Decision = done.value
-            return decision
+    def run(calls: Any) -> list[object]:
+        return _answer(redis_client, calls)
+
+    def no_wait(step: Wait) -> list[object]:
+        raise AssertionError("nothing waits here")
 
     def counted() -> int:
-        prepared = exact.core.for_limit("peek", "a", who, None, 1)
-        return 100 - drive(exact.decider.decide_flow(prepared)).remaining
+        peek = exact.core.for_limit("peek", "a", who, None, 1)
+        return 100 - drive(exact.decider, peek, run, no_wait).remaining
 
     try:
-        assert drive(hit()).allowed  # a sync: Redis counts 1
+        assert drive(limiter.decider, prepared(), run, no_wait).allowed  # a sync: Redis counts 1
         for _ in range(4):
-            assert drive(hit()).allowed  # local: 4 pending
-        stopped = hit()
-        send = next(stopped)
+            assert drive(limiter.decider, prepared(), run, no_wait).allowed  # local: 4 pending
+        send = limiter.decider.begin(prepared())
         assert isinstance(send, Send) and len(send.calls) == 1
-        stopped.close()
+        # Stopped there, as a shell stops on an exception.
+        limiter.decider.abandon(send)
         assert counted() == 1
         # The 4 are pending again: the next hit syncs them with itself.
-        flow = hit()
-        send = next(flow)
+        send = limiter.decider.begin(prepared())
         assert isinstance(send, Send) and len(send.calls) == 1
-        with pytest.raises(StopIteration) as done:
-            flow.send(_answer(redis_client, send))
-        assert done.value.value.allowed
+        done = limiter.decider.advance(send, run(send.calls))
+        assert isinstance(done, Decision) and done.allowed
         assert counted() == 1 + 4 + 1
     finally:
         limiter.close()
@@ -649,35 +642,29 @@ def test_a_decision_waits_for_the_sync_in_flight_then_answers_locally(
     )
     who = f"user-{uuid.uuid4()}"
 
+    decider = limiter.decider
+
     def hit() -> Any:
-        return limiter.decider.decide_flow(limiter.core.for_limit("hit", "a", who, None, 1))
+        return decider.begin(limiter.core.for_limit("hit", "a", who, None, 1))
 
     try:
-        first = hit()
-        send = next(first)
+        send = hit()
         assert isinstance(send, Send)
-        second = hit()
-        wait = next(second)
+        wait = hit()
         assert isinstance(wait, Wait) and not wait.flight.landed
-        with pytest.raises(StopIteration):
-            first.send(_answer(redis_client, send))
+        assert isinstance(decider.advance(send, _answer(redis_client, send.calls)), Decision)
         assert wait.flight.landed
-        with pytest.raises(StopIteration) as local:
-            second.send([])
-        assert local.value.value.allowed and not local.value.value.degraded
+        local = decider.advance(wait, [])
+        assert isinstance(local, Decision) and local.allowed and not local.degraded
         # Again, and this time the wait runs out.
         for _ in range(3):
-            with pytest.raises(StopIteration):
-                next(hit())  # local: 4 pending in all
+            assert isinstance(hit(), Decision)  # local: 4 pending in all
         third = hit()
-        send = next(third)
-        assert isinstance(send, Send) and send.carries
-        fourth = hit()
-        wait = next(fourth)
+        assert isinstance(third, Send) and third.carries
+        wait = hit()
         assert isinstance(wait, Wait)
-        with pytest.raises(StopIteration) as late:
-            fourth.send([TimeoutError("out of time")])
-        assert late.value.value.degraded
-        third.close()
+        late = decider.advance(wait, [TimeoutError("out of time")])
+        assert isinstance(late, Decision) and late.degraded
+        decider.abandon(third)
     finally:
         limiter.close()

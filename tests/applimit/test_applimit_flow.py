@@ -1,10 +1,10 @@
-"""The decision flow (applimit/_flow.py) and the wire protocol (applimit/_protocol.py),
+"""The decision machine (applimit/_flow.py) and the wire protocol (applimit/_protocol.py),
 driven by hand: both do no I/O, so whoever runs their calls can drive them.
 
-Here the calls a flow asks for are run with a plain redis-py client of the harness's real
-server (or cluster), never the limiter's own wire: the decisions come out the same as the
-limiters', which only drive these flows. The protocol's recovery is fed the error replies
-redis-py's parser makes of what servers say.
+Here the calls a decision asks for are run with a plain redis-py client of the harness's
+real server (or cluster), never the limiter's own wire, through ``drive``: the loop the
+blocking limiter runs, so the decisions come out exactly as the limiters'. The protocol's
+recovery is fed the error replies redis-py's parser makes of what servers say.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from redis._parsers.base import BaseParser
 
 from applimit import ApplimitError, BreakerState, Decision, Limiter, _script
 from applimit._core import ScriptCall
-from applimit._flow import Flow, Send
+from applimit._flow import Send, Wait, drive
 from applimit._protocol import EVAL, EVALSHA, FCALL, LOAD, ScriptProtocol, Step, redirection
 
 POLICY = """
@@ -59,16 +59,22 @@ def _run(client: Any, calls: Sequence[ScriptCall]) -> list[object]:
     return outcomes
 
 
-def _drive(flow: Flow, answer: Any) -> tuple[Decision, list[Send]]:
-    """Run ``flow`` to its decision, answering each Send with ``answer(send)``."""
-    sends: list[Send] = []
-    try:
-        send = next(flow)
-        while True:
-            sends.append(send)
-            send = flow.send(answer(send))
-    except StopIteration as done:
-        return done.value, sends
+def _drive(
+    limiter: Limiter, prepared: Any, answer: Any
+) -> tuple[Decision, list[tuple[ScriptCall, ...]]]:
+    """Run the decision for ``prepared`` through ``drive``, answering each Send's calls with
+    ``answer(calls)``: the decision, and the calls of each Send in order."""
+    sends: list[tuple[ScriptCall, ...]] = []
+
+    def run(calls: tuple[ScriptCall, ...]) -> list[object]:
+        sends.append(calls)
+        outcomes: list[object] = answer(calls)
+        return outcomes
+
+    def wait(step: Wait) -> list[object]:
+        raise AssertionError(f"no decision here waits: {step!r}")
+
+    return drive(limiter.decider, prepared, run, wait), sends
 
 
 def _limiter(**options: Any) -> Limiter:
@@ -83,11 +89,8 @@ def test_a_decision_is_one_send_answered_by_anyone(redis_client: redis.Redis) ->
     try:
         for remaining in (1, 0):
             prepared = limiter.core.for_limit("hit", "log", "alice", None, 1)
-            decision, sends = _drive(
-                limiter.decider.decide_flow(prepared), lambda send: _run(admin, send.calls)
-            )
-            assert [s.calls for s in sends] == [prepared.calls]
-            assert not sends[0].refund
+            decision, sends = _drive(limiter, prepared, lambda calls: _run(admin, calls))
+            assert sends == [prepared.calls]
             assert decision.allowed and not decision.degraded
             assert decision.remaining == remaining
     finally:
@@ -100,9 +103,9 @@ def test_a_repeated_denial_needs_no_send(redis_client: redis.Redis) -> None:
     limiter = _limiter(test_clock=TestClock())
     admin = redis_client
 
-    def hit() -> tuple[Decision, list[Send]]:
+    def hit() -> tuple[Decision, list[tuple[ScriptCall, ...]]]:
         prepared = limiter.core.for_limit("hit", "log", "bob", None, 1)
-        return _drive(limiter.decider.decide_flow(prepared), lambda s: _run(admin, s.calls))
+        return _drive(limiter, prepared, lambda calls: _run(admin, calls))
 
     try:
         assert [len(hit()[1]) for _ in range(2)] == [1, 1]
@@ -121,11 +124,11 @@ def test_failed_calls_follow_the_failure_policy_and_open_the_breaker() -> None:
     down = redis.exceptions.ConnectionError("Connection refused")
     for _ in range(3):
         prepared = limiter.core.for_limit("hit", "log", "carol", None, 1)
-        decision, sends = _drive(limiter.decider.decide_flow(prepared), lambda s: [down])
+        decision, sends = _drive(limiter, prepared, lambda calls: [down])
         assert decision.degraded and not decision.allowed and len(sends) == 1
     assert limiter.breaker_state is BreakerState.OPEN
     prepared = limiter.core.for_limit("hit", "log", "carol", None, 1)
-    decision, sends = _drive(limiter.decider.decide_flow(prepared), lambda s: [down])
+    decision, sends = _drive(limiter, prepared, lambda calls: [down])
     assert decision.degraded and sends == []
     limiter.close()
 
@@ -139,9 +142,7 @@ def test_approximate_mode_syncs_then_answers_locally(redis_client: redis.Redis) 
         counts = []
         for _ in range(4):
             prepared = limiter.core.for_limit("hit", "events", "dave", None, 1)
-            decision, sends = _drive(
-                limiter.decider.decide_flow(prepared), lambda s: _run(admin, s.calls)
-            )
+            decision, sends = _drive(limiter, prepared, lambda calls: _run(admin, calls))
             assert decision.allowed
             counts.append(len(sends))
         assert counts == [1, 0, 0, 0]
@@ -159,21 +160,19 @@ def test_a_denied_multi_slot_request_asks_for_its_refund(
     limiter = Limiter(policy.loads(POLICY), redis_url=redis_cluster.url, cluster=True)
     try:
 
-        def request() -> tuple[Decision, list[Send]]:
+        def request() -> tuple[Decision, list[tuple[ScriptCall, ...]]]:
             prepared = limiter.core.for_request(
                 "hit", "GET", "/both/x", "erin", tier=None, cost=1, ip="192.0.2.7", host=None
             )
             assert len(prepared.calls) == 2
-            return _drive(
-                limiter.decider.decide_flow(prepared), lambda s: _run(cluster_client, s.calls)
-            )
+            return _drive(limiter, prepared, lambda calls: _run(cluster_client, calls))
 
         first, sends = request()
         assert first.allowed and len(sends) == 1
         second, sends = request()
         assert not second.allowed
-        assert [s.refund for s in sends] == [False, True]
-        (refund,) = sends[1].calls
+        assert len(sends) == 2
+        (refund,) = sends[1]
         assert refund.args[0] == "refund"
         by_name = {r.name: r for r in second.results}
         assert not by_name["per-ip"].consumed and by_name["per-ip"].remaining == 99
@@ -190,12 +189,11 @@ def test_close_puts_a_fresh_wire_in_place_of_the_closed_one() -> None:
     limiter.close()
     fresh = limiter.decider.wire
     assert old.closed and fresh is not old and not fresh.closed
-    step = next(limiter.decider.decide_flow(limiter.core.for_limit("hit", "log", "x", None, 1)))
+    step = limiter.decider.begin(limiter.core.for_limit("hit", "log", "x", None, 1))
     assert isinstance(step, Send) and len(step.calls) == 1
     limiter.decider.wire = old
-    flow = limiter.decider.decide_flow(limiter.core.for_limit("hit", "log", "x", None, 1))
     with pytest.raises(ApplimitError, match="closed"):
-        next(flow)
+        limiter.decider.begin(limiter.core.for_limit("hit", "log", "x", None, 1))
 
 
 # --- the wire protocol -------------------------------------------------------------------

@@ -21,7 +21,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry
 
 from applimit import Decision, DecisionEvent, Limiter, Observer, _script
-from applimit._flow import Send
+from applimit._flow import Wait, drive
 from applimit.otel import OpenTelemetryObserver
 from applimit.prometheus import PrometheusObserver
 
@@ -181,25 +181,21 @@ def test_a_flush_redis_did_not_answer_keeps_its_requests_pending(
     # Which Send (counted from 1) fails: none until the test says.
     failing = [0]
 
-    def answer(send: Send) -> list[object]:
-        sends.append(repr(send))
+    def answer(calls: Any) -> list[object]:
+        sends.append(repr(calls))
         if len(sends) == failing[0]:
             return [redis.exceptions.ConnectionError("Connection refused")]
         return [
             redis_client.eval(_script.SOURCE, len(call.keys), *call.keys, *call.args)
-            for call in send.calls
+            for call in calls
         ]
 
     def hit() -> Decision:
         prepared = instance.core.for_limit("hit", "a", who, None, 1)
-        flow = instance.decider.decide_flow(prepared)
-        try:
-            send = next(flow)
-            while True:
-                send = flow.send(answer(send))
-        except StopIteration as done:
-            decision: Decision = done.value
-            return decision
+        return drive(instance.decider, prepared, answer, no_wait)
+
+    def no_wait(step: Wait) -> list[object]:
+        raise AssertionError("nothing waits here")
 
     try:
         assert hit().allowed  # a sync: Redis counts 1

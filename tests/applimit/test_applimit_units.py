@@ -63,14 +63,25 @@ def test_public_surface_is_pinned() -> None:
 
 
 def test_same_methods_on_both_limiters() -> None:
-    """Limiter and AsyncLimiter offer the same decision methods with the same parameters."""
+    """Limiter and AsyncLimiter offer the same decision methods with the same parameters;
+    the async ones return a coroutine (the decision's own: no second one around it), and
+    reset is a coroutine function."""
     import inspect
 
+    limiter = applimit.AsyncLimiter(POLICY, redis_url="memory://units")
     for method in ("hit", "peek", "check_request", "reset"):
         sync = inspect.signature(getattr(applimit.Limiter, method))
         async_ = inspect.signature(getattr(applimit.AsyncLimiter, method))
         assert list(sync.parameters) == list(async_.parameters), method
-        assert inspect.iscoroutinefunction(getattr(applimit.AsyncLimiter, method))
+    assert inspect.iscoroutinefunction(applimit.AsyncLimiter.reset)
+    for awaitable in (
+        limiter.hit("api", "alice"),
+        limiter.peek("api", "alice"),
+        limiter.check_request("GET", "/api/x", "alice"),
+    ):
+        assert inspect.iscoroutine(awaitable)
+        assert inspect.getcoroutinelocals(awaitable)["prepared"].checks
+        awaitable.close()
 
 
 # --- keys --------------------------------------------------------------------------------
