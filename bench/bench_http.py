@@ -689,7 +689,7 @@ def run(settings: Settings) -> Result:
         "process (its overshoot bound is in docs/applimit.md). What it still leaves below "
         "the bare app is the middleware's own work per request, Redis or not: reading the "
         "request, matching the limits, identify(), the decision's bookkeeping and the "
-        "headers (bench/profiles counts it: some 220k instructions per ASGI request and "
+        "headers (docs/profiles.md counts it: some 220k instructions per ASGI request and "
         "151k per WSGI one, of which about 83k and 68k are the middleware around the "
         "limiter's decision). On a machine of two cores, the Redis server's time per "
         "decision (the script's: see the Redis CPU section) is taken from the same cores "

@@ -5,7 +5,7 @@ instructions a decision executes does not (to within a fraction of a percent). T
 driver runs a fixed loop of decisions under ``valgrind --tool=callgrind`` for each
 scenario, against a ``redis-server`` it starts on a free port (the server runs natively,
 outside valgrind: only the client's instructions are counted), and writes
-``bench/profiles/<scenario>.txt``: instructions per decision and the top entries of
+``bench/results/profiles/<scenario>.txt``: instructions per decision and the top entries of
 ``callgrind_annotate``.
 
 Only the measured loop is counted. Setup (imports, the policy, connecting, a warm-up)
@@ -17,7 +17,7 @@ the number of decisions.
 
 Usage (from the repository root; needs ``valgrind`` and ``redis-server`` on the PATH)::
 
-    python -m bench.callgrind                      every scenario, into bench/profiles/
+    python -m bench.callgrind                      every scenario, into bench/results/profiles/
     python -m bench.callgrind --only sync_hit      a selection
     python -m bench.callgrind --out /tmp/p --label after   elsewhere, with a label
 
@@ -96,7 +96,7 @@ DECISIONS = 2000
 WARMUP = 300
 CONCURRENCY = 64
 TOP = 40
-DEFAULT_OUT = ROOT / "bench" / "profiles"
+DEFAULT_OUT = ROOT / "bench" / "results" / "profiles"
 
 
 # --- the workloads (run in the child) ----------------------------------------------------

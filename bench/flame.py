@@ -8,7 +8,7 @@ the process, so the code runs at its own speed), keeping only samples of a threa
 holds the GIL (``--gil``): Python running, not a thread waiting on a socket (which
 releases the GIL), so the graph is the client's CPU time, as callgrind's counts are.
 Only the stacks inside the counted loop are kept, from the loop down (imports, setup and
-warm-up are dropped), and written two ways to ``bench/profiles/flame/``:
+warm-up are dropped), and written two ways to ``bench/results/profiles/flame/``:
 
 - ``<scenario>.txt``: the folded stacks, one ``frame;frame;... samples`` line each, most
   samples first, then each function's share of the samples, inclusive and exclusive:
@@ -40,7 +40,7 @@ from pathlib import Path
 from ._common import ROOT, redis_server
 from .callgrind import SCENARIOS, child_command
 
-DEFAULT_OUT = ROOT / "bench" / "profiles" / "flame"
+DEFAULT_OUT = ROOT / "bench" / "results" / "profiles" / "flame"
 DEFAULT_SCENARIOS = ("sync_hit", "sync_request3", "split_async_hit", "asgi", "wsgi")
 DECISIONS = 20_000
 # Samples per second: py-spy's default is 100; a decision takes tens of microseconds.

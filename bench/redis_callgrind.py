@@ -12,7 +12,7 @@ finds its keys already there (the first call of each identity makes them: 3% of 
 calls at the defaults). The count does not move with the load on the machine, so a
 change to the Lua files can be measured while other work runs.
 
-Writes ``bench/profiles/server/<scenario>.txt`` (or ``--out``): instructions per call and
+Writes ``bench/results/profiles/server/<scenario>.txt`` (or ``--out``): instructions per call and
 the top functions (Redis' binary is usually stripped: its Lua interpreter's functions show
 as addresses, the C library's by name).
 
@@ -36,7 +36,7 @@ from applimit import Limiter
 from ._common import ROOT, Identities, LimitSpec, RedisServer, make_policy
 from .callgrind import annotate, instruction_total, selection, top_functions
 
-DEFAULT_OUT = ROOT / "bench" / "profiles" / "server"
+DEFAULT_OUT = ROOT / "bench" / "results" / "profiles" / "server"
 CALLS = 3000
 IDENTITIES = 100
 ONE = ("1000/1m",)
