@@ -19,14 +19,21 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 # The decision path's modules that are worth compiling (measured: docs/benchmarks-compare.md,
-# "Why each speed trick stays"). The others stay interpreted: _protocol (the interpreted
-# wires subclass its classes), _decision (it switches the class of plain slots objects,
-# which a native class cannot), the wires, the shells and the web layer (thin over redis-py
-# and the frameworks, or patched in tests).
+# "Why each speed trick stays"): planning and what it builds on (the compiled policy, the
+# argument checks, the memo, the calls and their encoding, the replies), the flow, the keys.
+# The others stay interpreted: _protocol (the interpreted wires subclass its classes),
+# _decision and _frozen (they switch the class of plain slots objects, which a native class
+# cannot), the wires, the shells and the web layer (thin over redis-py and the frameworks,
+# or patched in tests).
 COMPILED = [
-    "applimit/_core.py",
+    "applimit/_arguments.py",
+    "applimit/_calls.py",
     "applimit/_flow.py",
     "applimit/_keys.py",
+    "applimit/_memo.py",
+    "applimit/_plan.py",
+    "applimit/_replies.py",
+    "applimit/_rules.py",
 ]
 # What mypyc needs to build: mypy (mypyc ships inside it), and what `mypy --strict` needs to
 # check the modules the way `make typecheck` does (the config in pyproject.toml loads the

@@ -51,8 +51,10 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from ._core import Check, Core, Prepared
+from ._calls import Check
 from ._decision import Decision, LimitResult, combine, make_result, single
+from ._plan import Core
+from ._replies import Prepared
 
 # Entries beyond this many: those holding no uncounted units are dropped. Dropping one
 # only costs a Redis call; the others are kept (their units must still be counted), and

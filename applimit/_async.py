@@ -22,12 +22,12 @@ from edgegen_policy import Policy
 from . import _clients
 from ._awire import AsyncTransport, open_async
 from ._clients import AsyncClient, Target
-from ._core import Prepared
 from ._decision import Decision
 from ._errors import REDIS_FAILURES
 from ._flow import Decider, Send, Wait
 from ._memory import AsyncMemoryWire
 from ._observe import Observer
+from ._replies import Prepared
 from ._shell import LimiterBase, load_policy
 
 

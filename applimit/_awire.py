@@ -34,8 +34,8 @@ import redis.asyncio.cluster
 
 from . import _clients, _hiredis
 from ._breaker import Breakers, CircuitBreaker
+from ._calls import ScriptCall, pack_calls, pack_command
 from ._clients import AsyncClient, Target
-from ._core import ScriptCall, wrote
 from ._errors import CLOSED, REDIS_FAILURES, ApplimitError, PoolExhausted, is_outage
 from ._protocol import (
     MAX_REDIRECTIONS,
@@ -46,13 +46,12 @@ from ._protocol import (
     ScriptProtocol,
     SlotMap,
     only_lists,
-    pack_calls,
-    pack_command,
     redirected,
     redirection,
     too_many_redirections,
     unpair,
 )
+from ._replies import wrote
 
 # A batch's callers are answered in parts (half the calls in flight, at least this many),
 # so that Redis works on one batch while the event loop answers another, instead of the two

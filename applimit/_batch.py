@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 
 import redis.exceptions
 
-from ._core import ScriptCall
+from ._calls import ScriptCall
 from ._protocol import Replies
 
 # The most calls sent in one write: bounds how long one read of replies may take and

@@ -39,9 +39,9 @@ from typing import Any, TextIO
 from edgegen_policy import Duration, Policy, PolicyLoadError, ip_bucket, load, write_diagnostics
 
 from ._clients import MEMORY_SCHEME, shown_url
-from ._core import AppRule
 from ._decision import Decision
 from ._errors import ApplimitError, ConfigurationError
+from ._rules import AppRule
 from ._sync import Limiter
 
 # Where the Redis URL comes from when --redis-url is not given (before the policy's).

@@ -30,8 +30,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ._core import Prepared
 from ._decision import Decision, LimitResult, combine
+from ._replies import Prepared
 
 # The cache holds at most this many (key, tier) entries; when full, expired entries are
 # dropped, and if that is not enough the cache starts over (which only costs Redis calls).

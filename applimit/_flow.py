@@ -48,12 +48,14 @@ from redis.exceptions import ResponseError
 
 from ._approx import ApproxCache, Flight, Sync
 from ._breaker import Breakers, CircuitBreaker
-from ._core import Core, Prepared, ScriptCall, wrote
+from ._calls import ScriptCall
 from ._decision import Decision
 from ._denials import DenialCache
 from ._errors import CLOSED, ApplimitError, PoolExhausted, is_outage
 from ._native import mypyc_attr
 from ._observe import Notifier
+from ._plan import Core
+from ._replies import Prepared, wrote
 
 logger = logging.getLogger("applimit")
 

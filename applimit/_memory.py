@@ -50,7 +50,7 @@ from typing import Protocol
 
 import redis.exceptions
 
-from ._core import ScriptCall
+from ._calls import ScriptCall
 from ._errors import CLOSED, ApplimitError
 
 NONE = -1  # "admitted, no wait" (common.lua)

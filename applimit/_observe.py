@@ -28,8 +28,8 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol, Self, cast, runtime_checkable
 
 from ._breaker import BreakerState
-from ._core import Prepared
 from ._decision import Decision
+from ._replies import Prepared
 
 if TYPE_CHECKING:
     from ._shell import LimiterBase

@@ -1,9 +1,9 @@
-"""The wire protocol of the limiter's script calls: what to send, and what a reply means.
+"""The wire protocol of the limiter's script calls: what a reply means, and what to send next.
 
-No I/O here. The wires (``_wire.py`` blocking, ``_awire.py`` asyncio) write the bytes this
-module packs and hand back the replies they read, error replies as exception values; what
-to send next, and what an error reply means, is decided here once for all of them:
-standalone and Redis Cluster, sync and async alike.
+No I/O here. The wires (``_wire.py`` blocking, ``_awire.py`` asyncio) write the bytes
+``_calls.py`` packs and hand back the replies they read, error replies as exception
+values; what to send next, and what an error reply means, is decided here once for all of
+them: standalone and Redis Cluster, sync and async alike.
 
 The script runs as an FCALL of the limiter's Redis Functions library (``_script.py``). A
 server without the library answers "Function not found": the library is loaded
@@ -31,69 +31,13 @@ from typing import Any
 
 import redis.exceptions
 
-from . import _script
-from ._core import ScriptCall
+from ._calls import EVAL, EVALSHA, FCALL, LOAD, ScriptCall, Write, pack_calls
 from ._errors import error_code
 
 logger = logging.getLogger("applimit")
 
-FCALL = b"FCALL"
-EVALSHA = b"EVALSHA"
-EVAL = b"EVAL"
-_HEADS = {
-    FCALL: (FCALL, _script.FUNCTION),
-    EVALSHA: (EVALSHA, _script.SHA),
-    EVAL: (EVAL, _script.SOURCE),
-}
-
-# What a wire writes and how many replies it reads for it.
-Write = tuple[bytes, int]
 # The replies of one write, in order: a value, or the error reply as an exception.
 Replies = list[object]
-
-
-def _pack_in_python(args: tuple[str | bytes | int, ...]) -> bytes:
-    """One RESP command, packed here: what hiredis.pack_command gives, without hiredis."""
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        data = arg if isinstance(arg, bytes) else str(arg).encode("utf-8")
-        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(parts)
-
-
-_hiredis_pack: Any
-try:
-    from hiredis import pack_command as _hiredis_pack
-except ImportError:  # hiredis is in the app extra, but optional: packed in Python then
-    _hiredis_pack = None
-
-
-def pack_command(args: tuple[str | bytes | int, ...]) -> bytes:
-    """One RESP command, packed by hiredis in one C call (in Python without hiredis)."""
-    if _hiredis_pack is None:
-        return _pack_in_python(args)
-    return bytes(_hiredis_pack(args))
-
-
-# The head of a call's command (the command, the function's name, SHA or script), by
-# command, number of keys and number of arguments: bounded by the policy's limits.
-_PACKED_HEADS: dict[tuple[bytes, int, int], bytes] = {}
-
-
-def _packed_head(how: bytes, keys: int, args: int) -> bytes:
-    """The RESP array header and the command's first two bulk strings."""
-    command, name = _HEADS[how]
-    encoded = name.encode()
-    head = b"*%d\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
-        3 + keys + args,
-        len(command),
-        command,
-        len(encoded),
-        encoded,
-    )
-    _PACKED_HEADS[how, keys, args] = head
-    return head
-
 
 _LIST = frozenset((list,))
 
@@ -102,35 +46,6 @@ def only_lists(replies: Replies) -> bool:
     """True when every reply is a plain list (a script's reply: nearly always), checked in
     one C loop rather than one isinstance per reply."""
     return _LIST.issuperset(map(type, replies))
-
-
-def pack(call: ScriptCall, how: bytes) -> bytes:
-    """``call`` as one RESP command: FCALL of the library's function, EVALSHA by the
-    script's SHA, or EVAL with the script's text."""
-    if call.packed:
-        # The core encoded the keys and arguments (ScriptCall.packed): only the head.
-        keys, args = len(call.keys), len(call.args)
-        head = _PACKED_HEADS.get((how, keys, args)) or _packed_head(how, keys, args)
-        return head + call.packed
-    return pack_command((*_HEADS[how], len(call.keys), *call.keys, *call.args))
-
-
-LOAD = pack_command((b"FUNCTION", b"LOAD", _script.LIBRARY))
-ASKING = pack_command((b"ASKING",))
-
-
-def pack_calls(calls: Sequence[ScriptCall], how: bytes, *, asking: bool = False) -> Write:
-    """Several calls as one buffer for one write, and the number of replies it gets.
-
-    ``asking`` puts ASKING before each call (an ASK redirection: the node importing the
-    call's slot answers it only then); each call then has two replies (see
-    :func:`unpair`).
-    """
-    if len(calls) == 1 and not asking:
-        return pack(calls[0], how), 1
-    head = ASKING if asking else b""
-    packed = b"".join([head + pack(call, how) for call in calls])
-    return packed, 2 * len(calls) if asking else len(calls)
 
 
 def unpair(raw: Replies) -> Replies:

@@ -27,12 +27,14 @@ from . import _memory
 from ._approx import ApproxCache
 from ._breaker import Breakers, BreakerState
 from ._clients import MEMORY_SCHEME, Target, check_url, memory_target
-from ._core import CompiledPolicy, Core, Prepared, compile_policy
 from ._decision import Decision
 from ._denials import DenialCache
 from ._errors import ConfigurationError
 from ._flow import UNLIMITED, Decider, Send, Transport, Wait
 from ._observe import Notifier, Observer
+from ._plan import Core
+from ._replies import Prepared
+from ._rules import CompiledPolicy, compile_policy
 
 
 def load_policy(source: str | os.PathLike[str] | Policy) -> Policy:

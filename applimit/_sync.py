@@ -16,12 +16,12 @@ from edgegen_policy import Policy
 
 from . import _clients
 from ._clients import SyncClient, Target
-from ._core import Prepared
 from ._decision import Decision
 from ._errors import REDIS_FAILURES
 from ._flow import Wait, drive
 from ._memory import MemoryWire
 from ._observe import Observer
+from ._replies import Prepared
 from ._shell import LimiterBase, load_policy
 from ._wire import SyncTransport, open_sync
 

@@ -38,9 +38,10 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from edgegen_policy import QUOTA_EXCEEDED as _QUOTA_EXCEEDED
 from edgegen_policy import KeyName, decode_path, has_control_character, header_key, normalize_host
 
-from ._core import MAX_COST
+from ._arguments import MAX_COST
 from ._decision import Decision, LimitResult
 from ._errors import ConfigurationError, InvalidArgumentError
+from ._memo import Memo
 
 logger = logging.getLogger("applimit")
 
@@ -61,6 +62,8 @@ UNKNOWN_IP = "unknown"
 MAX_KNOWN_PEERS = 4096
 # Unknown tiers logged once each; past this many, further ones are not logged.
 MAX_WARNED_TIERS = 64
+# Rates whose RateLimit-Policy member a Gate keeps formatted, at most (see Gate._admitted).
+_MEMBERS = 1024
 # What a failing identify() means (Gate's on_identify_error): "raise" propagates the app's
 # exception (a 500, as before this option existed), "anonymous" counts the caller by IP in
 # the lowest tier, "refuse" answers 503 (the app's auth, not the client, is at fault).
@@ -287,23 +290,25 @@ class RequestInfo:
 # Header names as an ASGI server sends them (bytes) -> as RequestInfo keeps them (lower-
 # case str), remembered: the same few names come with every request. Bounded, as the
 # names are the client's to choose.
-_NAME_OF: dict[bytes, str] = {}
 _NAME_OF_LIMIT = 1024
+_NAMES: Memo[bytes, str] = Memo(_NAME_OF_LIMIT)
+_NAME_OF = _NAMES.entries  # read for every header of every request
 
 
 def _header_name(raw: bytes | bytearray) -> str:
     """A header name of an ASGI scope as a lower-case str (latin-1), remembered."""
     name = bytes(raw).decode("latin-1").lower()
-    if type(raw) is bytes and len(_NAME_OF) < _NAME_OF_LIMIT:
-        _NAME_OF[raw] = name
+    if type(raw) is bytes:
+        _NAMES.keep(raw, name)
     return name
 
 
 # What each WSGI environ key is (see _header_of), remembered: a server sends the same few
 # dozen keys with every request, and translating each name cost more than the rest of
 # from_wsgi. Bounded, as the header names are the client's to choose.
-_HEADER_OF: dict[str, tuple[str, bool]] = {}
 _HEADER_OF_LIMIT = 1024
+_ENVIRON_KEYS: Memo[str, tuple[str, bool]] = Memo(_HEADER_OF_LIMIT)
+_HEADER_OF = _ENVIRON_KEYS.entries  # read for every key of every environ
 _NOT_A_HEADER = ("", False)
 
 
@@ -317,8 +322,7 @@ def _header_of(key: str) -> tuple[str, bool]:
         entry = (key.replace("_", "-").lower(), False)
     else:
         entry = _NOT_A_HEADER
-    if len(_HEADER_OF) < _HEADER_OF_LIMIT:
-        _HEADER_OF[key] = entry
+    _ENVIRON_KEYS.keep(key, entry)
     return entry
 
 
@@ -519,9 +523,10 @@ class TrustedProxies:
         self.behind_cloudflare = behind_cloudflare
         # Peers that decide the client IP alone (not trusted, or not an IP), and the answer:
         # a client sends many requests, and parsing its address with ipaddress for each
-        # cost more than the rest of reading the request. Cleared when it grows past
-        # MAX_KNOWN_PEERS, so a flood of addresses cannot grow memory.
-        self._direct: dict[str, str] = {}
+        # cost more than the rest of reading the request. Bounded, so a flood of addresses
+        # cannot grow memory.
+        self._peers: Memo[str, str] = Memo(MAX_KNOWN_PEERS)
+        self._direct = self._peers.entries  # read for every request
 
     @property
     def networks(self) -> tuple[Network, ...]:
@@ -530,9 +535,7 @@ class TrustedProxies:
 
     def _remember(self, peer: str, client: str) -> str:
         """Note that ``peer`` alone makes ``client`` the client IP; return it."""
-        if len(self._direct) >= MAX_KNOWN_PEERS:
-            self._direct.clear()
-        self._direct[peer] = client
+        self._peers.keep(peer, client)
         return client
 
     def trusts(self, address: Address | None) -> bool:
@@ -802,8 +805,10 @@ class Gate:
         self._warned_tiers: set[str] = set()
         # Each (limit, quota, window)'s RateLimit-Policy member and its sf-string key, made
         # on first use: a limit's rate is fixed by the policy, so these are formatted once
-        # instead of for every response (bounded by the policy's limits and tiers).
-        self._members: dict[tuple[str, int, float], tuple[str, str]] = {}
+        # instead of for every response (the policy's limits and tiers bound them; results
+        # handed to outcome() by an app could hold others, hence the memo's bound).
+        self._formatted: Memo[tuple[str, int, float], tuple[str, str]] = Memo(_MEMBERS)
+        self._members = self._formatted.entries  # read for every admitted response
 
     @property
     def lowest_tier(self) -> str:
@@ -1056,7 +1061,7 @@ class Gate:
         if member is None:
             item = PolicyItem(result.name, result.name, result.quota, result.window, 0, 0, True)
             member = (item.policy_member(), sf_string(result.name))
-            self._members[result.name, result.quota, result.window] = member
+            self._formatted.keep((result.name, result.quota, result.window), member)
         policy, key = member
         quota = result.quota
         remaining = result.remaining

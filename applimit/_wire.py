@@ -50,8 +50,8 @@ import redis.cluster
 
 from . import _clients, _hiredis
 from ._batch import Combiner
+from ._calls import ScriptCall, pack, pack_calls, pack_command
 from ._clients import SyncClient, Target
-from ._core import ScriptCall
 from ._errors import CLOSED, REDIS_FAILURES, ApplimitError, PoolExhausted
 from ._protocol import (
     MAX_REDIRECTIONS,
@@ -61,9 +61,6 @@ from ._protocol import (
     Replies,
     ScriptProtocol,
     SlotMap,
-    pack,
-    pack_calls,
-    pack_command,
     redirection,
     too_many_redirections,
     unpair,

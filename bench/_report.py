@@ -78,7 +78,9 @@ def applimit_build() -> str:
     import importlib
 
     compiled = []
-    for name in ("_core", "_flow", "_keys"):
+    # setup.py's COMPILED.
+    modules = ("_arguments", "_calls", "_flow", "_keys", "_memo", "_plan", "_replies", "_rules")
+    for name in modules:
         module = importlib.import_module(f"applimit.{name}")
         if not str(getattr(module, "__file__", "")).endswith(".py"):
             compiled.append(name)

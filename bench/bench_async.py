@@ -36,7 +36,8 @@ from typing import Any
 import redis.asyncio
 
 from applimit import AsyncLimiter, Decision, _script
-from applimit._core import Prepared, ScriptCall
+from applimit._calls import ScriptCall
+from applimit._replies import Prepared
 
 from ._common import (
     Identities,

@@ -132,7 +132,7 @@ def _run(tree: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[
 def test_the_hot_modules_are_compiled(compiled_tree: Path) -> None:
     """Every module setup.py names is imported from its extension, not from its .py."""
     modules = _compiled_modules()
-    assert "applimit._core" in modules
+    assert "applimit._plan" in modules
     code = "import importlib, sys\nfor name in sys.argv[1:]:\n"
     code += "    print(importlib.import_module(name).__file__)"
     result = _run(compiled_tree, "-c", code, *modules, timeout=60)
@@ -161,9 +161,9 @@ def test_the_compiled_modules_pass_the_contract(compiled_tree: Path) -> None:
 
 # Arguments of the wrong type or value, each as an app might pass them. A compiled function
 # checks its typed arguments on entry, so Core takes them as ``object`` until its own
-# checks; this prints, per call, the error raised.
+# checks (applimit/_arguments.py); this prints, per call, the error raised.
 _WRONG_ARGUMENTS = """
-import applimit._core
+import applimit._plan
 from applimit import Limiter
 from edgegen_policy import loads
 
@@ -179,7 +179,7 @@ limits:
     app: {per: org, algorithm: gcra, tiers: {free: 10/1m, pro: 20/1m}}
 ''', "policy.yaml")
 limiter = Limiter(policy, redis_url="memory://")
-print(applimit._core.__file__.rsplit(".", 1)[-1])
+print(applimit._plan.__file__.rsplit(".", 1)[-1])
 calls = [
     lambda: limiter.hit(5, "u"),
     lambda: limiter.hit("nope", "u"),

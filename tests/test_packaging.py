@@ -142,7 +142,7 @@ def test_an_app_install_needs_none_of_the_edge_packages() -> None:
     httpx and jinja2, the dependencies of the `edge` extra."""
     code = (
         "import applimit, applimit.asgi, applimit.wsgi, edgegen_policy as policy\n"
-        "from applimit._core import Core\n"
+        "from applimit._plan import Core\n"
         "p = policy.load('examples/policy.yaml')\n"
         "assert not any(m in sys.modules and sys.modules[m] for m in ('httpx', 'jinja2'))\n"
     )

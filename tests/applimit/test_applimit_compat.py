@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from applimit import _compat
-from applimit._protocol import _pack_in_python
+from applimit._calls import _pack_in_python
 
 
 @pytest.mark.parametrize("version", ["8.0.0", "8.2.0", "8.10.3", "8.1.0b1"])

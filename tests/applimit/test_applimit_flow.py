@@ -21,9 +21,9 @@ from limiter_support import TestClock
 from redis._parsers.base import BaseParser
 
 from applimit import ApplimitError, BreakerState, Decision, Limiter, _script
-from applimit._core import ScriptCall
+from applimit._calls import EVAL, EVALSHA, FCALL, LOAD, ScriptCall
 from applimit._flow import Send, Wait, drive
-from applimit._protocol import EVAL, EVALSHA, FCALL, LOAD, ScriptProtocol, Step, redirection
+from applimit._protocol import ScriptProtocol, Step, redirection
 
 POLICY = """
 version: 1

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from limiter_support import MakeLimiter
 
 from applimit import InvalidArgumentError, Limiter, RateLimited, _keys, rate_limited
-from applimit._core import Core, compile_policy
+from applimit._plan import Core
+from applimit._rules import compile_policy
 from applimit.asgi import Caller
 
 POLICY = """

@@ -8,8 +8,10 @@ from edgegen_policy import request_paths
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from applimit import _core
-from applimit._core import Core, compile_policy
+from applimit import _memo, _plan
+from applimit._memo import Memo
+from applimit._plan import Core
+from applimit._rules import compile_policy
 
 POLICY = policy.loads(
     """
@@ -62,14 +64,14 @@ def test_memo_answers_as_matching_afresh(method: str, path: str, host: str | Non
 
 def test_memo_is_bounded_and_skips_long_paths() -> None:
     core = Core(compile_policy(POLICY), cluster=False)
-    for n in range(_core._MATCHING_CACHE + 500):
+    for n in range(_plan._MATCHING_CACHE + 500):
         core.matching("GET", f"/api/items/{n}", None)
-    assert 0 < len(core._matching.entries) <= _core._MATCHING_CACHE
+    assert 0 < len(core._matching.entries) <= _plan._MATCHING_CACHE
     core._matching.entries.clear()
-    long_path = "/api/" + "a" * (_core._MATCHING_PATH + 1)
+    long_path = "/api/" + "a" * (_plan._MATCHING_PATH + 1)
     assert [rule.name for rule in core.matching("GET", long_path, None)] == ["api"]
     assert not core._matching.entries
-    long_host = "a" * (_core._MATCHING_HOST + 1) + ".example.com"
+    long_host = "a" * (_plan._MATCHING_HOST + 1) + ".example.com"
     assert [rule.name for rule in core.matching("GET", "/api/x", long_host)] == ["api"]
     assert not core._matching.entries
 
@@ -77,8 +79,8 @@ def test_memo_is_bounded_and_skips_long_paths() -> None:
 def test_a_full_memo_keeps_nothing_more_and_starts_over_at_most_once_a_reset() -> None:
     """A full memo does not empty itself for every new key (which would churn when more
     keys are in use than it holds): it starts over when it fills for the first time, and
-    after that once _MEMO_RESET seconds have passed since, not sooner."""
-    memo: _core._Memo[int, str] = _core._Memo(3)
+    after that once RESET seconds have passed since, not sooner."""
+    memo: Memo[int, str] = Memo(3)
     for key in range(3):
         memo.keep(key, str(key))
     # Full for the first time: it starts over with the new key.
@@ -89,6 +91,6 @@ def test_a_full_memo_keeps_nothing_more_and_starts_over_at_most_once_a_reset() -
     assert memo.entries == {3: "3", 4: "4", 5: "5"}
     assert memo.until > 0
     # As if the reset time had passed.
-    memo.until -= _core._MEMO_RESET
+    memo.until -= _memo.RESET
     memo.keep(10, "10")
     assert memo.entries == {10: "10"}

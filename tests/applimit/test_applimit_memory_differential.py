@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from applimit import _script
-from applimit._core import ScriptCall
+from applimit._calls import ScriptCall
 from applimit._memory import MemoryStore
 
 US = 1_000_000

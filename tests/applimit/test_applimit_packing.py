@@ -13,8 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from applimit._core import Core, Prepared, ScriptCall, compile_policy
-from applimit._protocol import _HEADS, EVAL, EVALSHA, FCALL, pack, pack_calls
+from applimit._calls import _HEADS, EVAL, EVALSHA, FCALL, ScriptCall, pack, pack_calls
+from applimit._plan import Core
+from applimit._replies import Prepared
+from applimit._rules import compile_policy
 
 POLICY = policy.loads(
     """

@@ -12,8 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from applimit import ApplimitError, _core
-from applimit._core import Core, Prepared, compile_policy
+from applimit import ApplimitError
+from applimit import _plan as planning
+from applimit._plan import Core
+from applimit._replies import Prepared
+from applimit._rules import compile_policy
 
 POLICY = policy.loads(
     """
@@ -71,14 +74,16 @@ def test_planned_checks_are_what_planning_afresh_gives(
     assert first == again == expected
     refused = isinstance(first, tuple)
     # A refused call is never kept: it is refused again, with the same words.
-    assert (len(core._planned.entries) == 0) == (refused or len(identity) > _core._PLANNED_IDENTITY)
+    assert (len(core._planned.entries) == 0) == (
+        refused or len(identity) > planning._PLANNED_IDENTITY
+    )
 
 
 def test_the_memo_is_bounded_and_takes_only_plain_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At most _PLANNED_CACHE calls are kept (see _Memo); a call with
+    """At most _PLANNED_CACHE calls are kept (see Memo); a call with
     ip=, keys=, an identity longer than _PLANNED_IDENTITY or arguments of other types is
     planned afresh every time and never kept."""
-    monkeypatch.setattr(_core, "_PLANNED_CACHE", 8)
+    monkeypatch.setattr(planning, "_PLANNED_CACHE", 8)
     core = Core(compile_policy(POLICY), cluster=False)
     for index in range(100):
         core.for_limit("hit", "api", f"user-{index}", None, 1)
@@ -86,7 +91,7 @@ def test_the_memo_is_bounded_and_takes_only_plain_calls(monkeypatch: pytest.Monk
     core._planned.entries.clear()
     core.for_limit("hit", "by-ip", None, None, 1, ip="203.0.113.9")
     core.for_limit("hit", "per-org", None, None, 1, keys={"org": "acme"})
-    core.for_limit("hit", "api", "y" * (_core._PLANNED_IDENTITY + 1), None, 1)
+    core.for_limit("hit", "api", "y" * (planning._PLANNED_IDENTITY + 1), None, 1)
     assert core._planned.entries == {}
     # The same user with ip= is counted as the user, planned afresh.
     with_ip = core.for_limit("hit", "api", "alice", None, 1, ip="203.0.113.9")
@@ -135,6 +140,19 @@ def test_calls_the_full_memo_does_not_hold_plan_what_planning_afresh_gives(
     for name, identity, tier, cost in calls:
         expected = _outcome(Core(compile_policy(POLICY), cluster=False), name, identity, tier, cost)
         assert _outcome(core, name, identity, tier, cost) == expected
-    # Only the limits and tiers that resolved, and counted by the user, are remembered.
-    assert all(name in ("api", "log") for name, _ in core._user_shapes)
-    assert all(tier in (None, "free", "pro") for _, tier in core._user_shapes)
+    # Only the limits and tiers that resolved are remembered; here, counted by the user.
+    assert all(name in ("api", "log") for name, _ in core._shapes.entries)
+    assert all(tier in (None, "free", "pro") for _, tier in core._shapes.entries)
+
+
+def test_a_limit_a_request_planned_is_not_a_users_call() -> None:
+    """The shapes are shared with check_request's planning: a per-IP limit whose shape
+    the middleware made is still refused to a user's hit without ip=, as afresh."""
+    core = Core(compile_policy(POLICY), cluster=False)
+    core._planned.size = 1
+    core.for_limit("hit", "api", "filler", None, 1)
+    core.for_limit("hit", "by-ip", None, "free", 1, ip="203.0.113.9")
+    assert ("by-ip", "free") in core._shapes.entries
+    afresh = _outcome(Core(compile_policy(POLICY), cluster=False), "by-ip", "alice", "free", 1)
+    assert _outcome(core, "by-ip", "alice", "free", 1) == afresh
+    assert isinstance(afresh, tuple) and afresh[0].__name__ == "InvalidArgumentError"

@@ -14,8 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from applimit import ApplimitError, _core
-from applimit._core import Core, Prepared, compile_policy
+from applimit import ApplimitError
+from applimit import _plan as planning
+from applimit._plan import Core
+from applimit._replies import Prepared
+from applimit._rules import compile_policy
 
 POLICY = policy.loads(
     """
@@ -171,10 +174,10 @@ def test_the_address_keys_a_plan_only_where_the_plan_depends_on_it() -> None:
 def test_the_request_memo_is_bounded_and_takes_only_plain_requests(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """At most _PLANNED_CACHE requests are kept (see _Memo); a request with app keys, a
+    """At most _PLANNED_CACHE requests are kept (see Memo); a request with app keys, a
     long identity or address, or more distinct sets of limits than _GROUPS is planned
     afresh every time and never kept."""
-    monkeypatch.setattr(_core, "_PLANNED_CACHE", 8)
+    monkeypatch.setattr(planning, "_PLANNED_CACHE", 8)
     core = Core(compile_policy(POLICY), cluster=False)
     for index in range(100):
         core.for_request(
@@ -189,26 +192,37 @@ def test_the_request_memo_is_bounded_and_takes_only_plain_requests(
         "hit",
         "GET",
         "/api/x",
-        "y" * (_core._PLANNED_IDENTITY + 1),
+        "y" * (planning._PLANNED_IDENTITY + 1),
         tier=None,
         cost=1,
         ip=None,
         host=None,
     )
     core.for_request(
-        "hit", "GET", "/api/x", None, tier=None, cost=1, ip="1" * (_core._PLANNED_IP + 1), host=None
+        "hit",
+        "GET",
+        "/api/x",
+        None,
+        tier=None,
+        cost=1,
+        ip="1" * (planning._PLANNED_IP + 1),
+        host=None,
     )
     assert core._requested.entries == {}
-    monkeypatch.setattr(_core, "_GROUPS", 1)
+    monkeypatch.setattr(planning, "_GROUPS", 1)
     bounded = Core(compile_policy(POLICY), cluster=False)
+    bounded.for_request("hit", "GET", "/reports/q", "alice", tier=None, cost=1, ip=None, host=None)
+    # The memo of sets, full for the first time, starts over (see Memo) with the next set;
+    # the one after it finds it full and keeps no more.
     kept = bounded.for_request(
         "hit", "GET", "/api/x", "alice", tier=None, cost=1, ip=None, host=None
     )
+    bounded._requested.entries.clear()
     unkept = bounded.for_request(
         "hit", "GET", "/orgs/1", "alice", tier=None, cost=1, ip="203.0.113.9", host=None
     )
-    assert len(bounded._groups) == 1
-    assert len(bounded._requested.entries) == 1
+    assert len(bounded._groups.entries) == 1
+    assert len(bounded._requested.entries) == 0
     assert _plan(unkept) == _plan(
         Core(compile_policy(POLICY), cluster=False).for_request(
             "hit", "GET", "/orgs/1", "alice", tier=None, cost=1, ip="203.0.113.9", host=None

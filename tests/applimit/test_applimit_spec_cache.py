@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from applimit import _script
-from applimit._core import ScriptCall
+from applimit._calls import ScriptCall
 from applimit._memory import MemoryStore
 
 US = 1_000_000

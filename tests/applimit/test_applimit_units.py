@@ -15,8 +15,9 @@ import applimit
 from applimit import ConfigurationError, LimitResult, _keys, _script
 from applimit._breaker import BreakerState, CircuitBreaker
 from applimit._clients import parse_sentinel_url
-from applimit._core import Core, compile_policy
 from applimit._decision import combine
+from applimit._plan import Core
+from applimit._rules import compile_policy
 
 POLICY_TEXT = """
 version: 1

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from applimit import Limiter, _keys
-from applimit._core import Core, compile_policy
+from applimit._plan import Core
+from applimit._rules import compile_policy
 
 POLICY = """
 version: 1

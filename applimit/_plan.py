@@ -1,0 +1,497 @@
+"""Planning: a request in, a :class:`~applimit._replies.Prepared` plan out. No I/O.
+
+:class:`Core` turns each call of a limiter into the checks to run (one per rate of every
+limit that applies), grouped into script calls; the shells only run the calls, and the
+plan's :meth:`~applimit._replies.Prepared.decide` turns the replies into the decision.
+``Core.for_limit`` plans ``hit`` and ``peek`` of one limit by name, ``Core.for_request``
+plans ``check_request`` (every limit whose matcher applies). What is the same from call to
+call is remembered, each in a bounded :class:`~applimit._memo.Memo`: a user's plan of a
+limit, a request's plan per set of matching limits, the limits that match a path, and
+each limit and tier's encoded rates.
+
+All the checks of one call go into one script call, which decides them atomically. The
+one exception is Redis Cluster when one request's limits count different identities (a
+per-IP limit and a per-user limit, or a per-user and a ``per: org`` limit): their keys live
+in different slots, so there is one call per slot, and when the request is denied after
+some of them consumed, the plan adds refund calls that give the consumption back (see
+docs/applimit.md).
+
+Compiled by mypyc (setup.py), with the modules it builds on: ``_rules`` (the compiled
+policy), ``_arguments`` (the checks of what callers pass), ``_calls`` (what a plan sends,
+encoded), ``_replies`` (the plan and its replies) and ``_memo``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from edgegen_policy import request_paths
+from redis.crc import key_slot
+
+from . import _keys
+from ._arguments import (
+    MAX_COST,
+    check_cost,
+    check_keys,
+    check_rule,
+    check_tier,
+    limit_tag,
+    request_tag,
+)
+from ._calls import (
+    TEST_CLOCK_TTL_SLACK_MS,
+    Block,
+    CallParts,
+    Check,
+    Operation,
+    blocks,
+    encoded_lead,
+    one_call,
+    script_call,
+)
+from ._memo import Memo
+from ._replies import Prepared
+from ._rules import USER_KIND, AppRule, CompiledPolicy
+
+# The nonces' generator: private, so an app that seeds the `random` module (or every
+# worker seeding it alike) cannot make two limiters' nonces repeat; seeded from the OS, and
+# again in every forked child, so processes never share a sequence.
+_NONCES = random.Random()
+os.register_at_fork(after_in_child=_NONCES.seed)
+
+# The groups of a one-server plan of n checks (every check in one call), for n below
+# _ONE_GROUPS_UP_TO; a plan of more checks makes its own.
+_ONE_GROUPS_UP_TO = 64
+_ONE_GROUPS: tuple[tuple[tuple[int, ...], ...], ...] = tuple(
+    (tuple(range(count)),) for count in range(_ONE_GROUPS_UP_TO)
+)
+_ONE_GROUP = _ONE_GROUPS[1]
+
+# Entries of Core's memo of matching limits (see Core.matching), and the longest path
+# and host (in characters) it keeps: at most some 4096 * 1.3 KiB of keys.
+_MATCHING_CACHE = 4096
+_MATCHING_PATH = 1024
+_MATCHING_HOST = 255  # a DNS name is at most 253 characters, a port adds a few
+# for_limit's planned checks: at most this many (user, limit, tier, cost), and identities
+# no longer than this (a longer one is planned anew every call).
+_PLANNED_CACHE = 4096
+_PLANNED_IDENTITY = 256
+# for_request's planned checks: as many, and client addresses no longer than this (an
+# IPv6 address with a zone is at most 45 + a few characters; longer is no address).
+_PLANNED_IP = 64
+# Distinct sets of matching limits given a key of their own (see _Group); a policy's
+# matchers make a handful, so this bound is never reached in practice.
+_GROUPS = 1024
+# Limits and tiers encoded (see _Shape): the policy bounds them, this bound is a guard.
+_SHAPES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """One limit and tier, as a call names them: the rule, the tier it resolves to, and
+    its rates as every call sends them (``Block``). ``by_user``: the limit counts by the
+    user (not per IP, not by an app key), so a user's call can be planned from it alone."""
+
+    rule: AppRule
+    tier: str
+    blocks: tuple[Block, ...]
+    by_user: bool
+
+
+class _Group:
+    """The limits that match a request (Core.matching): one object per distinct set, so
+    that the plans of requests to different paths that match the same limits are
+    remembered once (for_request's memo is keyed by the object, hashed by identity).
+
+    ``by_ip``: whether a plan of this set can depend on the client address when the
+    caller is a user (a per-IP limit, or a ``per:`` key limit, which counts a caller
+    without the key by address); ``keyed``: whether the set has its key (it is interned);
+    one made while the memo of sets keeps no more does not, and the plans of its requests
+    are not remembered.
+    """
+
+    __slots__ = ("by_ip", "keyed", "rules")
+
+    def __init__(self, rules: tuple[AppRule, ...]) -> None:
+        self.rules = rules
+        self.by_ip = any(rule.per_ip or rule.per_key is not None for rule in rules)
+        self.keyed = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    """A remembered request plan (``Core.for_request``): its checks and, for a call of
+    several checks on one server, that call's parts, so that a request only encodes its
+    own lead (the nonce)."""
+
+    checks: tuple[Check, ...]
+    parts: CallParts | None
+
+
+class Core:
+    """Builds plans from requests; holds no connection."""
+
+    def __init__(
+        self,
+        compiled: CompiledPolicy,
+        *,
+        cluster: bool,
+        test_clock: Callable[[], float] | None = None,
+    ) -> None:
+        """``cluster`` splits checks by hash slot; ``test_clock`` replaces server time (tests)."""
+        self.policy = compiled
+        self.cluster = cluster
+        self._test_clock = test_clock
+        self._slack = str(TEST_CLOCK_TTL_SLACK_MS) if test_clock is not None else "0"
+        # Each (limit, tier as passed)'s rule, resolved tier and encoded rates, made on
+        # first use. for_limit's memo below misses when more users are active than it
+        # holds; such a call is planned from its limit's shape, with its rule and tier
+        # looked up and checked once (see _plan_user).
+        self._shapes: Memo[tuple[str, str | None], _Shape] = Memo(_SHAPES)
+        # The middleware's limits that match a (method, path, host, mount), every tier: the
+        # middleware asks matches() before identify() and check_request() after it, and
+        # both read this instead of decoding the path and walking the matchers twice.
+        self._matching: Memo[tuple[str, str, str | None, str], _Group] = Memo(_MATCHING_CACHE)
+        # One _Group per distinct set of matching limits (by their names): the plan memo
+        # of for_request holds them as keys.
+        self._groups: Memo[tuple[str, ...], _Group] = Memo(_GROUPS)
+        # The checks of for_limit's commonest calls (a user, a limit by name, a tier, a
+        # cost), planned once: the rule, tier and cost checks, the identity's escaping and
+        # the keys are the same for every call of a user.
+        self._planned: Memo[tuple[str, str, str | None, int], tuple[Check, ...]] = Memo(
+            _PLANNED_CACHE
+        )
+        # for_request's the same way, per (set of matching limits, user or None, client
+        # address where the set counts by it, tier, cost): what the middleware asks.
+        self._requested: Memo[tuple[_Group, str | None, str | None, str | None, int], _Planned] = (
+            Memo(_PLANNED_CACHE)
+        )
+
+    def matching(
+        self, method: str, path: str, host: str | None, mount: str = ""
+    ) -> tuple[AppRule, ...]:
+        """The limits the middleware applies that match this request, in policy order
+        (every tier: the tier is applied by the caller). Pure, and remembered."""
+        return self._match(method, path, host, mount).rules
+
+    def _match(self, method: str, path: str, host: str | None, mount: str = "") -> _Group:
+        key = (method, path, host, mount)
+        found = self._matching.entries.get(key)
+        if found is None:
+            # The router's path and its canonical form (with and without the mount): a
+            # limit counts the request in any form.
+            forms = request_paths(path, mount)
+            rules = tuple(
+                rule
+                for rule in self.policy.rules
+                if rule.middleware and rule.matcher.matches_any(method, forms, host)
+            )
+            names = tuple(rule.name for rule in rules)
+            found = self._groups.entries.get(names)
+            if found is None:
+                found = _Group(rules)
+                found.keyed = self._groups.keep(names, found)
+            # Long paths and hosts (both the client's to choose) are not kept: the memo's
+            # memory stays bounded by its entries.
+            if (
+                len(path) <= _MATCHING_PATH
+                and len(mount) <= _MATCHING_PATH
+                and (host is None or len(host) <= _MATCHING_HOST)
+            ):
+                self._matching.keep(key, found)
+        return found
+
+    def tier(self, tier: object) -> str:
+        """The tier to use: the given one if the policy lists it, else the lowest one."""
+        return check_tier(self.policy, tier)
+
+    def rule(self, name: object) -> AppRule:
+        """The app limit called ``name``; UnknownLimitError names the ones that exist."""
+        return check_rule(self.policy, name)
+
+    def _shape(self, key: tuple[str, str | None], rule: AppRule, tier: str) -> _Shape:
+        """The shape of ``rule`` for the resolved ``tier``, remembered under ``key``."""
+        shape = _Shape(
+            rule,
+            tier,
+            blocks(self.policy.key_prefix, rule, tier),
+            rule.per_key is None and not rule.per_ip,
+        )
+        self._shapes.keep(key, shape)
+        return shape
+
+    def checks(self, rule: AppRule, tier: str, tag: str, cost: int) -> list[Check]:
+        """The checks of ``rule`` for ``tier``: one per rate (none if the tier has none)."""
+        shape = self._shapes.entries.get((rule.name, tier))
+        if shape is None:
+            shape = self._shape((rule.name, tier), rule, tier)
+        found = shape.blocks
+        # Positional, in field order (rule, tier, rate, key, cost, block): cheaper per call.
+        if len(found) == 1:
+            # One rate (most limits): its check without a comprehension.
+            block = found[0]
+            return [
+                Check(rule, tier, block.rate, block.key_head + tag + block.key_tail, cost, block)
+            ]
+        return [
+            Check(rule, tier, block.rate, block.key_head + tag + block.key_tail, cost, block)
+            for block in found
+        ]
+
+    def for_limit(
+        self,
+        operation: Operation,
+        name: object,
+        identity: object,
+        tier: object,
+        cost: object,
+        *,
+        ip: object = None,
+        keys: object = None,
+    ) -> Prepared:
+        """The plan for ``hit``/``peek`` of one named limit: for the user ``identity``, or
+        with identity None for an anonymous caller at ``ip``; ``keys`` for a limit that
+        counts by an app key (see ``_arguments.limit_tag``)."""
+        if (
+            keys is None
+            and ip is None
+            and type(identity) is str
+            and type(name) is str
+            and type(cost) is int
+            and (tier is None or type(tier) is str)
+            and len(identity) <= _PLANNED_IDENTITY
+        ):
+            # A user's call of a limit by name (most calls): its checks as planned before.
+            memo = (name, identity, tier, cost)
+            planned = self._planned.entries.get(memo)
+            if planned is None:
+                planned = self._plan_user(name, identity, tier, cost)
+                self._planned.keep(memo, planned)
+            return self.prepare(operation, planned)
+        return self.prepare(
+            operation, self._checks_of(name, identity, tier, cost, ip=ip, keys=keys)
+        )
+
+    def _plan_user(
+        self, name: str, identity: str, tier: str | None, cost: int
+    ) -> tuple[Check, ...]:
+        """The checks of a user's call that for_limit's memo does not hold (more active
+        users than it keeps): planned from the limit's shape, whose rule and tier were
+        looked up and checked once per (limit, tier as passed), so such a call costs the
+        identity's tag and its checks, not every argument's lookup and check again
+        (docs/benchmarks-compare.md, "Why each speed trick stays").
+        Anything unusual (a limit that counts by IP or by an app key, an empty identity, a
+        cost out of range) takes _checks_of, which raises what it must."""
+        shape = self._shapes.entries.get((name, tier))
+        if shape is None or not shape.by_user or not identity or not 1 <= cost <= MAX_COST:
+            checks = tuple(self._checks_of(name, identity, tier, cost, ip=None, keys=None))
+            # Every argument passed: the limit counts by the identity (one that counts by
+            # IP or by an app key has raised, without ip= and keys=).
+            if shape is None:
+                self._shape((name, tier), self.rule(name), self.tier(tier))
+            return checks
+        rule, resolved = shape.rule, shape.tier
+        tag = _keys.identity_tag(_keys.USER, identity)
+        return tuple(
+            [
+                Check(
+                    rule, resolved, block.rate, block.key_head + tag + block.key_tail, cost, block
+                )
+                for block in shape.blocks
+            ]
+        )
+
+    def _checks_of(
+        self,
+        name: object,
+        identity: object,
+        tier: object,
+        cost: object,
+        *,
+        ip: object,
+        keys: object,
+    ) -> list[Check]:
+        """The checks of ``for_limit``, every argument checked."""
+        policy = self.policy
+        rule = check_rule(policy, name)
+        resolved = check_tier(policy, tier)
+        counted = check_cost(cost)
+        tag = limit_tag(policy, rule, identity, ip, keys)
+        return self.checks(rule, resolved, tag, counted)
+
+    def for_request(
+        self,
+        operation: Operation,
+        method: str,
+        path: str,
+        identity: object,
+        *,
+        tier: object,
+        cost: object,
+        ip: object,
+        host: str | None,
+        keys: object = None,
+        mount: str = "",
+    ) -> Prepared:
+        """The plan for ``check_request``: every limit whose matcher applies, each counted
+        by what it names (the user, the client IP, or an app key from ``keys``)."""
+        group = self._match(method, path, host, mount)
+        if (
+            (keys is None or (not keys and (type(keys) is dict or type(keys) is MappingProxyType)))
+            and group.keyed
+            and (identity is None or (type(identity) is str and len(identity) <= _PLANNED_IDENTITY))
+            and (ip is None or (type(ip) is str and len(ip) <= _PLANNED_IP))
+            and type(cost) is int
+            and (tier is None or type(tier) is str)
+        ):
+            # A request without app keys (most requests): its checks as planned before for
+            # the same limits, caller, tier and cost. The address is part of the key only
+            # where a plan can depend on it: an anonymous caller's, or a set with a limit
+            # that counts by address.
+            memo = (
+                group,
+                identity,
+                ip if identity is None or group.by_ip else None,
+                tier,
+                cost,
+            )
+            planned = self._requested.entries.get(memo)
+            if planned is None:
+                checks = tuple(
+                    self._request_checks(group, identity, tier=tier, cost=cost, ip=ip, keys=None)
+                )
+                parts = CallParts.of(checks) if len(checks) > 1 and not self.cluster else None
+                planned = _Planned(checks, parts)
+                self._requested.keep(memo, planned)
+            return self.prepare(operation, planned.checks, planned.parts)
+        return self.prepare(
+            operation,
+            self._request_checks(group, identity, tier=tier, cost=cost, ip=ip, keys=keys),
+        )
+
+    def _request_checks(
+        self,
+        group: _Group,
+        identity: object,
+        *,
+        tier: object,
+        cost: object,
+        ip: object,
+        keys: object,
+    ) -> list[Check]:
+        """The checks of ``for_request``, every argument checked."""
+        policy = self.policy
+        resolved = check_tier(policy, tier)
+        counted = check_cost(cost)
+        checked = check_keys(keys)
+        shapes = self._shapes.entries
+        checks: list[Check] = []
+        # The tag of each kind of identity (user, ip, an app key), made once however many
+        # limits use it.
+        tags: dict[str | None, str] = {}
+        for rule in group.rules:
+            if resolved not in rule.tiers:
+                continue
+            # None: by address (per: ip, or an anonymous caller of a per-user limit).
+            kind = rule.per_key
+            if kind is None and not (rule.per_ip or identity is None):
+                kind = USER_KIND
+            tag = tags.get(kind)
+            if tag is None:
+                tag = tags[kind] = request_tag(policy, rule, identity, ip, checked)
+            shape = shapes.get((rule.name, resolved))
+            if shape is None:
+                checks.extend(self.checks(rule, resolved, tag, counted))
+                continue
+            # What self.checks does, inlined: this loop runs for every request.
+            for block in shape.blocks:
+                checks.append(
+                    Check(
+                        rule,
+                        resolved,
+                        block.rate,
+                        block.key_head + tag + block.key_tail,
+                        counted,
+                        block,
+                    )
+                )
+        return checks
+
+    def prepare(
+        self, operation: Operation, checks: Sequence[Check], parts: CallParts | None = None
+    ) -> Prepared:
+        """Group ``checks`` into script calls: one, or one per hash slot on Redis Cluster.
+        ``parts``: the encoded parts of a one-server call of these checks, when a
+        remembered plan kept them (``Core.for_request``)."""
+        now = "" if self._test_clock is None else str(round(self._test_clock() * 1_000_000))
+        # The nonce names sliding-log entries: unique per call, so two requests in the same
+        # microsecond never merge into one entry. 48 bits of the limiter's own generator
+        # (see _NONCES), which spares a system call per decision (os.urandom), as twelve
+        # hex digits made in C by bytes.hex() (docs/benchmarks-compare.md, "Why each
+        # speed trick stays").
+        nonce = _NONCES.getrandbits(48).to_bytes(6, "little").hex() if operation == "hit" else ""
+        if not self.cluster:
+            # One server: every check in one call.
+            count = len(checks)
+            if count == 1:
+                return Prepared(
+                    operation,
+                    tuple(checks),
+                    _ONE_GROUP,
+                    (one_call(operation, checks[0], now, nonce, self._slack),),
+                    nonce,
+                    self._slack,
+                )
+            if not checks:
+                return Prepared(operation, (), (), (), nonce, self._slack)
+            call = (parts or CallParts.of(checks)).call(
+                operation,
+                now,
+                nonce,
+                self._slack,
+                slot=None,
+                lead=encoded_lead(operation, now, nonce, self._slack),
+            )
+            one = _ONE_GROUPS[count] if count < _ONE_GROUPS_UP_TO else (tuple(range(count)),)
+            return Prepared(operation, tuple(checks), one, (call,), nonce, self._slack)
+        by_slot: dict[int, list[int]] = {}
+        for index, check in enumerate(checks):
+            by_slot.setdefault(key_slot(check.key.encode()), []).append(index)
+        groups = tuple(tuple(g) for g in by_slot.values())
+        slots = list(by_slot)
+        lead = encoded_lead(operation, now, nonce, self._slack)
+        calls = tuple(
+            script_call(
+                operation,
+                [checks[i] for i in group],
+                now=now,
+                nonce=nonce,
+                slack=self._slack,
+                slot=slot,
+                lead=lead,
+            )
+            for group, slot in zip(groups, slots, strict=True)
+        )
+        return Prepared(operation, tuple(checks), groups, calls, nonce, self._slack)
+
+    def reset_keys(
+        self,
+        name: object,
+        identity: object,
+        tier: object,
+        *,
+        ip: object = None,
+        keys: object = None,
+    ) -> list[str]:
+        """Every key of limit ``name`` for ``identity`` (or the anonymous caller at ``ip``,
+        or the app key in ``keys``): one tier's, or every tier's."""
+        policy = self.policy
+        rule = check_rule(policy, name)
+        tag = limit_tag(policy, rule, identity, ip, keys)
+        tiers = [check_tier(policy, tier)] if tier is not None else list(rule.tiers)
+        found = {c.key: None for t in tiers for c in self.checks(rule, t, tag, 1)}
+        return list(found)
