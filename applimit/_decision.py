@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+from ._frozen import fast_constructor
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,80 +89,10 @@ class Decision:
         return tuple(r for r in self.results if not r.allowed and r.shadow)
 
 
-# Fast constructors for the hot path. A frozen dataclass' __init__ sets each field through
-# object.__setattr__, a call per field, and a decision builds one LimitResult per rate and
-# a Decision. These build the very same objects: an instance of a plain class with the
-# same slots is filled by plain attribute stores (each a slot write, no call), then
-# becomes the frozen class, which Python allows between classes of one slot layout; from
-# then on it is the frozen class's, frozen to everyone. Tests check the results equal the
-# classes' own constructors' field by field, so a new field cannot be forgotten here.
-
-
-class _ResultSlots:
-    __slots__ = LimitResult.__slots__
-
-    def __init__(  # noqa: PLR0917 (the fields of LimitResult, in order)
-        self,
-        name: str,
-        tier: str,
-        algorithm: str,
-        quota: int,
-        window: float,
-        allowed: bool,
-        consumed: bool,
-        remaining: int,
-        reset_after: float,
-        retry_after: float | None,
-        shadow: bool,
-    ) -> None:
-        self.name = name
-        self.tier = tier
-        self.algorithm = algorithm
-        self.quota = quota
-        self.window = window
-        self.allowed = allowed
-        self.consumed = consumed
-        self.remaining = remaining
-        self.reset_after = reset_after
-        self.retry_after = retry_after
-        self.shadow = shadow
-        self.__class__ = LimitResult  # type: ignore[assignment]
-
-
-class _DecisionSlots:
-    __slots__ = Decision.__slots__
-
-    def __init__(  # noqa: PLR0917 (the fields of Decision, in order)
-        self,
-        allowed: bool,
-        limit: int,
-        remaining: int,
-        reset_after: float,
-        retry_after: float | None,
-        policy: str | None,
-        results: tuple[LimitResult, ...],
-        degraded: bool,
-    ) -> None:
-        self.allowed = allowed
-        self.limit = limit
-        self.remaining = remaining
-        self.reset_after = reset_after
-        self.retry_after = retry_after
-        self.policy = policy
-        self.results = results
-        self.degraded = degraded
-        self.__class__ = Decision  # type: ignore[assignment]
-
-
-# ``LimitResult(...)`` and ``Decision(...)`` with every field given in order, built faster:
-# to the type checker they are the classes themselves (the same parameters, the same
-# result), and each call is one __init__, no wrapper around it.
-if TYPE_CHECKING:
-    make_result = LimitResult
-    make_decision = Decision
-else:
-    make_result = _ResultSlots
-    make_decision = _DecisionSlots
+# ``LimitResult(...)`` and ``Decision(...)`` with every field given in order, built
+# without a call per field (see _frozen): one of each per decision.
+make_result = fast_constructor(LimitResult)
+make_decision = fast_constructor(Decision)
 
 
 def _wait(result: LimitResult) -> float:

@@ -76,10 +76,9 @@ class EventLogObserver:
 
     def on_decision(self, event: DecisionEvent) -> None:
         """Append the line of one ``hit`` result; write out when due."""
-        # The event is a tuple: one unpacking instead of a property call per field.
-        limit, tier, _, outcome, operation, cost, *_ = event
-        if operation != "hit":
+        if event.operation != "hit":
             return
+        limit, tier, outcome, cost = event.limit, event.tier, event.outcome, event.cost
         ts = time.time()
         key = (limit, tier, outcome)
         parts = self._heads.get(key)

@@ -24,11 +24,13 @@ import time
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol, Self, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from ._breaker import BreakerState
 from ._decision import Decision
+from ._frozen import fast_constructor
 from ._replies import Prepared
 
 if TYPE_CHECKING:
@@ -60,7 +62,8 @@ class Outcome(StrEnum):
     __hash__ = str.__hash__
 
 
-class DecisionEvent(tuple[Any, ...]):
+@dataclass(frozen=True, slots=True, init=False, repr=False)
+class DecisionEvent:
     """One limit result of one decision, as an observer hears of it (immutable).
 
     ``limit``, ``tier`` and ``algorithm`` name the rate that was checked; ``operation`` is
@@ -73,16 +76,25 @@ class DecisionEvent(tuple[Any, ...]):
     answered is a sync). ``identity_hash`` is the hashed counter key (or the raw key when
     the limiter was built with ``log_identities=True``), computed when read: never put it
     in a metric label.
-
-    A tuple underneath, as a named tuple is: one is built per limit result of every
-    decision, and a tuple is the cheapest immutable object to build. The counter key it
-    holds is reachable only hashed.
     """
 
-    __slots__ = ()
+    limit: str
+    tier: str
+    algorithm: str
+    outcome: Outcome
+    operation: str
+    cost: int
+    remaining: int
+    latency: float
+    answered_locally: bool
+    first: bool
+    approximate: bool
+    # The counter key, shown only through ``hashed`` (identity_hash).
+    _key: str
+    _hashed: Callable[[str], str]
 
-    def __new__(  # noqa: PLR0917 (the fields, in order)
-        cls,
+    def __init__(  # noqa: PLR0917 (the fields, in order)
+        self,
         limit: str,
         tier: str,
         algorithm: str,
@@ -96,102 +108,45 @@ class DecisionEvent(tuple[Any, ...]):
         approximate: bool,
         key: str,
         hashed: Callable[[str], str],
-    ) -> Self:
+    ) -> None:
         """An event; ``key`` is the counter key, ``hashed`` what hides it."""
-        return tuple.__new__(
-            cls,
-            (
-                limit,
-                tier,
-                algorithm,
-                outcome,
-                operation,
-                cost,
-                remaining,
-                latency,
-                answered_locally,
-                first,
-                approximate,
-                key,
-                hashed,
-            ),
+        values = (
+            limit,
+            tier,
+            algorithm,
+            outcome,
+            operation,
+            cost,
+            remaining,
+            latency,
+            answered_locally,
+            first,
+            approximate,
+            key,
+            hashed,
         )
-
-    @property
-    def limit(self) -> str:
-        """The policy's limit name."""
-        return cast(str, self[0])
-
-    @property
-    def tier(self) -> str:
-        """The tier whose rate was checked."""
-        return cast(str, self[1])
-
-    @property
-    def algorithm(self) -> str:
-        """``sliding_log``, ``sliding_window`` or ``gcra``."""
-        return cast(str, self[2])
-
-    @property
-    def outcome(self) -> Outcome:
-        """What the result came to."""
-        return cast(Outcome, self[3])
-
-    @property
-    def operation(self) -> str:
-        """``hit`` (also ``check_request``) or ``peek``."""
-        return cast(str, self[4])
-
-    @property
-    def cost(self) -> int:
-        """The request's cost."""
-        return cast(int, self[5])
-
-    @property
-    def remaining(self) -> int:
-        """The rate's count after the decision (0 when degraded)."""
-        return cast(int, self[6])
-
-    @property
-    def latency(self) -> float:
-        """The whole decision's time, in seconds."""
-        return cast(float, self[7])
-
-    @property
-    def answered_locally(self) -> bool:
-        """True when the denial cache or approximate mode answered, without Redis."""
-        return cast(bool, self[8])
-
-    @property
-    def first(self) -> bool:
-        """True for the first event of its decision."""
-        return cast(bool, self[9])
-
-    @property
-    def approximate(self) -> bool:
-        """True when the limit is in approximate mode (``mode: approximate``): such a
-        result not answered locally is a sync with Redis."""
-        return cast(bool, self[10])
+        for name, value in zip(self.__slots__, values, strict=True):
+            object.__setattr__(self, name, value)
 
     @property
     def identity_hash(self) -> str:
         """The counter key (prefix, limit, identity) as it may appear in logs."""
-        hashed = cast(Callable[[str], str], self[12])
-        return hashed(cast(str, self[11]))
+        return self._hashed(self._key)
 
     def __repr__(self) -> str:
         """The fields, without the counter key."""
         return (
-            f"DecisionEvent(limit={self[0]!r}, tier={self[1]!r}, algorithm={self[2]!r}, "
-            f"outcome={self[3].value!r}, operation={self[4]!r}, cost={self[5]!r}, "
-            f"remaining={self[6]!r}, latency={self[7]!r}, answered_locally={self[8]!r}, "
-            f"first={self[9]!r}, approximate={self[10]!r})"
+            f"DecisionEvent(limit={self.limit!r}, tier={self.tier!r}, "
+            f"algorithm={self.algorithm!r}, outcome={self.outcome.value!r}, "
+            f"operation={self.operation!r}, cost={self.cost!r}, remaining={self.remaining!r}, "
+            f"latency={self.latency!r}, answered_locally={self.answered_locally!r}, "
+            f"first={self.first!r}, approximate={self.approximate!r})"
         )
 
 
-# The decision's path builds events without the call to __new__ (a test checks that both
-# build the same event).
-_tuple_new = tuple.__new__
+# DecisionEvent(...) with every field given in order, built without a call per field (see
+# _frozen): one per limit result of every decision an observer hears of.
+_event = fast_constructor(DecisionEvent)
 
 
 @runtime_checkable
@@ -223,32 +178,23 @@ class OvershootObserver(Protocol):
         """Take note of ``count`` requests admitted over ``limit`` for ``tier``."""
 
 
-class Counting(Protocol):
-    """The exporters' private fast path (see :meth:`Notifier.notify`): one result of a
-    ``hit`` or ``check_request``, as the fields a count needs, with no event built."""
-
-    def _count_result(  # noqa: PLR0917 (the fields, in order)
-        self,
-        limit: str,
-        tier: str,
-        outcome: Outcome,
-        latency: float,
-        local: bool,
-        first: bool,
-        approximate: bool,
-    ) -> None: ...
-
-
 class CountingObserver(ABC):
-    """An exporter's base: ``on_decision`` hands a hit's fields to :meth:`_count_result`
-    (which the limiters call directly, with no event built; see :class:`Counting`)."""
+    """The base of this package's exporters, and their private channel: the notifier
+    hands a hit's result to :meth:`_count_result` as the fields a count needs, with no
+    event built (:meth:`on_decision` does the same from an event)."""
 
     def on_decision(self, event: DecisionEvent) -> None:
         """Count one limit result of a hit; peeks are not counted."""
-        # The event is a tuple: one unpacking instead of a property call per field.
-        limit, tier, _, outcome, operation, _, _, latency, local, first, approx, _, _ = event
-        if operation != "peek":
-            self._count_result(limit, tier, outcome, latency, local, first, approx)
+        if event.operation != "peek":
+            self._count_result(
+                event.limit,
+                event.tier,
+                event.outcome,
+                event.latency,
+                event.answered_locally,
+                event.first,
+                event.approximate,
+            )
 
     @abstractmethod
     def _count_result(  # noqa: PLR0917 (the fields, in order)
@@ -310,23 +256,21 @@ class Notifier:
                     f"observer {observer!r} has no on_decision(event) method; an observer "
                     "is an object with one (see applimit.Observer)."
                 )
-        # The exporters of this package count a result from a few of its fields: they are
-        # handed those (no event is built for them) and never hear of peeks. Every other
-        # observer gets the event.
+        # The exporters of this package (CountingObserver) are handed the few fields a count
+        # needs, with no event built (docs/benchmarks-compare.md, "Why each speed trick
+        # stays"), and never hear of peeks; every other observer gets the event.
         self._counters = tuple(
-            (observer, cast(Counting, observer)._count_result)
+            (observer, observer._count_result)
             for observer in self.observers
-            if callable(getattr(observer, "_count_result", None))
+            if isinstance(observer, CountingObserver)
         )
         self._listeners = tuple(
-            observer
-            for observer in self.observers
-            if not callable(getattr(observer, "_count_result", None))
+            observer for observer in self.observers if not isinstance(observer, CountingObserver)
         )
         # One exporter and nothing else: its admitted-by-Redis count is called directly.
         self._fast: Callable[[str, str, float, bool], None] | None = None
         if len(self._counters) == 1 and not self._listeners:
-            self._fast = getattr(self._counters[0][0], "_count_timed", None)
+            self._fast = self._counters[0][0]._count_timed
         self._overshooters = tuple(
             cast(OvershootObserver, observer)
             for observer in self.observers
@@ -410,23 +354,20 @@ class Notifier:
                 except Exception as error:
                     self._log_observer(counter, error)
             if observers:
-                event = _tuple_new(
-                    DecisionEvent,
-                    (
-                        result.name,
-                        result.tier,
-                        result.algorithm,
-                        outcome,
-                        operation,
-                        cost,
-                        result.remaining,
-                        latency,
-                        local,
-                        first,
-                        approximate,
-                        key,
-                        hashed,
-                    ),
+                event = _event(
+                    result.name,
+                    result.tier,
+                    result.algorithm,
+                    outcome,
+                    operation,
+                    cost,
+                    result.remaining,
+                    latency,
+                    local,
+                    first,
+                    approximate,
+                    key,
+                    hashed,
                 )
                 self._tell(observers, event)
             first = False

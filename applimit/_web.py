@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.cookies import CookieError, SimpleCookie
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
 from edgegen_policy import QUOTA_EXCEEDED as _QUOTA_EXCEEDED
 from edgegen_policy import KeyName, decode_path, has_control_character, header_key, normalize_host
@@ -41,6 +41,7 @@ from edgegen_policy import KeyName, decode_path, has_control_character, header_k
 from ._arguments import MAX_COST
 from ._decision import Decision, LimitResult
 from ._errors import ConfigurationError, InvalidArgumentError
+from ._frozen import fast_constructor
 from ._memo import Memo
 
 logger = logging.getLogger("applimit")
@@ -337,46 +338,9 @@ def _origin_form(target: str) -> str:
     return target
 
 
-# RequestInfo as from_asgi and from_wsgi build it for every request: a plain class with
-# the same slots, filled by attribute stores, then made the frozen class (as
-# applimit._decision builds its results), not the frozen dataclass' __init__ (an
-# object.__setattr__ per field). The same object, still frozen to everyone else; tests
-# hold it to the constructor's.
-class _RequestSlots:
-    __slots__ = RequestInfo.__slots__
-
-    def __init__(  # noqa: PLR0917 (the fields of RequestInfo, in order)
-        self,
-        method: str,
-        path: str,
-        raw_path: str,
-        host: str,
-        headers: tuple[tuple[str, str], ...],
-        peer: str | None,
-        query_string: str,
-        kind: Literal["asgi", "wsgi", "other"],
-        native: Mapping[str, Any],
-        mount: str,
-    ) -> None:
-        self.method = method
-        self.path = path
-        self.raw_path = raw_path
-        self.host = host
-        self.headers = headers
-        self.peer = peer
-        self.query_string = query_string
-        self.kind = kind
-        self.native = native
-        self.mount = mount
-        self.__class__ = RequestInfo  # type: ignore[assignment]
-
-
-# ``RequestInfo(...)`` with every field given in order, built faster: to the type checker
-# the class itself.
-if TYPE_CHECKING:
-    _request_info = RequestInfo
-else:
-    _request_info = _RequestSlots
+# ``RequestInfo(...)`` with every field given in order, built without a call per field (see
+# _frozen): from_asgi and from_wsgi build one for every request.
+_request_info = fast_constructor(RequestInfo)
 
 
 def _root_path(root: object, path: str) -> str:
@@ -663,7 +627,9 @@ class Refusal:
         return None
 
 
-@dataclass(frozen=True, slots=True)
+# Built for every request: a plain slotted dataclass, not a frozen one, whose __init__
+# pays an object.__setattr__ per field. Nothing changes it after construction.
+@dataclass(slots=True)
 class Outcome:
     """What to do with a request: headers to add to the app's response, or a refusal."""
 
@@ -716,7 +682,8 @@ RenderRefusal = Callable[[RequestInfo, Refusal], RefusalBody | None]
 kept."""
 
 
-@dataclass(frozen=True, slots=True)
+# Built for every request, as Outcome is.
+@dataclass(slots=True)
 class Subject:
     """The arguments of one ``check_request`` call, resolved from a request and its caller."""
 
@@ -724,39 +691,7 @@ class Subject:
     tier: str
     ip: str
     # The caller's app keys (Caller.keys), passed as keys= wherever the identity goes.
-    keys: Mapping[str, str] = field(default_factory=dict)
-
-
-# Subject and Outcome as the gate builds them for every request: plain classes with the
-# same slots, filled by attribute stores, then made the frozen class (see _RequestSlots).
-class _SubjectSlots:
-    __slots__ = Subject.__slots__
-
-    def __init__(self, identity: str | None, tier: str, ip: str, keys: Mapping[str, str]) -> None:
-        self.identity = identity
-        self.tier = tier
-        self.ip = ip
-        self.keys = keys
-        self.__class__ = Subject  # type: ignore[assignment]
-
-
-class _OutcomeSlots:
-    __slots__ = Outcome.__slots__
-
-    def __init__(self, headers: tuple[tuple[str, str], ...], refusal: Refusal | None) -> None:
-        self.headers = headers
-        self.refusal = refusal
-        self.__class__ = Outcome  # type: ignore[assignment]
-
-
-# ``Subject(...)`` and ``Outcome(...)`` with every field given in order, built faster: to
-# the type checker the classes themselves.
-if TYPE_CHECKING:
-    _subject = Subject
-    _outcome = Outcome
-else:
-    _subject = _SubjectSlots
-    _outcome = _OutcomeSlots
+    keys: Mapping[str, str]
 
 
 class Gate:
@@ -823,7 +758,7 @@ class Gate:
         """
         ip = self.proxies.client_ip(request)
         if caller is None:
-            return _subject(None, self.lowest_tier, ip, _NO_KEYS)
+            return Subject(None, self.lowest_tier, ip, _NO_KEYS)
         # Typed as object: identify() is the app's code, and its tier may not be a str.
         claimed: object = caller.tier or self.lowest_tier
         if isinstance(claimed, str) and claimed in self.tiers:
@@ -844,7 +779,7 @@ class Gate:
                 )
             tier = self.lowest_tier
         identity = caller.user
-        return _subject(identity, tier, ip, caller.keys)
+        return Subject(identity, tier, ip, caller.keys)
 
     def identify_failed(self, request: RequestInfo, error: Exception) -> Outcome | None:
         """What ``on_identify_error`` makes of an exception raised by ``identify``.
@@ -1072,7 +1007,7 @@ class Gate:
             remaining = 0
         reset = delay_seconds(result.reset_after)
         if self.legacy_headers:
-            return _outcome(
+            return Outcome(
                 (
                     ("RateLimit-Policy", policy),
                     ("RateLimit", f"{key};r={remaining};t={reset}"),
@@ -1082,7 +1017,7 @@ class Gate:
                 ),
                 None,
             )
-        return _outcome(
+        return Outcome(
             (
                 ("RateLimit-Policy", policy),
                 ("RateLimit", f"{key};r={remaining};t={reset}"),

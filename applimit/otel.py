@@ -95,7 +95,7 @@ class OpenTelemetryObserver(CountingObserver):
         """Called by the limiter it is given to: its breakers are reported."""
         self._attached.add(limiter)
 
-    def _count_result(  # noqa: PLR0917 (the fields, in order; see applimit._observe.Counting)
+    def _count_result(  # noqa: PLR0917 (the fields, in order; see applimit._observe.CountingObserver)
         self,
         limit: str,
         tier: str,

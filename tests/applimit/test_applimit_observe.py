@@ -357,22 +357,27 @@ async def test_a_hung_redis_is_an_outage_not_a_busy_process(
 
 
 def test_the_fast_event_constructor_agrees_with_the_class() -> None:
-    """The decision's path builds events with tuple.__new__; they are the events the
-    class' own constructor builds, and the counter key shows only hashed."""
-    from applimit._observe import _tuple_new
+    """The decision's path builds events through the slots (see applimit._frozen); they
+    are the events the class' own constructor builds, frozen, and the counter key shows
+    only hashed."""
+    import dataclasses
+
+    from applimit._observe import _event
 
     def hashed(key: str) -> str:
         return f"h({key})"
 
     values = ("api", "free", "gcra", Outcome.DENIED, "hit", 2, 0, 0.001, True, False, False)
-    made = _tuple_new(DecisionEvent, (*values, "k", hashed))
+    made = _event(*values, "k", hashed)
     built = DecisionEvent(*values, "k", hashed)
-    assert made == built and type(made) is DecisionEvent
+    assert made == built and type(made) is DecisionEvent and hash(made) == hash(built)
     names = ("limit", "tier", "algorithm", "outcome", "operation", "cost", "remaining")
     names += ("latency", "answered_locally", "first", "approximate")
     assert tuple(getattr(made, name) for name in names) == values
     assert made.identity_hash == "h(k)"
-    assert "'k'" not in repr(made)
+    assert "'k'" not in repr(made) and repr(made) == repr(built)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.limit = "other"  # type: ignore[misc]
 
 
 APPROX_POLICY = """
