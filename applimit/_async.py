@@ -89,7 +89,7 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
         # Calls go through the limiter's own wire, batched per event-loop turn (per master
         # on Redis Cluster), see _awire.py.
         return open_async(
-            target, self.breakers, max_connections=self.max_connections, timeout=self.timeout
+            target, self._late, max_connections=self.max_connections, timeout=self.timeout
         )
 
     @classmethod

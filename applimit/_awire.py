@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis
@@ -33,10 +33,9 @@ import redis.asyncio
 import redis.asyncio.cluster
 
 from . import _clients, _hiredis
-from ._breaker import Breakers, CircuitBreaker
 from ._calls import ScriptCall, pack_calls, pack_command
 from ._clients import AsyncClient, Target
-from ._errors import CLOSED, REDIS_FAILURES, ApplimitError, PoolExhausted, is_outage
+from ._errors import CLOSED, REDIS_FAILURES, ApplimitError, DeadlinePassed, PoolExhausted
 from ._protocol import (
     MAX_REDIRECTIONS,
     TRYAGAIN_PAUSE,
@@ -45,13 +44,14 @@ from ._protocol import (
     Replies,
     ScriptProtocol,
     SlotMap,
-    only_lists,
-    redirected,
     redirection,
     too_many_redirections,
     unpair,
 )
-from ._replies import wrote
+
+# Where a wire hands the outcomes of calls whose callers stopped waiting (the decider's
+# ledger of the breakers, see _flow.Decider.late).
+Late = Callable[[Sequence[ScriptCall], Sequence[object]], None]
 
 # A batch's callers are answered in parts (half the calls in flight, at least this many),
 # so that Redis works on one batch while the event loop answers another, instead of the two
@@ -72,35 +72,34 @@ class AsyncWire(OneServer):
 
     Two clocks bound a batch. The callers' deadline (``timeout`` after the batch's first
     call was submitted) is one timer for the whole batch: when it fires, the futures not
-    yet answered fail with TimeoutError, which is not reported to the circuit breaker (the
-    event loop may simply be busy). The socket timeout (the same length, on the reads of
-    the batch) detects a Redis that stopped answering: the batch then fails as a whole,
-    each call with that error, and the breaker hears of it once. An error reply (unless
-    the protocol recovers from it) fails only its own call.
+    yet answered get :class:`DeadlinePassed`, which is no outage (the event loop may
+    simply be busy). The socket timeout (the same length, on the reads of the batch)
+    detects a Redis that stopped answering: the batch then fails as a whole, each call
+    with that one error (the breaker counts it once). An error reply (unless the protocol
+    recovers from it) fails only its own call. The wire tells no breaker: each outcome
+    goes to its caller, or, when the caller stopped waiting, to ``late`` (the decider's
+    :meth:`~applimit._flow.Decider.late`), which keeps the ledger.
 
     As the transport of a standalone or Sentinel-managed server it makes the client from
     its target on first use and closes it with the limiter; as one master's wire in an
     :class:`AsyncClusterWire` it is given a pool of its own for that node.
     """
 
-    # Each batch tells the breaker how Redis answered, once for all its calls.
-    reports = True
-
     def __init__(
         self,
         source: Target[AsyncClient] | redis.asyncio.ConnectionPool,
-        breaker: CircuitBreaker,
+        late: Late,
         *,
         timeout: float,
         protocol: ScriptProtocol | None = None,
     ) -> None:
-        """Send to ``source`` (a target, whose client is made on first use, or a pool),
-        telling ``breaker`` of each batch's outcome."""
+        """Send to ``source`` (a target, whose client is made on first use, or a pool);
+        outcomes whose callers stopped waiting go to ``late``."""
         self._target = source if isinstance(source, Target) else None
         self._client: redis.asyncio.Redis | None = None
         self._pool: Any = None if isinstance(source, Target) else source
         self.protocol = protocol if protocol is not None else ScriptProtocol()
-        self._breaker = breaker
+        self._late = late
         self._timeout = timeout
         self.closed = False
         self._pending: list[tuple[ScriptCall, asyncio.Future[Replies]]] = []
@@ -162,15 +161,7 @@ class AsyncWire(OneServer):
     async def alone(self, call: ScriptCall, *, asking: bool = False) -> object:
         """The call's reply (its error reply raised), sent on its own, outside the
         batches: with ASKING first when ``asking`` (an ASK redirection)."""
-        calls = [call]
-        try:
-            replies = await self._round_trip(calls, asking=asking)
-        except REDIS_FAILURES as error:
-            if is_outage(error):
-                self._breaker.failure(error)
-            raise
-        self._report(calls, replies)
-        reply = replies[0]
+        reply = (await self._round_trip([call], asking=asking))[0]
         if isinstance(reply, BaseException):
             raise reply
         return reply
@@ -234,61 +225,40 @@ class AsyncWire(OneServer):
             # Whatever ends the batch, no caller is left waiting: the batch's timer is its
             # callers' only deadline, and it is cancelled when the batch ends.
             failed = isinstance(error, REDIS_FAILURES)
-            for _, future in live:
+            left = []
+            for call, future in live:
                 if not future.done():
                     if failed:
                         future.set_result([error])
                     else:
                         future.set_exception(error)
+                elif failed:
+                    left.append(call)
+            if left:
+                self._late(left, [error] * len(left))
             if not isinstance(error, Exception):
                 raise
 
     async def _answer(self, live: list[tuple[ScriptCall, asyncio.Future[Replies]]]) -> None:
         """Run the batch and give each caller its reply, or the batch's Redis error."""
-        calls = [call for call, _ in live]
-        try:
-            replies = await self._round_trip(calls)
-        except REDIS_FAILURES as error:
-            if is_outage(error):
-                self._breaker.failure(error)
-            raise
-        self._report(calls, replies)
+        replies = await self._round_trip([call for call, _ in live])
+        left: list[ScriptCall] = []
+        left_replies: Replies = []
         # Half the calls in flight (this batch's, the others sent and those waiting to
         # be): this batch's first half, answered, sends its next calls while Redis works
         # on the rest (see _MIN_PART).
         part = max(_MIN_PART, (self._in_flight + len(self._pending)) // 2)
-        for index, ((_, future), reply) in enumerate(zip(live, replies, strict=True), 1):
+        for index, ((call, future), reply) in enumerate(zip(live, replies, strict=True), 1):
             if not future.done():
                 # An error reply is its call's outcome, as a reply is.
                 future.set_result([reply])
+            else:
+                left.append(call)
+                left_replies.append(reply)
             if index % part == 0 and index < len(live):
                 await asyncio.sleep(0)
-
-    def _report(self, calls: list[ScriptCall], replies: Replies) -> None:
-        """Tell the breaker how Redis answered a batch, once for all its calls.
-
-        An error reply about the server (out of memory, read-only...) fails the batch for
-        the breaker; one about a key (WRONGTYPE) is its call's alone, and a cluster's
-        redirection (MOVED, ASK, TRYAGAIN) is an answer: the call goes on elsewhere.
-        """
-        failed = (
-            None
-            if only_lists(replies)
-            else next(
-                (
-                    r
-                    for r in replies
-                    if isinstance(r, BaseException) and is_outage(r) and not redirected(r)
-                ),
-                None,
-            )
-        )
-        if failed is not None:
-            self._breaker.failure(failed)
-        elif self._breaker.in_outage:
-            self._breaker.success(wrote=any(map(wrote, calls, replies)))
-        else:
-            self._breaker.success()
+        if left:
+            self._late(left, left_replies)
 
     async def _connection(self, *, kept: bool = True) -> Any:
         """A connection kept from an earlier batch (with ``kept``), else one of the pool;
@@ -314,9 +284,9 @@ class AsyncWire(OneServer):
         unless enough are kept, a batch waits for the pool (which it would then wait on
         in vain), the wire is closed, or the connection was dropped after a failure.
         redis-py's checkout and return (a condition, a lock, a health check that reads
-        the socket) took about a tenth of an async decision's CPU (bench/profiles/flame);
-        the health check's one case that matters here, a connection the other end has
-        closed, is _round_trip's second try."""
+        the socket) are worth skipping (docs/benchmarks-compare.md, "Why each speed trick
+        stays"); the health check's one case that matters here, a connection the other
+        end has closed, is _round_trip's second try."""
         if (
             len(self._idle) < _KEEP
             and not self._pool_waits
@@ -346,7 +316,7 @@ class AsyncWire(OneServer):
                     [
                         self._exhausted()
                         if waiting
-                        else TimeoutError(
+                        else DeadlinePassed(
                             f"no answer from Redis within the decision's {self._timeout} s"
                         )
                     ]
@@ -489,19 +459,16 @@ class AsyncClusterWire(SlotMap):
       is read again in the background, so that the calls after a failover find the new
       master while the breaker answers for the old one.
 
-    Each master's batches tell that master's breaker how it answered (a redirection is
-    an answer). What fails here instead (reading the slot map: the limiter's own
-    breaker; a call redirected past its deadline or too often: the breaker of the master
-    it was first sent to), this wire tells the breaker of itself.
+    Like every wire it tells no breaker: each call's outcome (the slot map's failure to
+    be read, a call redirected past its deadline or too often) is its caller's, and the
+    decider tells the breaker of the master the call was routed to; outcomes whose
+    callers stopped waiting go to ``late``.
     """
-
-    # The batches, and this wire for what fails outside them, tell the breakers.
-    reports = True
 
     def __init__(
         self,
         target: Target[AsyncClient],
-        breakers: Breakers,
+        late: Late,
         *,
         max_connections: int,
         timeout: float,
@@ -511,7 +478,7 @@ class AsyncClusterWire(SlotMap):
         self._client: redis.asyncio.cluster.RedisCluster | None = None
         self._nodes: Any = None
         self.protocol = ScriptProtocol()
-        self._breakers = breakers
+        self._late = late
         self._max = max_connections
         self._timeout = timeout
         self._wires: dict[str, AsyncWire] = {}
@@ -573,13 +540,11 @@ class AsyncClusterWire(SlotMap):
     # -- calls ----------------------------------------------------------------------------
 
     async def _connect(self) -> BaseException | None:
-        """Read the slot map (the first call): None when done, else the failure, which
-        the limiter's own breaker is told of.
+        """Read the slot map (the first call): None when done, else the failure.
 
         The reading is one task, which the callers await within their timeout: one that
         takes longer goes on for the next callers rather than starting over for each.
         """
-        main = self._breakers.main
         task = self._connecting
         if task is None:
             task = self._connecting = asyncio.get_running_loop().create_task(self._read_map())
@@ -588,10 +553,7 @@ class AsyncClusterWire(SlotMap):
             async with asyncio.timeout(self._timeout):
                 await asyncio.shield(task)
         except REDIS_FAILURES as error:
-            if is_outage(error):
-                main.failure(error)
             return error
-        main.success()
         return None
 
     async def _read_map(self) -> None:
@@ -608,7 +570,7 @@ class AsyncClusterWire(SlotMap):
         ``deadline`` (the event loop's time)."""
         assert call.slot is not None
         loop = asyncio.get_running_loop()
-        node = first = self._own(None, self._master, call.slot)
+        node = self._master(call.slot)
         asking = False
         for attempt in range(MAX_REDIRECTIONS):
             try:
@@ -621,23 +583,18 @@ class AsyncClusterWire(SlotMap):
                         return await wire.alone(call, asking=True)
                     return _raised((await wire.submit(call))[0])
             except REDIS_FAILURES as error:
-                node, asking = await self._follow(error, call.slot, node, first, deadline)
+                node, asking = await self._follow(error, call.slot, node, deadline)
             if loop.time() > deadline:
-                raise self._failed(
-                    first,
-                    TimeoutError("the decision's deadline passed following cluster redirections"),
-                )
-        raise self._failed(first, too_many_redirections())
+                raise TimeoutError("the decision's deadline passed following cluster redirections")
+        raise too_many_redirections()
 
     async def _follow(
-        self, error: BaseException, slot: int, node: Any, first: Any, deadline: float
+        self, error: BaseException, slot: int, node: Any, deadline: float
     ) -> tuple[Any, bool]:
         """Where a call goes after ``error`` met it at ``node`` (and whether with ASKING);
-        raises when it goes nowhere. Failures no batch saw go to the breaker of ``first``,
-        the master the call was sent to first."""
+        raises when it goes nowhere."""
         if isinstance(error, TimeoutError):
-            # The callers' deadline, or the decision's after a redirection: the node's
-            # batch tells its breaker whether Redis answered.
+            # The callers' deadline, or the decision's after a redirection.
             raise error
         step = redirection(error)
         if step is Redirect.MOVED:
@@ -648,38 +605,25 @@ class AsyncClusterWire(SlotMap):
             moved = self._nodes.get_node(host=error.host, port=error.port)
             if moved is not None:
                 return moved, False
-            return self._own(first, self._master, slot), False
+            return self._master(slot), False
         if step is Redirect.ASK:
             assert isinstance(error, redis.exceptions.AskError)
             found = self._nodes.get_node(host=error.host, port=error.port)
             if found is None:
                 self.refresh()
-                raise self._failed(first, error)
+                raise error
             return found, True
         if step is Redirect.TRYAGAIN:
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
-                raise self._failed(first, error)
+                raise error
             # The slot's keys are moving one by one; wait a little for this call's.
             await asyncio.sleep(min(TRYAGAIN_PAUSE, left))
-            return self._own(first, self._master, slot), False
-        # The call's own failure, which the batch told the breaker of.
+            return self._master(slot), False
+        # The call's own failure.
         if step is Redirect.REFRESH:
             self.refresh(node.name)
         raise error
-
-    def _failed(self, node: Any, error: BaseException) -> BaseException:
-        """``error``, a call's failure no batch saw, told to the breaker of ``node``."""
-        if is_outage(error):
-            self._breakers.of(None if node is None else str(node.name)).failure(error)
-        return error
-
-    def _own(self, node: Any, find: Any, slot: int) -> Any:
-        """``find(slot)``, whose failure is told to the breaker of ``node``."""
-        try:
-            return find(slot)
-        except REDIS_FAILURES as error:
-            raise self._failed(node, error) from None
 
     def _wire(self, node: Any) -> AsyncWire:
         wire = self._wires.get(node.name)
@@ -699,7 +643,7 @@ class AsyncClusterWire(SlotMap):
             )
             wire = AsyncWire(
                 pool,
-                self._breakers.of(str(node.name)),
+                self._late,
                 timeout=self._timeout,
                 protocol=self.protocol,
             )
@@ -740,9 +684,9 @@ AsyncTransport = AsyncWire | AsyncClusterWire
 
 
 def open_async(
-    target: Target[AsyncClient], breakers: Breakers, *, max_connections: int, timeout: float
+    target: Target[AsyncClient], late: Late, *, max_connections: int, timeout: float
 ) -> AsyncTransport:
     """The async wire to ``target``, built without I/O."""
     if target.cluster:
-        return AsyncClusterWire(target, breakers, max_connections=max_connections, timeout=timeout)
-    return AsyncWire(target, breakers.main, timeout=timeout)
+        return AsyncClusterWire(target, late, max_connections=max_connections, timeout=timeout)
+    return AsyncWire(target, late, timeout=timeout)

@@ -84,6 +84,9 @@ class CircuitBreaker:
         self._degraded = 0
         # Writes were refused during this outage: only a call that wrote ends it.
         self._writes_refused = False
+        # The last failure counted: the calls of one failed round trip (a batch) share
+        # their error, and count as one failure, not one per call.
+        self._counted: BaseException | None = None
 
     @property
     def state(self) -> BreakerState:
@@ -165,8 +168,12 @@ class CircuitBreaker:
         )
 
     def failure(self, error: BaseException) -> None:
-        """Record a failed call: may open the breaker; logs when an outage starts."""
+        """Record a failed call: may open the breaker; logs when an outage starts. The
+        calls of one round trip that failed as a whole share ``error``: it counts once."""
         with self._lock:
+            if error is self._counted:
+                return
+            self._counted = error
             now = self._clock()
             self._failures += 1
             starting = self._outage_started is None

@@ -89,6 +89,13 @@ class InvalidArgumentError(ApplimitError, ValueError):
 CLOSED = "this limiter is closed; build a new one to keep deciding."
 
 
+class DeadlinePassed(TimeoutError):
+    """A decision's deadline passed before its answer came: the event loop may have been
+    too busy to send the call, or Redis may have stopped answering. It says nothing of
+    Redis' health by itself (the socket timeout tells the breaker when Redis is down), so
+    the decision follows the failure policy and the breaker is not told."""
+
+
 class PoolExhausted(Exception):
     """Every connection of the limiter's own pool stayed busy for the whole timeout.
 
@@ -101,7 +108,11 @@ class PoolExhausted(Exception):
 # Errors that say nothing about Redis' health: "this one key is in a state the script cannot
 # use" (WRONGTYPE, below, and keys in different slots), or a wait for one of the limiter's
 # own connections. They make that decision degraded but do not trip the circuit breaker.
-_NOT_OUTAGES: tuple[type[BaseException], ...] = (rexc.ClusterCrossSlotError, PoolExhausted)
+_NOT_OUTAGES: tuple[type[BaseException], ...] = (
+    rexc.ClusterCrossSlotError,
+    PoolExhausted,
+    DeadlinePassed,
+)
 
 # What a call to Redis may raise that the failure policy answers. RedisClusterException is
 # not a RedisError; TimeoutError covers asyncio's deadline; OSError covers socket failures

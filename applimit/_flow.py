@@ -32,9 +32,12 @@ state on the :class:`Send` itself, and :meth:`Decider.advance` of its outcomes; 
 approximate sequence (batch, flush, the request alone) is a generator over the same two
 steps, kept inside the machine: the shells never see the difference.
 
-What the machine asks of the wire (:class:`Transport`): which cluster node serves a slot
-(for its breaker), whether the wire tells the breakers of its outcomes itself (the async
-batches do, once per batch), and whether the limiter was closed.
+The machine keeps the breakers' ledger: every outcome of a call reaches a breaker here,
+the wires only write and read. What it asks of the wire (:class:`Transport`) is which
+cluster node serves a slot (for its breaker) and whether the limiter was closed. An
+outcome that lands after its decision stopped waiting (the async deadline passed, the
+caller was cancelled) still tells of Redis' health: the async wires hand it to
+:meth:`Decider.late`.
 """
 
 from __future__ import annotations
@@ -51,10 +54,11 @@ from ._breaker import Breakers, CircuitBreaker
 from ._calls import ScriptCall
 from ._decision import Decision
 from ._denials import DenialCache
-from ._errors import CLOSED, ApplimitError, PoolExhausted, is_outage
+from ._errors import CLOSED, ApplimitError, DeadlinePassed, PoolExhausted, is_outage
 from ._native import mypyc_attr
 from ._observe import Notifier
 from ._plan import Core
+from ._protocol import redirected
 from ._replies import Prepared, wrote
 
 logger = logging.getLogger("applimit")
@@ -102,27 +106,13 @@ class Send(Step):
 
     __slots__ = ("breakers", "calls", "carries", "decided", "plan", "refunds", "sent")
 
-    def __init__(
-        self,
-        request: Prepared,
-        plan: Prepared,
-        calls: tuple[ScriptCall, ...],
-        breakers: Sequence[CircuitBreaker],
-        sent: float,
-        *,
-        carries: bool,
-    ) -> None:
-        self.request = request
-        self.started = 0.0
-        self.flow = None
-        self.plan = plan
-        self.calls = calls
-        self.breakers = breakers
-        self.sent = sent
-        self.carries = carries
-        # Set on a refund: the decision made, and the refunds still to run after it.
-        self.decided: Decision | None = None
-        self.refunds: tuple[ScriptCall, ...] = ()
+    plan: Prepared
+    calls: tuple[ScriptCall, ...]
+    breakers: Sequence[CircuitBreaker]
+    sent: float
+    carries: bool
+    decided: Decision | None
+    refunds: tuple[ScriptCall, ...]
 
     @property
     def refund(self) -> bool:
@@ -131,6 +121,24 @@ class Send(Step):
 
     def __repr__(self) -> str:
         return f"Send({len(self.calls)} calls{', refund' if self.refund else ''})"
+
+
+def _send(
+    plan: Prepared, calls: tuple[ScriptCall, ...], breakers: Sequence[CircuitBreaker], sent: float
+) -> Send:
+    """A Send of ``plan``'s ``calls``, filled by attribute stores: Send has no ``__init__``,
+    whose Python frame would cost every decision one call more."""
+    send = Send()
+    send.request = send.plan = plan
+    send.started = 0.0
+    send.flow = None
+    send.calls = calls
+    send.breakers = breakers
+    send.sent = sent
+    send.carries = False
+    send.decided = None
+    send.refunds = ()
+    return send
 
 
 class Wait(Step):
@@ -162,10 +170,6 @@ class Transport(Protocol):
     @property
     def closed(self) -> bool:
         """True once the limiter was closed: a decision then raises ApplimitError."""
-
-    @property
-    def reports(self) -> bool:
-        """True when the wire tells the breakers of its outcomes itself."""
 
     def route(self, slot: int) -> str | None:
         """The name of the cluster node serving ``slot`` now (None: not known)."""
@@ -226,7 +230,7 @@ class Decider:
         else:
             approx = self.approx
             if approx is None or self.wire.closed or not approx.applies(prepared):
-                step = self._start(prepared, prepared, carries=False)
+                step = self._start(prepared)
             else:
                 step = self._handed(self._approximate(approx, prepared), prepared, None)
         if isinstance(step, Decision):
@@ -312,9 +316,8 @@ class Decider:
                 # that long behind others, the failure policy decides.
                 return self._failed(
                     prepared,
-                    TimeoutError("syncs of the same keys took the whole timeout"),
+                    DeadlinePassed("syncs of the same keys took the whole timeout"),
                     self.breakers.main,
-                    report=False,
                 )
         if step is None:
             sent = approx.clock()
@@ -354,12 +357,14 @@ class Decider:
     ) -> Generator[Send, list[object], Decision]:
         """One decision by Redis inside the approximate sequence: the same two steps as
         an exact decision's (:meth:`_start`, then :meth:`_finish` until it decides)."""
-        step = self._start(prepared, prepared, carries=carries)
+        step = self._start(prepared)
+        if carries and not isinstance(step, Decision):
+            step.carries = True
         while not isinstance(step, Decision):
             step = self._finish(step, (yield step))
         return step
 
-    def _start(self, request: Prepared, prepared: Prepared, *, carries: bool) -> Decision | Send:
+    def _start(self, prepared: Prepared) -> Decision | Send:
         """An exact decision's first step (the denial cache, the breakers): the decision,
         when it is made here, or the Send of its calls."""
         wire = self.wire
@@ -387,7 +392,7 @@ class Decider:
             closed = Breakers.admit(breakers)
             if closed is not None:
                 return self._skipped(prepared, closed)
-        return Send(request, prepared, calls, breakers, self.clock(), carries=carries)
+        return _send(prepared, calls, breakers, self.clock())
 
     def _finish(self, send: Send, outcomes: Sequence[object]) -> Decision | Send:
         """An exact decision from the outcomes of its calls (the breakers told, a denial
@@ -401,19 +406,17 @@ class Decider:
             return self._refunding(send, decided, send.refunds)
         prepared = send.plan
         breakers = send.breakers
-        reported = self.wire.reports
         for index, outcome in enumerate(outcomes):
             if isinstance(outcome, BaseException):
-                return self._failed(prepared, outcome, breakers[index], report=not reported)
+                return self._failed(prepared, outcome, breakers[index])
         if self._slow is not None:
             self._confirm_slow(breakers)
-        if not reported:
-            for call, reply, breaker in zip(send.calls, outcomes, breakers, strict=True):
-                # Only during an outage has a breaker anything to learn from a success
-                # (success() does nothing otherwise), and then whether the call wrote
-                # decides if the outage is over.
-                if breaker.in_outage:
-                    breaker.success(wrote=wrote(call, reply))
+        for call, reply, breaker in zip(send.calls, outcomes, breakers, strict=True):
+            # Only during an outage has a breaker anything to learn from a success
+            # (success() does nothing otherwise), and then whether the call wrote
+            # decides if the outage is over.
+            if breaker.in_outage:
+                breaker.success(wrote=wrote(call, reply))
         try:
             decision, refunds = prepared.decide(outcomes)
         except ValueError as error:
@@ -434,7 +437,8 @@ class Decider:
         """The Send of the first of ``refunds``, or ``decision`` when none is left."""
         if not refunds:
             return decision
-        refund = Send(send.request, send.plan, refunds[:1], send.breakers, send.sent, carries=False)
+        refund = _send(send.plan, refunds[:1], send.breakers, send.sent)
+        refund.request = send.request
         refund.decided = decision
         refund.refunds = refunds[1:]
         return refund
@@ -447,19 +451,30 @@ class Decider:
         return prepared.degraded(DEGRADED_RETRY_AFTER)
 
     def _failed(
-        self, prepared: Prepared, error: BaseException, breaker: CircuitBreaker, *, report: bool
+        self, prepared: Prepared, error: BaseException, breaker: CircuitBreaker
     ) -> Decision:
-        """The decision when a call failed: the failure policy, marked degraded.
-
-        ``report`` is False when the wire told the breaker itself (the async batches
-        report once for all their calls).
-        """
-        if not report:
-            breaker.degraded()
-            self.log_other(error, breaker)
-        elif self.note_failure(error, breaker):
-            breaker.degraded()
+        """The decision when a call failed: the failure policy, marked degraded (and
+        counted in the breaker's outage, if one is on)."""
+        self.note_failure(error, breaker)
+        breaker.degraded()
         return prepared.degraded(DEGRADED_RETRY_AFTER)
+
+    def late(self, calls: Sequence[ScriptCall], outcomes: Sequence[object]) -> None:
+        """The outcomes of ``calls`` whose decisions stopped waiting for them (the
+        deadline passed, the caller was cancelled), for the breakers: a batch that
+        failed after its callers' deadline is how a Redis that stopped answering shows,
+        and a late answer ends an outage as any other does. A redirection is an answer
+        (the call went on elsewhere)."""
+        wire = self.wire
+        for call, outcome in zip(calls, outcomes, strict=True):
+            breaker = self.breakers.of(None if call.slot is None else wire.route(call.slot))
+            if isinstance(outcome, BaseException) and not redirected(outcome):
+                if is_outage(outcome):
+                    breaker.failure(outcome)
+            elif breaker.in_outage:
+                breaker.success(
+                    wrote=not isinstance(outcome, BaseException) and wrote(call, outcome)
+                )
 
     def note_failure(self, error: BaseException, breaker: CircuitBreaker) -> bool:
         """Feed a failed call to the breaker (or the log); True when it was an outage."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from edgegen_policy import Policy, load
@@ -26,6 +26,7 @@ from edgegen_policy import Policy, load
 from . import _memory
 from ._approx import ApproxCache
 from ._breaker import Breakers, BreakerState
+from ._calls import ScriptCall
 from ._clients import MEMORY_SCHEME, Target, check_url, memory_target
 from ._decision import Decision
 from ._denials import DenialCache
@@ -167,6 +168,12 @@ class LimiterBase(ABC, Generic[WireT]):
         old = self._wire
         self._wire = self.decider.wire = self._open(self._target)
         return old
+
+    def _late(self, calls: Sequence[ScriptCall], outcomes: Sequence[object]) -> None:
+        """Outcomes whose decisions stopped waiting, from the async wires: to the
+        decider's ledger of the breakers (looked up now: a reopened limiter keeps its
+        decider)."""
+        self.decider.late(calls, outcomes)
 
     # -- parts ----------------------------------------------------------------------------
 

@@ -21,7 +21,6 @@ from ._errors import REDIS_FAILURES
 from ._flow import Wait, drive
 from ._memory import MemoryWire
 from ._observe import Observer
-from ._replies import Prepared
 from ._shell import LimiterBase, load_policy
 from ._wire import SyncTransport, open_sync
 
@@ -147,9 +146,8 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
         defaults to the policy's lowest. Every rate of the tier is checked atomically:
         nothing is consumed unless all of them admit the request.
         """
-        return self._decide(
-            self.core.for_limit("hit", name, identity, tier, cost, ip=ip, keys=keys)
-        )
+        prepared = self.core.for_limit("hit", name, identity, tier, cost, ip=ip, keys=keys)
+        return drive(self.decider, prepared, self._wire.run, _wait)
 
     def peek(
         self,
@@ -162,9 +160,8 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
         keys: Mapping[str, str] | None = None,
     ) -> Decision:
         """What :meth:`hit` would decide now, consuming nothing."""
-        return self._decide(
-            self.core.for_limit("peek", name, identity, tier, cost, ip=ip, keys=keys)
-        )
+        prepared = self.core.for_limit("peek", name, identity, tier, cost, ip=ip, keys=keys)
+        return drive(self.decider, prepared, self._wire.run, _wait)
 
     def check_request(
         self,
@@ -192,20 +189,19 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
         with and without it. A limit without a rate for ``tier`` does not apply, nor does one
         marked ``middleware: false`` (only :meth:`hit` applies it, by name).
         """
-        return self._decide(
-            self.core.for_request(
-                "hit",
-                method,
-                path,
-                identity,
-                tier=tier,
-                cost=cost,
-                ip=ip,
-                host=host,
-                keys=keys,
-                mount=mount,
-            )
+        prepared = self.core.for_request(
+            "hit",
+            method,
+            path,
+            identity,
+            tier=tier,
+            cost=cost,
+            ip=ip,
+            host=host,
+            keys=keys,
+            mount=mount,
         )
+        return drive(self.decider, prepared, self._wire.run, _wait)
 
     def reset(
         self,
@@ -254,13 +250,6 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
     ) -> None:
         """Close the limiter's connections."""
         self.close()
-
-    # -- running calls --------------------------------------------------------------------
-
-    def _decide(self, prepared: Prepared) -> Decision:
-        """Drive the decision's machine (see _flow.py): each Send run on the wire, each
-        Wait blocked on."""
-        return drive(self.decider, prepared, self._wire.run, _wait)
 
 
 def _wait(wait: Wait) -> list[object]:

@@ -191,7 +191,6 @@ class SyncWire(OneServer):
     """
 
     # The flow tells the breaker of each call's outcome.
-    reports = False
 
     def __init__(
         self,
@@ -500,9 +499,6 @@ class ClusterWire(SlotMap):
 
     One protocol serves every master: they run the same Redis.
     """
-
-    # The flow tells the breakers of each call's outcome.
-    reports = False
 
     def __init__(self, target: Target[SyncClient], *, max_connections: int, timeout: float) -> None:
         """Send to the cluster of ``target``, whose client is made on the first call."""

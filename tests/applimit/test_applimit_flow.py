@@ -9,6 +9,7 @@ recovery is fed the error replies redis-py's parser makes of what servers say.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -20,8 +21,10 @@ from harness import RedisCluster
 from limiter_support import TestClock
 from redis._parsers.base import BaseParser
 
-from applimit import ApplimitError, BreakerState, Decision, Limiter, _script
+from applimit import ApplimitError, AsyncLimiter, BreakerState, Decision, Limiter, _script
+from applimit._breaker import CircuitBreaker
 from applimit._calls import EVAL, EVALSHA, FCALL, LOAD, ScriptCall
+from applimit._errors import DeadlinePassed
 from applimit._flow import Send, Wait, drive
 from applimit._protocol import ScriptProtocol, Step, redirection
 
@@ -121,14 +124,18 @@ def test_failed_calls_follow_the_failure_policy_and_open_the_breaker() -> None:
     """A call that failed gives the limit's failure policy (here: deny), degraded; after
     three, the breaker is open and the flow ends at once, without a Send."""
     limiter = _limiter()
-    down = redis.exceptions.ConnectionError("Connection refused")
+
+    def down(calls: Any) -> list[object]:
+        # Each failed call its own error, as a wire makes them.
+        return [redis.exceptions.ConnectionError("Connection refused")]
+
     for _ in range(3):
         prepared = limiter.core.for_limit("hit", "log", "carol", None, 1)
-        decision, sends = _drive(limiter, prepared, lambda calls: [down])
+        decision, sends = _drive(limiter, prepared, down)
         assert decision.degraded and not decision.allowed and len(sends) == 1
     assert limiter.breaker_state is BreakerState.OPEN
     prepared = limiter.core.for_limit("hit", "log", "carol", None, 1)
-    decision, sends = _drive(limiter, prepared, lambda calls: [down])
+    decision, sends = _drive(limiter, prepared, down)
     assert decision.degraded and sends == []
     limiter.close()
 
@@ -316,3 +323,57 @@ def test_redirections_say_what_a_cluster_error_means() -> None:
     assert redirection(_error("CLUSTERDOWN The cluster is down")).value == "refresh"
     assert redirection(redis.exceptions.ConnectionError("refused")).value == "refresh"
     assert redirection(_error("WRONGTYPE Operation against a key")).value == "fail"
+
+
+# --- the breakers' ledger ----------------------------------------------------------------
+
+
+def test_a_round_trip_that_failed_as_a_whole_counts_once() -> None:
+    """The calls of one failed round trip share its error: the breaker counts it once,
+    however many decisions it carried; distinct failures count one each."""
+    breaker = CircuitBreaker(threshold=3)
+    batch = redis.exceptions.ConnectionError("Connection reset by peer")
+    for _ in range(10):
+        breaker.failure(batch)
+    assert breaker.state is BreakerState.CLOSED and breaker.in_outage
+    for _ in range(2):
+        breaker.failure(redis.exceptions.ConnectionError("Connection refused"))
+    assert breaker.state is BreakerState.OPEN
+
+
+async def test_the_async_limiter_counts_a_failed_batch_once_as_threads_count_theirs() -> None:
+    """Decisions of one event-loop turn go to Redis as one batch: when it fails as a
+    whole, the decider (not the wire) tells the breaker, once for the batch. Three
+    batches open it, as three failed calls of the blocking limiter do."""
+    limiter = AsyncLimiter(policy.loads(POLICY), redis_url=NOWHERE, failure_threshold=3)
+    try:
+        for batch in range(3):
+            assert limiter.breaker_state is BreakerState.CLOSED, batch
+            decisions = await asyncio.gather(*(limiter.hit("log", f"user-{i}") for i in range(10)))
+            assert all(d.degraded and not d.allowed for d in decisions)
+        assert limiter.breaker_state is BreakerState.OPEN
+    finally:
+        await limiter.aclose()
+    sync = _limiter(failure_threshold=3)
+    for _ in range(3):
+        assert sync.breaker_state is BreakerState.CLOSED
+        assert sync.hit("log", "alice").degraded
+    assert sync.breaker_state is BreakerState.OPEN
+    sync.close()
+
+
+async def test_a_deadline_is_no_outage_but_a_late_failure_is(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An async decision whose deadline passed follows the failure policy without telling
+    the breaker (the event loop may have been busy); the batch's own failure, landing
+    after its callers stopped waiting, still reaches the breaker through Decider.late."""
+    limiter = AsyncLimiter(policy.loads(POLICY), redis_url=NOWHERE, failure_threshold=1)
+    try:
+        call = limiter.core.for_limit("hit", "log", "x", None, 1).calls[0]
+        limiter.decider.late([call], [DeadlinePassed("the decision's deadline")])
+        assert limiter.breaker_state is BreakerState.CLOSED
+        limiter.decider.late([call], [redis.exceptions.TimeoutError("Timeout reading")])
+        assert limiter.breaker_state is BreakerState.OPEN
+    finally:
+        await limiter.aclose()

@@ -261,15 +261,14 @@ def test_breaker_opens_probes_once_and_closes() -> None:
     time; a failed probe reopens it; a successful one closes it."""
     clock = FakeClock()
     breaker = CircuitBreaker(threshold=3, cooldown=0.25, probe_timeout=1.0, clock=clock)
-    error = ConnectionError("down")
     for _ in range(3):
         assert breaker.allow()
-        breaker.failure(error)
+        breaker.failure(ConnectionError("down"))
     assert breaker.state is BreakerState.OPEN and not breaker.allow()
     clock.now += 0.25
     assert breaker.allow() and breaker.state is BreakerState.HALF_OPEN
     assert not breaker.allow(), "a second caller must not probe at the same time"
-    breaker.failure(error)
+    breaker.failure(ConnectionError("down"))
     assert breaker.state is BreakerState.OPEN and not breaker.allow()
     clock.now += 0.25
     assert breaker.allow()
