@@ -7,10 +7,11 @@ replies, so the decision flow, the denial cache, approximate mode and every repl
 are the ones that run against Redis. :class:`MemoryStore` executes a call the way
 ``applimit/lua/decide.lua`` does: phase 1 checks every limit without writing, phase 2 (a
 hit that every enforced check admits) applies the checks that passed, and the reply is
-``[now, n, allowed, consumed, remaining, reset µs, retry µs, ...]``. The three algorithms
-are ported from their Lua files line by line and keep the Lua names in comments, so a
-change to one is easy to carry to the other; the contract and property suites run on
-both backends to keep them equal.
+``[now, n, allowed, consumed, remaining, reset µs, retry µs, ...]``. The algorithms'
+arithmetic and decide.lua's two phases are ``edgegen_policy``'s (``ALGORITHMS``,
+``decide``: the Lua stated once in Python, which edgegen's replay decides with too); this
+module keeps what Redis does around them: keys, values and their TTLs. The contract and
+property suites run on both backends to keep them equal.
 
 What differs from Redis, on purpose:
 
@@ -40,21 +41,18 @@ import re
 import threading
 import time
 import weakref
-from abc import ABC, abstractmethod
-from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis.exceptions
+from edgegen_policy import ALGORITHMS, AlgorithmModel, Quota, Verdict, decide
 
 from ._calls import ScriptCall
 from ._errors import CLOSED, ApplimitError
 
-NONE = -1  # "admitted, no wait" (common.lua)
-NEVER = -2  # "can never be admitted"
 # A store drops expired keys on access, and all of them every this many calls.
 _SWEEP_EVERY = 1024
 
@@ -84,76 +82,20 @@ def use_clock(clock: _Clock) -> Iterator[None]:
         _clock = previous
 
 
-# --- common.lua ----------------------------------------------------------------------------
-
-
-def _cdiv(a: int, b: int) -> int:
-    """ceil(a / b) for integers (Python's // is already an exact floor: idiv)."""
-    return -(-a // b)
-
-
-def _expiry_cell(t: int, g: int) -> int:
-    """The cell of a grid of ``g`` µs that the time ``t`` expires in."""
-    return t // g + 1
-
-
 def _cell_ttl_ms(cell: int, g: int, now: int, slack_ms: int) -> int:
-    """The PEXPIRE (ms from now) that ends the key with cell ``cell`` of a grid of ``g``."""
-    return _cdiv(cell * g - now, 1000) + slack_ms
+    """The PEXPIRE (ms from now) that ends the key with cell ``cell`` of a grid of ``g``
+    (common.lua's cell_ttl_ms)."""
+    return -(-(cell * g - now) // 1000) + slack_ms
 
 
 @dataclass(slots=True)
 class _Check:
     """One check of a call, as decide.lua reads it from ARGV."""
 
-    algorithm: str
-    limit: int
-    period: int
+    algorithm: AlgorithmModel[Any, Any]
+    quota: Quota
     cost: int
-    burst: int
     shadow: bool
-
-
-@dataclass(slots=True)
-class _State:
-    """What a check found (decide.lua's ``st``); the algorithm's own fields in ``extra``."""
-
-    allowed: int = 0
-    consumed: int = 0
-    remaining: int = 0
-    reset: int = 0
-    retry: int = NONE
-
-
-# --- the values held per key ---------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Log:
-    """A sliding log (Redis: a sorted set). ``scores[i]`` is entry i's admission time;
-    ``entries[i]`` its (start, cost, nonce). Scores never decrease, so list order is the
-    sorted set's order (by score, then by start)."""
-
-    scores: list[int] = field(default_factory=list)
-    entries: list[tuple[int, int, str]] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class _Window:
-    """A sliding window's hash: w (current window), c (its count), p (the previous one's)."""
-
-    w: int
-    c: int
-    p: int
-
-
-@dataclass(slots=True)
-class _Tat:
-    """A GCRA value: TAT = tat + frac / limit µs; ``grid`` is the leading-0 mark."""
-
-    tat: int
-    frac: int
-    grid: bool
 
 
 class _Holder(Protocol):
@@ -170,7 +112,8 @@ class MemoryStore:
     def __init__(self) -> None:
         # The limiters deciding on this store (weakly: a store outlives its limiters).
         self._holders: weakref.WeakSet[_Holder] = weakref.WeakSet()
-        self._data: dict[str, _Log | _Window | _Tat] = {}
+        # Key -> its value (edgegen_policy's Tat, Window or Log).
+        self._data: dict[str, object] = {}
         # Key -> when it expires, in the script's µs (no entry: no TTL).
         self._expiry: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -197,8 +140,7 @@ class MemoryStore:
         """DEL ``keys``."""
         with self._lock:
             for key in keys:
-                self._data.pop(key, None)
-                self._expiry.pop(key, None)
+                self._del(key)
 
     def keys(self, pattern: str = "*") -> list[str]:
         """The keys that match the glob ``pattern`` (KEYS), expired ones included until
@@ -206,31 +148,17 @@ class MemoryStore:
         with self._lock:
             return [key for key in self._data if fnmatchcase(key, pattern)]
 
-    def value(self, key: str) -> _Log | _Window | _Tat | None:
-        """The value held at ``key`` (for tests that look at the state)."""
+    def value(self, key: str) -> object:
+        """The value held at ``key``, None without one (for tests that look at the state)."""
         with self._lock:
             return self._data.get(key)
 
-    def _get(self, key: str, now: int) -> _Log | _Window | _Tat | None:
+    def _get(self, key: str, now: int) -> object:
         expires = self._expiry.get(key)
         if expires is not None and expires <= now:
-            del self._data[key], self._expiry[key]
+            self._del(key)
             return None
         return self._data.get(key)
-
-    def _set(self, key: str, value: _Log | _Window | _Tat, ttl_ms: int | None, now: int) -> None:
-        """SET/HSET/ZADD, and PEXPIRE when ``ttl_ms`` is given (None: KEEPTTL)."""
-        self._data[key] = value
-        if ttl_ms is not None:
-            self._pexpire(key, ttl_ms, now)
-
-    def _pexpire(self, key: str, ttl_ms: int, now: int) -> None:
-        if ttl_ms <= 0:
-            # As in Redis: a TTL in the past deletes the key.
-            self._data.pop(key, None)
-            self._expiry.pop(key, None)
-        else:
-            self._expiry[key] = now + ttl_ms * 1000
 
     def _del(self, key: str) -> None:
         self._data.pop(key, None)
@@ -241,34 +169,6 @@ class MemoryStore:
         gone = [key for key, at in self._expiry.items() if at <= now]
         for key in gone:
             self._del(key)
-
-    def _decide(
-        self,
-        keys: Sequence[str],
-        checks: list[_Check],
-        mode: str,
-        *,
-        now: int,
-        nonce: str,
-        slack_ms: int,
-    ) -> list[_State]:
-        """Phase 1, every check without writing; phase 2 (a hit that every enforced
-        check admits), the writes of the checks that passed (shadow ones included)."""
-        states: list[_State] = []
-        passed = True
-        for key, check in zip(keys, checks, strict=True):
-            st = _ALGORITHMS[check.algorithm].check(self, key, now, check)
-            states.append(st)
-            if st.allowed == 0 and not check.shadow:
-                passed = False
-        if mode == "hit" and passed:
-            for key, check, st in zip(keys, checks, states, strict=True):
-                if st.allowed == 1:
-                    _ALGORITHMS[check.algorithm].apply(
-                        self, key, st, check, now=now, nonce=nonce, slack_ms=slack_ms
-                    )
-                    st.consumed = 1
-        return states
 
     # -- decide.lua -----------------------------------------------------------------------
 
@@ -291,37 +191,73 @@ class MemoryStore:
                 self._sweep(now)
             if mode == "refund":
                 for key, check in zip(call.keys, checks, strict=True):
-                    _ALGORITHMS[check.algorithm].refund(self, key, now, check, nonce)
+                    self._refund(key, check, now, nonce)
                 return [now, n]
-            states = self._decide(call.keys, checks, mode, now=now, nonce=nonce, slack_ms=slack_ms)
+            hit = mode == "hit"
+            passed, verdicts = decide(
+                [
+                    (_Slot(self, check, nonce, slack_ms), key, check.cost, check.shadow)
+                    for key, check in zip(call.keys, checks, strict=True)
+                ],
+                now,
+                hit=hit,
+            )
         out: list[int] = [now, n]
-        for st in states:
-            out += (st.allowed, st.consumed, st.remaining, st.reset, st.retry)
+        for v in verdicts:
+            consumed = hit and passed and v.allowed
+            out += (int(v.allowed), int(consumed), v.remaining, v.reset, v.retry)
         return out
 
+    def _refund(self, key: str, check: _Check, now: int, nonce: str) -> None:
+        """Undo the apply of ``check`` at ``now`` with ``nonce``; the TTL stays."""
+        value = self._get(key, now)
+        if not isinstance(value, check.algorithm.value_type):
+            return
+        left = check.algorithm.refund(value, now, check.quota, check.cost, nonce)
+        if left is None:
+            # As Redis deletes a key whose value is emptied.
+            self._del(key)
+        else:
+            self._data[key] = left
 
-class _Algorithm(ABC):
-    """What each algorithm file registers in ALG (see its Lua contract)."""
 
-    @staticmethod
-    @abstractmethod
-    def check(store: MemoryStore, key: str, now: int, c: _Check) -> _State:
-        """The check's state at ``now``, read only."""
-        ...
+class _Slot:
+    """One check of one call on a store, as :func:`edgegen_policy.decide` reads and
+    writes it: the algorithm's phase 1 on the key's value, and phase 2 with the TTL its
+    Lua sets (PEXPIRE on a new expiry cell, else KEEPTTL)."""
 
-    @staticmethod
-    @abstractmethod
-    def apply(
-        store: MemoryStore, key: str, st: _State, c: _Check, *, now: int, nonce: str, slack_ms: int
-    ) -> None:
-        """Consume what ``check`` found to fit; ``st`` gets the numbers after it."""
-        ...
+    __slots__ = ("check", "nonce", "slack_ms", "store")
 
-    @staticmethod
-    @abstractmethod
-    def refund(store: MemoryStore, key: str, now: int, c: _Check, nonce: str) -> None:
-        """Undo an earlier apply that used ``nonce`` at ``now``."""
-        ...
+    def __init__(self, store: MemoryStore, check: _Check, nonce: str, slack_ms: int) -> None:
+        self.store = store
+        self.check = check
+        self.nonce = nonce
+        self.slack_ms = slack_ms
+
+    def _value(self, key: str, now: int) -> Any:
+        value = self.store._get(key, now)
+        return value if isinstance(value, self.check.algorithm.value_type) else None
+
+    def peek(self, key: str, now: int, cost: int) -> Verdict:
+        """Phase 1: the check on the key's value; nothing changes."""
+        check = self.check
+        result: Verdict = check.algorithm.check(self._value(key, now), now, check.quota, cost)
+        return result
+
+    def record(self, key: str, verdict: Verdict, now: int, cost: int) -> None:
+        """Phase 2: the new value, and a new TTL when it needs one."""
+        store, check = self.store, self.check
+        algorithm, quota = check.algorithm, check.quota
+        value = algorithm.apply(self._value(key, now), verdict, now, quota, cost, nonce=self.nonce)
+        store._data[key] = value
+        cell = algorithm.expiry(value, verdict, quota)
+        if cell is not None:
+            ttl_ms = _cell_ttl_ms(cell, quota.period, now, self.slack_ms)
+            if ttl_ms <= 0:
+                # As in Redis: a TTL in the past deletes the key.
+                store._del(key)
+            else:
+                store._expiry[key] = now + ttl_ms * 1000
 
 
 def _parse_checks(args: tuple[str, ...]) -> list[_Check] | BaseException:
@@ -335,288 +271,17 @@ def _parse_checks(args: tuple[str, ...]) -> list[_Check] | BaseException:
             # Redis turns line breaks in an error reply into spaces.
             shown = spec.replace("\r", " ").replace("\n", " ")
             return redis.exceptions.ResponseError(f"applimit: malformed check {shown}")
-        algorithm, limit, period, cost, burst, shadow = match.groups()
-        if algorithm not in _ALGORITHMS:
-            return redis.exceptions.ResponseError(f"applimit: unknown algorithm {algorithm}")
-        checks.append(
-            _Check(algorithm, int(limit), int(period), int(cost), int(burst), shadow == "1")
-        )
+        name, limit, period, cost, burst, shadow = match.groups()
+        algorithm = ALGORITHMS.get(name)
+        if algorithm is None:
+            return redis.exceptions.ResponseError(f"applimit: unknown algorithm {name}")
+        quota = Quota(int(limit), int(period), int(burst))
+        checks.append(_Check(algorithm, quota, int(cost), shadow == "1"))
     return checks
 
 
 # A check's spec, as common.lua's spec_of matches it ([0-9], not \d: Lua's %d is ASCII).
 _SPEC = re.compile(r"([a-z_]+) ([0-9]+) ([0-9]+) ([0-9]+) ([0-9]+) ([01])")
-
-
-# --- sliding_log.lua -----------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _LogState(_State):
-    newest: int | None = None
-    grid: bool = False
-    floor: int = 0
-    trim: bool = False
-    start: int = 0
-    count: int = 0
-
-
-# sliding_log.lua's TRIM_EVERY.
-_TRIM_EVERY = 16
-
-
-class _SlidingLog(_Algorithm):
-    @staticmethod
-    def check(store: MemoryStore, key: str, now: int, c: _Check) -> _State:
-        floor = now - c.period
-        st = _LogState(floor=floor)
-        log = store._get(key, now)
-        first_start = first_cost = first_score = first_rank = 0
-        if isinstance(log, _Log) and log.scores:
-            # Every member is this version's, so the TTL is on the grid (st.grid).
-            st.newest, st.grid = log.scores[-1], True
-            if st.newest > floor:
-                start, cost, _ = log.entries[-1]
-                st.start = start + cost
-                # The window's oldest entry; entries before it may remain (see apply).
-                first_rank = bisect_right(log.scores, floor)
-                first_start, first_cost, _ = log.entries[first_rank]
-                first_score = log.scores[first_rank]
-                st.count = st.start - first_start
-            else:
-                st.trim = True
-        count = st.count
-        if c.cost <= c.limit - count:
-            st.allowed = 1
-        elif c.cost > c.limit:
-            st.retry = NEVER
-        else:
-            # Fits once the oldest entry whose start + cost reaches first_start + need
-            # has left the window (log_reaching: a binary search by rank).
-            need = count + c.cost - c.limit
-            at = first_score
-            if first_cost < need:
-                assert isinstance(log, _Log)
-                lo, hi = first_rank + 1, len(log.scores) - 1
-                target = first_start + need
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    start, cost, _ = log.entries[mid]
-                    if start + cost >= target:
-                        hi = mid
-                    else:
-                        lo = mid + 1
-                at = log.scores[lo]
-            st.retry = at + c.period - now
-        st.remaining = c.limit - count
-        st.reset = 0
-        if count > 0:
-            assert st.newest is not None
-            st.reset = st.newest + c.period - now
-        return st
-
-    @staticmethod
-    def apply(
-        store: MemoryStore, key: str, st: _State, c: _Check, *, now: int, nonce: str, slack_ms: int
-    ) -> None:
-        assert isinstance(st, _LogState)
-        # Scored no earlier than the newest entry, so list order stays admission order.
-        score = now
-        if st.newest is not None and st.newest > now:
-            score = st.newest
-        log = store._get(key, now)
-        if not isinstance(log, _Log):
-            log = _Log()
-            store._data[key] = log
-        log.scores.append(score)
-        log.entries.append((st.start, c.cost, nonce))
-        # Everything at or before the window's floor (ZREMRANGEBYSCORE -inf floor), when
-        # nothing else is in the window, and else each time the starts cross a multiple of
-        # _TRIM_EVERY units (of the limit, when smaller), as sliding_log.lua trims.
-        every = min(_TRIM_EVERY, c.limit)
-        if st.trim or (st.start + c.cost) // every != st.start // every:
-            gone = bisect_right(log.scores, st.floor)
-            del log.scores[:gone], log.entries[:gone]
-        st.count += c.cost
-        st.remaining = c.limit - st.count
-        st.reset = score + c.period - now
-        cell = _expiry_cell(score + c.period, c.period)
-        if not st.grid or st.newest is None or _expiry_cell(st.newest + c.period, c.period) != cell:
-            store._pexpire(key, _cell_ttl_ms(cell, c.period, now, slack_ms), now)
-
-    @staticmethod
-    def refund(store: MemoryStore, key: str, now: int, c: _Check, nonce: str) -> None:
-        log = store._get(key, now)
-        if not isinstance(log, _Log):
-            return
-        # Entries scored `now` (the hit's time) or later; those after the refunded one
-        # start `cost` units earlier once it is gone.
-        first = bisect_right(log.scores, now - 1)
-        for rank in range(first, len(log.entries)):
-            _, cost, tail = log.entries[rank]
-            if tail == nonce:
-                del log.scores[rank], log.entries[rank]
-                for later in range(rank, len(log.entries)):
-                    s, units, t = log.entries[later]
-                    log.entries[later] = (s - cost, units, t)
-                break
-        if not log.scores:
-            # Redis deletes a sorted set whose last member goes.
-            store._del(key)
-
-
-# --- sliding_window.lua --------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _WindowState(_State):
-    window: int = 0
-    stored: int | None = None
-    cur: int = 0
-    prev: int = 0
-    elapsed: int = 0
-
-
-class _SlidingWindow(_Algorithm):
-    @staticmethod
-    def check(store: MemoryStore, key: str, now: int, c: _Check) -> _State:
-        period = c.period
-        window = now // period
-        value = store._get(key, now)
-        stored = value.w if isinstance(value, _Window) else None
-        cur = prev = 0
-        if isinstance(value, _Window):
-            if value.w == window:
-                cur, prev = value.c, value.p
-            elif value.w == window - 1:
-                cur, prev = 0, value.c
-            elif value.w > window:
-                # The clock went back across a window edge: keep counting in the stored
-                # window, the previous one at full weight.
-                window = value.w
-                cur, prev = value.c, value.p
-        elapsed = max(0, now - window * period)
-        used = prev * (period - elapsed) + cur * period
-        full = c.limit * period
-        st = _WindowState(window=window, stored=stored, cur=cur, prev=prev, elapsed=elapsed)
-        if used + c.cost * period <= full:
-            st.allowed = 1
-        elif c.cost > c.limit:
-            st.retry = NEVER
-        else:
-            room = c.limit - cur - c.cost
-            if room >= 0 and prev > 0:
-                st.retry = period - (room * period) // prev - elapsed
-            else:
-                at = max(0, period - ((c.limit - c.cost) * period) // cur)
-                st.retry = period - elapsed + at
-        st.remaining = max(0, (full - used) // period)
-        st.reset = 0
-        if cur > 0:
-            st.reset = 2 * period - elapsed
-        elif prev > 0:
-            st.reset = period - elapsed
-        return st
-
-    @staticmethod
-    def apply(
-        store: MemoryStore, key: str, st: _State, c: _Check, *, now: int, nonce: str, slack_ms: int
-    ) -> None:
-        assert isinstance(st, _WindowState)
-        period = c.period
-        st.cur += c.cost
-        ttl = None
-        if st.stored != st.window:
-            # The TTL is set once per window, by its first write.
-            ttl = _cell_ttl_ms(st.window + 2, period, now, slack_ms)
-        store._set(key, _Window(st.window, st.cur, st.prev), ttl, now)
-        used = st.prev * (period - st.elapsed) + st.cur * period
-        st.remaining = max(0, (c.limit * period - used) // period)
-        st.reset = 2 * period - st.elapsed
-
-    @staticmethod
-    def refund(store: MemoryStore, key: str, now: int, c: _Check, nonce: str) -> None:
-        window = now // c.period
-        value = store._get(key, now)
-        if not isinstance(value, _Window):
-            return
-        if value.w == window:
-            value.c = max(0, value.c - c.cost)
-        elif value.w == window + 1:
-            value.p = max(0, value.p - c.cost)
-
-
-# --- gcra.lua ------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _GcraState(_State):
-    ahead: int = 0
-    after: int = 0
-    tat: int | None = None
-
-
-class _Gcra(_Algorithm):
-    @staticmethod
-    def _load(store: MemoryStore, key: str, now: int, c: _Check) -> tuple[int, int | None]:
-        value = store._get(key, now)
-        if not isinstance(value, _Tat):
-            return 0, None
-        ahead = (value.tat - now) * c.limit + value.frac
-        tat = value.tat if value.grid else None
-        return max(0, ahead), tat
-
-    @staticmethod
-    def check(store: MemoryStore, key: str, now: int, c: _Check) -> _State:
-        ahead, tat = _Gcra._load(store, key, now, c)
-        capacity = c.burst * c.period
-        after = ahead + c.cost * c.period
-        st = _GcraState(ahead=ahead, after=after, tat=tat)
-        if after <= capacity:
-            st.allowed = 1
-        elif c.cost > c.burst:
-            st.retry = NEVER
-        else:
-            st.retry = _cdiv(after - capacity, c.limit)
-        st.remaining = (capacity - ahead) // c.period
-        st.reset = _cdiv(ahead, c.limit)
-        return st
-
-    @staticmethod
-    def apply(
-        store: MemoryStore, key: str, st: _State, c: _Check, *, now: int, nonce: str, slack_ms: int
-    ) -> None:
-        assert isinstance(st, _GcraState)
-        whole = st.after // c.limit
-        frac = st.after - whole * c.limit
-        tat = now + whole
-        cell = _expiry_cell(tat + 1, c.period)
-        ttl = None
-        if st.tat is None or _expiry_cell(st.tat + 1, c.period) != cell:
-            ttl = _cell_ttl_ms(cell, c.period, now, slack_ms)
-        store._set(key, _Tat(tat, frac, True), ttl, now)
-        st.remaining = (c.burst * c.period - st.after) // c.period
-        st.reset = _cdiv(st.after, c.limit)
-
-    @staticmethod
-    def refund(store: MemoryStore, key: str, now: int, c: _Check, nonce: str) -> None:
-        value = store._get(key, now)
-        if not isinstance(value, _Tat):
-            return
-        ahead = (value.tat - now) * c.limit + value.frac - c.cost * c.period
-        if ahead <= 0:
-            store._del(key)
-            return
-        whole = ahead // c.limit
-        # The TAT moves back and the TTL stays (KEEPTTL).
-        store._data[key] = _Tat(now + whole, ahead - whole * c.limit, value.grid)
-
-
-_ALGORITHMS: dict[str, type[_Algorithm]] = {
-    "sliding_log": _SlidingLog,
-    "sliding_window": _SlidingWindow,
-    "gcra": _Gcra,
-}
 
 
 # --- stores by name ------------------------------------------------------------------------

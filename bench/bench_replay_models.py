@@ -1,8 +1,9 @@
 """How fast the replay's counting models decide: ``python -m bench.bench_replay_models``.
 
 Times N decisions (default one million) through each model of ``edgegen/_replay_models``,
-as the replay makes them: for an app model ``check`` then, when admitted, ``apply`` (the
-two phases of one decision); for an edge counter ``hit``. The trace is made before the
+as the replay makes them: for an app model ``peek`` then, when admitted, ``record`` with
+its verdict (the two phases of one decision, the arithmetic ``edgegen_policy``'s); for an
+edge counter ``hit``. The trace is made before the
 clock starts, so only the model is timed: 10,000 identities, Zipf-like popularity (a few
 busy identities near or over the limit, many idle ones), about 10,000 requests per second
 of log time, and a ``sweep`` once per minute of log time, as the engine runs it.
@@ -44,7 +45,7 @@ def make_trace(count: int, seed: int = 16) -> tuple[list[Hashable], list[int]]:
 
 def time_app(model: AppModel, keys: Sequence[Hashable], times: Sequence[int]) -> tuple[float, int]:
     """Seconds for every decision through ``model``, and how many it admitted."""
-    check, apply, sweep = model.check, model.apply, model.sweep
+    peek, record, sweep = model.peek, model.record, model.sweep
     admitted = 0
     next_sweep = times[0] + SWEEP_EVERY_US
     started = time.perf_counter()
@@ -52,8 +53,9 @@ def time_app(model: AppModel, keys: Sequence[Hashable], times: Sequence[int]) ->
         if now >= next_sweep:
             sweep(now)
             next_sweep = now + SWEEP_EVERY_US
-        if check(key, now, 1):
-            apply(key, now, 1)
+        verdict = peek(key, now, 1)
+        if verdict.allowed:
+            record(key, verdict, now, 1)
             admitted += 1
     return time.perf_counter() - started, admitted
 

@@ -29,6 +29,7 @@ from edgegen_policy import (
     Policy,
     Rate,
     checked_rates,
+    decide,
     ip_bucket,
     normalize_host,
     request_paths,
@@ -699,16 +700,15 @@ class Replay:
 
     @staticmethod
     def _decide(checks: list[tuple[_AppCheck, Hashable]], at: int, cost: int) -> bool:
-        """decide.lua's two phases: every check without writing; when every enforced one
-        admits, the writes of those that admitted (shadow ones included). True: refused.
+        """One request through the app checks that apply to it, decided as decide.lua
+        does (``edgegen_policy.decide``), and counted in their rows. True: refused.
 
         Row.count is inlined: this runs for every check of every request.
         """
-        admitted: list[tuple[AppModel, Hashable]] = []
-        refused = False
-        for check, identity in checks:
-            model = check.model
-            ok = model.check(identity, at, cost)
+        passed, verdicts = decide(
+            [(check.model, identity, cost, check.shadow) for check, identity in checks], at
+        )
+        for (check, identity), verdict in zip(checks, verdicts, strict=True):
             row = check.row
             row.counted += 1
             window = at // row.period_us
@@ -724,19 +724,13 @@ class Replay:
                 state[1] = cost
                 if cost > state[2]:  # noqa: PLR1730
                     state[2] = cost
-            if ok:
-                admitted.append((model, identity))
-            else:
+            if not verdict.allowed:
                 row.refused_by[identity] = row.refused_by.get(identity, 0) + 1
                 if check.shadow:
                     row.shadow += 1
                 else:
                     row.refused += 1
-                    refused = True
-        if not refused:
-            for model, identity in admitted:
-                model.apply(identity, at, cost)
-        return refused
+        return not passed
 
     def sweep(self, now_us: int) -> None:
         """Let every model forget what can no longer change a decision."""

@@ -5,21 +5,20 @@ Every model holds the state of one limit rate (app), one rule or one binding (ed
 every key it counts, in plain dicts keyed by the identity (app) or by the counter key the
 engine builds (edge: the characteristics' values with the data centre). Time is integer µs
 (``_replay_types``). The models import nothing of ``applimit``: edgegen depends on
-``policy`` only, so the app models restate ``applimit/lua`` here, and
-tests/edgegen/test_replay_models.py holds them to it, decision for decision, on a real
-Redis.
+``policy`` only, whose model of ``applimit/lua`` the app models decide with;
+tests/edgegen/test_replay_models.py holds them to the Lua, decision for decision, on a
+real Redis.
 
-App models (:func:`app_model`, :func:`app_models`, :func:`admit`)
-    Decide exactly as ``applimit/lua/{decide,common,<algorithm>}.lua`` do for the
-    arguments ``applimit/_core.py`` sends: limit = the rate's quota, period in µs, cost,
-    and for gcra a burst that defaults to the quota. ``check`` is decide.lua's phase 1
-    (reads only), ``apply`` its phase 2 (records an admitted cost), ``hit`` both for a
-    request that only this model counts. The arithmetic is the scripts': integers in µs
-    (x limit for gcra, x period for sliding_window), floor divisions, ``<=`` where the
-    scripts compare with ``<=``. What the scripts do when the clock goes back is kept too
-    (sliding_log scores an entry no earlier than the newest; sliding_window keeps counting
-    in the stored window). Redis expiry is not modelled: a key expires only once its state
-    no longer changes a decision (common.lua's expiry cells), which ``sweep`` restates.
+App models (:func:`app_model`, :func:`app_models`)
+    One rate of an app limit for every identity it counts, deciding with
+    ``edgegen_policy``'s model of ``applimit/lua`` (``ALGORITHMS``: the arithmetic the
+    in-process ``memory://`` store runs too), so the replay decides exactly as the scripts
+    do for the arguments ``applimit/_core.py`` sends (``Quota.of``: the period in µs, gcra's
+    burst defaulting to the quota). ``peek`` and ``record`` are decide.lua's two phases for
+    ``edgegen_policy.decide``; ``check``, ``apply`` and ``hit`` the same as plain answers.
+    What the scripts do when the clock goes back is kept too. Redis expiry is not
+    modelled: a key expires only once its state no longer changes a decision, which
+    ``sweep`` restates (``idle``).
 
 Sweeps (every model)
     ``sweep(t)`` forgets what can no longer change a decision at ``t`` or later. A call at
@@ -41,24 +40,24 @@ Worker model (:func:`worker_counter`)
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable
+from typing import Any
 
-from edgegen_policy import Action, Algorithm, Rate, checked_rates
+from edgegen_policy import (
+    ALGORITHMS,
+    Action,
+    Algorithm,
+    Quota,
+    Rate,
+    Verdict,
+    checked_rates,
+)
 
 from ._replay_types import AppModel, EdgeCounter
 
-US_PER_MS = 1_000
 US_PER_S = 1_000_000
 # The Workers binding accepts these periods only (wrangler and Miniflare refuse others).
 WORKER_PERIODS_S = (10, 60)
-# A sliding log drops its trimmed entries from memory once this many have piled up at the
-# front and they are at least half of the list (trimming itself only moves an index).
-_LOG_COMPACT_AT = 64
-
-
-def _period_us(rate: Rate) -> int:
-    return rate.period.ms * US_PER_MS
 
 
 def _positive(value: int, what: str) -> int:
@@ -67,245 +66,112 @@ def _positive(value: int, what: str) -> int:
     return value
 
 
-class GcraModel:
-    """gcra.lua: one theoretical arrival time per key.
+class AlgorithmCounter:
+    """One app limit rate of one algorithm, for every identity (``key``) it counts: each
+    key's value (``edgegen_policy``'s ``Tat``, ``Window`` or ``Log``) in a dict."""
 
-    The script keeps the TAT as whole µs ``tat`` plus ``frac / limit`` µs; this model keeps
-    the one integer ``tat * limit + frac`` (µs x limit), which is what every comparison of
-    the script reads: ahead = stored - now x limit, at least 0; a cost fits when
-    ahead + cost x period <= burst x period; apply stores now x limit + ahead + cost x period.
-    """
+    __slots__ = ("_model", "_quota", "_values")
 
-    __slots__ = ("_capacity", "_limit", "_period", "_tats")
+    def __init__(self, algorithm: Algorithm, quota: Quota) -> None:
+        """``quota.limit`` per ``quota.period`` µs with ``algorithm``."""
+        _positive(quota.limit, "limit")
+        _positive(quota.period, "period_us")
+        if algorithm is Algorithm.GCRA:
+            _positive(quota.burst, "burst")
+        self._model = ALGORITHMS[algorithm]
+        self._quota = quota
+        self._values: dict[Hashable, Any] = {}
+
+    def __len__(self) -> int:
+        """The number of keys held."""
+        return len(self._values)
+
+    def peek(self, key: Hashable, now: int, cost: int) -> Verdict:
+        """Phase 1: what ``cost`` finds now; nothing changes."""
+        verdict: Verdict = self._model.check(self._values.get(key), now, self._quota, cost)
+        return verdict
+
+    def record(self, key: Hashable, verdict: Verdict, now: int, cost: int) -> None:
+        """Phase 2: count the ``cost`` that ``verdict`` admitted."""
+        values = self._values
+        values[key] = self._model.apply(values.get(key), verdict, now, self._quota, cost)
+
+    def check(self, key: Hashable, now_us: int, cost: int) -> bool:
+        """Whether ``cost`` fits now (phase 1: nothing changes)."""
+        return self.peek(key, now_us, cost).allowed
+
+    def apply(self, key: Hashable, now_us: int, cost: int) -> None:
+        """Record an admitted ``cost`` (phase 2)."""
+        self.record(key, self.peek(key, now_us, cost), now_us, cost)
+
+    def hit(self, key: Hashable, now_us: int, cost: int = 1) -> bool:
+        """check, and apply when admitted: one request counted by this model alone."""
+        verdict = self.peek(key, now_us, cost)
+        if verdict.allowed:
+            self.record(key, verdict, now_us, cost)
+        return verdict.allowed
+
+    def sweep(self, now_us: int) -> None:
+        """Forget keys whose value can no longer change a decision (the model's ``idle``):
+        they decide as a key never seen."""
+        idle, quota, values = self._model.idle, self._quota, self._values
+        for key in [k for k, value in values.items() if idle(value, now_us, quota)]:
+            del values[key]
+
+
+class GcraModel(AlgorithmCounter):
+    """gcra: one theoretical arrival time per key."""
+
+    __slots__ = ()
 
     def __init__(self, limit: int, period_us: int, burst: int) -> None:
         """``limit`` requests per ``period_us``, at most ``burst`` at once."""
-        self._limit = _positive(limit, "limit")
-        self._period = _positive(period_us, "period_us")
-        self._capacity = _positive(burst, "burst") * period_us
-        self._tats: dict[Hashable, int] = {}
-
-    def __len__(self) -> int:
-        """The number of keys held."""
-        return len(self._tats)
-
-    def check(self, key: Hashable, now_us: int, cost: int) -> bool:
-        """Whether ``cost`` fits now (phase 1: nothing changes)."""
-        base = now_us * self._limit
-        tat = self._tats.get(key)
-        if tat is None or tat < base:
-            return cost * self._period <= self._capacity
-        return tat - base + cost * self._period <= self._capacity
-
-    def apply(self, key: Hashable, now_us: int, cost: int) -> None:
-        """Record an admitted ``cost`` (phase 2)."""
-        base = now_us * self._limit
-        tat = self._tats.get(key)
-        if tat is None or tat < base:
-            tat = base
-        self._tats[key] = tat + cost * self._period
-
-    def hit(self, key: Hashable, now_us: int, cost: int = 1) -> bool:
-        """check, and apply when admitted: one request counted by this model alone."""
-        base = now_us * self._limit
-        tat = self._tats.get(key)
-        if tat is None or tat < base:
-            tat = base
-        after = tat + cost * self._period
-        if after - base <= self._capacity:
-            self._tats[key] = after
-            return True
-        return False
-
-    def sweep(self, now_us: int) -> None:
-        """Forget keys whose TAT has passed: they decide as a key never seen."""
-        base = now_us * self._limit
-        tats = self._tats
-        for key in [k for k, tat in tats.items() if tat <= base]:
-            del tats[key]
+        super().__init__(Algorithm.GCRA, Quota(limit, period_us, burst))
 
 
-class SlidingWindowModel:
-    """sliding_window.lua: per key the current fixed window's index and count and the
-    previous window's count; the previous count weighs (period - elapsed) / period.
+class SlidingWindowModel(AlgorithmCounter):
+    """sliding_window: per key the current fixed window's index and count and the
+    previous window's count."""
 
-    A key's state is a list [window, current, previous], changed in place.
-    """
-
-    __slots__ = ("_full", "_limit", "_period", "_state")
+    __slots__ = ()
 
     def __init__(self, limit: int, period_us: int) -> None:
         """``limit`` requests per ``period_us``."""
-        self._limit = _positive(limit, "limit")
-        self._period = _positive(period_us, "period_us")
-        self._full = limit * period_us
-        self._state: dict[Hashable, list[int]] = {}
-
-    def __len__(self) -> int:
-        """The number of keys held."""
-        return len(self._state)
-
-    def check(self, key: Hashable, now_us: int, cost: int) -> bool:
-        """Whether ``cost`` fits now (phase 1: nothing changes)."""
-        period = self._period
-        window = now_us // period
-        state = self._state.get(key)
-        elapsed = now_us - window * period
-        cur = prev = 0
-        if state is not None:
-            stored = state[0]
-            if stored == window:
-                cur, prev = state[1], state[2]
-            elif stored == window - 1:
-                prev = state[1]
-            elif stored > window:
-                # The clock went back across a window edge: the script keeps counting in
-                # the stored window, with the previous one at full weight.
-                cur, prev, elapsed = state[1], state[2], 0
-        return prev * (period - elapsed) + (cur + cost) * period <= self._full
-
-    def apply(self, key: Hashable, now_us: int, cost: int) -> None:
-        """Record an admitted ``cost`` (phase 2)."""
-        window = now_us // self._period
-        state = self._state.get(key)
-        if state is None:
-            self._state[key] = [window, cost, 0]
-            return
-        stored = state[0]
-        if stored == window or stored > window:
-            state[1] += cost
-        elif stored == window - 1:
-            state[0], state[1], state[2] = window, cost, state[1]
-        else:
-            state[0], state[1], state[2] = window, cost, 0
-
-    def hit(self, key: Hashable, now_us: int, cost: int = 1) -> bool:
-        """check, and apply when admitted: one request counted by this model alone."""
-        if self.check(key, now_us, cost):
-            self.apply(key, now_us, cost)
-            return True
-        return False
-
-    def sweep(self, now_us: int) -> None:
-        """Forget keys last written two or more windows ago: they count nothing now."""
-        before = now_us // self._period - 1
-        state = self._state
-        for key in [k for k, s in state.items() if s[0] < before]:
-            del state[key]
+        super().__init__(Algorithm.SLIDING_WINDOW, Quota(limit, period_us))
 
 
-class _Log:
-    """One key's sliding log: entry scores (never decreasing) and, per entry, the units
-    admitted up to and including it (``ends``). Entries before ``lo`` are trimmed; ``base``
-    is the units admitted before the first entry the lists still hold."""
+class SlidingLogModel(AlgorithmCounter):
+    """sliding_log: every admitted request is an entry scored with its time and holding
+    its cost; the window is (now - period, now]. Memory holds the entries within a period,
+    plus those that left it since the last trim (at most ``TRIM_EVERY`` units' worth)."""
 
-    __slots__ = ("base", "ends", "lo", "scores")
-
-    def __init__(self) -> None:
-        self.scores: list[int] = []
-        self.ends: list[int] = []
-        self.lo = 0
-        self.base = 0
-
-    def count(self, floor: int) -> int:
-        """The units of the entries scored after ``floor`` (the window (floor, now])."""
-        scores = self.scores
-        if not scores or scores[-1] <= floor:
-            return 0
-        first = bisect_right(scores, floor, self.lo)
-        before = self.ends[first - 1] if first else self.base
-        return self.ends[-1] - before
-
-
-class SlidingLogModel:
-    """sliding_log.lua: every admitted request is an entry scored with its time and
-    holding its cost; the window is (now - period, now].
-
-    As in the script, check reads only and apply trims the entries at or before the floor
-    before adding its own, scored no earlier than the newest entry (later than now only
-    when the clock went back), so entries stay in admission order. Memory holds the
-    entries within a period (plus at most a few dozen trimmed ones awaiting compaction).
-    """
-
-    __slots__ = ("_limit", "_logs", "_period")
+    __slots__ = ()
 
     def __init__(self, limit: int, period_us: int) -> None:
         """``limit`` units per ``period_us``."""
-        self._limit = _positive(limit, "limit")
-        self._period = _positive(period_us, "period_us")
-        self._logs: dict[Hashable, _Log] = {}
-
-    def __len__(self) -> int:
-        """The number of keys held."""
-        return len(self._logs)
+        super().__init__(Algorithm.SLIDING_LOG, Quota(limit, period_us))
 
     def entries(self, key: Hashable) -> int:
-        """The number of entries held for ``key`` (trimmed ones not yet dropped included)."""
-        log = self._logs.get(key)
-        return 0 if log is None else len(log.scores) - log.lo
-
-    def check(self, key: Hashable, now_us: int, cost: int) -> bool:
-        """Whether ``cost`` fits now (phase 1: nothing changes)."""
-        log = self._logs.get(key)
-        count = 0 if log is None else log.count(now_us - self._period)
-        return cost <= self._limit - count
-
-    def apply(self, key: Hashable, now_us: int, cost: int) -> None:
-        """Record an admitted ``cost`` (phase 2): trim, then add the entry."""
-        log = self._logs.get(key)
-        if log is None:
-            log = self._logs[key] = _Log()
-        scores = log.scores
-        score = now_us
-        if scores:
-            if scores[-1] > now_us:
-                score = scores[-1]
-            lo = bisect_right(scores, now_us - self._period, log.lo)
-            if lo == len(scores):
-                # Everything left the window: start the lists afresh.
-                log.base = log.ends[-1]
-                scores.clear()
-                log.ends.clear()
-                lo = 0
-            elif lo >= _LOG_COMPACT_AT and 2 * lo >= len(scores):
-                log.base = log.ends[lo - 1]
-                del scores[:lo]
-                del log.ends[:lo]
-                lo = 0
-            log.lo = lo
-        scores.append(score)
-        log.ends.append((log.ends[-1] if log.ends else log.base) + cost)
-
-    def hit(self, key: Hashable, now_us: int, cost: int = 1) -> bool:
-        """check, and apply when admitted: one request counted by this model alone."""
-        if self.check(key, now_us, cost):
-            self.apply(key, now_us, cost)
-            return True
-        return False
-
-    def sweep(self, now_us: int) -> None:
-        """Forget keys whose newest entry has left the window: they count nothing now."""
-        floor = now_us - self._period
-        logs = self._logs
-        for key in [k for k, log in logs.items() if not log.scores or log.scores[-1] <= floor]:
-            del logs[key]
+        """The number of entries held for ``key`` (those not yet trimmed included)."""
+        log = self._values.get(key)
+        return 0 if log is None else len(log.scores)
 
 
 def app_model(algorithm: Algorithm, rate: Rate, burst: int | None) -> AppModel:
     """The model of one app limit rate: ``rate.limit`` per ``rate.period`` with
     ``algorithm``; ``burst`` for gcra (None: the rate's limit, as applimit sends it)."""
-    period_us = _period_us(rate)
-    if algorithm is Algorithm.GCRA:
-        return GcraModel(rate.limit, period_us, burst if burst is not None else rate.limit)
-    if burst is not None:
+    if burst is not None and algorithm is not Algorithm.GCRA:
         raise ValueError(
             f"burst applies to gcra only, not {algorithm.value}; pass burst=None for "
             f"{algorithm.value}."
         )
+    quota = Quota.of(algorithm, rate, burst)
+    if algorithm is Algorithm.GCRA:
+        return GcraModel(quota.limit, quota.period, quota.burst)
     if algorithm is Algorithm.SLIDING_WINDOW:
-        return SlidingWindowModel(rate.limit, period_us)
+        return SlidingWindowModel(quota.limit, quota.period)
     if algorithm is Algorithm.SLIDING_LOG:
-        return SlidingLogModel(rate.limit, period_us)
+        return SlidingLogModel(quota.limit, quota.period)
     raise ValueError(f"no replay model for algorithm {algorithm!r}.")
 
 
@@ -315,25 +181,6 @@ def app_models(
     """The models of one tier's rates, one per period, as applimit checks them
     (``checked_rates``: of two rates with the same period only the smaller limit)."""
     return tuple(app_model(algorithm, rate, burst) for rate in checked_rates(rates))
-
-
-def admit(checks: Sequence[tuple[AppModel, Hashable, bool]], now_us: int, cost: int = 1) -> bool:
-    """One request through every check that applies to it, as decide.lua decides a hit.
-
-    ``checks`` holds (model, key, shadow) per rate of every limit that applies. Phase 1
-    checks them all; the request is admitted when no enforced (non-shadow) check refuses.
-    Phase 2, only then, applies every check that admitted on its own: all the enforced
-    ones, and the shadow ones that would have admitted (a shadow check counts the traffic
-    that gets through). A refused request changes nothing.
-    """
-    passed = [model.check(key, now_us, cost) for model, key, _shadow in checks]
-    for (_model, _key, shadow), ok in zip(checks, passed, strict=True):
-        if not ok and not shadow:
-            return False
-    for (model, key, _shadow), ok in zip(checks, passed, strict=True):
-        if ok:
-            model.apply(key, now_us, cost)
-    return True
 
 
 class RuleCounter:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import NamedTuple, Protocol
 
+from edgegen_policy import Verdict
+
 
 class Request(NamedTuple):
     """One recorded request, as the reader could reconstruct it.
@@ -55,11 +57,17 @@ class Request(NamedTuple):
 class AppModel(Protocol):
     """One app limit rate of one algorithm, for every identity (``key``) it counts.
 
-    Its decisions equal ``applimit/lua``'s for the same calls at the same times: ``check``
-    is phase 1 of ``decide.lua`` (would this cost be admitted now; writes nothing) and
-    ``apply`` phase 2 (record an admitted cost). A request checked against several limits
-    is applied to all of them only when every enforced check admits it, as the script does.
+    Its decisions equal ``applimit/lua``'s for the same calls at the same times: ``peek``
+    is phase 1 of ``decide.lua`` (what this cost finds now; writes nothing) and ``record``
+    phase 2 (count an admitted cost), an ``edgegen_policy.Counter`` for
+    ``edgegen_policy.decide``, which applies a request checked against several limits to
+    all of them only when every enforced check admits it, as the script does. ``check``
+    and ``apply`` are the same two phases as plain answers.
     """
+
+    def peek(self, key: Hashable, now: int, cost: int) -> Verdict: ...
+
+    def record(self, key: Hashable, verdict: Verdict, now: int, cost: int) -> None: ...
 
     def check(self, key: Hashable, now_us: int, cost: int) -> bool: ...
 

@@ -19,6 +19,9 @@ Public surface::
     header_key, QUOTA_EXCEEDED               a limit's RateLimit header key, the 429's
                                              problem type: the same at edge and app
     credentialed_rate                        an edge limit's rate for credentialed requests
+    ALGORITHMS, Quota, decide, ...           the app's algorithms as integer arithmetic, as
+                                             applimit's Lua computes them: its memory://
+                                             store and edgegen's replay decide with them
 
 ``checks`` are checks a consumer contributes (edgegen passes its Cloudflare placement
 checks); this package imports nothing of edgegen or applimit.
@@ -28,6 +31,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._algorithms import (
+    ALGORITHMS,
+    AlgorithmModel,
+    Counter,
+    Quota,
+    Verdict,
+    burst_for,
+    decide,
+    period_us,
+)
 from ._check import Checked, check
 from ._edge import CREDENTIALED_FACTOR, credentialed_rate
 from ._errors import Diagnostic, Layer, PolicyError, PolicyLoadError, Severity
@@ -89,11 +102,13 @@ def json_schema() -> dict[str, Any]:
 
 
 __all__ = [
+    "ALGORITHMS",
     "CREDENTIALED_FACTOR",
     "DEFAULT_IPV6_PREFIX",
     "QUOTA_EXCEEDED",
     "Action",
     "Algorithm",
+    "AlgorithmModel",
     "App",
     "AppKey",
     "AppLimit",
@@ -103,6 +118,7 @@ __all__ = [
     "Clients",
     "Cloudflare",
     "CloudflarePlan",
+    "Counter",
     "Diagnostic",
     "Duration",
     "EdgeKey",
@@ -119,15 +135,19 @@ __all__ = [
     "PolicyError",
     "PolicyLoadError",
     "Position",
+    "Quota",
     "Rate",
     "Severity",
     "SourceMap",
+    "Verdict",
     "Worker",
     "allowance",
+    "burst_for",
     "canonical_path",
     "check",
     "checked_rates",
     "credentialed_rate",
+    "decide",
     "decode_path",
     "diagnostic_at",
     "diagnostic_json",
@@ -145,6 +165,7 @@ __all__ = [
     "loads",
     "normalize_host",
     "normalize_path",
+    "period_us",
     "request_paths",
     "sliding_log_bytes",
     "write_diagnostics",

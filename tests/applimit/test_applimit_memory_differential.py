@@ -197,7 +197,8 @@ def test_entries_past_the_window_count_again_alike_when_the_clock_goes_back(
 
 def test_the_memory_backend_trims_a_log_as_often_as_the_script() -> None:
     """Limits in the differential cases stay below the script's trim interval, so the
-    interval itself is compared: the memory backend's is the Lua file's."""
-    from applimit._memory import _TRIM_EVERY
+    interval itself is compared: the one the memory backend trims by (edgegen_policy's
+    model of the algorithms) is the Lua file's."""
+    from edgegen_policy._algorithms import TRIM_EVERY
 
-    assert f"local TRIM_EVERY = {_TRIM_EVERY}\n" in _script.SOURCE
+    assert f"local TRIM_EVERY = {TRIM_EVERY}\n" in _script.SOURCE

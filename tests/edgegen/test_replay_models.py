@@ -25,7 +25,7 @@ import edgegen_policy as policy
 import pytest
 import redis
 from edge_support import run_node
-from edgegen_policy import Algorithm, Rate
+from edgegen_policy import Algorithm, Rate, decide
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,7 +36,6 @@ from edgegen._replay_models import (
     SlidingLogModel,
     SlidingWindowModel,
     WorkerCounter,
-    admit,
     app_model,
     app_models,
     rule_counter,
@@ -80,6 +79,13 @@ def limiter_for(redis_client: redis.Redis, text: str, clock: Clock) -> Iterator[
         yield limiter
     finally:
         limiter.close()
+
+
+def admit(checks: Sequence[tuple[AppModel, Hashable, bool]], now_us: int, cost: int = 1) -> bool:
+    """One request of ``cost`` through ``checks`` (model, key, shadow), decided as the
+    replay's engine decides it (``edgegen_policy.decide``)."""
+    passed, _ = decide([(model, key, cost, shadow) for model, key, shadow in checks], now_us)
+    return passed
 
 
 # --- (a) the app models equal the Lua ----------------------------------------------------
@@ -626,7 +632,7 @@ def test_sliding_log_memory_is_bounded_by_the_window() -> None:
         admitted += model.hit("u", START_US + i * (US // 10), 1)
     assert admitted == 36_000  # 10 per second is exactly the limit
     assert model.entries("u") <= 100
-    log_lists = model._logs["u"]
+    log_lists = model._values["u"]
     assert len(log_lists.scores) <= 100 + 2 * 64
 
 

@@ -1,0 +1,111 @@
+"""The algorithms' integer model (``edgegen_policy._algorithms``) against applimit's Lua.
+
+Hypothesis draws one algorithm and rate (and a burst for gcra) and a sequence of requests
+(time step, cost, hit or peek), with steps that land on window and emission edges, idle
+gaps longer than the period and a clock that sometimes goes back. Each request is one
+call of the real script (EVAL on a real redis-server, its time passed as a test clock's
+is) and one :func:`~edgegen_policy.decide` over the model; the script's reply must equal
+the model's answer: admitted, consumed, remaining, reset and retry, integer for integer.
+applimit's ``memory://`` store and edgegen's replay decide with this model, so this one
+test ties both to the Lua.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import redis
+from edgegen_policy import ALGORITHMS, Algorithm, Quota, Rate, Verdict, decide
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from applimit import _script
+
+US = 1_000_000
+START_US = 1_000_000 * 60 * US
+# Hits carry the test clock's slack, as the limiter sends them: the server's own clock
+# never expires a key the model still holds.
+SLACK_MS = "600000"
+
+
+class Keys:
+    """The model's values by key: the ``Counter`` that :func:`decide` reads and writes."""
+
+    def __init__(self, algorithm: Algorithm, quota: Quota) -> None:
+        self.model = ALGORITHMS[algorithm]
+        self.quota = quota
+        self.values: dict[str, Any] = {}
+
+    def peek(self, key: str, now: int, cost: int) -> Verdict:
+        """Phase 1: the model's check."""
+        verdict: Verdict = self.model.check(self.values.get(key), now, self.quota, cost)
+        return verdict
+
+    def record(self, key: str, verdict: Verdict, now: int, cost: int) -> None:
+        """Phase 2: the model's apply."""
+        values = self.values
+        values[key] = self.model.apply(values.get(key), verdict, now, self.quota, cost)
+
+
+@st.composite
+def sequences(draw: st.DrawFn) -> dict[str, Any]:
+    """An algorithm, a rate, gcra's burst (None: the default), a start, and requests
+    (time step µs, cost, hit?)."""
+    algorithm = draw(st.sampled_from(list(Algorithm)))
+    limit = draw(st.integers(1, 20))
+    period_ms = draw(st.sampled_from([1_000, 1_500, 7_000, 60_000]))
+    burst = draw(st.one_of(st.none(), st.integers(1, 25))) if algorithm is Algorithm.GCRA else None
+    period = period_ms * 1000
+    steps = st.one_of(
+        st.just(0),
+        st.integers(0, 3_000),
+        st.integers(0, period),
+        # Exact edges: an entry leaving (a period after it), an emission interval passing.
+        st.sampled_from([period + d for d in (-1, 0, 1)]),
+        st.sampled_from([k * period // limit + d for k in (1, 2) for d in (-1, 0, 1)]),
+        # Idle for longer than the period (two windows: a sliding window forgets).
+        st.integers(period + 1, 3 * period),
+        # A record logged out of order: the clock goes back a little.
+        st.integers(-period, -1),
+    )
+    requests = draw(
+        st.lists(
+            st.tuples(steps, st.integers(1, limit + 3), st.sampled_from([True, True, False])),
+            min_size=1,
+            max_size=60,
+        )
+    )
+    return {
+        "algorithm": algorithm,
+        "rate": Rate.parse(f"{limit}/{period_ms}ms"),
+        "burst": burst,
+        "start": draw(st.integers(0, period)),
+        "requests": requests,
+    }
+
+
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(sequence=sequences())
+def test_the_model_answers_as_the_lua(redis_client: redis.Redis, sequence: dict[str, Any]) -> None:
+    """Every request: the script's reply (admitted, consumed, remaining, reset, retry)
+    equals what ``decide`` over the model answers, with the spec built by the model's rate
+    rules (``Quota.of``: the period in µs, gcra's burst defaulting to the limit)."""
+    algorithm: Algorithm = sequence["algorithm"]
+    quota = Quota.of(algorithm, sequence["rate"], sequence["burst"])
+    keys = Keys(algorithm, quota)
+    key = f"alg:{uuid.uuid4().hex}"
+    now = START_US + sequence["start"]
+    for index, (step, cost, hit) in enumerate(sequence["requests"]):
+        now += step
+        spec = f"{algorithm.value} {quota.limit} {quota.period} {cost} {quota.burst} 0"
+        mode = "hit" if hit else "peek"
+        args = [mode, str(now), f"{index:012x}", SLACK_MS, "1", spec]
+        reply = redis_client.eval(_script.SOURCE, 1, key, *args)  # type: ignore[no-untyped-call]
+        passed, (verdict,) = decide([(keys, key, cost, False)], now, hit=hit)
+        consumed = hit and passed and verdict.allowed
+        expected = [now, 1, int(verdict.allowed), int(consumed)]
+        expected += [verdict.remaining, verdict.reset, verdict.retry]
+        assert reply == expected, f"request {index} ({mode}, cost {cost}, step {step} µs)"
