@@ -77,6 +77,7 @@ from ._capabilities import (
     PlanCapabilities,
     lowest_plan_with_field,
 )
+from ._routes import route_parts
 
 
 def rule_count(policy: Policy, limit: Limit) -> int:
@@ -662,12 +663,6 @@ def placement_diagnostics(
     return out
 
 
-def _route_parts(route: str) -> tuple[str, str]:
-    """A route pattern's host and path (``api.example.com/*`` -> ``api.example.com``, ``/*``)."""
-    host, slash, path = route.partition("/")
-    return host.lower(), (slash + path) if slash else "/*"
-
-
 def _host_covered(route_host: str, host: str) -> bool:
     """Whether a route's host pattern (a leading ``*`` matches any prefix) covers a policy
     host (``*.example.com`` needs a route host that covers every subdomain)."""
@@ -702,7 +697,7 @@ def _route_coverage(policy: Policy, name: str, routes: tuple[str, ...]) -> Diagn
     zone, and only the routes' hosts are covered: edgegen cannot know the zone's names).
     """
     limit = policy.limit(name)
-    parts = [_route_parts(r) for r in routes]
+    parts = [route_parts(r) for r in routes]
     hosts = limit.match.hosts
     path = ("limits", policy.limit_index(name), "match")
     if not hosts:

@@ -31,7 +31,6 @@ from edgegen_policy import (
     checked_rates,
     decide,
     ip_bucket,
-    normalize_host,
     request_paths,
 )
 from edgegen_policy import Matcher as PolicyMatcher
@@ -39,6 +38,7 @@ from edgegen_policy import Matcher as PolicyMatcher
 from . import _placement
 from ._replay_models import app_model, rule_counter, worker_counter
 from ._replay_types import AppModel, EdgeCounter, Request
+from ._routes import route_covers, route_parts
 
 # Forget idle counters every this many records (and at the end): cheap, and often enough
 # that memory follows the active identities.
@@ -397,7 +397,7 @@ class Replay:
         lists_credentials = bool(when.headers or when.cookies)
         worker = policy.cloudflare.worker
         if worker is not None:
-            self.routes = [_route_parts(route) for route in worker.routes]
+            self.routes = [route_parts(route) for route in worker.routes]
         for placement in _placement.place(policy):
             limit = policy.limits[placement.index]
             edge = limit.edge
@@ -610,7 +610,7 @@ class Replay:
         the logged spelling alone (``/%77ebhooks/`` is on a ``/webhooks/*`` route)."""
         if not self.routes:
             return True
-        return any(_route_covers(route, host, form) for route in self.routes for form in forms)
+        return any(route_covers(route, host, form) for route in self.routes for form in forms)
 
     def _worker(
         self, request: Request, method: str, host: str, path: str, authenticated: bool
@@ -772,28 +772,6 @@ def replay_pair(
         before.feed(record)
         after.feed(record)
     return before.result(), after.result()
-
-
-def _route_parts(route: str) -> tuple[str, str]:
-    """A Worker route pattern's host and path parts (``*.example.com``, ``/api/*``)."""
-    pattern = route.split("://", 1)[-1]
-    host, slash, path = pattern.partition("/")
-    return host.lower(), slash + path if slash else "/*"
-
-
-def _route_covers(route: tuple[str, str], host: str, path: str) -> bool:
-    """Whether a route sends a request to the Worker: ``*`` leads the host or ends the path,
-    as Cloudflare's route patterns allow."""
-    route_host, route_path = route
-    name = normalize_host(host)
-    if route_host.startswith("*"):
-        if not name.endswith(route_host[1:]):
-            return False
-    elif route_host != name:
-        return False
-    if route_path.endswith("*"):
-        return path.startswith(route_path[:-1])
-    return path == route_path
 
 
 __all__ = [
