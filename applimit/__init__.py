@@ -38,7 +38,6 @@ from . import _compat  # noqa: F401 (imported for its check)
 from ._async import AsyncLimiter
 from ._breaker import BreakerState
 from ._decision import Decision, LimitResult
-from ._decorator import RateLimited, rate_limited
 from ._errors import (
     ApplimitError,
     ConfigurationError,
@@ -49,7 +48,9 @@ from ._errors import (
 from ._eventlog import EventLogObserver
 from ._observe import DecisionEvent, Observer, Outcome, OvershootObserver
 from ._sync import Limiter
-from ._web import EXEMPT, Caller, Refusal, RequestInfo
+from .web._decorator import RateLimited, rate_limited
+from .web._gate import EXEMPT, Refusal
+from .web._request import Caller, RequestInfo
 
 __all__ = [
     "EXEMPT",

@@ -35,27 +35,21 @@ from typing import Any
 
 from ._async import AsyncLimiter
 from ._errors import ConfigurationError
-from ._web import (
+from .web._client_ip import TrustedProxies
+from .web._gate import (
     EXEMPT,
     PASS,
-    QUOTA_EXCEEDED,
-    Caller,
-    Cost,
+    Answer,
     ExemptCaller,
     ExemptWhen,
-    Identify,
     OnIdentifyError,
-    Outcome,
     Refusal,
     RenderRefusal,
-    RequestInfo,
-    TrustedProxies,
     bad_path,
-    identified,
-    is_preflight,
-    middleware_gate,
-    request_cost,
 )
+from .web._headers import QUOTA_EXCEEDED
+from .web._options import Cost, middleware_gate, request_cost
+from .web._request import Caller, Identify, RequestInfo, identified, is_preflight
 
 __all__ = ["Caller", "RateLimitMiddleware", "RequestInfo", "TrustedProxies"]
 
@@ -195,7 +189,7 @@ class RateLimitMiddleware:
             identify = self.identify
             caller = identify(request) if identify is not None else None
             if caller is not None and type(caller) is not Caller:
-                # An async identify's awaitable, or a value _web checks (and refuses): the
+                # An async identify's awaitable, or a value web._request checks (and refuses): the
                 # usual plain Caller or None needs no coroutine of its own per request.
                 caller = await identified(caller)
         except Exception as error:
@@ -224,7 +218,7 @@ class RateLimitMiddleware:
             mount=request.mount,
         )
         scope.setdefault("state", {})[DECISION_STATE_KEY] = decision
-        outcome = gate.outcome(decision, subject.tier)
+        outcome = gate.answer(decision, subject.tier)
         if outcome.refusal is not None:
             await self._refuse(scope, receive, send, gate.render(outcome.refusal, request, request))
             return
@@ -234,7 +228,7 @@ class RateLimitMiddleware:
         await self.app(scope, receive, _with_headers(send, outcome))
 
     async def _spare(
-        self, scope: Scope, receive: Receive, send: Send, request: RequestInfo, spared: Outcome
+        self, scope: Scope, receive: Receive, send: Send, request: RequestInfo, spared: Answer
     ) -> None:
         """An exemption's answer: the app, uncounted and without headers, with
         ``applimit.EXEMPT`` as the Decision; or the 503 of a failing ``identify`` or
@@ -292,7 +286,7 @@ def _inner_cors(app: object) -> Any | None:
     return None
 
 
-def _with_headers(send: Send, outcome: Outcome) -> Send:
+def _with_headers(send: Send, outcome: Answer) -> Send:
     """A ``send`` that adds the outcome's headers to the response start, and nothing else.
 
     Body messages go straight through, so streaming responses stay streaming.

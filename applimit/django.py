@@ -58,10 +58,14 @@ from django.utils.module_loading import import_string  # type: ignore[import-unt
 from edgegen_policy import PolicyError
 
 from ._decision import Decision
-from ._decorator import RateLimited
 from ._errors import ConfigurationError, did_you_mean
 from ._sync import Limiter
-from ._views import (
+from .web._decorator import RateLimited
+from .web._gate import EXEMPT, PASS, Answer, Gate, Refusal, bad_path
+from .web._headers import QUOTA_EXCEEDED
+from .web._options import middleware_gate
+from .web._request import Caller, RequestInfo
+from .web._views import (
     check_request,
     hit_limit,
     joined,
@@ -69,20 +73,8 @@ from ._views import (
     merge_headers,
     native_cost,
     needs_check,
-    rate_limited_outcome,
+    rate_limited_answer,
     resolve_caller,
-)
-from ._web import (
-    EXEMPT,
-    PASS,
-    QUOTA_EXCEEDED,
-    Caller,
-    Gate,
-    Outcome,
-    Refusal,
-    RequestInfo,
-    bad_path,
-    middleware_gate,
 )
 
 __all__ = [
@@ -294,9 +286,7 @@ def _call_identify(config: Config, request: Any) -> Caller | None:
     return caller
 
 
-def _caller(
-    config: Config, request: Any, info: RequestInfo
-) -> tuple[Caller | None, Outcome | None]:
+def _caller(config: Config, request: Any, info: RequestInfo) -> tuple[Caller | None, Answer | None]:
     """The caller from ``identify``, once per request, after the app's exemptions, under
     ``on_identify_error``: in the second place ``EXEMPTED`` when an exemption spares the
     request, a refusal when a function raised and the choice is to refuse."""
@@ -306,15 +296,15 @@ def _caller(
             _CALLER,
             resolve_caller(config.gate, info, request, lambda: _call_identify(config, request)),
         )
-    found: tuple[Caller | None, Outcome | None] = getattr(request, _CALLER)
+    found: tuple[Caller | None, Answer | None] = getattr(request, _CALLER)
     return found
 
 
-def _rendered(config: Config, request: Any, info: RequestInfo, outcome: Outcome) -> Outcome:
+def _rendered(config: Config, request: Any, info: RequestInfo, outcome: Answer) -> Answer:
     """``outcome`` with its refusal given the app's own body (``refusal``), if any."""
     if outcome.refusal is None or config.gate.refusal is None:
         return outcome
-    return Outcome(outcome.headers, config.gate.render(outcome.refusal, info, request))
+    return Answer(outcome.headers, config.gate.render(outcome.refusal, info, request))
 
 
 def _refused(config: Config, request: Any, info: RequestInfo, refusal: Refusal) -> Any:
@@ -336,7 +326,7 @@ def _view_is_exempt(request: Any) -> bool:
 
 
 def refusal_response(refusal: Refusal) -> Any:
-    """A :class:`~applimit._web.Refusal` as a Django ``HttpResponse``."""
+    """A :class:`~applimit.web._gate.Refusal` as a Django ``HttpResponse``."""
     response = HttpResponse(refusal.body, status=refusal.status)
     for key, value in refusal.headers:
         response.headers[key] = value
@@ -344,7 +334,7 @@ def refusal_response(refusal: Refusal) -> Any:
     return response
 
 
-def _add_headers(response: Any, outcome: Outcome) -> Any:
+def _add_headers(response: Any, outcome: Answer) -> Any:
     # A refusal carries its own, complete headers: items of a limit that allowed the
     # request would put a t later than Retry-After into its RateLimit field.
     if outcome.headers and not getattr(response, _REFUSAL, False):
@@ -403,13 +393,13 @@ class RateLimitMiddleware:
         if not isinstance(exception, RateLimited):
             return None
         config = configured()
-        refusal = rate_limited_outcome(config.gate, exception).refusal
+        refusal = rate_limited_answer(config.gate, exception).refusal
         if refusal is None:
             return None
         return _refused(config, request, request_info(request), refusal)
 
 
-def _hit(name: str, cost: Cost, request: Any) -> Outcome:
+def _hit(name: str, cost: Cost, request: Any) -> Answer:
     config = configured()
     info = request_info(request)
     caller, answer = _caller(config, request, info)

@@ -37,25 +37,13 @@ from ._decision import Decision
 from ._errors import UnknownLimitError
 from ._flow import UNLIMITED
 from ._sync import Limiter
-from ._views import joined
-from ._web import (
-    EXEMPT,
-    PROBLEM_JSON,
-    QUOTA_EXCEEDED,
-    Caller,
-    ExemptCaller,
-    ExemptWhen,
-    Identify,
-    Refusal,
-    RenderRefusal,
-    RequestInfo,
-    Subject,
-    TrustedProxies,
-    bad_path,
-    identify_async,
-    middleware_gate,
-)
 from .asgi import DECISION_STATE_KEY
+from .web._client_ip import TrustedProxies
+from .web._gate import EXEMPT, ExemptCaller, ExemptWhen, Refusal, RenderRefusal, Subject, bad_path
+from .web._headers import PROBLEM_JSON, QUOTA_EXCEEDED
+from .web._options import middleware_gate
+from .web._request import Caller, Identify, RequestInfo, identify_async
+from .web._views import joined
 
 __all__ = [
     "Caller",
@@ -193,7 +181,7 @@ class RateLimit:
             return self._keep(request, EXEMPT)
         subject = gate.subject(info, caller)
         decision = self._keep(request, await self._decide(info, subject))
-        outcome = gate.outcome(decision, subject.tier)
+        outcome = gate.answer(decision, subject.tier)
         if outcome.refusal is not None:
             raise RateLimitExceeded(decision, gate.render(outcome.refusal, info, info))
         for key, value in outcome.headers:

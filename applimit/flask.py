@@ -43,10 +43,25 @@ from flask import Blueprint, Flask, Request, Response, current_app, g, request
 from werkzeug.exceptions import HTTPException
 
 from ._decision import Decision
-from ._decorator import RateLimited
 from ._errors import ConfigurationError
 from ._sync import Limiter
-from ._views import (
+from .web._client_ip import TrustedProxies
+from .web._decorator import RateLimited
+from .web._gate import (
+    EXEMPT,
+    Answer,
+    ExemptCaller,
+    ExemptWhen,
+    OnIdentifyError,
+    Refusal,
+    RenderRefusal,
+    bad_path,
+)
+from .web._headers import PROBLEM_JSON, QUOTA_EXCEEDED, delay_seconds, problem_body
+from .web._options import Cost as RequestCost
+from .web._options import middleware_gate, request_cost
+from .web._request import Caller, RequestInfo, identify_sync
+from .web._views import (
     check_request,
     hit_limit,
     joined,
@@ -54,30 +69,9 @@ from ._views import (
     merge_headers,
     native_cost,
     needs_check,
-    rate_limited_outcome,
+    rate_limited_answer,
     resolve_caller,
 )
-from ._web import (
-    EXEMPT,
-    PROBLEM_JSON,
-    QUOTA_EXCEEDED,
-    Caller,
-    ExemptCaller,
-    ExemptWhen,
-    OnIdentifyError,
-    Outcome,
-    Refusal,
-    RenderRefusal,
-    RequestInfo,
-    TrustedProxies,
-    bad_path,
-    delay_seconds,
-    identify_sync,
-    middleware_gate,
-    problem_body,
-    request_cost,
-)
-from ._web import Cost as RequestCost
 from .wsgi import DECISION_ENVIRON_KEY
 
 if TYPE_CHECKING:
@@ -133,7 +127,7 @@ class RateLimitExceeded(HTTPException):
 
 
 def problem_response(refusal: Refusal) -> Response:
-    """A :class:`~applimit._web.Refusal` as a Flask response, with its own content type
+    """A :class:`~applimit.web._gate.Refusal` as a Flask response, with its own content type
     (the problem document's, or the one of the app's ``refusal=`` body)."""
     content_type = PROBLEM_JSON
     for key, value in refusal.headers:
@@ -346,7 +340,7 @@ class Limits:
         kept = environ[DECISION_ENVIRON_KEY] = joined(environ.get(DECISION_ENVIRON_KEY), decision)
         g.applimit_decision = kept
 
-    def _apply(self, outcome: Outcome, decision: Decision, info: RequestInfo) -> None:
+    def _apply(self, outcome: Answer, decision: Decision, info: RequestInfo) -> None:
         self._keep(decision)
         if outcome.refusal is not None:
             raise RateLimitExceeded(self.gate.render(outcome.refusal, info, info), decision)
@@ -370,7 +364,7 @@ class Limits:
     def _answer_rate_limited(self, error: RateLimited) -> Response:
         request.environ[_REFUSED] = True
         info = RequestInfo.from_wsgi(request.environ)
-        refusal = rate_limited_outcome(self.gate, error).refusal
+        refusal = rate_limited_answer(self.gate, error).refusal
         if refusal is None:
             # A denied decision always names what denied it; should one not, the answer is
             # still a refusal the client can act on.

@@ -25,27 +25,22 @@ from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from ._errors import ConfigurationError
 from ._sync import Limiter
-from ._views import check_request
-from ._web import (
+from .web._client_ip import TrustedProxies
+from .web._gate import (
     EXEMPT,
     PASS,
-    QUOTA_EXCEEDED,
-    Caller,
-    Cost,
+    Answer,
     ExemptCaller,
     ExemptWhen,
     OnIdentifyError,
-    Outcome,
     Refusal,
     RenderRefusal,
-    RequestInfo,
-    TrustedProxies,
     bad_path,
-    identify_sync,
-    is_preflight,
-    middleware_gate,
-    request_cost,
 )
+from .web._headers import QUOTA_EXCEEDED
+from .web._options import Cost, middleware_gate, request_cost
+from .web._request import Caller, RequestInfo, identify_sync, is_preflight
+from .web._views import check_request
 
 __all__ = ["Caller", "RateLimitMiddleware", "RequestInfo", "TrustedProxies"]
 
@@ -176,7 +171,7 @@ class RateLimitMiddleware:
         environ: WSGIEnvironment,
         start_response: StartResponse,
         request: RequestInfo,
-        spared: Outcome,
+        spared: Answer,
     ) -> Iterable[bytes]:
         """An exemption's answer: the app, uncounted and without headers, with
         ``applimit.EXEMPT`` as the Decision; or the 503 of a failing ``identify`` or
@@ -192,7 +187,7 @@ def _refuse(start_response: StartResponse, refusal: Refusal) -> list[bytes]:
     return [refusal.body]
 
 
-def _with_headers(start_response: StartResponse, outcome: Outcome) -> StartResponse:
+def _with_headers(start_response: StartResponse, outcome: Answer) -> StartResponse:
     extra = list(outcome.headers)
 
     def start_with_headers(

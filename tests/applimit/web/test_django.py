@@ -27,7 +27,7 @@ from servers import EXAMPLES, serve_wsgi
 from webcheck import ALICE, BOB, problem, rate_limit_headers
 
 from applimit import Limiter
-from applimit._web import QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY
+from applimit.web._headers import QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY
 from applimit.wsgi import Caller, RateLimitMiddleware, RequestInfo
 
 PROJECT = EXAMPLES / "django_project"

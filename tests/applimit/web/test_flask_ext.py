@@ -22,8 +22,8 @@ from servers import serve_wsgi
 from webcheck import ALICE, BOB, FLASK, Serve, problem, rate_limit_headers
 
 from applimit import ConfigurationError, Limiter, UnknownLimitError, rate_limited
-from applimit._web import QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY
 from applimit.flask import Caller, Limits, RateLimitExceeded, RequestInfo
+from applimit.web._headers import QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY
 from applimit.wsgi import RateLimitMiddleware
 
 POLICY = """

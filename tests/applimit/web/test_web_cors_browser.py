@@ -29,8 +29,8 @@ from servers import serve_asgi, serve_wsgi
 from starlette.middleware.cors import CORSMiddleware
 
 from applimit import AsyncLimiter
-from applimit._web import QUOTA_EXCEEDED
 from applimit.asgi import RateLimitMiddleware
+from applimit.web._headers import QUOTA_EXCEEDED
 
 POLICY = """
 version: 1

@@ -27,7 +27,7 @@ from webcheck import (
 )
 
 from applimit import Limiter
-from applimit._web import QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY
+from applimit.web._headers import QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY
 
 SMALL_POLICY = """
 version: 1

@@ -36,9 +36,9 @@ from webcheck import problem, rate_limit_headers
 from applimit import EXEMPT, AsyncLimiter, ConfigurationError, Decision, Limiter, Refusal
 from applimit import asgi as applimit_asgi
 from applimit import wsgi as applimit_wsgi
-from applimit._web import QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY
 from applimit.fastapi import RateLimit, add_problem_handler
 from applimit.flask import Caller, Limits, RequestInfo
+from applimit.web._headers import QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY
 
 POLICY = """
 version: 1

@@ -15,7 +15,9 @@ from webcheck import Service, rate_limit_headers
 
 from applimit import Decision, LimitResult
 from applimit._decision import combine
-from applimit._web import PASS, TEMPORARY_REDUCED_CAPACITY, Gate, Outcome, TrustedProxies
+from applimit.web._client_ip import TrustedProxies
+from applimit.web._gate import PASS, Answer, Gate
+from applimit.web._headers import TEMPORARY_REDUCED_CAPACITY
 
 GATE = Gate(tiers=("free", "pro"), legacy_headers=True)
 
@@ -47,7 +49,7 @@ def result(
     )
 
 
-def response(outcome: Outcome) -> httpx.Response:
+def response(outcome: Answer) -> httpx.Response:
     """The outcome as an HTTP response, for the header checker."""
     if outcome.refusal is not None:
         return httpx.Response(
@@ -61,11 +63,11 @@ def response(outcome: Outcome) -> httpx.Response:
 def test_fractional_waits_round_up() -> None:
     """t and Retry-After are whole seconds rounded up: 0.2 s is 1, 12.0001 s is 13."""
     decision = combine([result(remaining=0, allowed=False, retry_after=12.0001, reset_after=40.2)])
-    parsed = rate_limit_headers(response(GATE.outcome(decision, "free")))
+    parsed = rate_limit_headers(response(GATE.answer(decision, "free")))
     assert parsed.limits["api"].t == 13
     assert parsed.retry_after == 13
     allowed = combine([result(reset_after=0.2)])
-    assert rate_limit_headers(response(GATE.outcome(allowed, "free"))).limits["api"].t == 1
+    assert rate_limit_headers(response(GATE.answer(allowed, "free"))).limits["api"].t == 1
 
 
 def test_retry_after_covers_the_longest_of_several_denials() -> None:
@@ -77,7 +79,7 @@ def test_retry_after_covers_the_longest_of_several_denials() -> None:
             result("other", remaining=50),
         ]
     )
-    outcome = GATE.outcome(decision, "free")
+    outcome = GATE.answer(decision, "free")
     parsed = rate_limit_headers(response(outcome))
     assert parsed.retry_after == 7200
     assert set(parsed.limits) == {"api", "daily"}
@@ -93,7 +95,7 @@ def test_a_cost_that_can_never_fit_waits_one_window() -> None:
     """retry_after is infinite when the cost exceeds the quota: the client is told one
     window, not zero (which would invite a tight retry loop)."""
     decision = combine([result(quota=5, remaining=5, allowed=False, retry_after=math.inf)])
-    parsed = rate_limit_headers(response(GATE.outcome(decision, "free")))
+    parsed = rate_limit_headers(response(GATE.answer(decision, "free")))
     assert parsed.retry_after == 60
     assert parsed.limits["api"] == Service(r=5, t=60)
 
@@ -105,21 +107,21 @@ def test_shadow_results_are_not_advertised_and_never_refuse() -> None:
         [result(), result("exports", remaining=0, allowed=False, retry_after=5, shadow=True)]
     )
     assert decision.allowed
-    parsed = rate_limit_headers(response(GATE.outcome(decision, "free")))
+    parsed = rate_limit_headers(response(GATE.answer(decision, "free")))
     assert set(parsed.policies) == {"api"}
     only_shadow = combine([result("exports", shadow=True)])
-    assert GATE.outcome(only_shadow, "free") is PASS
+    assert GATE.answer(only_shadow, "free") is PASS
 
 
 def test_no_limit_applies() -> None:
     """An empty decision (no matcher applied) adds nothing."""
-    assert GATE.outcome(combine([]), "free") is PASS
+    assert GATE.answer(combine([]), "free") is PASS
 
 
 def test_degraded_fail_open_keeps_the_policy_but_invents_no_counts() -> None:
     """Without Redis the quotas are still known, the remaining counts are not."""
     decision = combine([result(remaining=0, reset_after=0.0)], degraded=True)
-    outcome = GATE.outcome(decision, "free")
+    outcome = GATE.answer(decision, "free")
     assert outcome.refusal is None
     names = [name for name, _ in outcome.headers]
     assert names == ["RateLimit-Policy"]
@@ -135,7 +137,7 @@ def test_degraded_fail_closed_is_a_503_problem() -> None:
         ],
         degraded=True,
     )
-    outcome = GATE.outcome(decision, "free")
+    outcome = GATE.answer(decision, "free")
     assert outcome.refusal is not None
     assert outcome.refusal.status == 503
     body = json.loads(outcome.refusal.body)
@@ -153,7 +155,7 @@ def test_names_windows_and_remaining_are_kept_within_the_grammar() -> None:
             result("search", quota=10, window=1, remaining=15, reset_after=0.5),
         ]
     )
-    parsed = rate_limit_headers(response(GATE.outcome(decision, "free")))
+    parsed = rate_limit_headers(response(GATE.answer(decision, "free")))
     assert parsed.policies["caf%C3%A9"].w is None
     assert parsed.limits["search"].r == 10
 
@@ -167,7 +169,7 @@ def test_several_rates_of_one_limit_are_named_by_period() -> None:
             result("burst", quota=5, window=0.25, remaining=4, reset_after=0.1),
         ]
     )
-    parsed = rate_limit_headers(response(GATE.outcome(decision, "pro")))
+    parsed = rate_limit_headers(response(GATE.answer(decision, "pro")))
     assert set(parsed.policies) == {"api/1m", "api/1h", "burst"}
     assert parsed.legacy == (5, 4, 1)
 
@@ -177,7 +179,7 @@ def test_decision_fields_match_the_binding_item() -> None:
     decision: Decision = combine(
         [result(remaining=3, reset_after=10.5), result("b", quota=50, remaining=40)]
     )
-    parsed = rate_limit_headers(response(GATE.outcome(decision, "free")))
+    parsed = rate_limit_headers(response(GATE.answer(decision, "free")))
     assert parsed.legacy == (decision.limit, decision.remaining, math.ceil(decision.reset_after))
 
 

@@ -17,7 +17,7 @@ from webcheck import rate_limit_headers
 
 from applimit import LimitResult
 from applimit._decision import combine
-from applimit._web import Gate, Outcome
+from applimit.web._gate import Answer, Gate
 from edgegen import _worker
 
 GATE = Gate(tiers=("free",))
@@ -29,7 +29,7 @@ limits:
 """
 
 
-def refused(name: str) -> Outcome:
+def refused(name: str) -> Answer:
     """The app's outcome when a 5/1m limit of this name refuses a request."""
     result = LimitResult(
         name=name,
@@ -44,10 +44,10 @@ def refused(name: str) -> Outcome:
         retry_after=60.0,
         shadow=False,
     )
-    return GATE.outcome(combine([result]), "free")
+    return GATE.answer(combine([result]), "free")
 
 
-def as_response(outcome: Outcome) -> httpx.Response:
+def as_response(outcome: Answer) -> httpx.Response:
     """The refusal as an HTTP response, for the header checker."""
     assert outcome.refusal is not None
     refusal = outcome.refusal

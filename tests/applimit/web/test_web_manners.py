@@ -31,9 +31,10 @@ from applimit import (
     UnknownLimitError,
 )
 from applimit._decision import combine
-from applimit._web import TEMPORARY_REDUCED_CAPACITY, RequestInfo
 from applimit.asgi import Caller, RateLimitMiddleware
 from applimit.fastapi import RateLimit, add_problem_handler
+from applimit.web._headers import TEMPORARY_REDUCED_CAPACITY
+from applimit.web._request import RequestInfo
 from applimit.wsgi import RateLimitMiddleware as WSGIRateLimitMiddleware
 
 POLICY = """
@@ -393,15 +394,15 @@ def test_one_second_is_singular_in_the_problem_detail() -> None:
         [result("api", remaining=0, reset_after=0.0, allowed=False, retry_after=1.0)],
         degraded=True,
     )
-    refusal = GATE.outcome(closed, "free").refusal
+    refusal = GATE.answer(closed, "free").refusal
     assert refusal is not None
     assert json.loads(refusal.body)["detail"].endswith("retry in 1 second.")
     denied = combine([result("api", remaining=0, allowed=False, retry_after=0.5)])
-    refusal = GATE.outcome(denied, "free").refusal
+    refusal = GATE.answer(denied, "free").refusal
     assert refusal is not None
     assert json.loads(refusal.body)["detail"].endswith("retry in 1 second.")
     later = combine([result("api", remaining=0, allowed=False, retry_after=2.5)])
-    refusal = GATE.outcome(later, "free").refusal
+    refusal = GATE.answer(later, "free").refusal
     assert refusal is not None
     assert json.loads(refusal.body)["detail"].endswith("retry in 3 seconds.")
 

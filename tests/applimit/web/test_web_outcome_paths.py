@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 
 from applimit import Decision, LimitResult
 from applimit._decision import combine
-from applimit._web import Caller, Gate, Outcome, RequestInfo, Subject, TrustedProxies
+from applimit.web._client_ip import TrustedProxies
+from applimit.web._gate import Answer, Gate, Subject
+from applimit.web._request import Caller, RequestInfo
 
 names = st.one_of(
     st.sampled_from(["api", "login", 'we"ird\\name', "café", "a/b", "100%"]),
@@ -76,13 +78,13 @@ def test_one_admitting_result_gets_the_general_paths_headers(
     assert alone.allowed and with_shadow.allowed
     # Twice: the first call formats the member, the second reuses it.
     for _ in range(2):
-        fast = gate.outcome(alone, "free")
-        general = gate.outcome(with_shadow, "free")
+        fast = gate.answer(alone, "free")
+        general = gate.answer(with_shadow, "free")
         assert fast == general
         assert fast.headers[0][0] == "RateLimit-Policy"
         assert fast.raw_headers == general.raw_headers
-        assert type(fast) is Outcome
-        assert fast == Outcome(headers=fast.headers, refusal=None)
+        assert type(fast) is Answer
+        assert fast == Answer(headers=fast.headers, refusal=None)
 
 
 @given(
@@ -111,9 +113,9 @@ def test_a_degraded_or_refusing_decision_takes_the_general_path() -> None:
     gate = Gate(tiers=["free"])
     admitted = LimitResult("api", "free", "gcra", 10, 60.0, True, True, 9, 6.0, None)
     degraded = Decision(True, 10, 0, 0.0, None, "api", (admitted,), degraded=True)
-    assert [name for name, _ in gate.outcome(degraded, "free").headers] == ["RateLimit-Policy"]
+    assert [name for name, _ in gate.answer(degraded, "free").headers] == ["RateLimit-Policy"]
     denied = LimitResult("api", "free", "gcra", 10, 60.0, False, False, 0, 6.0, 6.0)
-    refusal = gate.outcome(combine([denied]), "free").refusal
+    refusal = gate.answer(combine([denied]), "free").refusal
     assert refusal is not None and refusal.status == 429
 
 
@@ -142,7 +144,7 @@ def test_remembered_peers_give_the_same_client_ip(peer: str, forwarded: str | No
 
 def test_remembered_peers_are_bounded() -> None:
     """A flood of addresses does not grow what is remembered past its bound."""
-    from applimit._web import MAX_KNOWN_PEERS
+    from applimit.web._client_ip import MAX_KNOWN_PEERS
 
     proxies = TrustedProxies()
     for index in range(MAX_KNOWN_PEERS * 2 + 3):

@@ -9,9 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from applimit import _web
-from applimit._web import UNKNOWN_IP, Gate, RequestInfo, TrustedProxies, parse_ip
 from applimit.asgi import Caller
+from applimit.web import _request
+from applimit.web._client_ip import UNKNOWN_IP, TrustedProxies, parse_ip
+from applimit.web._gate import Gate
+from applimit.web._request import RequestInfo
 
 
 def asgi_scope(
@@ -169,13 +171,13 @@ def test_wsgi_headers_are_cgis_whatever_the_keys(extra: dict[str, object]) -> No
 def test_wsgi_header_names_remembered_up_to_a_bound() -> None:
     """Header names are the client's: past the bound, new names are worked out on every
     request and not kept, and every request still reads its own headers."""
-    limit = _web._HEADER_OF_LIMIT
+    limit = _request._HEADER_OF_LIMIT
     for n in range(limit + 500):
         environ = {"PATH_INFO": "/", f"HTTP_X_BOUND_{n}": str(n), "HTTP_HOST": "example.com"}
         info = RequestInfo.from_wsgi(environ)
         assert info.header(f"x-bound-{n}") == str(n)
         assert info.header("host") == "example.com"
-    assert len(_web._HEADER_OF) <= limit
+    assert len(_request._HEADER_OF) <= limit
 
 
 @settings(max_examples=300, deadline=None)
@@ -208,13 +210,13 @@ def test_asgi_headers_are_read_whatever_the_names(
 def test_asgi_header_names_remembered_up_to_a_bound() -> None:
     """Header names are the client's: past the bound, new names are decoded on every
     request and not kept, and every request still reads its own headers."""
-    limit = _web._NAME_OF_LIMIT
+    limit = _request._NAME_OF_LIMIT
     for n in range(limit + 500):
         headers = [(f"X-Bound-{n}".encode(), str(n).encode()), (b"host", b"example.com")]
         info = RequestInfo.from_asgi({"type": "http", "path": "/", "headers": headers})
         assert info.header(f"x-bound-{n}") == str(n)
         assert info.host == "example.com"
-    assert len(_web._NAME_OF) <= limit
+    assert len(_request._NAME_OF) <= limit
 
 
 def test_wsgi_path_info_is_read_as_utf8() -> None:
@@ -374,7 +376,7 @@ def test_subjects_anonymous_known_and_unknown_tiers(caplog: pytest.LogCaptureFix
 def test_unknown_tiers_are_remembered_up_to_a_bound(caplog: pytest.LogCaptureFixture) -> None:
     """Tiers invented by a client through identify() are logged once each, but the gate
     remembers at most MAX_WARNED_TIERS of them: memory stays bounded."""
-    from applimit._web import MAX_WARNED_TIERS
+    from applimit.web._gate import MAX_WARNED_TIERS
 
     gate = Gate(tiers=["free", "pro"])
     info = request("203.0.113.9")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sfparse import SFError, Token, parse_list
 
-from applimit._web import sf_string
+from applimit.web._headers import sf_string
 
 
 def test_parses_the_drafts_own_examples() -> None:

@@ -1,10 +1,10 @@
 """What the Flask and Django helpers share: deciding for a request or for one named limit,
 and merging rate-limit headers into a response that may already carry some.
 
-Framework-free, like :mod:`applimit._web`, whose :class:`~applimit._web.Gate` turns every
-decision here into headers or a refusal, so that the helpers answer exactly as the WSGI
-middleware does. The helpers themselves only translate between these values and their
-framework's request and response objects.
+Framework-free, like the rest of :mod:`applimit.web`, whose
+:class:`~applimit.web._gate.Gate` turns every decision here into headers or a refusal, so
+that the helpers answer exactly as the WSGI middleware does. The helpers themselves only
+translate between these values and their framework's request and response objects.
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from ._decision import Decision, combine
+from .._decision import Decision, combine
+from .._sync import Limiter
 from ._decorator import RateLimited
-from ._sync import Limiter
-from ._web import Caller, Gate, Outcome, RequestInfo, is_preflight, request_cost
+from ._gate import Answer, Gate
+from ._options import request_cost
+from ._request import Caller, RequestInfo, is_preflight
 
 # Structured-field Lists: two sets of items (the request's limits and a view's own limit)
 # join into one field value. Every other rate-limit header names a single value.
@@ -54,7 +56,7 @@ def native_cost(cost: int | Callable[[Any], int], request: object, info: Request
 
 def identify_safely(
     gate: Gate, request: RequestInfo, identify: Callable[[], Caller | None]
-) -> tuple[Caller | None, Outcome | None]:
+) -> tuple[Caller | None, Answer | None]:
     """Run the app's ``identify`` under the gate's ``on_identify_error``: the caller, or
     the refusal (503) when it raised and the choice is to refuse; ``"raise"`` re-raises."""
     try:
@@ -65,14 +67,14 @@ def identify_safely(
 
 def resolve_caller(
     gate: Gate, request: RequestInfo, native: object, identify: Callable[[], Caller | None]
-) -> tuple[Caller | None, Outcome | None]:
+) -> tuple[Caller | None, Answer | None]:
     """The caller of a request the limits apply to, after the app's exemptions, in the
     middleware's order: ``exempt_when`` first (so that a request it spares never reaches
     ``identify``), then ``identify`` under ``on_identify_error``, then ``exempt_caller``
     for an identified caller. ``native`` is what the exemption functions get.
 
-    The second place is None to count the request; :data:`~applimit._web.EXEMPTED` to
-    spare it; an outcome with a 503 refusal when one of the functions raised and the
+    The second place is None to count the request; :data:`~applimit.web._gate.EXEMPTED` to
+    spare it; an answer with a 503 refusal when one of the functions raised and the
     choice is to refuse (``"raise"`` re-raises).
     """
     if gate.exempt_when is not None:
@@ -91,7 +93,7 @@ def resolve_caller(
 
 def check_request(
     limiter: Limiter, gate: Gate, request: RequestInfo, caller: Caller | None, cost: int = 1
-) -> tuple[Decision, Outcome]:
+) -> tuple[Decision, Answer]:
     """Every limit whose ``match:`` applies, decided in one call, as the WSGI middleware
     decides. Redis failures are decided by ``on_redis_error`` inside the limiter; what it
     raises (a bug, a misuse) reaches the framework as any exception of the app does."""
@@ -107,7 +109,7 @@ def check_request(
         keys=subject.keys,
         mount=request.mount,
     )
-    return decision, gate.outcome(decision, subject.tier)
+    return decision, gate.answer(decision, subject.tier)
 
 
 def hit_limit(
@@ -118,7 +120,7 @@ def hit_limit(
     *,
     caller: Caller | None,
     cost: int,
-) -> tuple[Decision, Outcome]:
+) -> tuple[Decision, Answer]:
     """One named limit, whatever its ``match:`` says, for a per-view decorator.
 
     An anonymous caller is counted by client address in the bucket ``check_request`` uses
@@ -128,15 +130,15 @@ def hit_limit(
     decision = limiter.hit(
         name, subject.identity, tier=subject.tier, cost=cost, ip=subject.ip, keys=subject.keys
     )
-    return decision, gate.outcome(decision, subject.tier)
+    return decision, gate.answer(decision, subject.tier)
 
 
-def rate_limited_outcome(gate: Gate, error: RateLimited) -> Outcome:
+def rate_limited_answer(gate: Gate, error: RateLimited) -> Answer:
     """The refusal for a :class:`~applimit.RateLimited` raised inside a view (a function
     decorated with ``rate_limited``), so that it is a 429 rather than a server error."""
     results = error.decision.results
     tier = results[0].tier if results else gate.lowest_tier
-    return gate.outcome(error.decision, tier)
+    return gate.answer(error.decision, tier)
 
 
 def joined(previous: Decision | None, decision: Decision) -> Decision:

@@ -23,11 +23,11 @@ import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, ParamSpec, TypeVar, overload
 
-from ._async import AsyncLimiter
-from ._decision import Decision
-from ._errors import ApplimitError
-from ._sync import Limiter
-from ._web import delay_seconds
+from .._async import AsyncLimiter
+from .._decision import Decision
+from .._errors import ApplimitError
+from .._sync import Limiter
+from ._headers import delay_seconds
 
 P = ParamSpec("P")
 R = TypeVar("R")
