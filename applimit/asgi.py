@@ -218,14 +218,14 @@ class RateLimitMiddleware:
             mount=request.mount,
         )
         scope.setdefault("state", {})[DECISION_STATE_KEY] = decision
-        outcome = gate.answer(decision, subject.tier)
-        if outcome.refusal is not None:
-            await self._refuse(scope, receive, send, gate.render(outcome.refusal, request, request))
+        answer = gate.answer(decision, subject.tier)
+        if answer.refusal is not None:
+            await self._refuse(scope, receive, send, gate.render(answer.refusal, request, request))
             return
-        if outcome is PASS or not outcome.headers:
+        if answer is PASS or not answer.headers:
             await self.app(scope, receive, send)
             return
-        await self.app(scope, receive, _with_headers(send, outcome))
+        await self.app(scope, receive, _with_headers(send, answer))
 
     async def _spare(
         self, scope: Scope, receive: Receive, send: Send, request: RequestInfo, spared: Answer
@@ -286,12 +286,12 @@ def _inner_cors(app: object) -> Any | None:
     return None
 
 
-def _with_headers(send: Send, outcome: Answer) -> Send:
-    """A ``send`` that adds the outcome's headers to the response start, and nothing else.
+def _with_headers(send: Send, answer: Answer) -> Send:
+    """A ``send`` that adds the answer's headers to the response start, and nothing else.
 
     Body messages go straight through, so streaming responses stay streaming.
     """
-    extra = outcome.raw_headers
+    extra = answer.raw_headers
 
     async def send_with_headers(message: Message) -> None:
         if message["type"] == "http.response.start":

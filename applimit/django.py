@@ -300,11 +300,11 @@ def _caller(config: Config, request: Any, info: RequestInfo) -> tuple[Caller | N
     return found
 
 
-def _rendered(config: Config, request: Any, info: RequestInfo, outcome: Answer) -> Answer:
-    """``outcome`` with its refusal given the app's own body (``refusal``), if any."""
-    if outcome.refusal is None or config.gate.refusal is None:
-        return outcome
-    return Answer(outcome.headers, config.gate.render(outcome.refusal, info, request))
+def _rendered(config: Config, request: Any, info: RequestInfo, answer: Answer) -> Answer:
+    """``answer`` with its refusal given the app's own body (``refusal``), if any."""
+    if answer.refusal is None or config.gate.refusal is None:
+        return answer
+    return Answer(answer.headers, config.gate.render(answer.refusal, info, request))
 
 
 def _refused(config: Config, request: Any, info: RequestInfo, refusal: Refusal) -> Any:
@@ -334,11 +334,11 @@ def refusal_response(refusal: Refusal) -> Any:
     return response
 
 
-def _add_headers(response: Any, outcome: Answer) -> Any:
+def _add_headers(response: Any, answer: Answer) -> Any:
     # A refusal carries its own, complete headers: items of a limit that allowed the
     # request would put a t later than Retry-After into its RateLimit field.
-    if outcome.headers and not getattr(response, _REFUSAL, False):
-        merge_headers(response.headers, outcome.headers)
+    if answer.headers and not getattr(response, _REFUSAL, False):
+        merge_headers(response.headers, answer.headers)
     return response
 
 
@@ -373,20 +373,20 @@ class RateLimitMiddleware:
         if _exempt_views and _view_is_exempt(request):
             _keep(request, EXEMPT)
             return self.get_response(request)
-        caller, answer = _caller(config, request, info)
-        if answer is not None:
-            if answer.refusal is None:
+        caller, early = _caller(config, request, info)
+        if early is not None:
+            if early.refusal is None:
                 # An exemption spares the request.
                 _keep(request, EXEMPT)
                 return self.get_response(request)
-            outcome = answer
+            answer = early
         else:
             units = native_cost(config.cost, request, info)
-            decision, outcome = check_request(config.limiter, config.gate, info, caller, units)
+            decision, answer = check_request(config.limiter, config.gate, info, caller, units)
             _keep(request, decision)
-        if outcome.refusal is not None:
-            return _refused(config, request, info, outcome.refusal)
-        return _add_headers(self.get_response(request), outcome)
+        if answer.refusal is not None:
+            return _refused(config, request, info, answer.refusal)
+        return _add_headers(self.get_response(request), answer)
 
     def process_exception(self, request: Any, exception: Exception) -> Any:
         """A view's ``RateLimited`` becomes the limiter's refusal; anything else is not ours."""
@@ -410,11 +410,9 @@ def _hit(name: str, cost: Cost, request: Any) -> Answer:
             return PASS
         return _rendered(config, request, info, answer)
     units = native_cost(cost, request, info)
-    decision, outcome = hit_limit(
-        config.limiter, config.gate, name, info, caller=caller, cost=units
-    )
+    decision, answer = hit_limit(config.limiter, config.gate, name, info, caller=caller, cost=units)
     _keep(request, decision)
-    return _rendered(config, request, info, outcome)
+    return _rendered(config, request, info, answer)
 
 
 def _keep(request: Any, decision: Decision | None) -> None:
@@ -467,19 +465,19 @@ def rate_limit(name: str, *, cost: Cost = 1) -> Callable[[V], V]:
             @functools.wraps(view)
             async def async_view(request: Any, *args: Any, **kwargs: Any) -> Any:
                 # The limiter blocks on Redis: run it off the event loop.
-                outcome = await sync_to_async(_hit)(name, cost, request)
-                if outcome.refusal is not None:
-                    return refusal_response(outcome.refusal)
-                return _add_headers(await view(request, *args, **kwargs), outcome)
+                answer = await sync_to_async(_hit)(name, cost, request)
+                if answer.refusal is not None:
+                    return refusal_response(answer.refusal)
+                return _add_headers(await view(request, *args, **kwargs), answer)
 
             return async_view  # type: ignore[return-value]  # same signature as the view
 
         @functools.wraps(view)
         def limited_view(request: Any, *args: Any, **kwargs: Any) -> Any:
-            outcome = _hit(name, cost, request)
-            if outcome.refusal is not None:
-                return refusal_response(outcome.refusal)
-            return _add_headers(view(request, *args, **kwargs), outcome)
+            answer = _hit(name, cost, request)
+            if answer.refusal is not None:
+                return refusal_response(answer.refusal)
+            return _add_headers(view(request, *args, **kwargs), answer)
 
         return limited_view  # type: ignore[return-value]  # same signature as the view
 

@@ -181,10 +181,10 @@ class RateLimit:
             return self._keep(request, EXEMPT)
         subject = gate.subject(info, caller)
         decision = self._keep(request, await self._decide(info, subject))
-        outcome = gate.answer(decision, subject.tier)
-        if outcome.refusal is not None:
-            raise RateLimitExceeded(decision, gate.render(outcome.refusal, info, info))
-        for key, value in outcome.headers:
+        answer = gate.answer(decision, subject.tier)
+        if answer.refusal is not None:
+            raise RateLimitExceeded(decision, gate.render(answer.refusal, info, info))
+        for key, value in answer.headers:
             response.headers[key] = value
         return decision
 

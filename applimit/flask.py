@@ -304,8 +304,8 @@ class Limits:
             self._keep(EXEMPT)
             return
         units = request_cost(self.cost, info)
-        decision, outcome = check_request(self.limiter, self.gate, info, caller, units)
-        self._apply(outcome, decision, info)
+        decision, answer = check_request(self.limiter, self.gate, info, caller, units)
+        self._apply(answer, decision, info)
 
     def _view_is_exempt(self) -> bool:
         """Whether :meth:`exempt` marked the view Flask routed the request to, or one of
@@ -326,10 +326,8 @@ class Limits:
             self._keep(EXEMPT)
             return
         units = native_cost(cost, request, info)
-        decision, outcome = hit_limit(
-            self.limiter, self.gate, name, info, caller=caller, cost=units
-        )
-        self._apply(outcome, decision, info)
+        decision, answer = hit_limit(self.limiter, self.gate, name, info, caller=caller, cost=units)
+        self._apply(answer, decision, info)
 
     @staticmethod
     def _keep(decision: Decision) -> None:
@@ -340,12 +338,12 @@ class Limits:
         kept = environ[DECISION_ENVIRON_KEY] = joined(environ.get(DECISION_ENVIRON_KEY), decision)
         g.applimit_decision = kept
 
-    def _apply(self, outcome: Answer, decision: Decision, info: RequestInfo) -> None:
+    def _apply(self, answer: Answer, decision: Decision, info: RequestInfo) -> None:
         self._keep(decision)
-        if outcome.refusal is not None:
-            raise RateLimitExceeded(self.gate.render(outcome.refusal, info, info), decision)
-        if outcome.headers:
-            request.environ.setdefault(_HEADERS, []).extend(outcome.headers)
+        if answer.refusal is not None:
+            raise RateLimitExceeded(self.gate.render(answer.refusal, info, info), decision)
+        if answer.headers:
+            request.environ.setdefault(_HEADERS, []).extend(answer.headers)
 
     @staticmethod
     def _add_headers(response: Response) -> Response:

@@ -158,13 +158,13 @@ class RateLimitMiddleware:
             if spared is not None:
                 return self._spare(environ, start_response, request, spared)
         cost = request_cost(self.cost, request)
-        decision, outcome = check_request(self.limiter, gate, request, caller, cost)
+        decision, answer = check_request(self.limiter, gate, request, caller, cost)
         environ[DECISION_ENVIRON_KEY] = decision
-        if outcome.refusal is not None:
-            return _refuse(start_response, gate.render(outcome.refusal, request, request))
-        if outcome is PASS or not outcome.headers:
+        if answer.refusal is not None:
+            return _refuse(start_response, gate.render(answer.refusal, request, request))
+        if answer is PASS or not answer.headers:
             return self.app(environ, start_response)
-        return self.app(environ, _with_headers(start_response, outcome))
+        return self.app(environ, _with_headers(start_response, answer))
 
     def _spare(
         self,
@@ -187,8 +187,8 @@ def _refuse(start_response: StartResponse, refusal: Refusal) -> list[bytes]:
     return [refusal.body]
 
 
-def _with_headers(start_response: StartResponse, outcome: Answer) -> StartResponse:
-    extra = list(outcome.headers)
+def _with_headers(start_response: StartResponse, answer: Answer) -> StartResponse:
+    extra = list(answer.headers)
 
     def start_with_headers(
         status: str, headers: list[tuple[str, str]], exc_info: OptExcInfo | None = None, /

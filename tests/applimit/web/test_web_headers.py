@@ -1,4 +1,4 @@
-"""Gate.outcome: from a Decision to headers and refusals, for the cases HTTP tests rarely reach.
+"""Gate.answer: from a Decision to headers and refusals, for the cases HTTP tests rarely reach.
 
 Decisions are built with the core's own ``combine`` from LimitResults, so these are the
 shapes the limiter really returns. Every header is parsed and cross-checked.

@@ -1,6 +1,6 @@
 """The gate's two ways to a response's headers agree, and so do the client IP's.
 
-``Gate.outcome`` formats one admitting, enforced result (most responses) on a path of its
+``Gate.answer`` formats one admitting, enforced result (most responses) on a path of its
 own, with each limit's RateLimit-Policy member made once; ``TrustedProxies.client_ip``
 remembers the answer for a peer that alone decides it. Each shortcut must give what the
 general code gives, header for header and address for address.
