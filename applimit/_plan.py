@@ -86,8 +86,6 @@ _PLANNED_IP = 64
 # Distinct sets of matching limits given a key of their own (see _Group); a policy's
 # matchers make a handful, so this bound is never reached in practice.
 _GROUPS = 1024
-# Limits and tiers encoded (see _Shape): the policy bounds them, this bound is a guard.
-_SHAPES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,10 +146,13 @@ class Core:
         self._test_clock = test_clock
         self._slack = str(TEST_CLOCK_TTL_SLACK_MS) if test_clock is not None else "0"
         # Each (limit, tier as passed)'s rule, resolved tier and encoded rates, made on
-        # first use. for_limit's memo below misses when more users are active than it
-        # holds; such a call is planned from its limit's shape, with its rule and tier
-        # looked up and checked once (see _plan_user).
-        self._shapes: Memo[tuple[str, str | None], _Shape] = Memo(_SHAPES)
+        # first use (only for a limit and tier that resolved: the memo's bound is every
+        # pair the policy has). for_limit's memo below misses when more users are active
+        # than it holds; such a call is planned from its limit's shape, with its rule and
+        # tier looked up and checked once (see _plan_user).
+        self._shapes: Memo[tuple[str, str | None], _Shape] = Memo(
+            len(compiled.rules) * (len(compiled.tiers) + 1) or 1
+        )
         # The middleware's limits that match a (method, path, host, mount), every tier: the
         # middleware asks matches() before identify() and check_request() after it, and
         # both read this instead of decoding the path and walking the matchers twice.

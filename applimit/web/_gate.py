@@ -42,8 +42,9 @@ logger = logging.getLogger("applimit")
 
 # Unknown tiers logged once each; past this many, further ones are not logged.
 MAX_WARNED_TIERS = 64
-# Rates whose RateLimit-Policy member a Gate keeps formatted, at most (see Gate._admitted).
-_MEMBERS = 1024
+# Rates whose RateLimit-Policy member a Gate keeps formatted, at most (see Gate._admitted):
+# more than a policy's limits, tiers and rates make in practice.
+_MEMBERS = 4096
 # What a failing identify() means (Gate's on_identify_error): "raise" propagates the app's
 # exception (a 500, as before this option existed), "anonymous" counts the caller by IP in
 # the lowest tier, "refuse" answers 503 (the app's auth, not the client, is at fault).
