@@ -1,8 +1,8 @@
 """Decision events: what an observer hears of every decision, and how it is told.
 
-Every decision a limiter returns passes through its shell's ``_decide``, which hands it
-here (when there is someone to tell) with how long it took and whether it was answered
-without Redis. :class:`Notifier` turns it into one :class:`DecisionEvent` per limit result
+Every decision a limiter returns ends in the decision machine (``_flow.Decider``), which
+hands it here (when there is someone to tell) with how long it took and whether it was
+answered without Redis. :class:`Notifier` turns it into one :class:`DecisionEvent` per limit result
 and calls each observer's ``on_decision``; it also writes the shadow-mode log line.
 
 Identities never travel raw: an event carries ``identity_hash``, a keyed short hash of
