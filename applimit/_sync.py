@@ -77,9 +77,10 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
         ``batch=True`` is for apps that decide in many threads at once (gunicorn's
         threads, waitress): while one thread's call is in flight, the calls of the others
         queue, and the next write sends them all on one connection, each thread getting
-        its own reply (see docs/applimit.md, "Batching threads"). Decisions, timeouts,
-        the breaker and the failure policy are as without it. On Redis Cluster it changes
-        nothing: calls go one per thread.
+        its own reply (see docs/applimit.md, "Batching threads"). Decisions, timeouts
+        and the failure policy are as without it; the breaker counts failed round trips,
+        so a batch that fails as a whole is one failure (as for the async limiter). On
+        Redis Cluster it changes nothing: calls go one per thread.
         """
         # Read by _open, which the base's constructor calls.
         self.batch = batch

@@ -225,15 +225,19 @@ def test_a_killed_redis_degrades_every_thread_and_opens_the_breaker(
     fragile: Limiter, fresh_redis_server: RedisServer
 ) -> None:
     """SIGKILL: the connection is refused; every thread's decision follows the failure
-    policy at once, and one round of 16 threads opens the breaker, as one call per
-    thread would."""
+    policy at once. The breaker counts failed round trips (a batch that fails as a whole
+    is one, as for the async limiter), and each round of 16 threads makes at least one:
+    within three rounds (the threshold) it is open."""
     fresh_redis_server.kill()
-    for index, ((allowed, degraded), took) in enumerate(
-        _together(16, lambda i: _quick(fragile, i))
-    ):
-        assert degraded and allowed == (index % 2 == 0)
-        assert took <= TIMEOUT + SLACK
-    assert fragile.breaker_state is BreakerState.OPEN
+    rounds = 0
+    while fragile.breaker_state is not BreakerState.OPEN:
+        rounds += 1
+        assert rounds <= 3, "three rounds of failed round trips left the breaker closed"
+        for index, ((allowed, degraded), took) in enumerate(
+            _together(16, lambda i: _quick(fragile, i))
+        ):
+            assert degraded and allowed == (index % 2 == 0)
+            assert took <= TIMEOUT + SLACK
 
 
 @pytest.mark.slow
