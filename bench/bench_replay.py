@@ -35,9 +35,9 @@ from typing import Any
 
 import edgegen_policy as policy
 
-from edgegen._replay import Layer, Replay, ReplayOptions
-from edgegen._traffic import TrafficOptions
-from edgegen._traffic_pipe import open_traffic
+from edgegen.replay._engine import Layer, Replay, ReplayOptions
+from edgegen.traffic._pipe import open_traffic
+from edgegen.traffic._read import TrafficOptions
 
 from ._common import ROOT, Result, Settings, Table, Target
 from .traffic import generate

@@ -1,6 +1,6 @@
 """How fast the replay's counting models decide: ``python -m bench.bench_replay_models``.
 
-Times N decisions (default one million) through each model of ``edgegen/_replay_models``,
+Times N decisions (default one million) through each model of ``edgegen/replay/_models``,
 as the replay makes them: for an app model ``peek`` then, when admitted, ``record`` with
 its verdict (the two phases of one decision, the arithmetic ``edgegen_policy``'s); for an
 edge counter ``hit``. The trace is made before the
@@ -21,8 +21,8 @@ from collections.abc import Callable, Hashable, Sequence, Sized
 
 from edgegen_policy import Algorithm, Rate
 
-from edgegen._replay_models import app_model, rule_counter, worker_counter
-from edgegen._replay_types import AppModel, EdgeCounter
+from edgegen.replay._models import app_model, rule_counter, worker_counter
+from edgegen.replay._types import AppModel, EdgeCounter
 
 START_US = 1_764_547_200 * 1_000_000
 IDENTITIES = 10_000

@@ -1,6 +1,6 @@
 """Deterministic, realistic recorded traffic for the replay demo and benchmark.
 
-:func:`generate` yields :class:`~edgegen._replay_types.Request` records in time order for
+:func:`generate` yields :class:`~edgegen.replay._types.Request` records in time order for
 the example policy's API (``examples/policy.yaml``): a diurnal rate (peak mid-afternoon UTC,
 trough at night), users spread Zipf-like over the tiers (the busiest user is on the free
 tier and outruns ``api``'s 100/1m), anonymous visitors on IPv4 and IPv6, partner webhooks
@@ -9,7 +9,7 @@ refuse: a scraper hammering ``/api/`` anonymously (past the edge's 600/1m) and c
 stuffing on ``/login`` from a handful of addresses (past 20/1m at the edge, 5/1m in the
 app). The same seed gives the same records.
 
-The writers put records in each format ``edgegen._traffic`` reads (``write_ndjson``,
+The writers put records in each format ``edgegen.traffic`` reads (``write_ndjson``,
 ``write_csv``, ``write_combined``, ``write_logpush``, ``write_events``); :func:`write`
 picks one by name and gzips when asked or when the name ends in ``.gz``::
 
@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Final
 
-from edgegen._replay_types import Request
+from edgegen.replay._types import Request
 
 # 2026-12-01T00:00:00Z: a fixed day, so generated files are the same everywhere.
 DEFAULT_START: Final = 1_796_083_200

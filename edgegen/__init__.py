@@ -40,15 +40,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._analytics import EdgeReport, report
-from ._artifacts import Artifacts, Placement, Target, WorkerArtifact
-from ._compile import build
-from ._formats import load_plan, load_state, save_plan, save_state
-from ._output import write
-from ._plan import SavedPlan, ZonePlan
-from ._state import RemoteState, Scope
-from ._token import Token
-from ._zone import ApplyEvent, ApplyResult, apply, plan, pull
+from .cloudflare._analytics import EdgeReport, report
+from .cloudflare._state import RemoteState, Scope
+from .cloudflare._token import Token
+from .compiler._artifacts import Artifacts, Placement, Target, WorkerArtifact
+from .compiler._compile import build
+from .compiler._output import write
 from .errors import (
     ApplyError,
     BuildProblem,
@@ -60,6 +57,9 @@ from .errors import (
     UsageError,
     ZoneError,
 )
+from .zone._file_formats import load_plan, load_state, save_plan, save_state
+from .zone._operations import ApplyEvent, ApplyResult, apply, plan, pull
+from .zone._plan import SavedPlan, ZonePlan
 
 __all__ = [
     "ApplyError",
@@ -98,7 +98,7 @@ __all__ = [
 
 
 if TYPE_CHECKING:
-    from ._cloudflare import Client
+    from .cloudflare._client import Client
 
 
 def __getattr__(name: str) -> Any:
@@ -106,7 +106,7 @@ def __getattr__(name: str) -> Any:
     the policy commands (``validate``, ``show``, ``schema``, ``diff``) and an app-only
     install do without."""
     if name == "Client":
-        from ._cloudflare import Client
+        from .cloudflare._client import Client
 
         return Client
     raise AttributeError(f"module 'edgegen' has no attribute {name!r}")

@@ -2,9 +2,9 @@
 
 This is the one place that knows Cloudflare's limits. Placement (``_placement.py``) reads
 it to decide where each edge limit runs, for lint's L2xx findings and for ``build`` alike;
-the expression builder (``_expr.py``) reads the expression length limit from it. Every value
-carries the page or schema it comes from, so that when Cloudflare changes a limit the fix is
-one edit here, checked against one source.
+the expression builder (``compiler/_expr.py``) reads the expression length limit from it.
+Every value carries the page or schema it comes from, so that when Cloudflare changes a
+limit the fix is one edit here, checked against one source.
 
 Where sources disagree, the table says so and keeps the values both sources list (the
 conservative choice): Cloudflare's ``?dry_run=true`` on the ruleset ``PUT`` remains the final

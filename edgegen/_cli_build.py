@@ -11,9 +11,9 @@ from typing import Any
 import edgegen_policy as policy
 from edgegen_policy import Diagnostic, Policy
 
-from ._artifacts import Artifacts, Target
-from ._output import write
 from ._pipeline import prepare
+from .compiler._artifacts import Artifacts, Target
+from .compiler._output import write
 from .errors import CompileError, UsageError
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import edgegen_policy as policy
 from edgegen_policy import Policy, Severity
 
-from ._messages import shown_url
 from ._placement import check
+from .cloudflare._messages import shown_url
 
 
 def register(sub: Any) -> None:

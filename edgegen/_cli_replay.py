@@ -1,7 +1,8 @@
 """``edgegen replay`` and ``edgegen suggest``: recorded traffic through the policy's layers.
 
-A thin shell: it reads the command line, the policy and the traffic files (``_traffic``),
-runs the replay (``_replay``, ``_suggest``) and prints the report (``_replay_report``).
+A thin shell: it reads the command line, the policy and the traffic files (``traffic``),
+runs the replay (``replay._engine``, ``replay._suggest``) and prints the report
+(``replay._report``).
 ``edgegen diff --traffic`` uses :func:`traffic_args` and :func:`open_args_traffic` from
 here. While the records are read, :class:`Progress` says how far the reading has got on
 standard error, when that is a terminal.
@@ -21,13 +22,13 @@ from typing import Any, TextIO
 from edgegen_policy import Policy
 
 from ._pipeline import load_and_build
-from ._plan_format import markdown_text, terminal_text
-from ._replay import Layer, Replay, ReplayOptions, ReplayResult
-from ._replay_report import to_json, to_markdown, to_text, write_chart
-from ._suggest import suggest, suggestions_json, suggestions_markdown, suggestions_text
-from ._traffic import FORMATS, Position, Traffic, TrafficOptions, TrafficStats, load_tiers
-from ._traffic_pipe import open_traffic
+from ._text import markdown_text, terminal_text
 from .errors import UsageError
+from .replay._engine import Layer, Replay, ReplayOptions, ReplayResult
+from .replay._report import to_json, to_markdown, to_text, write_chart
+from .replay._suggest import suggest, suggestions_json, suggestions_markdown, suggestions_text
+from .traffic._pipe import open_traffic
+from .traffic._read import FORMATS, Position, Traffic, TrafficOptions, TrafficStats, load_tiers
 
 
 def traffic_args(parser: argparse.ArgumentParser, *, required: bool) -> None:

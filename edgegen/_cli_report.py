@@ -1,6 +1,6 @@
 """``edgegen report``: what the edge rules and the Worker did, from Cloudflare's analytics.
 
-A thin shell over ``_analytics.report``: it reads the command line, the policy (for the
+A thin shell over ``cloudflare._analytics.report``: it reads the command line, the policy (for the
 zone, account and Worker) and the token, and prints the report as text, Markdown or JSON.
 The formatters are pure functions of an ``EdgeReport``. Everything quoted from Cloudflare
 (descriptions, countries, colos, error messages) is shown escaped: on a terminal no
@@ -17,10 +17,10 @@ from typing import Any
 
 from edgegen_policy import Duration
 
-from ._analytics import DEFAULT_TOP, Count, EdgeReport, RuleReport, report
 from ._cli_zone import make_client, scope_of
 from ._pipeline import load_and_build
-from ._plan_format import code, markdown_text, terminal_text
+from ._text import code, markdown_text, terminal_text
+from .cloudflare._analytics import DEFAULT_TOP, Count, EdgeReport, RuleReport, report
 from .errors import UsageError
 
 

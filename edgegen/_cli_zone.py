@@ -21,20 +21,22 @@ from typing import TYPE_CHECKING, Any
 import edgegen_policy as policy
 from edgegen_policy import Cloudflare, Policy
 
-from . import _apply, _diff, _formats, _plan_format, _replay_report
-from ._artifacts import Artifacts
+from . import _diff
 from ._cli_replay import describe_source, open_args_traffic, replay_options, traffic_args
 from ._pipeline import load_and_build
-from ._plan import SavedPlan, ZonePlan
-from ._plan_format import markdown_text, terminal_text
-from ._replay import replay_pair
-from ._state import RemoteState, Scope
-from ._zone import ApplyEvent, apply, plan, pull
+from ._text import markdown_text, terminal_text
+from .cloudflare._state import RemoteState, Scope
+from .compiler._artifacts import Artifacts
 from .errors import EdgegenError, UsageError, ZoneError
+from .replay import _report
+from .replay._engine import replay_pair
+from .zone import _apply, _file_formats, _format
+from .zone._operations import ApplyEvent, apply, plan, pull
+from .zone._plan import SavedPlan, ZonePlan
 
 if TYPE_CHECKING:
     # The client (httpx) only as a type: importing this module needs no edge extra.
-    from ._cloudflare import Client, Write
+    from .cloudflare._client import Client, Write
 
 
 def _token_option(parser: argparse.ArgumentParser) -> None:
@@ -177,7 +179,7 @@ def scope_of(loaded: Policy, artifacts: Artifacts, path: str) -> Scope:
 def make_client(args: argparse.Namespace) -> Client:
     """The API client, with the token and base URL from the environment."""
     # Imported here: the client needs httpx (the edge extra); the other commands do not.
-    from ._cloudflare import Client
+    from .cloudflare._client import Client
 
     return Client.from_env(os.environ, token_file=getattr(args, "token_file", None))
 
@@ -216,17 +218,17 @@ def _save(path: str, what: str, write: Callable[[], None]) -> None:
 def _warn(lines: tuple[str, ...] | list[str]) -> None:
     """Warnings and notes about the zone, on stderr (the plan itself goes to stdout)."""
     for line in lines:
-        sys.stderr.write(_plan_format.terminal_text(f"edgegen: {line}") + "\n")
+        sys.stderr.write(terminal_text(f"edgegen: {line}") + "\n")
 
 
 def _print_plan(made: ZonePlan, output: str) -> None:
     if output == "json":
-        shown = _formats.plan_to_json(made, include_writes=False)
+        shown = _file_formats.plan_to_json(made, include_writes=False)
         sys.stdout.write(json.dumps(shown, indent=2) + "\n")
     elif output == "markdown":
-        sys.stdout.write(_plan_format.to_markdown(made))
+        sys.stdout.write(_format.to_markdown(made))
     else:
-        sys.stdout.write(_plan_format.to_text(made))
+        sys.stdout.write(_format.to_text(made))
 
 
 # --- plan ----------------------------------------------------------------------------
@@ -237,7 +239,7 @@ def run_plan(args: argparse.Namespace) -> int:
     loaded, artifacts = load_and_build(args.policy)
     cloudflare_of(loaded, args.policy)
     if args.state is not None:
-        state = _formats.load_state(args.state)
+        state = _file_formats.load_state(args.state)
         _state_for_policy(loaded, state, args.policy, args.state)
         if artifacts.worker is not None and state.scope.account_id is None:
             raise ZoneError(
@@ -252,7 +254,7 @@ def run_plan(args: argparse.Namespace) -> int:
     _print_plan(made, args.format)
     _warn(made.warnings)
     if args.out is not None:
-        _save(args.out, "plan", lambda: _formats.save_plan(made, args.out))
+        _save(args.out, "plan", lambda: _file_formats.save_plan(made, args.out))
         sys.stderr.write(f"Saved the plan to {args.out}; apply it with edgegen apply {args.out}\n")
     if args.detailed_exitcode and made.has_changes:
         return 2
@@ -289,7 +291,7 @@ def run_pull(args: argparse.Namespace) -> int:
     with make_client(args) as client:
         state = pull(client, Scope(zone, account, worker))
     _warn(state.notices)
-    _save(args.out, "state", lambda: _formats.save_state(state, args.out))
+    _save(args.out, "state", lambda: _file_formats.save_state(state, args.out))
     ruleset = state.ruleset
     rules = (
         f"ruleset version {ruleset.version} with {len(ruleset.rules)} rule(s)"
@@ -300,7 +302,7 @@ def run_pull(args: argparse.Namespace) -> int:
     if worker:
         worker_text = f", Worker {worker} {'deployed' if state.worker else 'not deployed'}"
     sys.stdout.write(
-        _plan_format.terminal_text(
+        terminal_text(
             f"Saved the state of zone {zone} ({rules}{worker_text}, {len(state.routes)} "
             f"route(s)) to {args.out}\n"
         )
@@ -326,14 +328,14 @@ def _confirm(shown: ZonePlan) -> bool:
 
 
 def _echo(line: str) -> None:
-    sys.stdout.write(_plan_format.terminal_text(line) + "\n")
+    sys.stdout.write(terminal_text(line) + "\n")
     sys.stdout.flush()
 
 
 def _show(event: ApplyEvent, dry_run: bool) -> None:
     """What apply reports, on the terminal as it happens."""
     if event.kind == "plan":
-        sys.stdout.write(_plan_format.to_text(event.plan))
+        sys.stdout.write(_format.to_text(event.plan))
         sys.stdout.flush()
         _warn(event.plan.warnings)
     elif event.kind == "validated":
@@ -350,8 +352,8 @@ def _target(
     """What ``apply`` was given: a saved plan (with the policy of ``--policy``, which it must
     match), or a policy to plan from (and the policy, so that rejected rules are reported at
     its lines)."""
-    if _formats.is_plan_file(text):
-        return _formats.read_plan(text, path), load_and_build(bound)[0] if bound else None
+    if _file_formats.is_plan_file(text):
+        return _file_formats.read_plan(text, path), load_and_build(bound)[0] if bound else None
     if bound is not None:
         raise UsageError(
             f"--policy goes with a saved plan, and {path} is a policy; run edgegen apply "
@@ -366,12 +368,12 @@ def run_apply(args: argparse.Namespace) -> int:
     """Apply a policy (plan, show, ask) or a saved plan (verify, then write)."""
     target = Path(args.target)
     try:
-        data = _formats.read_bounded(target)
+        data = _file_formats.read_bounded(target)
     except (OSError, ValueError):
         # Not readable: the policy loader says why, as for any policy.
         data = b""
-    if len(data) > _formats.MAX_FILE_BYTES:
-        raise _formats.too_large(args.target, "plan or policy")
+    if len(data) > _file_formats.MAX_FILE_BYTES:
+        raise _file_formats.too_large(args.target, "plan or policy")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -405,7 +407,7 @@ def _print_writes(client: Client, requests: tuple[Write, ...]) -> None:
     sys.stdout.write(f"\nDry run: apply would send {len(requests)} request(s), in this order:\n")
     for number, write in enumerate(requests, 1):
         text = f"\n{number}. {write.what}\n{write.describe(client.shown_base_url)}\n"
-        sys.stdout.write(_plan_format.terminal_text(text))
+        sys.stdout.write(terminal_text(text))
     sys.stdout.write("\nDry run: nothing was written.\n")
 
 
@@ -454,10 +456,10 @@ def _traffic_impact(args: argparse.Namespace, old: Policy, new: Policy) -> _Impa
     """Replay ``--traffic`` through both policies in one pass, and say what changes."""
     with open_args_traffic(args, new) as traffic:
         before, after = replay_pair(old, new, traffic, replay_options(args))
-    impacts = _replay_report.impact(before, after)
+    impacts = _report.impact(before, after)
     source = describe_source(traffic.stats)
     return _Impact(
-        text=_replay_report.impact_text(impacts, before, after, source),
-        markdown=_replay_report.impact_markdown(impacts, before, after, markdown_text(source)),
-        json=_replay_report.impact_json(impacts, before, after),
+        text=_report.impact_text(impacts, before, after, source),
+        markdown=_report.impact_markdown(impacts, before, after, markdown_text(source)),
+        json=_report.impact_json(impacts, before, after),
     )

@@ -21,10 +21,10 @@ from typing import Any
 import edgegen_policy as policy
 from edgegen_policy import AppLimit, Diagnostic, EdgeLimit, Limit, Match, Policy, Rate
 
-from ._artifacts import Artifacts, Target
-from ._compile import build
 from ._placement import check
-from ._plan_format import code, markdown_text, terminal_text
+from ._text import code, markdown_text, terminal_text
+from .compiler._artifacts import Artifacts, Target
+from .compiler._compile import build
 from .errors import CompileError, UsageError
 
 GIT_PREFIX = "git:"

@@ -63,7 +63,7 @@ def _text(value: str) -> None:
 
 
 # --- typed reads of parsed JSON: TypeError naming the field when a value is of the wrong type
-# (files are read by their models, ``_formats``; these are for what the models leave raw)
+# (files are read by their models, ``zone._file_formats``; these are for what the models leave raw)
 
 
 def shown(value: Any) -> str:

@@ -21,9 +21,9 @@ from typing import TextIO
 import edgegen_policy as policy
 from edgegen_policy import Checked, Policy
 
-from ._artifacts import Artifacts
-from ._compile import build_checked
 from ._placement import check
+from .compiler._artifacts import Artifacts
+from .compiler._compile import build_checked
 from .errors import CompileError, EdgegenError
 
 

@@ -17,7 +17,7 @@ from typing import TextIO
 from edgegen_policy import PolicyLoadError, write_diagnostics
 
 from . import _cli_build, _cli_policy, _cli_replay, _cli_report, _cli_zone
-from ._plan_format import terminal_text
+from ._text import terminal_text
 from .errors import EdgegenError
 
 Handler = Callable[[argparse.Namespace], int]

@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 import redis
 
 import edgegen
-from edgegen import _ids
+from edgegen.compiler import _ids
 
 from . import apps, spec
 from .corpus import Spelling

@@ -14,8 +14,9 @@ from typing import Any
 import edgegen_policy as policy
 import pytest
 
-from edgegen import _formats, cli
-from edgegen._state import RemoteState, Scope
+from edgegen import cli
+from edgegen.cloudflare._state import RemoteState, Scope
+from edgegen.zone import _file_formats
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "policy.yaml"
@@ -240,7 +241,7 @@ def test_plan_without_a_cloudflare_section_says_what_is_missing(
     (against a state file it used to say the policy "names None")."""
     path = _policy(tmp_path, NO_CLOUDFLARE)
     state = tmp_path / "state.json"
-    _formats.save_state(
+    _file_formats.save_state(
         RemoteState(Scope(ZONE_ID, ACCOUNT_ID, "api-edge-limits"), None, None, ()), state
     )
     extra = ("--state", state) if with_state else ()
@@ -261,7 +262,7 @@ def test_plan_against_a_state_of_another_worker_names_both(run: Any, tmp_path: P
         "limits:\n  - name: api\n    edge: { rate: 100/1m, unauthenticated_only: false }\n",
     )
     state = tmp_path / "state.json"
-    _formats.save_state(RemoteState(Scope(ZONE_ID, ACCOUNT_ID, "edge"), None, None, ()), state)
+    _file_formats.save_state(RemoteState(Scope(ZONE_ID, ACCOUNT_ID, "edge"), None, None, ()), state)
     code, _, err = run("plan", path, "--state", state)
     assert code == 1
     assert "pulled for the Worker 'edge'" in err

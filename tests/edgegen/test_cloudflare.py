@@ -23,13 +23,11 @@ from edgegen import (
     CloudflareAPIError,
     Token,
     UsageError,
-    _cloudflare,
-    _retry,
-    _transport,
     cli,
 )
-from edgegen._retry import RetryPolicy, parse_retry_after
-from edgegen._state import UrlNormalization
+from edgegen.cloudflare import _client, _retry, _transport
+from edgegen.cloudflare._retry import RetryPolicy, parse_retry_after
+from edgegen.cloudflare._state import UrlNormalization
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "policy.yaml"
 RULE: dict[str, Any] = {
@@ -60,7 +58,7 @@ def no_real_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(seconds: float) -> None:
         raise AssertionError(f"a test tried to really sleep for {seconds} s")
 
-    monkeypatch.setattr(_cloudflare, "_sleep", refuse)
+    monkeypatch.setattr(_client, "_sleep", refuse)
 
 
 @pytest.fixture
@@ -600,7 +598,7 @@ def test_the_command_deadline_bounds_every_retry(
     and the command gives up at its own deadline (2.5 s) rather than after five tries."""
     monkeypatch.setattr(_transport, "REQUEST_DEADLINE", 1.0)
     monkeypatch.setattr(_transport, "COMMAND_DEADLINE", 2.5)
-    monkeypatch.setattr(_cloudflare, "_sleep", Sleeps())
+    monkeypatch.setattr(_client, "_sleep", Sleeps())
     # No backoff between tries: the recorded waits take no time but count against the
     # command's deadline, so random ones would end the command early in real time (after
     # two tries, at about 2 s) as often as not.
@@ -770,7 +768,8 @@ def test_the_retry_decision_is_a_pure_function() -> None:
 def test_only_the_transport_talks_http() -> None:
     """httpx is imported, outside type checking, by one module of edgegen only."""
     importing = []
-    for path in sorted((Path(__file__).resolve().parents[2] / "edgegen").glob("*.py")):
+    package = Path(__file__).resolve().parents[2] / "edgegen"
+    for path in sorted(package.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         checked = {
             id(node)
@@ -787,5 +786,5 @@ def test_only_the_transport_talks_http() -> None:
                 else []
             )
             if id(node) not in checked and any(n.split(".")[0] == "httpx" for n in names):
-                importing.append(path.name)
-    assert importing == ["_transport.py"]
+                importing.append(path.relative_to(package).as_posix())
+    assert importing == ["cloudflare/_transport.py"]

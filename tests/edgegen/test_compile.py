@@ -18,8 +18,9 @@ from edge_support import GOLDEN, GOLDEN_POLICY, PLANS, compare_with_golden, gold
 from edge_support import golden_policy as load_golden
 
 import edgegen
-from edgegen import Artifacts, CompileError, Target, _compile, _ids, _placement, _worker
+from edgegen import Artifacts, CompileError, Target, _placement
 from edgegen._capabilities import PLANS as CAPABILITIES
+from edgegen.compiler import _compile, _ids, _worker
 
 HOSTILE = 'evil "quote" \\back ${x} %{y} `tick` </script> ünï\u2028end'
 HEADER = """\

@@ -11,7 +11,7 @@ from edgegen_policy import AuthenticatedWhen, Matcher
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edgegen import _expr
+from edgegen.compiler import _expr
 
 HOSTILE = [
     '"',

@@ -52,7 +52,8 @@ from zone_support import (
     zone_state,
 )
 
-from edgegen import _cloudflare, cli
+from edgegen import cli
+from edgegen.cloudflare import _client
 
 BASE = EXAMPLE.read_text()
 LOGIN_EDGE = "    edge: { rate: 20/1m, action: managed_challenge, unauthenticated_only: false }\n"
@@ -142,7 +143,7 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
         # for each of the thousands of clients made here.
         patch.delenv("SSL_CERT_FILE", raising=False)
         patch.setenv("SSL_CERT_DIR", str(tmp_path_factory.mktemp("no-ca")))
-        patch.setattr(_cloudflare, "_sleep", Sleeps())
+        patch.setattr(_client, "_sleep", Sleeps())
         patch.setattr(policy, "load", _cached_load)
         net = Network()
         with net.installed():

@@ -1,7 +1,7 @@
 """Plan and state files as declared formats: models with a version, and published JSON Schemas.
 
-The schemas in docs/schemas/ are generated from the models (``edgegen._formats``). After an
-intended change of a format, regenerate them with ``UPDATE_GOLDEN=1 pytest
+The schemas in docs/schemas/ are generated from the models (``edgegen.zone._file_formats``).
+After an intended change of a format, regenerate them with ``UPDATE_GOLDEN=1 pytest
 tests/test_file_formats.py`` and review the diff like any other change.
 """
 
@@ -16,8 +16,8 @@ import edgegen_policy as policy
 import pytest
 
 import edgegen
-from edgegen import _formats
 from edgegen.errors import ZoneError
+from edgegen.zone import _file_formats
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "docs" / "schemas"
@@ -30,10 +30,10 @@ ENV = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(_formats.schemas()))
+@pytest.mark.parametrize("name", sorted(_file_formats.schemas()))
 def test_the_published_schemas_are_the_generated_ones(name: str) -> None:
     """docs/schemas/NAME is exactly what the model generates (UPDATE_GOLDEN=1 writes it)."""
-    text = _formats.schemas()[name]
+    text = _file_formats.schemas()[name]
     path = SCHEMAS / name
     if UPDATE:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -47,7 +47,7 @@ def example_plan() -> dict[str, Any]:
     """The plan file of the example policy against the example zone state."""
     state = edgegen.load_state(ZONE_STATE)
     made = edgegen.plan(edgegen.build(policy.load(EXAMPLE, env=ENV)), state)
-    return _formats.plan_to_json(made)
+    return _file_formats.plan_to_json(made)
 
 
 def properties(schema: dict[str, Any], name: str | None = None) -> dict[str, Any]:
@@ -58,7 +58,7 @@ def properties(schema: dict[str, Any], name: str | None = None) -> dict[str, Any
 def test_the_schemas_describe_the_files_edgegen_writes() -> None:
     """Each field a plan or state file holds is in its schema, with its version; each field
     the schema requires is written."""
-    plan_schema = json.loads(_formats.schemas()["plan.schema.json"])
+    plan_schema = json.loads(_file_formats.schemas()["plan.schema.json"])
     plan = example_plan()
     assert set(plan) == set(properties(plan_schema))
     assert set(plan_schema["required"]) <= set(plan)
@@ -68,8 +68,8 @@ def test_the_schemas_describe_the_files_edgegen_writes() -> None:
     hashes = properties(plan_schema)["writes_sha256"]
     assert set(plan["writes_sha256"]) == set(hashes["properties"]) == set(hashes["required"])
     assert set(plan["rules"][0]) == set(properties(plan_schema, "RuleChange"))
-    state_schema = json.loads(_formats.schemas()["state.schema.json"])
-    state = _formats.state_to_json(edgegen.load_state(ZONE_STATE))
+    state_schema = json.loads(_file_formats.schemas()["state.schema.json"])
+    state = _file_formats.state_to_json(edgegen.load_state(ZONE_STATE))
     assert set(state) == set(properties(state_schema))
     assert properties(state_schema)["format_version"]["const"] == state["format_version"] == 1
     assert state["worker"] is not None
@@ -79,11 +79,12 @@ def test_the_schemas_describe_the_files_edgegen_writes() -> None:
 def test_files_round_trip() -> None:
     """A plan and a state written and read back are the same values."""
     plan = example_plan()
-    again = _formats.plan_to_json(_formats.plan_from_json(json.loads(json.dumps(plan)), "p"))
+    read = _file_formats.plan_from_json(json.loads(json.dumps(plan)), "p")
+    again = _file_formats.plan_to_json(read)
     assert json.loads(json.dumps(again)) == json.loads(json.dumps(plan))
     state = edgegen.load_state(ZONE_STATE)
-    data = json.loads(json.dumps(_formats.state_to_json(state)))
-    assert _formats.state_from_json(data, str(ZONE_STATE)) == state
+    data = json.loads(json.dumps(_file_formats.state_to_json(state)))
+    assert _file_formats.state_from_json(data, str(ZONE_STATE)) == state
 
 
 @pytest.mark.parametrize(
@@ -102,9 +103,9 @@ def test_a_plan_file_is_read_by_its_model(edit: Any, says: str) -> None:
     the first thing wrong is named by its place in the file."""
     data = example_plan()
     edit(data)
-    data["writes_sha256"] = _formats.write_hashes(data["writes"], data["routes"])
+    data["writes_sha256"] = _file_formats.write_hashes(data["writes"], data["routes"])
     with pytest.raises(ZoneError, match=r"plan\.json is not a usable edgegen plan file") as info:
-        _formats.plan_from_json(json.loads(json.dumps(data)), "plan.json")
+        _file_formats.plan_from_json(json.loads(json.dumps(data)), "plan.json")
     assert says in str(info.value)
 
 
@@ -115,16 +116,16 @@ def test_a_state_file_is_read_by_its_model() -> None:
     data = json.loads(ZONE_STATE.read_text())
     data["routes"] = [{"id": "r1", "pattern": "a.example.com/*", "script": 5}]
     with pytest.raises(ZoneError, match=r"routes\[0\]\.script is 5"):
-        _formats.state_from_json(data, "s")
+        _file_formats.state_from_json(data, "s")
     data = json.loads(ZONE_STATE.read_text())
     data["worker"]["generated_by_edgegen"] = "true"
     with pytest.raises(ZoneError, match=r"worker\.generated_by_edgegen"):
-        _formats.state_from_json(data, "s")
+        _file_formats.state_from_json(data, "s")
     data["worker"]["generated_by_edgegen"] = None
     del data["worker"]["bindings"]
     del data["ruleset"]["description"]
     del data["url_normalization"]
-    state = _formats.state_from_json(data, "s")
+    state = _file_formats.state_from_json(data, "s")
     assert state.worker is not None and not state.worker.generated_by_edgegen
     assert state.worker.bindings == ()
     assert state.ruleset is not None and state.ruleset.description == ""

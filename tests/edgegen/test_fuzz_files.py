@@ -35,14 +35,14 @@ from edgegen import (
     RemoteState,
     Scope,
     Token,
-    _cloudflare,
-    _plan_format,
     build,
     cli,
 )
-from edgegen._formats import plan_to_json
-from edgegen._retry import MAX_RETRY_AFTER, parse_retry_after
-from edgegen._state import RemoteRuleset
+from edgegen.cloudflare import _client
+from edgegen.cloudflare._retry import MAX_RETRY_AFTER, parse_retry_after
+from edgegen.cloudflare._state import RemoteRuleset
+from edgegen.zone import _format
+from edgegen.zone._file_formats import plan_to_json
 
 BASE = EXAMPLE.read_text()
 CHANGED = variant(
@@ -209,7 +209,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         # No request leaves the process: skip loading CA certificates for every client.
         patch.delenv("SSL_CERT_FILE", raising=False)
         patch.setenv("SSL_CERT_DIR", str(tmp_path_factory.mktemp("no-ca")))
-        patch.setattr(_cloudflare, "_sleep", Sleeps())
+        patch.setattr(_client, "_sleep", Sleeps())
         network = Network()
         with network.installed():
             yield Lab(network, tmp_path_factory.mktemp("lab"))
@@ -540,8 +540,8 @@ def test_planning_against_any_rules_in_the_zone(rules: list[dict[str, Any]], ver
         (),
     )
     plan = edgegen.plan(artifacts, state)
-    _plan_format.to_text(plan)
-    _plan_format.to_markdown(plan)
+    _format.to_text(plan)
+    _format.to_markdown(plan)
     json.dumps(plan_to_json(plan))
     assert plan.ruleset_body is not None or not plan.rule_changes
 

@@ -43,11 +43,12 @@ import rules_eval
 import yaml
 
 import edgegen
-from edgegen import Artifacts, Target, _compile, _diff, _ids
-from edgegen._plan import make_plan
-from edgegen._plan_format import to_markdown, to_text
-from edgegen._state import RemoteState, Scope
+from edgegen import Artifacts, Target, _diff
+from edgegen.cloudflare._state import RemoteState, Scope
+from edgegen.compiler import _compile, _ids
 from edgegen.errors import CompileError
+from edgegen.zone._format import to_markdown, to_text
+from edgegen.zone._plan import make_plan
 
 ZONE = "0123456789abcdef0123456789abcdef"
 ACCOUNT = "fedcba9876543210fedcba9876543210"
@@ -574,12 +575,13 @@ def test_what_the_zone_says_reaches_the_terminal_escaped(
     import respx
     from cloudflare_fake import TOKEN, FakeCloudflare, error, respond
 
-    from edgegen import _cloudflare, cli
+    from edgegen import cli
+    from edgegen.cloudflare import _client
 
     monkeypatch.setenv("CLOUDFLARE_API_TOKEN", TOKEN)
     monkeypatch.setenv("CLOUDFLARE_ZONE_ID", ZONE)
     monkeypatch.setenv("CLOUDFLARE_ACCOUNT_ID", ACCOUNT)
-    monkeypatch.setattr(_cloudflare, "_sleep", lambda seconds: None)
+    monkeypatch.setattr(_client, "_sleep", lambda seconds: None)
     example = Path(__file__).resolve().parents[2] / "examples" / "policy.yaml"
     fake = FakeCloudflare(zone_id=ZONE, account_id=ACCOUNT)
     fake.seed_rules(
@@ -611,7 +613,7 @@ def test_what_the_zone_says_reaches_the_terminal_escaped(
 def test_the_escaping_helpers() -> None:
     """markdown_text leaves no markup; code spans hold backticks and no line break;
     terminal_text shows controls and bidi overrides as escapes and keeps line breaks."""
-    from edgegen._plan_format import code, markdown_text, terminal_text
+    from edgegen._text import code, markdown_text, terminal_text
 
     escaped = markdown_text("</details> *a* [b](c) `d` | e\n\n# f")
     assert escaped == r"\<\/details\> \*a\* \[b\]\(c\) \`d\` \| e  \# f"

@@ -11,19 +11,8 @@ import edgegen_policy as policy
 import pytest
 
 import edgegen
-from edgegen import Artifacts, Placement, Target, WorkerArtifact, ZonePlan, _compile, _ids
-from edgegen._formats import plan_from_json, plan_to_json, write_hashes
-from edgegen._plan import (
-    ABSENT,
-    FieldChange,
-    check_saved,
-    comparable,
-    field_changes,
-    locate_rejections,
-    rejections,
-)
-from edgegen._plan_format import summary, to_markdown, to_text
-from edgegen._state import (
+from edgegen import Artifacts, Placement, Target, WorkerArtifact, ZonePlan
+from edgegen.cloudflare._state import (
     RemoteRoute,
     RemoteRuleset,
     RemoteState,
@@ -31,12 +20,24 @@ from edgegen._state import (
     Scope,
     content_sha256,
 )
+from edgegen.compiler import _compile, _ids
 from edgegen.errors import (
     CloudflareAPIError,
     ErrorDetail,
     Rejection,
     TamperedPlanError,
     ZoneError,
+)
+from edgegen.zone._file_formats import plan_from_json, plan_to_json, write_hashes
+from edgegen.zone._format import summary, to_markdown, to_text
+from edgegen.zone._plan import (
+    ABSENT,
+    FieldChange,
+    check_saved,
+    comparable,
+    field_changes,
+    locate_rejections,
+    rejections,
 )
 
 ZONE = "0123456789abcdef0123456789abcdef"
@@ -435,7 +436,7 @@ def test_namespace_id_spelled_as_a_number_is_the_same_binding() -> None:
         (binding,),
         True,
     )
-    from edgegen._state import canonical_bindings
+    from edgegen.cloudflare._state import canonical_bindings
 
     remote = RemoteWorker(
         remote.name,
@@ -635,7 +636,7 @@ def test_the_terminal_plan_folds_path_spellings() -> None:
     """An expression's long set of path spellings is shown as its plain paths and a count,
     with one note that says why (the terminal); every spelling stays in the plan itself and
     in the Markdown; a short set is shown whole."""
-    from edgegen._plan_format import FOLD_NOTE, fold_expression
+    from edgegen.zone._format import FOLD_NOTE, fold_expression
 
     full = (
         'http.request.uri.path in {"/login" "/login%0A" "/login%2F" "/login%2F%0A" "/login/" '

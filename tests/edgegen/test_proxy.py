@@ -37,7 +37,8 @@ from cloudflare_fake import (
 from zone_support import EXAMPLE, HAND_MADE, Sleeps
 
 import edgegen
-from edgegen import _cloudflare, cli
+from edgegen import cli
+from edgegen.cloudflare import _client
 
 SECRET = "proxy-test-token-7f3e9a1c5b2d8e4f6a0c"
 ENV_PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
@@ -221,7 +222,7 @@ def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
     monkeypatch.setenv("CLOUDFLARE_ACCOUNT_ID", ACCOUNT_ID)
     for name in (*ENV_PROXIES, *NO_PROXY, "EDGEGEN_PROXY", "CLOUDFLARE_API_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(_cloudflare, "_sleep", Sleeps())
+    monkeypatch.setattr(_client, "_sleep", Sleeps())
     return monkeypatch
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import edgegen_policy as policy
 import pytest
 
-from edgegen._replay import Layer, Replay, ReplayOptions, replay, replay_pair
-from edgegen._replay_report import impact, impact_lines, impact_markdown, to_json, to_markdown
-from edgegen._replay_types import Request
-from edgegen._suggest import suggest
+from edgegen.replay._engine import Layer, Replay, ReplayOptions, replay, replay_pair
+from edgegen.replay._report import impact, impact_lines, impact_markdown, to_json, to_markdown
+from edgegen.replay._suggest import suggest
+from edgegen.replay._types import Request
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "replay"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"

@@ -17,9 +17,9 @@ matplotlib = pytest.importorskip("matplotlib")
 from matplotlib.figure import Figure  # noqa: E402 (after the skip when matplotlib is missing)
 from matplotlib.transforms import Bbox, BboxBase  # noqa: E402
 
-from edgegen._replay import Layer, ReplayResult, replay  # noqa: E402
-from edgegen._replay_report import to_json, to_text, write_chart  # noqa: E402
-from edgegen._replay_types import Request  # noqa: E402
+from edgegen.replay._engine import Layer, ReplayResult, replay  # noqa: E402
+from edgegen.replay._report import to_json, to_text, write_chart  # noqa: E402
+from edgegen.replay._types import Request  # noqa: E402
 
 T0 = 1_764_748_800_000_000  # 2025-12-03T08:00:00Z in µs
 S = 1_000_000

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from applimit import Limiter
-from edgegen._replay_models import (
+from edgegen.replay._models import (
     GcraModel,
     RuleCounter,
     SlidingLogModel,
@@ -41,7 +41,7 @@ from edgegen._replay_models import (
     rule_counter,
     worker_counter,
 )
-from edgegen._replay_types import AppModel
+from edgegen.replay._types import AppModel
 
 US = 1_000_000
 # Time starts at a whole minute (plus a drawn offset), as a server's clock might read.

@@ -35,8 +35,9 @@ from cloudflare_fake import (
 from zone_support import EXAMPLE, HAND_MADE, Sleeps
 
 import edgegen
-from edgegen import _analytics, _cli_report, cli
-from edgegen._retry import RetryPolicy
+from edgegen import _cli_report, cli
+from edgegen.cloudflare import _analytics
+from edgegen.cloudflare._retry import RetryPolicy
 
 WORKER = "api-edge-limits"
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)

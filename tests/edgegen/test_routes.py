@@ -12,9 +12,9 @@ import edgegen_policy as policy
 import pytest
 
 from edgegen import _placement
-from edgegen._replay import Layer, replay
-from edgegen._replay_types import Request
 from edgegen._routes import route_covers, route_parts
+from edgegen.replay._engine import Layer, replay
+from edgegen.replay._types import Request
 
 POLICY = """
 version: 1

@@ -41,9 +41,9 @@ from edgegen import (
     UsageError,
     _cli_build,
     _cli_zone,
-    _cloudflare,
     cli,
 )
+from edgegen.cloudflare import _client
 
 # Characters that change under base64, percent- and form-encoding, so every form differs.
 SECRET = secrets.token_urlsafe(30) + "~+/=%"
@@ -154,7 +154,7 @@ def zone(
     monkeypatch.setenv("CLOUDFLARE_ZONE_ID", ZONE_ID)
     monkeypatch.setenv("CLOUDFLARE_ACCOUNT_ID", ACCOUNT_ID)
     monkeypatch.delenv("CLOUDFLARE_API_BASE_URL", raising=False)
-    monkeypatch.setattr(_cloudflare, "_sleep", Sleeps())
+    monkeypatch.setattr(_client, "_sleep", Sleeps())
     fake = FakeCloudflare(tokens={SECRET: PERMISSIONS})
     fake.seed_rules(HAND_MADE)
     network = Network(fake, on_request=seen.requests.append)

@@ -16,8 +16,8 @@ import pytest
 
 from bench.traffic import write
 from edgegen import cli
-from edgegen._replay_types import Request
-from edgegen._suggest import MIN_IDENTITIES, MIN_REQUESTS, Suggestion, suggest
+from edgegen.replay._suggest import MIN_IDENTITIES, MIN_REQUESTS, Suggestion, suggest
+from edgegen.replay._types import Request
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "policy.yaml")

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import edgegen
-from edgegen import _terraform
+from edgegen.compiler import _terraform
 
 
 @pytest.mark.parametrize("plan", PLANS)

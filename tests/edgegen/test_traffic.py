@@ -1,4 +1,4 @@
-"""Recorded-traffic readers (edgegen._traffic) and the generator's writers (bench/traffic.py).
+"""Recorded-traffic readers (edgegen.traffic) and the generator's writers (bench/traffic.py).
 
 Fixture files are in tests/edgegen/traffic/. Every time there is 2026-12-03T08:00:00Z
 (1796284800) plus a few seconds, written in each format's own way.
@@ -19,8 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench import traffic as gen
-from edgegen._replay_types import Request
-from edgegen._traffic import (
+from edgegen.errors import EdgegenError
+from edgegen.replay._types import Request
+from edgegen.traffic._read import (
     FileStats,
     TrafficError,
     TrafficOptions,
@@ -28,7 +29,6 @@ from edgegen._traffic import (
     load_tiers,
     read_traffic,
 )
-from edgegen.errors import EdgegenError
 
 HERE = Path(__file__).resolve().parent / "traffic"
 T0 = 1_796_284_800 * 1_000_000  # 2026-12-03T08:00:00Z in µs
@@ -793,9 +793,9 @@ def test_generator_cli_writes_gzip(tmp_path: Path) -> None:
 def test_overlong_line_is_skipped_unread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A line longer than MAX_LINE_CHARS is malformed "line too long", read in pieces and
     never held whole; the lines after it are read as usual."""
-    from edgegen import _traffic
+    from edgegen.traffic import _read
 
-    monkeypatch.setattr(_traffic, "MAX_LINE_CHARS", 100)
+    monkeypatch.setattr(_read, "MAX_LINE_CHARS", 100)
     path = ndjson_at(tmp_path / "long.ndjson", [0, 1, 2])
     lines = path.read_text().splitlines(keepends=True)
     lines.insert(2, '{"timestamp": 1796284801, "junk": "' + "x" * 1000 + '"}\n')
@@ -809,9 +809,9 @@ def test_overlong_line_is_skipped_unread(monkeypatch: pytest.MonkeyPatch, tmp_pa
 def test_overlong_first_line_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A first line longer than MAX_LINE_CHARS (a binary file, one-line JSON) is refused
     when the file is opened, with its file and line."""
-    from edgegen import _traffic
+    from edgegen.traffic import _read
 
-    monkeypatch.setattr(_traffic, "MAX_LINE_CHARS", 100)
+    monkeypatch.setattr(_read, "MAX_LINE_CHARS", 100)
     path = tmp_path / "blob.json"
     path.write_text("[" + "1," * 500 + "1]")
     with pytest.raises(TrafficError, match="longer than 100 characters") as caught:

@@ -25,11 +25,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from edgegen import _traffic, cli
-from edgegen._replay import TIMELINE_BUCKETS, Replay
-from edgegen._replay_report import timeline, to_json, to_text
-from edgegen._replay_types import Request
-from edgegen._traffic import (
+from edgegen import cli
+from edgegen.replay._engine import TIMELINE_BUCKETS, Replay
+from edgegen.replay._report import timeline, to_json, to_text
+from edgegen.replay._types import Request
+from edgegen.traffic import _read
+from edgegen.traffic._read import (
     MAX_LINE_CHARS,
     MAX_TIME_US,
     TrafficError,
@@ -183,7 +184,7 @@ def test_one_timestamp_for_every_record_is_given_out_before_the_end(
     """Records that all share one time never leave the reorder window; the buffer gives
     out its oldest once it holds REORDER_MAX_RECORDS (it held them all: 494 MB for a
     million records), in file order."""
-    monkeypatch.setattr(_traffic, "REORDER_MAX_RECORDS", 1000)
+    monkeypatch.setattr(_read, "REORDER_MAX_RECORDS", 1000)
     line = f'{{"timestamp": {T0}, "method": "GET", "path": "/", "ip": "192.0.2.1"}}\n'.encode()
     stream = stdin(line, 20_000 * len(line))
     with read_traffic(["-"], TrafficOptions()) as traffic:
@@ -200,7 +201,7 @@ def test_one_timestamp_for_every_record_holds_bounded_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same, measured: memory follows the buffer's bound, not the file."""
-    monkeypatch.setattr(_traffic, "REORDER_MAX_RECORDS", 1000)
+    monkeypatch.setattr(_read, "REORDER_MAX_RECORDS", 1000)
     path = tmp_path / "same.ndjson"
     line = f'{{"timestamp": {T0}, "method": "GET", "path": "/", "ip": "192.0.2.1"}}\n'
     path.write_text(line * 50_000)
@@ -229,7 +230,7 @@ def test_a_full_reorder_buffer_counts_what_it_cannot_order(
 ) -> None:
     """Past REORDER_MAX_RECORDS, a record older than one given out early is "out of
     order"; what is given out is in order and every line is accounted for."""
-    monkeypatch.setattr(_traffic, "REORDER_MAX_RECORDS", 100)
+    monkeypatch.setattr(_read, "REORDER_MAX_RECORDS", 100)
     path = tmp_path / "reversed.ndjson"
     path.write_text(
         "".join(
@@ -741,7 +742,7 @@ def test_fuzz_csv(text: str, detect: bool, tmp_path: Path) -> None:
 
 
 @FUZZ
-@given(data=st.binary(max_size=2000), fmt=st.sampled_from([None, *_traffic.FORMATS]))
+@given(data=st.binary(max_size=2000), fmt=st.sampled_from([None, *_read.FORMATS]))
 @example(data=b"\x1f\x8b" + b"\0" * 50, fmt=None)
 @example(data=b"\n" * 1500 + b"{", fmt=None)
 def test_fuzz_bytes(data: bytes, fmt: str | None, tmp_path: Path) -> None:

@@ -19,8 +19,8 @@ from typing import IO
 import pytest
 
 from bench.traffic import generate, write
-from edgegen._traffic import TrafficError, TrafficOptions, read_traffic
-from edgegen._traffic_pipe import BackgroundTraffic, open_traffic
+from edgegen.traffic._pipe import BackgroundTraffic, open_traffic
+from edgegen.traffic._read import TrafficError, TrafficOptions, read_traffic
 
 HERE = Path(__file__).resolve().parent / "traffic"
 
@@ -138,8 +138,8 @@ POLICY = ROOT / "examples" / "policy.yaml"
 PARENT = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from edgegen._traffic import TrafficOptions
-from edgegen._traffic_pipe import BackgroundTraffic
+from edgegen.traffic._read import TrafficOptions
+from edgegen.traffic._pipe import BackgroundTraffic
 traffic = BackgroundTraffic(sys.argv[2:], TrafficOptions())
 print(traffic._process.pid, flush=True)
 sys.stdin.read()

@@ -28,7 +28,7 @@ from edgegen_policy import (
 from edgegen_policy._match import canonical_path, decode_path
 
 import edgegen
-from edgegen import _worker
+from edgegen.compiler import _worker
 
 pytestmark = pytest.mark.workerd
 

@@ -12,8 +12,10 @@ import pytest
 from cloudflare_fake import ACCOUNT_ID, PERMISSIONS, TOKEN, ZONE_ID, FakeCloudflare
 from zone_support import HAND_MADE, Sleeps
 
-from edgegen import _cloudflare, _ids, cli
-from edgegen._formats import write_hashes
+from edgegen import cli
+from edgegen.cloudflare import _client
+from edgegen.compiler import _ids
+from edgegen.zone._file_formats import write_hashes
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "policy.yaml"
@@ -25,7 +27,7 @@ WORKER = "api-edge-limits"
 def sleeps(monkeypatch: pytest.MonkeyPatch) -> Sleeps:
     """No test sleeps: the client's waits are recorded here instead."""
     recorded = Sleeps()
-    monkeypatch.setattr(_cloudflare, "_sleep", recorded)
+    monkeypatch.setattr(_client, "_sleep", recorded)
     return recorded
 
 

@@ -32,9 +32,15 @@ import atheris
 with atheris.instrument_imports():
     import edgegen_policy as policy
 
-    from edgegen._replay import Replay
-    from edgegen._replay_report import to_json, to_text
-    from edgegen._traffic import FORMATS, MAX_TIME_US, TrafficError, TrafficOptions, read_traffic
+    from edgegen.replay._engine import Replay
+    from edgegen.replay._report import to_json, to_text
+    from edgegen.traffic._read import (
+        FORMATS,
+        MAX_TIME_US,
+        TrafficError,
+        TrafficOptions,
+        read_traffic,
+    )
 
 # The budget of one read, whatever the input (docs/replay.md, "Hostile input"): CPU seconds,
 # a fixed part and parts per line and per byte; traced bytes, a fixed part and per byte.

@@ -21,8 +21,10 @@ import atheris
 import httpx
 
 with atheris.instrument_imports():
-    from edgegen import _cloudflare, _formats, _json, _retry, _token
+    from edgegen import _json
+    from edgegen.cloudflare import _client, _retry, _token
     from edgegen.errors import CloudflareAPIError, ZoneError
+    from edgegen.zone import _file_formats
 
 _HEADERS = (b"Retry-After", b"Content-Type", b"CF-Entrypoint", b"Content-Encoding")
 _CALLS = (
@@ -36,16 +38,16 @@ _CALLS = (
 
 def _state_file(data: bytes) -> None:
     with contextlib.suppress(ZoneError):
-        _formats.state_from_json(
-            _formats.parse_json(data.decode("utf-8", "replace"), "s", "state"), "s"
+        _file_formats.state_from_json(
+            _file_formats.parse_json(data.decode("utf-8", "replace"), "s", "state"), "s"
         )
 
 
 def _plan_file(data: bytes) -> None:
     text = data.decode("utf-8", "replace")
-    _formats.is_plan_file(text)
+    _file_formats.is_plan_file(text)
     with contextlib.suppress(ZoneError):
-        _formats.plan_from_json(_formats.parse_json(text, "p", "plan"), "p")
+        _file_formats.plan_from_json(_file_formats.parse_json(text, "p", "plan"), "p")
 
 
 def _answer(data: bytes) -> None:
@@ -62,7 +64,7 @@ def _answer(data: bytes) -> None:
     def answer(request: httpx.Request) -> httpx.Response:
         return httpx.Response(status, headers=headers, content=body, request=request)
 
-    client = _cloudflare.Client(
+    client = _client.Client(
         _token.Token("fuzz-token"),
         transport=httpx.MockTransport(answer),
         sleep=lambda seconds: None,

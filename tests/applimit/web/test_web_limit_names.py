@@ -18,7 +18,7 @@ from webcheck import rate_limit_headers
 from applimit import LimitResult
 from applimit._decision import combine
 from applimit.web._gate import Answer, Gate
-from edgegen import _worker
+from edgegen.compiler import _worker
 
 GATE = Gate(tiers=("free",))
 EDGE_POLICY = """\

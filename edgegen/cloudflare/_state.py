@@ -5,7 +5,7 @@
 (``RemoteWorker``, by hash), the zone's Worker routes (``RemoteRoute``) and its URL
 normalisation setting (``UrlNormalization``). The Cloudflare client returns these same
 types, so what is read is what is planned with and saved. ``edgegen.pull`` reads them
-(GET only); ``edgegen.save_state`` writes them to a state file (``_formats``), which lets
+(GET only); ``edgegen.save_state`` writes them to a state file (``zone._file_formats``), which lets
 ``edgegen plan --state`` plan with no access to the zone (pull requests from forks get no
 secrets).
 

@@ -2,7 +2,7 @@
 
 Each format is a pydantic model (``PlanFile``, ``StateFile``) with ``format`` and
 ``format_version`` fields, built from the same value types planning uses (``_plan``'s
-changes, ``_state``'s remote values), so a field is declared once. The JSON Schemas in
+changes, ``cloudflare._state``'s remote values), so a field is declared once. The JSON Schemas in
 docs/schemas/ are generated from these models (``schemas``) and a test holds them equal.
 
 A file is untrusted input, read in three steps:
@@ -42,9 +42,20 @@ from pydantic import (
 )
 from typing_extensions import TypedDict
 
-from . import _json
-from ._artifacts import WorkerArtifact
-from ._files import write_atomic
+from .. import _json
+from .._files import write_atomic
+from ..cloudflare._state import (
+    RemoteRoute,
+    RemoteRuleset,
+    RemoteState,
+    RemoteWorker,
+    Scope,
+    UrlNormalization,
+    canonical_json,
+    sha256_text,
+)
+from ..compiler._artifacts import WorkerArtifact
+from ..errors import ZoneError
 from ._plan import (
     Fingerprints,
     ForeignRule,
@@ -55,17 +66,6 @@ from ._plan import (
     ZonePlan,
     refusal,
 )
-from ._state import (
-    RemoteRoute,
-    RemoteRuleset,
-    RemoteState,
-    RemoteWorker,
-    Scope,
-    UrlNormalization,
-    canonical_json,
-    sha256_text,
-)
-from .errors import ZoneError
 
 PLAN_FORMAT: Final = "edgegen-plan"
 PLAN_VERSION: Final = 2

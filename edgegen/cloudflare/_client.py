@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from ..errors import CloudflareAPIError
 from ._messages import DEFAULT_BASE_URL, PHASE, bad_result
 from ._retry import RetryPolicy
 from ._state import RemoteRoute, RemoteRuleset, UrlNormalization
 from ._token import Token
 from ._transport import Part, Transport, base_url_from_env, proxy_from_env
-from .errors import CloudflareAPIError
 
 if TYPE_CHECKING:
     import httpx

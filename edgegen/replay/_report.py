@@ -2,7 +2,7 @@
 a timeline chart (matplotlib, optional); and the impact of a policy change on recorded
 traffic, for ``edgegen diff --traffic``.
 
-Pure functions of :class:`~edgegen._replay.ReplayResult` values, except :func:`write_chart`,
+Pure functions of :class:`~edgegen.replay._engine.ReplayResult` values, except :func:`write_chart`,
 which writes the picture.
 """
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._plan_format import code, markdown_text
-from ._replay import ASSUMPTIONS, TIMELINE_COLUMNS, Layer, ReplayResult, Row
-from .errors import UsageError
+from .._text import code, markdown_text
+from ..errors import UsageError
+from ._engine import ASSUMPTIONS, TIMELINE_COLUMNS, Layer, ReplayResult, Row
 
 REPORT_VERSION = 1
 # At most this many points in a timeline (minutes are merged into wider buckets).
@@ -105,7 +105,7 @@ def _bucket_minutes(first: int, last: int, stored: int) -> int:
 def timeline(result: ReplayResult) -> tuple[int, list[tuple[int, list[int]]]]:
     """The timeline in at most _TIMELINE_POINTS buckets: (bucket minutes, [(start minute,
     [admitted, blocked by rules, refused by the Worker, by the app, challenged at the edge])]),
-    each request counted once (:data:`~edgegen._replay.TIMELINE_COLUMNS`)."""
+    each request counted once (:data:`~edgegen.replay._engine.TIMELINE_COLUMNS`)."""
     line = result.timeline
     if line.start_minute is None or not line.minutes:
         return 1, []

@@ -20,12 +20,7 @@ from typing import TYPE_CHECKING, Literal
 
 from edgegen_policy import Policy
 
-from . import _apply
-from ._artifacts import Artifacts
-from ._compile import build as _build
-from ._formats import write_hashes_of
-from ._plan import SavedPlan, ZonePlan, check_saved, fingerprints, make_plan
-from ._state import (
+from ..cloudflare._state import (
     EDGEGEN_BANNER,
     RemoteState,
     RemoteWorker,
@@ -34,11 +29,16 @@ from ._state import (
     canonical_bindings,
     content_sha256,
 )
-from .errors import CloudflareAPIError, StalePlanError, TamperedPlanError, ZoneError
+from ..compiler._artifacts import Artifacts
+from ..compiler._compile import build as _build
+from ..errors import CloudflareAPIError, StalePlanError, TamperedPlanError, ZoneError
+from . import _apply
+from ._file_formats import write_hashes_of
+from ._plan import SavedPlan, ZonePlan, check_saved, fingerprints, make_plan
 
 if TYPE_CHECKING:
     # The client (httpx) only as a type: importing this module needs no edge extra.
-    from ._cloudflare import Client, Write
+    from ..cloudflare._client import Client, Write
 
 
 def pull(client: Client, scope: Scope, *, zone_settings: bool = True) -> RemoteState:

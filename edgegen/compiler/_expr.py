@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from edgegen_policy import AuthenticatedWhen, Matcher
 
-from ._capabilities import COOKIES, HEADERS, HOST, MAX_EXPRESSION_LENGTH, METHOD, PATH
+from .._capabilities import COOKIES, HEADERS, HOST, MAX_EXPRESSION_LENGTH, METHOD, PATH
 
 # The slashes after the leading one, per policy path or prefix, whose %2F spelling the rule
 # matches too: 2**3 = 8 spellings of a path at most (24 for an exact path, with the

@@ -1,4 +1,4 @@
-"""Writing a ZonePlan, in a safe order; the steps ``edgegen.apply`` (``_zone``) runs.
+"""Writing a ZonePlan, in a safe order; the steps ``edgegen.apply`` (``_operations``) runs.
 
 Order: writes that add protection go before writes that take it away, so a limit moving
 between a rule and the Worker is, for a moment, enforced twice rather than not at all.
@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 from edgegen_policy import Policy
 
+from ..errors import ApplyError, CloudflareAPIError, EdgegenError, Rejection, ZoneError
 from ._plan import ZonePlan, locate_rejections, rejections
-from .errors import ApplyError, CloudflareAPIError, EdgegenError, Rejection, ZoneError
 
 if TYPE_CHECKING:
     # The client (httpx) only as a type: importing this module needs no edge extra.
-    from ._cloudflare import Client, Write
+    from ..cloudflare._client import Client, Write
 
 
 def writes(client: Client, plan: ZonePlan) -> list[Write]:

@@ -4,7 +4,7 @@ rate limiting rule, and the Workers Rate Limiting binding.
 Every model holds the state of one limit rate (app), one rule or one binding (edge) for
 every key it counts, in plain dicts keyed by the identity (app) or by the counter key the
 engine builds (edge: the characteristics' values with the data centre). Time is integer µs
-(``_replay_types``). The models import nothing of ``applimit``: edgegen depends on
+(``_types``). The models import nothing of ``applimit``: edgegen depends on
 ``policy`` only, whose model of ``applimit/lua`` the app models decide with;
 tests/edgegen/test_replay_models.py holds them to the Lua, decision for decision, on a
 real Redis.
@@ -53,7 +53,7 @@ from edgegen_policy import (
     checked_rates,
 )
 
-from ._replay_types import AppModel, EdgeCounter
+from ._types import AppModel, EdgeCounter
 
 US_PER_S = 1_000_000
 # The Workers binding accepts these periods only (wrangler and Miniflare refuse others).

@@ -37,11 +37,12 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from . import _json, _messages, _retry
+from .. import _json
+from ..errors import CloudflareAPIError, UsageError
+from . import _messages, _retry
 from ._messages import BASE_URL_ENV, DEFAULT_BASE_URL, PROXY_ENV, Redactor, shown_url
 from ._retry import RetryPolicy
 from ._token import Token
-from .errors import CloudflareAPIError, UsageError
 
 USER_AGENT = "edgegen/0.1"
 # Reads are small; a script upload may take a while on a slow link.

@@ -37,9 +37,9 @@ from typing import Any, Final
 
 from edgegen_policy import Algorithm, Limit, Policy, Rate, allowance
 
-from ._plan_format import markdown_text
-from ._replay import Layer, Replay, ReplayOptions, Row, _AppCheck
-from ._replay_types import Request
+from .._text import markdown_text
+from ._engine import Layer, Replay, ReplayOptions, Row, _AppCheck
+from ._types import Request
 
 # A sample too small to say anything about one limit, tier and rate: fewer identities than
 # this (or than 1/target, so that the target allows at least one identity refused), fewer

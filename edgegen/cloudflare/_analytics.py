@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from . import _json
-from ._ids import RULE_REF_PREFIX
+from .. import _json
+from ..compiler._ids import RULE_REF_PREFIX
+from ..errors import CloudflareAPIError, ErrorDetail, UsageError
 from ._messages import MAX_QUOTED_ERRORS
 from ._state import Scope
-from .errors import CloudflareAPIError, ErrorDetail, UsageError
 
 GRAPHQL_PATH = "/graphql"
 RULES_DATASET = "firewallEventsAdaptiveGroups"
@@ -57,7 +57,7 @@ MITIGATIONS = frozenset(
 
 if TYPE_CHECKING:
     # The client (httpx) only as a type: importing this module needs no edge extra.
-    from ._cloudflare import Client
+    from ._client import Client
 LOGGED = "log"
 # Rules asked about in one GraphQL request: each costs three aliased fields, and Cloudflare
 # caps the fields and the cost of one query.

@@ -1,9 +1,9 @@
 """The replay engine: recorded requests through the policy's layers, in the order traffic
 meets them (Cloudflare's rate limiting rules, the Worker, the app), each with its own
-counting model (``_replay_models``).
+counting model (``_models``).
 
-Pure: it takes :class:`~edgegen._replay_types.Request` values in time order and returns
-counts; reading files (``_traffic``) and formatting (``_replay_report``) live elsewhere.
+Pure: it takes :class:`~edgegen.replay._types.Request` values in time order and returns
+counts; reading files (``edgegen.traffic``) and formatting (``_report``) live elsewhere.
 A request refused at one layer does not reach the next. Memory is bounded by the identities
 active within a period (the models forget idle keys; ``sweep``), plus what the report keeps
 by design: one entry per distinct identity that a limit counted (for "identities affected"
@@ -35,10 +35,10 @@ from edgegen_policy import (
 )
 from edgegen_policy import Matcher as PolicyMatcher
 
-from . import _placement
-from ._replay_models import app_model, rule_counter, worker_counter
-from ._replay_types import AppModel, EdgeCounter, Request
-from ._routes import route_covers, route_parts
+from .. import _placement
+from .._routes import route_covers, route_parts
+from ._models import app_model, rule_counter, worker_counter
+from ._types import AppModel, EdgeCounter, Request
 
 # Forget idle counters every this many records (and at the end): cheap, and often enough
 # that memory follows the active identities.

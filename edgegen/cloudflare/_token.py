@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import UsageError
+from ..errors import UsageError
 
 TOKEN_ENV = "CLOUDFLARE_API_TOKEN"
 # A token file is read up to this size (Cloudflare's tokens are 40 characters).

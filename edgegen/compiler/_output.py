@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .._files import write_atomic
 from ._artifacts import Artifacts
-from ._files import write_atomic
 
 # Every path a build can write; only these are ever removed as stale.
 GENERATED_PATHS = (

@@ -3,13 +3,13 @@
 A replay spends about as long parsing a line as deciding it, and both are pure Python: in
 one process they add up; with the reader in a child process (``fork``) they run on two
 cores, and a day of logs replays in about half the time. The child runs
-:func:`~edgegen._traffic.read_traffic` as it is and sends the records in batches of plain
+:func:`~edgegen.traffic._read.read_traffic` as it is and sends the records in batches of plain
 tuples through a pipe (a pipe's buffer is the only queue, so a slow consumer stops the
 reader: memory stays bounded); the parent rebuilds them as :class:`Request` values. What
 the parent sees is the same as reading in process: the same records in the same order, the
 same stats (sent when the child is done) and the same :class:`TrafficError`, raised in the
 parent where the child met it. Each batch carries how far the child has read the files,
-which is what the parent's :meth:`~edgegen._traffic.Traffic.position` answers (a progress
+which is what the parent's :meth:`~edgegen.traffic._read.Traffic.position` answers (a progress
 report's estimate: the child reads at most a pipe's buffer ahead).
 
 Only the child opens the files, and each once: it opens them and tells their formats first
@@ -42,8 +42,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ._replay_types import Request
-from ._traffic import (
+from ..replay._types import Request
+from ._read import (
     Position,
     Traffic,
     TrafficError,

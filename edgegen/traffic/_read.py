@@ -65,8 +65,8 @@ from typing import IO, Any, Final, cast
 
 import yaml
 
-from ._replay_types import Request
-from .errors import EdgegenError
+from ..errors import EdgegenError
+from ..replay._types import Request
 
 FORMATS: Final = ("combined", "logpush", "events", "ndjson", "csv")
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
-from .errors import CloudflareAPIError, ErrorDetail
+from ..errors import CloudflareAPIError, ErrorDetail
 
 DEFAULT_BASE_URL = "https://api.cloudflare.com/client/v4"
 BASE_URL_ENV = "CLOUDFLARE_API_BASE_URL"

@@ -17,7 +17,7 @@ hash, Worker hash, routes hash), so a saved plan can refuse to apply to a change
 
 A saved plan is bound to what it shows. Its file records a hash of each write (the rules
 body, each Worker module, the Worker's settings, each route change), checked when it is
-read (``_formats``); and before anything is written, ``check_saved`` makes the plan again
+read (``_file_formats``); and before anything is written, ``check_saved`` makes the plan again
 from the plan's own writes and the zone as read then (the rules the body asks for, merged
 with the zone's rules as planning merges them; the Worker against the deployed one; the
 routes its patterns give), and refuses unless that is exactly the plan the file lists: the
@@ -26,7 +26,7 @@ if it runs the policy's Worker, by the id the zone gives it). What apply shows i
 it writes.
 
 The change types are also the plan file's parts: their annotations say how each is read
-from a file (``_formats`` holds the file's model and its JSON Schema).
+from a file (``_file_formats`` holds the file's model and its JSON Schema).
 """
 
 from __future__ import annotations
@@ -40,9 +40,7 @@ from edgegen_policy import Policy
 from pydantic import Field, GetCoreSchemaHandler, StrictInt
 from pydantic_core import core_schema
 
-from . import _compile, _ids
-from ._artifacts import Artifacts, Target, WorkerArtifact
-from ._state import (
+from ..cloudflare._state import (
     Flag,
     RemoteRoute,
     RemoteState,
@@ -53,7 +51,9 @@ from ._state import (
     sha256_text,
     worker_fingerprint,
 )
-from .errors import CloudflareAPIError, Rejection, TamperedPlanError, ZoneError
+from ..compiler import _compile, _ids
+from ..compiler._artifacts import Artifacts, Target, WorkerArtifact
+from ..errors import CloudflareAPIError, Rejection, TamperedPlanError, ZoneError
 
 RuleAction = Literal["create", "update", "move", "delete"]
 OWNED_PREFIX = _ids.RULE_REF_PREFIX

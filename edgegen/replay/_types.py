@@ -1,9 +1,9 @@
 """The values a replay passes between its parts: a recorded request and the layer models.
 
-A replay reads recorded requests (``_traffic``), runs them through the policy's layers in
-the order traffic meets them (Cloudflare rules, the Worker, the app: ``_replay_models``
-holds each layer's counting model, ``_replay`` drives them) and reports what each layer
-refused (``_replay_report``). These types are the contract between those modules; they
+A replay reads recorded requests (``edgegen.traffic``), runs them through the policy's layers in
+the order traffic meets them (Cloudflare rules, the Worker, the app: ``_models``
+holds each layer's counting model, ``_engine`` drives them) and reports what each layer
+refused (``_report``). These types are the contract between those modules; they
 hold no behaviour.
 
 Time is integer microseconds since the Unix epoch everywhere in a replay, as it is in the
