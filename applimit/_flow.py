@@ -42,6 +42,7 @@ caller was cancelled) still tells of Redis' health: the async wires hand it to
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -86,11 +87,11 @@ class Step:
     approximate sequence it belongs to (None for an exact decision).
     """
 
-    __slots__ = ("flow", "request", "started")
-
     request: Prepared
-    started: float
-    flow: Approximate | None
+    # Defaults at class level, not stored per decision: a Send is made for every
+    # decision that goes to Redis, and each store is work on that path.
+    started: float = 0.0
+    flow: Approximate | None = None
 
 
 class Send(Step):
@@ -104,15 +105,13 @@ class Send(Step):
     when they were sent (the denial cache's clock).
     """
 
-    __slots__ = ("breakers", "calls", "carries", "decided", "plan", "refunds", "sent")
-
     plan: Prepared
     calls: tuple[ScriptCall, ...]
     breakers: Sequence[CircuitBreaker]
     sent: float
-    carries: bool
-    decided: Decision | None
-    refunds: tuple[ScriptCall, ...]
+    carries: bool = False
+    decided: Decision | None = None
+    refunds: tuple[ScriptCall, ...] = ()
 
     @property
     def refund(self) -> bool:
@@ -123,35 +122,13 @@ class Send(Step):
         return f"Send({len(self.calls)} calls{', refund' if self.refund else ''})"
 
 
-def _send(
-    plan: Prepared, calls: tuple[ScriptCall, ...], breakers: Sequence[CircuitBreaker], sent: float
-) -> Send:
-    """A Send of ``plan``'s ``calls``, filled by attribute stores: Send has no ``__init__``,
-    whose Python frame would cost every decision one call more."""
-    send = Send()
-    send.request = send.plan = plan
-    send.started = 0.0
-    send.flow = None
-    send.calls = calls
-    send.breakers = breakers
-    send.sent = sent
-    send.carries = False
-    send.decided = None
-    send.refunds = ()
-    return send
-
-
 class Wait(Step):
     """Wait for ``flight`` (another decision's sync of the same keys) to land, until
     ``deadline`` (``time.monotonic()`` seconds); advance with ``[]``, or with
     ``[TimeoutError]`` when the deadline passed first."""
 
-    __slots__ = ("deadline", "flight")
-
     def __init__(self, request: Prepared, flight: Flight, deadline: float) -> None:
         self.request = request
-        self.started = 0.0
-        self.flow = None
         self.flight = flight
         self.deadline = deadline
 
@@ -220,38 +197,81 @@ class Decider:
 
     # -- the machine ----------------------------------------------------------------------
 
-    def begin(self, prepared: Prepared) -> Decision | Send | Wait:
+    def begin(self, prepared: Prepared, inner: bool = False) -> Decision | Send | Wait:
         """The decision for ``prepared``, when it is made without Redis (no limit, the
-        denial cache, an open breaker, a local approximate answer); else its first step."""
-        started = _perf_counter() if self.observing else 0.0
-        step: Decision | Send | Wait
-        if not prepared.checks:
-            step = UNLIMITED
-        else:
-            approx = self.approx
-            if approx is None or self.wire.closed or not approx.applies(prepared):
-                step = self._start(prepared)
-            else:
-                step = self._handed(self._approximate(approx, prepared), prepared, None)
-        if isinstance(step, Decision):
-            if self.observing:
-                self._observe(prepared, step, started, sent=False)
-            return step
-        step.started = started
-        return step
+        denial cache, an open breaker, a local approximate answer); else its first step.
 
-    def advance(self, step: Send | Wait, outcomes: list[object]) -> Decision | Send | Wait:
+        ``inner`` marks a Redis decision inside the approximate sequence (its batch, its
+        flush, the request alone): it is made exactly and not told to the observers (the
+        sequence's own decision is)."""
+        started = _perf_counter() if self.observing else 0.0
+        decision: Decision = UNLIMITED
+        if prepared.checks:
+            wire = self.wire
+            approx = self.approx
+            if approx is not None and not inner and not wire.closed and approx.applies(prepared):
+                step = self._handed(self._approximate(approx, prepared), prepared, None)
+                if not isinstance(step, Decision):
+                    step.started = started
+                    return step
+                decision = step
+            else:
+                if wire.closed:
+                    # A closed limiter raises, whatever its caches could answer.
+                    raise ApplimitError(CLOSED)
+                answered = None if self.denials is None else self.denials.answer(prepared)
+                if answered is not None:
+                    decision = answered
+                else:
+                    calls = prepared.calls
+                    breakers: Sequence[CircuitBreaker]
+                    if len(calls) == 1:
+                        # Every decision but a cluster's that spans identities: one call,
+                        # one breaker.
+                        slot = calls[0].slot
+                        breaker = (
+                            self.breakers.main
+                            if slot is None
+                            else self.breakers.of(wire.route(slot))
+                        )
+                        breakers = (breaker,)
+                        closed = None if breaker.allow() else breaker
+                    else:
+                        breakers = [
+                            self.breakers.of(None if call.slot is None else wire.route(call.slot))
+                            for call in calls
+                        ]
+                        closed = Breakers.admit(breakers)
+                    if closed is None:
+                        # Send has no __init__ (a Python frame per decision): filled here.
+                        send = Send()
+                        send.request = send.plan = prepared
+                        send.calls = calls
+                        send.breakers = breakers
+                        send.sent = self.clock()
+                        if started:
+                            send.started = started
+                        return send
+                    decision = self._skipped(prepared, closed)
+        if self.observing and not inner:
+            self._observe(prepared, decision, started, sent=False)
+        return decision
+
+    def advance(
+        self, step: Send | Wait, outcomes: list[object], inner: bool = False
+    ) -> Decision | Send | Wait:
         """The next step after ``step``, given its outcomes: the decision, or what to run
-        (or wait for) next."""
+        (or wait for) next. ``inner`` as for :meth:`begin`."""
         flow = step.flow
         following: Decision | Send | Wait
-        if flow is not None:
+        if flow is not None and not inner:
             following = self._handed(flow, step.request, outcomes)
-        else:
-            assert isinstance(step, Send)  # a Wait always belongs to a flow
+        elif isinstance(step, Send):
             following = self._finish(step, outcomes)
+        else:
+            raise TypeError("a Wait is always a step of the approximate sequence")
         if isinstance(following, Decision):
-            if self.observing:
+            if self.observing and not inner:
                 self._observe(step.request, following, step.started, sent=isinstance(step, Send))
             return following
         following.started = step.started
@@ -334,7 +354,7 @@ class Decider:
 
     def _sync(
         self, approx: ApproxCache, step: Sync
-    ) -> Generator[Send, list[object], tuple[Decision, bool]]:
+    ) -> Generator[Send | Wait, list[object], tuple[Decision, bool]]:
         """Run a sync: the batch, then (when it is denied) the pending requests that still
         fit. Its decision, and whether the request is to be asked about alone. Stopped
         before its reply is taken in (the sequence closed, an exception), it gives what
@@ -354,45 +374,15 @@ class Decider:
 
     def _exact(
         self, prepared: Prepared, *, carries: bool
-    ) -> Generator[Send, list[object], Decision]:
-        """One decision by Redis inside the approximate sequence: the same two steps as
-        an exact decision's (:meth:`_start`, then :meth:`_finish` until it decides)."""
-        step = self._start(prepared)
-        if carries and not isinstance(step, Decision):
-            step.carries = True
+    ) -> Generator[Send | Wait, list[object], Decision]:
+        """One decision by Redis inside the approximate sequence: the machine's own
+        steps, as inner ones (:meth:`begin`, then :meth:`advance` until it decides)."""
+        step = self.begin(prepared, True)
+        if isinstance(step, Send):
+            step.carries = carries
         while not isinstance(step, Decision):
-            step = self._finish(step, (yield step))
+            step = self.advance(step, (yield step), True)
         return step
-
-    def _start(self, prepared: Prepared) -> Decision | Send:
-        """An exact decision's first step (the denial cache, the breakers): the decision,
-        when it is made here, or the Send of its calls."""
-        wire = self.wire
-        if wire.closed:
-            # A closed limiter raises, whatever its caches could answer.
-            raise ApplimitError(CLOSED)
-        if self.denials is not None:
-            local = self.denials.answer(prepared)
-            if local is not None:
-                return local
-        calls = prepared.calls
-        breakers: Sequence[CircuitBreaker]
-        if len(calls) == 1:
-            # Every decision but a cluster's that spans identities: one call, one breaker.
-            slot = calls[0].slot
-            breaker = self.breakers.main if slot is None else self.breakers.of(wire.route(slot))
-            if not breaker.allow():
-                return self._skipped(prepared, breaker)
-            breakers = (breaker,)
-        else:
-            breakers = [
-                self.breakers.of(None if call.slot is None else wire.route(call.slot))
-                for call in calls
-            ]
-            closed = Breakers.admit(breakers)
-            if closed is not None:
-                return self._skipped(prepared, closed)
-        return _send(prepared, calls, breakers, self.clock())
 
     def _finish(self, send: Send, outcomes: Sequence[object]) -> Decision | Send:
         """An exact decision from the outcomes of its calls (the breakers told, a denial
@@ -437,8 +427,9 @@ class Decider:
         """The Send of the first of ``refunds``, or ``decision`` when none is left."""
         if not refunds:
             return decision
-        refund = _send(send.plan, refunds[:1], send.breakers, send.sent)
-        refund.request = send.request
+        refund = copy.copy(send)
+        refund.calls = refunds[:1]
+        refund.carries = False
         refund.decided = decision
         refund.refunds = refunds[1:]
         return refund

@@ -281,6 +281,6 @@ class _Disabled(Decider):
     with no results (as for a request no limit matches), and nothing is sent anywhere.
     The arguments are still checked, so a misspelt limit name fails in tests too."""
 
-    def begin(self, prepared: Prepared) -> Decision | Send | Wait:
+    def begin(self, prepared: Prepared, inner: bool = False) -> Decision | Send | Wait:
         """Allowed, with no call."""
         return UNLIMITED
