@@ -180,7 +180,7 @@ class RateLimit:
         ):
             return self._keep(request, EXEMPT)
         subject = gate.subject(info, caller)
-        decision = self._keep(request, await self._decide(info, subject))
+        decision = self._keep(request, await self._limit(info, subject))
         answer = gate.answer(decision, subject.tier)
         if answer.refusal is not None:
             raise RateLimitExceeded(decision, gate.render(answer.refusal, info, info))
@@ -198,7 +198,8 @@ class RateLimit:
         )
         return decision
 
-    async def _decide(self, info: RequestInfo, subject: Subject) -> Decision:
+    async def _limit(self, info: RequestInfo, subject: Subject) -> Decision:
+        """The limiter's decision for this request: awaited, or run in the thread pool."""
         limiter, tier, cost, keys = self.limiter, subject.tier, self.cost, subject.keys
         # The call, bound to its arguments: awaited from an AsyncLimiter, run in the thread
         # pool from a Limiter (typed Any: one of two limiters' methods).
