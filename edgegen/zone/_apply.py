@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 from edgegen_policy import Policy
 
 from ..errors import ApplyError, CloudflareAPIError, EdgegenError, Rejection, ZoneError
-from ._plan import ZonePlan, locate_rejections, rejections
+from ._plan import ZonePlan
+from ._rejections import locate_rejections, rejections
 
 if TYPE_CHECKING:
     # The client (httpx) only as a type: importing this module needs no edge extra.

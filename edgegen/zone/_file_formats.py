@@ -17,7 +17,7 @@ A file is untrusted input, read in three steps:
 
 A plan file then passes the integrity checks of a saved plan: every write must match the
 hash recorded with it (``hash_problems``; TamperedPlanError otherwise), and ``apply`` makes
-the plan again from its writes and the zone (``_plan.check_saved``) before writing.
+the plan again from its writes and the zone (``_saved.check_saved``) before writing.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ from ._plan import (
     SavedPlan,
     WorkerChange,
     ZonePlan,
-    refusal,
 )
+from ._saved import refusal
 
 PLAN_FORMAT: Final = "edgegen-plan"
 PLAN_VERSION: Final = 2

@@ -34,7 +34,9 @@ from ..compiler._compile import build as _build
 from ..errors import CloudflareAPIError, StalePlanError, TamperedPlanError, ZoneError
 from . import _apply
 from ._file_formats import write_hashes_of
-from ._plan import SavedPlan, ZonePlan, check_saved, fingerprints, make_plan
+from ._merge import fingerprints, make_plan
+from ._plan import SavedPlan, ZonePlan
+from ._saved import check_saved
 
 if TYPE_CHECKING:
     # The client (httpx) only as a type: importing this module needs no edge extra.

@@ -48,7 +48,7 @@ from edgegen.cloudflare._state import RemoteState, Scope
 from edgegen.compiler import _compile, _ids
 from edgegen.errors import CompileError
 from edgegen.zone._format import to_markdown, to_text
-from edgegen.zone._plan import make_plan
+from edgegen.zone._merge import make_plan
 
 ZONE = "0123456789abcdef0123456789abcdef"
 ACCOUNT = "fedcba9876543210fedcba9876543210"

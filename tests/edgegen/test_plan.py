@@ -30,15 +30,10 @@ from edgegen.errors import (
 )
 from edgegen.zone._file_formats import plan_from_json, plan_to_json, write_hashes
 from edgegen.zone._format import summary, to_markdown, to_text
-from edgegen.zone._plan import (
-    ABSENT,
-    FieldChange,
-    check_saved,
-    comparable,
-    field_changes,
-    locate_rejections,
-    rejections,
-)
+from edgegen.zone._merge import comparable, field_changes
+from edgegen.zone._plan import ABSENT, FieldChange
+from edgegen.zone._rejections import locate_rejections, rejections
+from edgegen.zone._saved import check_saved
 
 ZONE = "0123456789abcdef0123456789abcdef"
 ACCOUNT = "fedcba9876543210fedcba9876543210"
