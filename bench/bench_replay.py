@@ -36,8 +36,8 @@ from typing import Any
 import edgegen_policy as policy
 
 from edgegen.replay._engine import Layer, Replay, ReplayOptions
+from edgegen.traffic._options import TrafficOptions
 from edgegen.traffic._pipe import open_traffic
-from edgegen.traffic._read import TrafficOptions
 
 from ._common import ROOT, Result, Settings, Table, Target
 from .traffic import generate

@@ -27,8 +27,10 @@ from .errors import UsageError
 from .replay._engine import Layer, Replay, ReplayOptions, ReplayResult
 from .replay._report import to_json, to_markdown, to_text, write_chart
 from .replay._suggest import suggest, suggestions_json, suggestions_markdown, suggestions_text
+from .traffic._options import FORMATS, TrafficOptions
 from .traffic._pipe import open_traffic
-from .traffic._read import FORMATS, Position, Traffic, TrafficOptions, TrafficStats, load_tiers
+from .traffic._read import Position, Traffic, TrafficStats
+from .traffic._tiers import load_tiers
 
 
 def traffic_args(parser: argparse.ArgumentParser, *, required: bool) -> None:

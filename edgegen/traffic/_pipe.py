@@ -43,14 +43,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..replay._types import Request
-from ._read import (
-    Position,
-    Traffic,
-    TrafficError,
-    TrafficOptions,
-    TrafficStats,
-    read_traffic,
-)
+from ._options import TrafficError, TrafficOptions
+from ._read import Position, Traffic, TrafficStats, read_traffic
 
 # Records per message: large enough that a message's overhead is small, small enough that
 # the parent starts at once.

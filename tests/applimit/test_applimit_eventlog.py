@@ -150,7 +150,8 @@ def test_edgegen_replay_reads_the_log(tmp_path: Path, redis_server: RedisServer)
     """The log is what edgegen's traffic reader takes as decision events (issue 16's
     replay): every hit line becomes a record with its limit, tier, identity and cost, in
     time order, and nothing is malformed."""
-    from edgegen.traffic._read import TrafficOptions, read_traffic
+    from edgegen.traffic._options import TrafficOptions
+    from edgegen.traffic._read import read_traffic
 
     path = tmp_path / "events.ndjson"
     who = f"carol-{uuid.uuid4()}"

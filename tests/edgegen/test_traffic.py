@@ -21,14 +21,9 @@ from hypothesis import strategies as st
 from bench import traffic as gen
 from edgegen.errors import EdgegenError
 from edgegen.replay._types import Request
-from edgegen.traffic._read import (
-    FileStats,
-    TrafficError,
-    TrafficOptions,
-    TrafficStats,
-    load_tiers,
-    read_traffic,
-)
+from edgegen.traffic._options import TrafficError, TrafficOptions
+from edgegen.traffic._read import FileStats, TrafficStats, read_traffic
+from edgegen.traffic._tiers import load_tiers
 
 HERE = Path(__file__).resolve().parent / "traffic"
 T0 = 1_796_284_800 * 1_000_000  # 2026-12-03T08:00:00Z in µs

@@ -30,14 +30,9 @@ from edgegen.replay._engine import TIMELINE_BUCKETS, Replay
 from edgegen.replay._report import timeline, to_json, to_text
 from edgegen.replay._types import Request
 from edgegen.traffic import _read
-from edgegen.traffic._read import (
-    MAX_LINE_CHARS,
-    MAX_TIME_US,
-    TrafficError,
-    TrafficOptions,
-    TrafficStats,
-    read_traffic,
-)
+from edgegen.traffic._fields import MAX_TIME_US
+from edgegen.traffic._options import TrafficError, TrafficOptions
+from edgegen.traffic._read import MAX_LINE_CHARS, TrafficStats, read_traffic
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY_FILE = ROOT / "examples" / "policy.yaml"

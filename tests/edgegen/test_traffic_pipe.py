@@ -19,8 +19,9 @@ from typing import IO
 import pytest
 
 from bench.traffic import generate, write
+from edgegen.traffic._options import TrafficError, TrafficOptions
 from edgegen.traffic._pipe import BackgroundTraffic, open_traffic
-from edgegen.traffic._read import TrafficError, TrafficOptions, read_traffic
+from edgegen.traffic._read import read_traffic
 
 HERE = Path(__file__).resolve().parent / "traffic"
 
@@ -138,7 +139,7 @@ POLICY = ROOT / "examples" / "policy.yaml"
 PARENT = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from edgegen.traffic._read import TrafficOptions
+from edgegen.traffic._options import TrafficOptions
 from edgegen.traffic._pipe import BackgroundTraffic
 traffic = BackgroundTraffic(sys.argv[2:], TrafficOptions())
 print(traffic._process.pid, flush=True)

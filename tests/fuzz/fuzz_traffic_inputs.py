@@ -34,13 +34,9 @@ with atheris.instrument_imports():
 
     from edgegen.replay._engine import Replay
     from edgegen.replay._report import to_json, to_text
-    from edgegen.traffic._read import (
-        FORMATS,
-        MAX_TIME_US,
-        TrafficError,
-        TrafficOptions,
-        read_traffic,
-    )
+    from edgegen.traffic._fields import MAX_TIME_US
+    from edgegen.traffic._options import FORMATS, TrafficError, TrafficOptions
+    from edgegen.traffic._read import read_traffic
 
 # The budget of one read, whatever the input (docs/replay.md, "Hostile input"): CPU seconds,
 # a fixed part and parts per line and per byte; traced bytes, a fixed part and per byte.
