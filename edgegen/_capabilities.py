@@ -64,15 +64,43 @@ EDGEGEN_WORKER = Source(
 # (the expression builder refuses longer ones, the table shows it).
 MAX_EXPRESSION_LENGTH = 4096
 
+# Every counting and mitigation period Cloudflare supports, in seconds: footnote 3 of the
+# availability table, which gives each plan "all supported values up to" its maximum.
+SUPPORTED_PERIODS: tuple[int, ...] = (
+    10, 15, 20, 30, 40, 45, 60, 90, 120, 180, 240, 300, 480, 600, 900, 1200, 1800, 2400, 3600,
+    65535, 86400,
+)  # fmt: skip
+# The values the parameters page lists as the API's: a subset of the footnote's. A value only
+# the footnote lists is still offered (it is the per-plan source), marked in the table so a
+# reader knows the two pages disagree; Cloudflare's dry run settles a doubt.
+API_PERIODS: frozenset[int] = frozenset({10, 60, 120, 300, 600, 3600})
+API_TIMEOUTS: frozenset[int] = frozenset({10, 60, 120, 300, 600, 3600, 86400})
+
 _PERIOD_NOTE = (
-    "Sources disagree: the parameters page lists the API values 10, 60, 120, 300, 600 and "
-    "3600; the availability footnote also lists 15, 20, 30, 40, 45, 90, 180, 240, 480, 900, "
-    "1200, 1800, 2400 and 65535. Kept: the values both list, up to the plan's maximum."
+    "each plan offers every supported value up to its maximum (availability table, footnote "
+    "3); values marked * are not among the parameters page's API values (10, 60, 120, 300, "
+    "600, 3600), so the two pages disagree on them"
 )
 _TIMEOUT_NOTE = (
-    "Sources disagree: the parameters page lists 10, 60, 120, 300, 600, 3600 and 86400; the "
-    "availability footnote lists more. Kept: the values both list, up to the plan's maximum."
+    "each plan offers every supported value up to its maximum (availability table, footnote "
+    "3); values marked * are not among the parameters page's API values (0, 10, 60, 120, "
+    "300, 600, 3600, 86400)"
 )
+
+
+def supported_up_to(maximum: int) -> tuple[int, ...]:
+    """The supported period values (footnote 3 of the availability table) up to a maximum."""
+    return tuple(value for value in SUPPORTED_PERIODS if value <= maximum)
+
+
+def period_sources(value: int, *, timeout: bool = False) -> tuple[Source, ...]:
+    """The pages that list a period (or, with ``timeout``, a mitigation timeout) value."""
+    listed = API_TIMEOUTS if timeout else API_PERIODS
+    found = [AVAILABILITY] if value in SUPPORTED_PERIODS else []
+    if value in listed:
+        found.append(PARAMETERS)
+    return tuple(found)
+
 
 # The fields edgegen writes into expressions, named as in the Rules language.
 PATH = "http.request.uri.path"
@@ -101,6 +129,15 @@ FIELD_LABELS: dict[str, str] = {
     COOKIES: "cookie fields",
 }
 
+# The parameters page documents requests_to_origin ("Also apply rate limiting to cached
+# assets", inverted) without a plan; the availability table has no row for it. edgegen
+# offers it where the dashboard's neighbouring counting options are (Business and up): the
+# conservative reading, which Cloudflare's dry run confirms or refutes.
+_ORIGIN_NOTE = (
+    "the availability table has no row for it; edgegen assumes Business and up, like the "
+    "custom counting expression"
+)
+
 CHALLENGES = (Action.MANAGED_CHALLENGE, Action.JS_CHALLENGE, Action.CHALLENGE)
 _BELOW_ENTERPRISE_ACTIONS = (Action.BLOCK, *CHALLENGES)
 _ENTERPRISE_ACTIONS = (*_BELOW_ENTERPRISE_ACTIONS, Action.LOG)
@@ -121,6 +158,7 @@ class PlanCapabilities:
     characteristics: Sourced[tuple[str, ...]]
     actions: Sourced[tuple[Action, ...]]
     counting_expression: Sourced[bool]
+    requests_to_origin: Sourced[bool]
     custom_response: Sourced[bool]
     max_expression_length: Sourced[int]
 
@@ -140,6 +178,7 @@ class WorkerCapabilities:
     keys: Sourced[str]
     custom_response: Sourced[bool]
     counting: Sourced[str]
+    requests_to_origin: Sourced[bool]
 
 
 def _plan(
@@ -162,9 +201,9 @@ def _plan(
         plan=plan,
         label=label,
         max_rules=Sourced(rules, AVAILABILITY, rules_note),
-        periods=Sourced(periods, PARAMETERS, _PERIOD_NOTE if len(periods) > 1 else ""),
+        periods=Sourced(periods, AVAILABILITY, _PERIOD_NOTE if len(periods) > 1 else ""),
         mitigation_timeouts=Sourced(
-            timeouts, PARAMETERS, _TIMEOUT_NOTE if len(timeouts) > 1 else ""
+            timeouts, AVAILABILITY, _TIMEOUT_NOTE if len(timeouts) > 1 else ""
         ),
         block_throttle=Sourced(
             throttle, PARAMETERS, "mitigation_timeout 0 with block throttles: Enterprise only"
@@ -178,6 +217,11 @@ def _plan(
         characteristics=Sourced(characteristics, AVAILABILITY),
         actions=Sourced(actions, PARAMETERS, "" if Action.LOG in actions else "log: Enterprise"),
         counting_expression=Sourced(counting, AVAILABILITY),
+        requests_to_origin=Sourced(
+            counting,
+            PARAMETERS,
+            "" if counting else _ORIGIN_NOTE,
+        ),
         custom_response=Sourced(
             custom, PARAMETERS, "block only; content types json, html, xml or plain text"
         ),
@@ -190,8 +234,8 @@ PLANS: dict[CloudflarePlan, PlanCapabilities] = {
         CloudflarePlan.FREE,
         "Free",
         rules=1,
-        periods=(10,),
-        timeouts=(10,),
+        periods=supported_up_to(10),
+        timeouts=supported_up_to(10),
         throttle=False,
         fields=_FREE_FIELDS,
         characteristics=("ip.src",),
@@ -203,8 +247,8 @@ PLANS: dict[CloudflarePlan, PlanCapabilities] = {
         CloudflarePlan.PRO,
         "Pro",
         rules=2,
-        periods=(10, 60),
-        timeouts=(10, 60, 120, 300, 600, 3600),
+        periods=supported_up_to(60),
+        timeouts=supported_up_to(3600),
         throttle=False,
         fields=_PRO_FIELDS,
         characteristics=("ip.src",),
@@ -216,8 +260,8 @@ PLANS: dict[CloudflarePlan, PlanCapabilities] = {
         CloudflarePlan.BUSINESS,
         "Business",
         rules=5,
-        periods=(10, 60, 120, 300, 600),
-        timeouts=(10, 60, 120, 300, 600, 3600, 86400),
+        periods=supported_up_to(600),
+        timeouts=supported_up_to(86400),
         throttle=False,
         fields=_BUSINESS_FIELDS,
         characteristics=("ip.src", "cf.unique_visitor_id"),
@@ -230,8 +274,8 @@ PLANS: dict[CloudflarePlan, PlanCapabilities] = {
         "Enterprise",
         rules=100,
         rules_note="the number of rules depends on the contract; 100 is the documented default",
-        periods=(10, 60, 120, 300, 600, 3600),
-        timeouts=(10, 60, 120, 300, 600, 3600, 86400),
+        periods=supported_up_to(65535),
+        timeouts=supported_up_to(86400),
         throttle=True,
         fields=_ENTERPRISE_FIELDS,
         characteristics=("ip.src", "cf.unique_visitor_id"),
@@ -243,8 +287,8 @@ PLANS: dict[CloudflarePlan, PlanCapabilities] = {
         CloudflarePlan.ENTERPRISE_ARL,
         "Enterprise with Advanced Rate Limiting",
         rules=100,
-        periods=(10, 60, 120, 300, 600, 3600),
-        timeouts=(10, 60, 120, 300, 600, 3600, 86400),
+        periods=supported_up_to(65535),
+        timeouts=supported_up_to(86400),
         throttle=True,
         fields=_ARL_FIELDS,
         characteristics=(
@@ -286,6 +330,12 @@ WORKER = WorkerCapabilities(
     counting=Sourced(
         "per Cloudflare location, eventually consistent ('permissive')", WORKERS_BINDING
     ),
+    requests_to_origin=Sourced(
+        False,
+        WORKERS_BINDING,
+        "the binding counts when the Worker calls it, before the request goes on; whether the "
+        "answer comes from the cache is known only afterwards, so every request counts",
+    ),
 )
 
 
@@ -324,18 +374,33 @@ def _growing(values: list[tuple[str, ...]]) -> list[str]:
     return cells
 
 
+# The parameters page's own lists, cited by the period rows for the values marked *.
+_API_PERIOD_VALUES = Sourced(API_PERIODS, PARAMETERS)
+_API_TIMEOUT_VALUES = Sourced(API_TIMEOUTS, PARAMETERS)
+
+
 def _row_sources() -> list[tuple[str, str, tuple[Sourced[Any], ...]]]:
-    """(row label, PlanCapabilities field, the Worker's values) for each table row."""
+    """(row label, PlanCapabilities field, the other values it cites: the Worker's, the
+    parameters page's lists) for each table row."""
     return [
         ("rules", "max_rules", ()),
-        ("period (s)", "periods", (WORKER.periods,)),
-        ("mitigation timeout (s)", "mitigation_timeouts", (WORKER.mitigation_timeout,)),
+        ("period (s)", "periods", (_API_PERIOD_VALUES, WORKER.periods)),
+        (
+            "mitigation timeout (s)",
+            "mitigation_timeouts",
+            (_API_TIMEOUT_VALUES, WORKER.mitigation_timeout),
+        ),
         ("throttle with block (timeout 0)", "block_throttle", ()),
         ("challenge with a timeout", "challenge_timeout", ()),
         ("expression fields", "expression_fields", (WORKER.fields,)),
         ("characteristics besides `cf.colo.id`", "characteristics", (WORKER.keys,)),
         ("actions", "actions", (WORKER.actions,)),
         ("counting expression", "counting_expression", ()),
+        (
+            "count only requests to the origin (`requests_to_origin`)",
+            "requests_to_origin",
+            (WORKER.requests_to_origin,),
+        ),
         ("custom response", "custom_response", (WORKER.custom_response,)),
         ("expression length (chars)", "max_expression_length", ()),
     ]
@@ -361,13 +426,20 @@ def capability_table_markdown() -> str:
         refs = [ref(getattr(caps, name)) for caps in plans] + [ref(w) for w in worker]
         return " ".join(dict.fromkeys(refs))
 
+    def marked(values: tuple[int, ...], timeout: bool = False) -> str:
+        # A value the parameters page does not list carries a *: the note says why.
+        return ", ".join(
+            f"{v}" if v == 0 or PARAMETERS in period_sources(v, timeout=timeout) else f"{v}*"
+            for v in values
+        )
+
     def timeouts(caps: PlanCapabilities) -> str:
         values = ((0,) if caps.block_throttle.value else ()) + caps.mitigation_timeouts.value
-        return ", ".join(map(str, values))
+        return marked(values, timeout=True)
 
     cells: dict[str, list[str]] = {
         "max_rules": [str(c.max_rules.value) for c in plans] + ["one Worker"],
-        "periods": [", ".join(map(str, c.periods.value)) for c in plans]
+        "periods": [marked(c.periods.value) for c in plans]
         + [", ".join(map(str, WORKER.periods.value))],
         "mitigation_timeouts": [timeouts(c) for c in plans] + ["none (fixed window)"],
         "block_throttle": [_yes(c.block_throttle.value) for c in plans] + ["no"],
@@ -385,6 +457,8 @@ def capability_table_markdown() -> str:
             "`block` (429)",
         ],
         "counting_expression": [_yes(c.counting_expression.value) for c in plans] + ["n/a"],
+        "requests_to_origin": [_yes(c.requests_to_origin.value) for c in plans]
+        + ["no (counts every request)"],
         "custom_response": [_yes(c.custom_response.value) for c in plans]
         + [_yes(WORKER.custom_response.value)],
         "max_expression_length": [f"{c.max_expression_length.value:,}" for c in plans] + ["n/a"],

@@ -376,6 +376,14 @@ def _edge_changes(limit: str, old: EdgeLimit, new: EdgeLimit) -> list[Change]:
             else "limit {0}: the edge now counts every request, signed in or not"
         )
         out.append(Change("edge_scope", limit, text, (limit,)))
+    if old.requests_to_origin != new.requests_to_origin:
+        text = (
+            "limit {0}: the edge now counts only requests that reach the origin (cached "
+            "responses no longer count)"
+            if new.requests_to_origin
+            else "limit {0}: the edge now counts every request, cached responses included"
+        )
+        out.append(Change("edge_counting", limit, text, (limit,)))
     return out
 
 

@@ -37,6 +37,8 @@ L209    warning          the Worker carries limits but has no routes
 L210    warning          a rule counts each IPv6 address, the policy counts IPv6 per network
 L211    warning          a limit in the Worker names hosts no route of the Worker covers
                          (info when only a rule can carry the limit)
+L212    warning          a limit with ``requests_to_origin`` runs in the Worker, which counts
+                         every request, cached ones included
 ======  ========  =====  ==========================================================
 """
 
@@ -237,6 +239,17 @@ def rule_shortfalls(policy: Policy, limit: Limit, caps: PlanCapabilities) -> lis
                 ("edge", "timeout") if edge.timeout is not None else ("edge", "rate"),
             )
         )
+    if edge.requests_to_origin and not caps.requests_to_origin.value:
+        origin_plan = next(c for c in PLANS.values() if c.requests_to_origin.value)
+        out.append(
+            Shortfall(
+                "origin",
+                f"rules on {plan} cannot count only requests that reach the origin "
+                "(requests_to_origin)",
+                f"use the {origin_plan.label} plan or above",
+                ("edge", "requests_to_origin"),
+            )
+        )
     credentialed = credentialed_rate(policy, limit)
     if credentialed is not None and credentialed.period != edge.rate.period:
         out.extend(_credentialed_rule_shortfalls(edge, credentialed, caps))
@@ -402,7 +415,11 @@ def place(policy: Policy) -> tuple[EdgePlacement, ...]:
     # limit that needs two rules and finds one free goes on, and later limits may take it.
     candidates = [i for i, _ in edges if targets[i] is not EdgeTarget.WORKER and not rule_lacks[i]]
     forced = [i for i in candidates if targets[i] is EdgeTarget.RULE]
-    rule_only = [i for i in candidates if i not in forced and worker_lacks[i]]
+    # A limit that counts only requests to the origin is honoured by a rule alone, so it
+    # comes before the limits the Worker carries just as well.
+    rule_only = [
+        i for i in candidates if i not in forced and (worker_lacks[i] or _origin_only(policy, i))
+    ]
     flexible = [i for i in candidates if i not in forced and i not in rule_only]
     quota = caps.max_rules.value
     granted: set[int] = set()
@@ -428,6 +445,11 @@ def place(policy: Policy) -> tuple[EdgePlacement, ...]:
             )
         )
     return tuple(placements)
+
+
+def _origin_only(policy: Policy, index: int) -> bool:
+    edge = policy.limits[index].edge
+    return edge is not None and edge.requests_to_origin
 
 
 def _quota_full(caps: PlanCapabilities, needed: int) -> Shortfall:
@@ -532,6 +554,9 @@ def _decide(
     else:
         for shortfall in rule_lacks:
             why.append(f"not a rule: {shortfall.what}")
+            if shortfall.kind == "origin":
+                # L212 below says it, with what the Worker does instead.
+                continue
             value_kind = shortfall.kind in ("period", "timeout")
             code = {"period": "L205", "timeout": "L205", "quota": "L207"}.get(
                 shortfall.kind, "L206"
@@ -569,6 +594,12 @@ def _decide(
                 fix="remove timeout, or use a plan whose rules can carry this limit",
             )
         )
+    if edge.requests_to_origin:
+        why.append(
+            "the Worker counts every request, cached ones included: requests_to_origin is "
+            "not honoured there"
+        )
+        found.append(_origin_finding(policy, limit.name, base, target, rule_lacks))
     why.append("the Worker binding can express it")
     if credentialed is not None:
         why.append(
@@ -585,6 +616,42 @@ def _decide(
         (),
         findings=tuple(found),
         credentialed=credentialed,
+    )
+
+
+def _origin_finding(
+    policy: Policy,
+    name: str,
+    base: tuple[str | int, ...],
+    target: EdgeTarget,
+    rule_lacks: list[Shortfall],
+) -> Diagnostic:
+    """L212: a limit that counts only requests to the origin, placed in the Worker.
+
+    The binding counts when the Worker calls it, before the request goes on to the cache
+    and the origin; only the answer says whether it came from the cache. So the Worker
+    counts every request, and the limit refuses sooner than the policy says. A warning,
+    not an error: the origin is protected at least as well as asked.
+    """
+    if target is EdgeTarget.WORKER:
+        fix = "remove target: worker so a rule carries it"
+    else:
+        fix = next(
+            (s.fix for s in rule_lacks if s.kind == "origin"),
+            rule_lacks[0].fix if rule_lacks else "let a rule carry it",
+        )
+    fix += ", or remove requests_to_origin"
+    return diagnostic_at(
+        policy,
+        (*base, "edge", "requests_to_origin"),
+        "L212",
+        Severity.WARNING,
+        f"limit {name!r} runs in the Worker, which counts every request, cached responses "
+        "included (the binding counts before the request reaches the cache, and only the "
+        "answer says whether it came from there): requests_to_origin is not honoured, so "
+        f"the limit refuses sooner than it says; {fix}",
+        limit=name,
+        fix=fix,
     )
 
 

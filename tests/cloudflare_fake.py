@@ -67,19 +67,23 @@ PHASE = "http_ratelimit"
 # What a plan allows, taken from the reference's docs page list (not from edgegen's own
 # capability table, so that the two can disagree and a test would show it).
 PLAN_RULES = {"free": 1, "pro": 2, "business": 5, "enterprise": 100, "enterprise-arl": 100}
+# The availability table: "all supported values up to" 10 s, 1 min, 10 min, 65,535 s
+# (periods) and 10 s, 1 h, 1 day (timeouts), the values listed in its footnote 3.
+_SUPPORTED = [10, 15, 20, 30, 40, 45, 60, 90, 120, 180, 240, 300, 480, 600, 900, 1200, 1800]
+_SUPPORTED += [2400, 3600, 65535, 86400]
 PLAN_PERIODS = {
     "free": {10},
-    "pro": {10, 60},
-    "business": {10, 60, 120, 300, 600},
-    "enterprise": {10, 60, 120, 300, 600, 3600},
-    "enterprise-arl": {10, 60, 120, 300, 600, 3600},
+    "pro": {p for p in _SUPPORTED if p <= 60},
+    "business": {p for p in _SUPPORTED if p <= 600},
+    "enterprise": {p for p in _SUPPORTED if p <= 65535},
+    "enterprise-arl": {p for p in _SUPPORTED if p <= 65535},
 }
 PLAN_TIMEOUTS = {
     "free": {10},
-    "pro": {10, 60, 120, 300, 600, 3600},
-    "business": {10, 60, 120, 300, 600, 3600, 86400},
-    "enterprise": {10, 60, 120, 300, 600, 3600, 86400},
-    "enterprise-arl": {10, 60, 120, 300, 600, 3600, 86400},
+    "pro": {p for p in _SUPPORTED if p <= 3600},
+    "business": set(_SUPPORTED),
+    "enterprise": set(_SUPPORTED),
+    "enterprise-arl": set(_SUPPORTED),
 }
 ACTIONS = {"block", "managed_challenge", "js_challenge", "challenge", "log"}
 CHALLENGES = {"managed_challenge", "js_challenge", "challenge"}

@@ -219,6 +219,12 @@ class EdgeLimit(_Model):
         default=EdgeTarget.AUTO,
         description="Run as a Cloudflare rule, in the Worker, or let the plan decide (auto).",
     )
+    requests_to_origin: bool = Field(
+        default=False,
+        description="true: count only requests that reach the origin, not those served from "
+        "Cloudflare's cache (the rule field ratelimit.requests_to_origin; Business and up). "
+        "The Worker cannot tell beforehand, so there it counts every request.",
+    )
 
 
 class AppLimit(_Model):

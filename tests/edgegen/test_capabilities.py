@@ -61,10 +61,25 @@ def test_plans_only_grow() -> None:
 def test_documented_values() -> None:
     """The values the reference states: rule counts, periods, fields, custom responses."""
     assert [c.max_rules.value for c in PLANS.values()] == [1, 2, 5, 100, 100]
+    # Periods: every value of the availability table's footnote up to the plan's maximum
+    # (10 s, 1 min, 10 min, 65,535 s); mitigation timeouts up to 10 s, 1 h, 1 day.
     assert PLANS[CloudflarePlan.FREE].periods.value == (10,)
-    assert PLANS[CloudflarePlan.PRO].periods.value == (10, 60)
+    assert PLANS[CloudflarePlan.PRO].periods.value == (10, 15, 20, 30, 40, 45, 60)
     assert max(PLANS[CloudflarePlan.BUSINESS].periods.value) == 600
-    assert max(PLANS[CloudflarePlan.ENTERPRISE].periods.value) == 3600
+    assert 480 in PLANS[CloudflarePlan.BUSINESS].periods.value
+    assert max(PLANS[CloudflarePlan.ENTERPRISE].periods.value) == 65535
+    assert {900, 1800, 3600} <= set(PLANS[CloudflarePlan.ENTERPRISE_ARL].periods.value)
+    assert PLANS[CloudflarePlan.FREE].mitigation_timeouts.value == (10,)
+    assert max(PLANS[CloudflarePlan.PRO].mitigation_timeouts.value) == 3600
+    assert max(PLANS[CloudflarePlan.BUSINESS].mitigation_timeouts.value) == 86400
+    assert [c.requests_to_origin.value for c in PLANS.values()] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]
+    assert not WORKER.requests_to_origin.value
     assert not PLANS[CloudflarePlan.FREE].custom_response.value
     assert PLANS[CloudflarePlan.PRO].custom_response.value
     assert not PLANS[CloudflarePlan.BUSINESS].has_field(capabilities.HEADERS)
@@ -95,7 +110,7 @@ def _lint(plan: str, limits: str, worker: bool = True) -> list[policy.Diagnostic
     [
         (
             "pro",
-            "- name: x\n  edge: { rate: 5/30s, unauthenticated_only: false }\n",
+            "- name: x\n  edge: { rate: 5/2m, unauthenticated_only: false }\n",
             "L201",
             Severity.ERROR,
             "limits[0].edge.rate",
@@ -218,7 +233,7 @@ def test_lint_and_build_agree() -> None:
     """Every limit lint calls impossible fails the build, with the same sentence."""
     text = (
         "version: 1\ncloudflare: { plan: pro, worker: { name: w, routes: [a.com/*] } }\n"
-        "limits:\n  - name: x\n    edge: { rate: 5/30s, unauthenticated_only: false }\n"
+        "limits:\n  - name: x\n    edge: { rate: 5/2m, unauthenticated_only: false }\n"
     )
     loaded = policy.loads(text)
     [lint_error] = [d for d in lint(loaded) if d.severity is Severity.ERROR]
@@ -356,13 +371,16 @@ def test_a_credentialed_period_the_worker_lacks_is_an_error(
 
 
 def test_a_credentialed_period_nothing_offers_names_the_field() -> None:
-    """On Enterprise a credentialed_rate of 90/30s fits neither a rule nor the binding: L201
+    """On Enterprise a credentialed_rate of 90/50s fits neither a rule nor the binding: L201
     at credentialed_rate, with the nearest rates; 60/10s beside 5/1m makes two clean rules."""
-    found = _lint("enterprise", "- name: x\n  edge: { rate: 5/1m, credentialed_rate: 90/30s }\n")
+    found = _lint("enterprise", "- name: x\n  edge: { rate: 5/1m, credentialed_rate: 90/50s }\n")
     [error] = [d for d in found if d.severity is Severity.ERROR]
     assert (error.code, error.path) == ("L201", "limits[0].edge.credentialed_rate")
-    assert "credentialed_rate period 30s is not available on the enterprise plan" in error.message
-    assert "use credentialed_rate: 30/10s or 180/1m" in error.message
+    assert "credentialed_rate period 50s is not available on the enterprise plan" in error.message
+    assert (
+        "use credentialed_rate: 108/1m; or, to make it a rule, use credentialed_rate: 81/45s "
+        "or 108/1m" in error.message
+    )
     found = _lint("enterprise", "- name: x\n  edge: { rate: 5/1m, credentialed_rate: 60/10s }\n")
     assert not [d for d in found if d.severity is Severity.ERROR]
 

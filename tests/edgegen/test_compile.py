@@ -247,19 +247,20 @@ def test_write_replaces_and_removes_only_its_files(tmp_path: Path) -> None:
 
 
 def test_period_not_offered_anywhere_names_the_fix() -> None:
-    """A 30s period on Pro: the message names the limit, what is lacking and what works."""
+    """A 2m period on Pro (it offers up to 1m): the message names the limit, what is lacking
+    and what works."""
     error = compile_error(
         "pro",
         """\
         - name: x
           match: { paths: [/x] }
-          edge: { rate: 30/30s, unauthenticated_only: false }
+          edge: { rate: 120/2m, unauthenticated_only: false }
         """,
     )
     message = str(error)
-    assert message.startswith("limit 'x': period 30s is not available on the pro plan")
+    assert message.startswith("limit 'x': period 2m is not available on the pro plan")
     assert "the Worker binding only offers periods of 10s or 1m" in message
-    assert "use 10/10s or 60/1m" in message
+    assert "use 60/1m" in message
     assert error.limit == "x"
     assert error.problems[0].code == "L201"
 
@@ -551,7 +552,7 @@ def test_cli_build_json_and_errors(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "version: 1\ncloudflare: { plan: pro }\nlimits:\n  - name: x\n"
-        "    edge: { rate: 30/30s, unauthenticated_only: false }\n"
+        "    edge: { rate: 120/2m, unauthenticated_only: false }\n"
     )
     result = subprocess.run(
         [sys.executable, "-m", "edgegen.cli", "build", str(bad), "--out", str(tmp_path / "o")],
@@ -560,7 +561,7 @@ def test_cli_build_json_and_errors(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 1
-    assert "limit 'x': period 30s is not available on the pro plan" in result.stderr
+    assert "limit 'x': period 2m is not available on the pro plan" in result.stderr
     assert "[error L201]" in result.stderr
     assert not (tmp_path / "o").exists()
 
@@ -646,12 +647,12 @@ def test_placement_errors_keep_what_the_plan_lacks() -> None:
         """\
         - name: x
           match: { paths: [/x] }
-          edge: { rate: 30/30s, unauthenticated_only: false }
+          edge: { rate: 120/2m, unauthenticated_only: false }
         """,
     )
     [problem] = error.problems
-    assert problem.lacks.startswith("period 30s is not available on the pro plan")
-    assert problem.fix == "use 10/10s or 60/1m"
+    assert problem.lacks.startswith("period 2m is not available on the pro plan")
+    assert problem.fix == "use 60/1m"
 
 
 def test_prepare_and_load_and_build(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
