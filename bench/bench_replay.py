@@ -35,7 +35,7 @@ from typing import Any
 
 import edgegen_policy as policy
 
-from edgegen.replay._engine import Layer, Replay, ReplayOptions
+from edgegen.replay._engine import Replay, ReplayLayer, ReplayOptions
 from edgegen.traffic._options import TrafficOptions
 from edgegen.traffic._pipe import open_traffic
 
@@ -99,7 +99,7 @@ def _worker(job: dict[str, Any]) -> dict[str, Any]:
         options = ReplayOptions()
     else:
         loaded = policy.loads(ONE_LIMIT.format(algorithm=job["policy"]))
-        options = ReplayOptions(layers=frozenset({Layer.APP}))
+        options = ReplayOptions(layers=frozenset({ReplayLayer.APP}))
     engine = Replay(loaded, options)
     feed = engine.feed
     if job["source"] == "memory":

@@ -1,6 +1,6 @@
 """Deterministic, realistic recorded traffic for the replay demo and benchmark.
 
-:func:`generate` yields :class:`~edgegen.replay._types.Request` records in time order for
+:func:`generate` yields :class:`~edgegen.replay._types.Record` values in time order for
 the example policy's API (``examples/policy.yaml``): a diurnal rate (peak mid-afternoon UTC,
 trough at night), users spread Zipf-like over the tiers (the busiest user is on the free
 tier and outruns ``api``'s 100/1m), anonymous visitors on IPv4 and IPv6, partner webhooks
@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Final
 
-from edgegen.replay._types import Request
+from edgegen.replay._types import Record
 
 # 2026-12-01T00:00:00Z: a fixed day, so generated files are the same everywhere.
 DEFAULT_START: Final = 1_796_083_200
@@ -153,7 +153,7 @@ def generate(
     anonymous_share: float = 0.25,
     webhook_share: float = 0.03,
     abuse: bool = True,
-) -> Iterator[Request]:
+) -> Iterator[Record]:
     """``seconds`` of traffic from ``start`` (unix seconds), ``rate_per_s`` on average.
 
     The rate follows the day (half again at 15:00 UTC, half as much at 03:00). Of ordinary
@@ -198,32 +198,32 @@ def generate(
             at = base + offset
             if kind == 1:
                 path = f"/api/v1/items/{randrange(100_000)}"
-                yield Request(at, "GET", _API, path, scraper.ip, None, None, False, "FRA", 200)
+                yield Record(at, "GET", _API, path, scraper.ip, None, None, False, "FRA", 200)
                 continue
             if kind >= 2:
                 ip = stuffers[kind - 2].ip
-                yield Request(at, "POST", _WWW, "/login", ip, None, None, False, "AMS", 401)
+                yield Record(at, "POST", _WWW, "/login", ip, None, None, False, "AMS", 401)
                 continue
             roll = rand()
             if roll < webhook_share:
                 which = randrange(len(partners))
                 partner = partners[which]
                 path = f"/webhooks/partner-{which + 1}"
-                yield Request(at, "POST", _HOOKS, path, partner.ip, None, None, False,
+                yield Record(at, "POST", _HOOKS, path, partner.ip, None, None, False,
                               partner.colo, 204)  # fmt: skip
             elif roll < webhook_share + anonymous_share:
                 visitor = visitors[pick_visitor()]
                 method, template, _ = _ANON_REQUESTS[anon_kinds()]
                 host = _API if template.startswith("/api/") else _WWW
                 status = 200 if rand() < 0.97 else 404
-                yield Request(at, method, host, template, visitor.ip, None, None, False,
+                yield Record(at, method, host, template, visitor.ip, None, None, False,
                               visitor.colo, status)  # fmt: skip
             else:
                 client = clients[pick_user()]
                 method, template, _ = _USER_REQUESTS[user_kinds()]
                 path = template.replace("{n}", str(randrange(10_000)))
                 status = 201 if method == "POST" else 200 if rand() < 0.98 else 404
-                yield Request(at, method, _API, path, client.ip, client.user, client.tier,
+                yield Record(at, method, _API, path, client.ip, client.user, client.tier,
                               True, client.colo, status)  # fmt: skip
 
 
@@ -248,7 +248,7 @@ def _unix(at_us: int) -> str:
     return f"{seconds}.{micros:06d}"
 
 
-def _named(record: Request) -> dict[str, object]:
+def _named(record: Record) -> dict[str, object]:
     row: dict[str, object] = {
         "timestamp": _rfc3339(record.at_us),
         "method": record.method,
@@ -263,7 +263,7 @@ def _named(record: Request) -> dict[str, object]:
     return row
 
 
-def write_ndjson(records: Iterable[Request], out: IO[str]) -> int:
+def write_ndjson(records: Iterable[Record], out: IO[str]) -> int:
     """Named-column NDJSON (RFC 3339 times in µs); None fields are left out. Returns the
     number of records written."""
     count = 0
@@ -290,7 +290,7 @@ def _csv_cell(value: object) -> str:
     return text
 
 
-def write_csv(records: Iterable[Request], out: IO[str]) -> int:
+def write_csv(records: Iterable[Record], out: IO[str]) -> int:
     """Named-column CSV with a header row (unix-second times with µs); None is empty."""
     out.write(",".join(_CSV_COLUMNS) + "\n")
     count = 0
@@ -330,7 +330,7 @@ _MONTH_NAMES: Final = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "
                        "Nov", "Dec")  # fmt: skip
 
 
-def write_combined(records: Iterable[Request], out: IO[str]) -> int:
+def write_combined(records: Iterable[Record], out: IO[str]) -> int:
     """nginx combined lines in UTC, with ``host``, ``user``, ``tier`` and ``msec`` appended
     as this ``log_format`` writes them::
 
@@ -362,7 +362,7 @@ def write_combined(records: Iterable[Request], out: IO[str]) -> int:
 
 
 def write_logpush(
-    records: Iterable[Request], out: IO[str], *, timestamp_format: str = "unixnano"
+    records: Iterable[Record], out: IO[str], *, timestamp_format: str = "unixnano"
 ) -> int:
     """Cloudflare Logpush ``http_requests`` NDJSON, ``EdgeStartTimestamp`` in
     ``timestamp_format`` (``unixnano``, ``unix`` or ``rfc3339``, whole seconds for the last
@@ -405,7 +405,7 @@ def write_logpush(
     return count
 
 
-def write_events(records: Iterable[Request], out: IO[str]) -> int:
+def write_events(records: Iterable[Record], out: IO[str]) -> int:
     """applimit decision events: one ``hit`` per record, of ``record.limit`` (``api`` when
     unset), by ``record.user`` (else its IP), in ``record.tier`` (``free`` when unset)."""
     count = 0
@@ -425,7 +425,7 @@ def write_events(records: Iterable[Request], out: IO[str]) -> int:
     return count
 
 
-WRITERS: Final[dict[str, Callable[[Iterable[Request], IO[str]], int]]] = {
+WRITERS: Final[dict[str, Callable[[Iterable[Record], IO[str]], int]]] = {
     "ndjson": write_ndjson,
     "csv": write_csv,
     "combined": write_combined,
@@ -435,7 +435,7 @@ WRITERS: Final[dict[str, Callable[[Iterable[Request], IO[str]], int]]] = {
 
 
 def write(
-    records: Iterable[Request], path: str | Path, fmt: str, *, compress: bool | None = None
+    records: Iterable[Record], path: str | Path, fmt: str, *, compress: bool | None = None
 ) -> int:
     """Write ``records`` to ``path`` (``-``: stdout) in ``fmt``; gzip when ``compress`` or,
     when it is None, when the name ends in ``.gz``. Returns the number written."""

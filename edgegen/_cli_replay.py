@@ -24,7 +24,7 @@ from edgegen_policy import Policy
 from ._pipeline import load_and_build
 from ._text import markdown_text, terminal_text
 from .errors import UsageError
-from .replay._engine import Layer, Replay, ReplayOptions, ReplayResult
+from .replay._engine import Replay, ReplayLayer, ReplayOptions, ReplayResult
 from .replay._report import to_json, to_markdown, to_text, write_chart
 from .replay._suggest import suggest, suggestions_json, suggestions_markdown, suggestions_text
 from .traffic._options import FORMATS, TrafficOptions
@@ -137,10 +137,10 @@ def register(sub: Any) -> None:
     suggested.set_defaults(func=run_suggest)
 
 
-def parse_layers(text: str) -> frozenset[Layer]:
+def parse_layers(text: str) -> frozenset[ReplayLayer]:
     """``--layers`` as a set; a UsageError naming the layers when one is unknown."""
     names = [part.strip() for part in text.split(",") if part.strip()]
-    known = {layer.value: layer for layer in Layer}
+    known = {layer.value: layer for layer in ReplayLayer}
     unknown = [name for name in names if name not in known]
     if unknown or not names:
         raise UsageError(f"--layers {text!r}: name one or more of {', '.join(known)}")
@@ -340,13 +340,13 @@ def describe_source(stats: TrafficStats) -> str:
 
 
 def replay_options(
-    args: argparse.Namespace, layers: frozenset[Layer] | None = None
+    args: argparse.Namespace, layers: frozenset[ReplayLayer] | None = None
 ) -> ReplayOptions:
     """The replay's options from the command line."""
     return ReplayOptions(
         challenges=args.challenges,
         show_identities=args.show_identities,
-        layers=layers if layers is not None else frozenset(Layer),
+        layers=layers if layers is not None else frozenset(ReplayLayer),
     )
 
 

@@ -72,7 +72,7 @@ def changes(method: str, params: Iterable[tuple[str, str]]) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class Request:
+class RetryRequest:
     """What matters about a request for retrying it: whether sending it twice is the same
     as once (``idempotent``) and whether it may change the zone (``changes``)."""
 
@@ -80,7 +80,7 @@ class Request:
     changes: bool
 
     @classmethod
-    def of(cls, method: str, params: Iterable[tuple[str, str]] = ()) -> Request:
+    def of(cls, method: str, params: Iterable[tuple[str, str]] = ()) -> RetryRequest:
         """The request ``method`` with query ``params``."""
         return cls(method in IDEMPOTENT, changes(method, params))
 
@@ -121,7 +121,7 @@ class Decision:
 
 def decide(
     policy: RetryPolicy,
-    request: Request,
+    request: RetryRequest,
     retry: int,
     tried: Tried,
     *,

@@ -428,7 +428,9 @@ class Transport:
         """Send with retries; returns a 2xx answer, else raises CloudflareAPIError.
         ``query``: whatever its method, the request only reads (a GraphQL query), so it is
         retried as a GET is and no failure of it may have changed anything."""
-        request = _retry.Request(True, False) if query else _retry.Request.of(method, params)
+        request = (
+            _retry.RetryRequest(True, False) if query else _retry.RetryRequest.of(method, params)
+        )
         files = (
             [(p.name, (p.filename, p.content, p.content_type)) for p in parts] if parts else None
         )

@@ -2,7 +2,7 @@
 meets them (Cloudflare's rate limiting rules, the Worker, the app), each with its own
 counting model (``_models``).
 
-Pure: it takes :class:`~edgegen.replay._types.Request` values in time order and returns
+Pure: it takes :class:`~edgegen.replay._types.Record` values in time order and returns
 counts; reading files (``edgegen.traffic``) and formatting (``_report``) live elsewhere.
 A request refused at one layer does not reach the next. Memory is bounded by the identities
 active within a period (the models forget idle keys; ``sweep``), plus what the report keeps
@@ -38,7 +38,7 @@ from edgegen_policy import Matcher as PolicyMatcher
 from .. import _placement
 from .._routes import route_covers, route_parts
 from ._models import app_model, rule_counter, worker_counter
-from ._types import AppModel, EdgeCounter, Request
+from ._types import AppModel, EdgeCounter, Record
 
 # Forget idle counters every this many records (and at the end): cheap, and often enough
 # that memory follows the active identities.
@@ -66,7 +66,7 @@ ASSUMPTIONS = (
 )
 
 
-class Layer(StrEnum):
+class ReplayLayer(StrEnum):
     """Where a request was decided, in the order traffic meets the layers."""
 
     RULES = "rules"
@@ -82,7 +82,7 @@ class ReplayOptions:
 
     challenges: str = "stop"
     show_identities: bool = False
-    layers: frozenset[Layer] = frozenset(Layer)
+    layers: frozenset[ReplayLayer] = frozenset(ReplayLayer)
 
 
 class Row:
@@ -114,7 +114,7 @@ class Row:
 
     def __init__(
         self,
-        layer: Layer,
+        layer: ReplayLayer,
         name: str,
         tier: str | None,
         rate: Rate,
@@ -273,7 +273,7 @@ class Timeline:
         self.width = width
 
 
-_COLUMN = {None: 0, Layer.RULES: 1, Layer.WORKER: 2, Layer.APP: 3}
+_COLUMN = {None: 0, ReplayLayer.RULES: 1, ReplayLayer.WORKER: 2, ReplayLayer.APP: 3}
 # A request a rule challenged and that went no further (--challenges stop): apart from the
 # rules' blocks, since a managed challenge does not refuse (a person may pass it).
 _CHALLENGED = 4
@@ -286,12 +286,12 @@ class ReplayResult:
     rows: list[Row]
     requests: int = 0
     admitted: int = 0
-    refused: dict[Layer, int] = field(default_factory=lambda: dict.fromkeys(Layer, 0))
+    refused: dict[ReplayLayer, int] = field(default_factory=lambda: dict.fromkeys(ReplayLayer, 0))
     challenged: int = 0
     first_us: int | None = None
     last_us: int | None = None
     timeline: Timeline = field(default_factory=Timeline)
-    layers: tuple[Layer, ...] = ()
+    layers: tuple[ReplayLayer, ...] = ()
     notes: list[str] = field(default_factory=list)
     label: Callable[[Hashable], str] = str
     # Requests without a host, replayed through a policy where a Worker route or a limit
@@ -309,7 +309,7 @@ class ReplayResult:
             "a combined log's format, or a host column; docs/replay.md)"
         ]
 
-    def rows_of(self, layer: Layer) -> list[Row]:
+    def rows_of(self, layer: ReplayLayer) -> list[Row]:
         """The rows of one layer, in policy order."""
         return [row for row in self.rows if row.layer is layer]
 
@@ -361,13 +361,13 @@ class Replay:
         self.app_by_name: dict[str, _AppLimit] = {}
         self.notes: list[str] = []
         layers = self.options.layers
-        if policy.cloudflare is not None and (layers & {Layer.RULES, Layer.WORKER}):
+        if policy.cloudflare is not None and (layers & {ReplayLayer.RULES, ReplayLayer.WORKER}):
             self._edge(policy)
-        if Layer.APP in layers:
+        if ReplayLayer.APP in layers:
             self._app(policy)
         self.result_ = ReplayResult(
             rows=self.rows,
-            layers=tuple(layer for layer in Layer if layer in layers),
+            layers=tuple(layer for layer in ReplayLayer if layer in layers),
             notes=self.notes,
             label=label or _identity_label(self.options.show_identities),
         )
@@ -406,13 +406,15 @@ class Replay:
             unauthenticated = edge.unauthenticated_only and lists_credentials
             matcher = limit.match.matcher()
             credentialed = placement.credentialed
-            if placement.target is EdgeTarget.RULE and Layer.RULES in self.options.layers:
+            if placement.target is EdgeTarget.RULE and ReplayLayer.RULES in self.options.layers:
                 assert placement.mitigation_timeout is not None
                 self._rule(limit, matcher, edge.rate, placement.mitigation_timeout, unauthenticated)
                 if credentialed is not None:
                     timeout = placement.credentialed_timeout or 0
                     self._rule(limit, matcher, credentialed, timeout, True, credentialed=True)
-            elif placement.target is EdgeTarget.WORKER and Layer.WORKER in self.options.layers:
+            elif (
+                placement.target is EdgeTarget.WORKER and ReplayLayer.WORKER in self.options.layers
+            ):
                 self._binding(limit, matcher, edge.rate, placement.period, unauthenticated)
                 if credentialed is not None:
                     period = credentialed.period.whole_seconds or placement.period
@@ -438,7 +440,7 @@ class Replay:
         period = rate.period.whole_seconds
         assert period is not None
         name = f"{limit.name} (credentialed)" if credentialed else limit.name
-        row = Row(Layer.RULES, name, None, rate, action=edge.action.value)
+        row = Row(ReplayLayer.RULES, name, None, rate, action=edge.action.value)
         self.rows.append(row)
         self.rules.append(
             _Rule(
@@ -461,7 +463,7 @@ class Replay:
         credentialed: bool = False,
     ) -> None:
         name = f"{limit.name} (credentialed)" if credentialed else limit.name
-        row = Row(Layer.WORKER, name, None, rate, action="block")
+        row = Row(ReplayLayer.WORKER, name, None, rate, action="block")
         self.rows.append(row)
         self.bindings.append(
             _Binding(
@@ -486,7 +488,7 @@ class Replay:
                     continue
                 checks = []
                 for rate in checked_rates(rates):
-                    row = Row(Layer.APP, limit.name, tier, rate, enforced=not shadow)
+                    row = Row(ReplayLayer.APP, limit.name, tier, rate, enforced=not shadow)
                     self.rows.append(row)
                     checks.append(
                         _AppCheck(row, app_model(app.algorithm, rate, app.burst), per_ip, shadow)
@@ -514,7 +516,7 @@ class Replay:
             bucket = self._buckets[ip] = ip_bucket(ip, self.prefix)
         return bucket
 
-    def feed(self, request: Request) -> Layer | None:
+    def feed(self, request: Record) -> ReplayLayer | None:
         """Replay one request; the layer that refused it, or None when it reached the app
         (or the last layer replayed) and was admitted."""
         result = self.result_
@@ -546,7 +548,7 @@ class Replay:
         self._counts[column] += 1
         return refused
 
-    def _request(self, request: Request) -> Layer | None:
+    def _request(self, request: Record) -> ReplayLayer | None:
         method = "GET" if request.method == "HEAD" else request.method
         host = request.host
         if not host and self._needs_host:
@@ -558,15 +560,15 @@ class Replay:
         if self.rules:
             refused = self._rules(request, method, host, path, authenticated)
             if refused:
-                return Layer.RULES
+                return ReplayLayer.RULES
         if self.bindings and self._worker(request, method, host, path, authenticated):
-            return Layer.WORKER
+            return ReplayLayer.WORKER
         if self.apps and self._app_request(request, method, host, path):
-            return Layer.APP
+            return ReplayLayer.APP
         return None
 
     def _rules(
-        self, request: Request, method: str, host: str, path: str, authenticated: bool
+        self, request: Record, method: str, host: str, path: str, authenticated: bool
     ) -> bool:
         cache_key = (method, host, path, authenticated)
         rules = self._rule_cache.get(cache_key)
@@ -613,7 +615,7 @@ class Replay:
         return any(route_covers(route, host, form) for route in self.routes for form in forms)
 
     def _worker(
-        self, request: Request, method: str, host: str, path: str, authenticated: bool
+        self, request: Record, method: str, host: str, path: str, authenticated: bool
     ) -> bool:
         cache_key = (method, host, path, authenticated)
         bindings = self._binding_cache.get(cache_key, ())
@@ -645,12 +647,12 @@ class Replay:
                 return True
         return False
 
-    def _tier(self, request: Request) -> str:
+    def _tier(self, request: Record) -> str:
         tier = request.tier
         return tier if tier is not None and tier in self.tiers else self.lowest
 
     def _app_request(  # noqa: C901 (one flat loop per request; split, it costs calls)
-        self, request: Request, method: str, host: str, path: str
+        self, request: Record, method: str, host: str, path: str
     ) -> bool:
         cache_key = (method, host, path)
         limits = self._app_cache.get(cache_key)
@@ -686,7 +688,7 @@ class Replay:
                 checks.append((check, identity))
         return self._decide(checks, request.at_us, request.cost)
 
-    def _app_event(self, request: Request) -> Layer | None:
+    def _app_event(self, request: Record) -> ReplayLayer | None:
         """A record of the app's decision-event log: one hit of one named limit."""
         limit = self.app_by_name.get(request.limit or "")
         if limit is None:
@@ -696,7 +698,7 @@ class Replay:
             return None
         identity: Hashable = ("user", request.user or "")
         checks = [(check, identity) for check in rates]
-        return Layer.APP if self._decide(checks, request.at_us, request.cost) else None
+        return ReplayLayer.APP if self._decide(checks, request.at_us, request.cost) else None
 
     @staticmethod
     def _decide(checks: list[tuple[_AppCheck, Hashable]], at: int, cost: int) -> bool:
@@ -749,7 +751,7 @@ class Replay:
 
 
 def replay(
-    policy: Policy, records: Iterable[Request], options: ReplayOptions | None = None
+    policy: Policy, records: Iterable[Record], options: ReplayOptions | None = None
 ) -> ReplayResult:
     """Replay ``records`` (in time order) through ``policy``'s layers."""
     engine = Replay(policy, options)
@@ -760,7 +762,7 @@ def replay(
 
 
 def replay_pair(
-    old: Policy, new: Policy, records: Iterable[Request], options: ReplayOptions | None = None
+    old: Policy, new: Policy, records: Iterable[Record], options: ReplayOptions | None = None
 ) -> tuple[ReplayResult, ReplayResult]:
     """Replay the same records through two policies in one pass (identities are labelled
     alike in both results)."""
@@ -777,8 +779,8 @@ def replay_pair(
 __all__ = [
     "ASSUMPTIONS",
     "TIMELINE_COLUMNS",
-    "Layer",
     "Replay",
+    "ReplayLayer",
     "ReplayOptions",
     "ReplayResult",
     "Row",

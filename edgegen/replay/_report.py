@@ -16,7 +16,7 @@ from typing import Any
 
 from .._text import code, markdown_text
 from ..errors import UsageError
-from ._engine import ASSUMPTIONS, TIMELINE_COLUMNS, Layer, ReplayResult, Row
+from ._engine import ASSUMPTIONS, TIMELINE_COLUMNS, ReplayLayer, ReplayResult, Row
 
 REPORT_VERSION = 1
 # At most this many points in a timeline (minutes are merged into wider buckets).
@@ -157,17 +157,21 @@ def _json_point(at: int, counts: Sequence[int]) -> list[Any]:
     return [_when(at * 60_000_000), admitted, rules + challenged, worker, app]
 
 
-_LAYER_NAME = {Layer.RULES: "Cloudflare's rules", Layer.WORKER: "the Worker", Layer.APP: "the app"}
+_LAYER_NAME = {
+    ReplayLayer.RULES: "Cloudflare's rules",
+    ReplayLayer.WORKER: "the Worker",
+    ReplayLayer.APP: "the app",
+}
 # What the reports call each outcome of a request, by timeline column: the summary's lines
 # and the chart's legend say the same words.
 OUTCOME_NAMES = {
     "admitted": "Admitted",
-    "rules": f"Refused by {_LAYER_NAME[Layer.RULES]}",
-    "worker": f"Refused by {_LAYER_NAME[Layer.WORKER]}",
-    "app": f"Refused by {_LAYER_NAME[Layer.APP]}",
+    "rules": f"Refused by {_LAYER_NAME[ReplayLayer.RULES]}",
+    "worker": f"Refused by {_LAYER_NAME[ReplayLayer.WORKER]}",
+    "app": f"Refused by {_LAYER_NAME[ReplayLayer.APP]}",
     "challenged": "Challenged at the edge",
 }
-_LAYER_COLUMN = {Layer.RULES: "rules", Layer.WORKER: "worker", Layer.APP: "app"}
+_LAYER_COLUMN = {ReplayLayer.RULES: "rules", ReplayLayer.WORKER: "worker", ReplayLayer.APP: "app"}
 
 
 def _quiet(rows: Sequence[Row], name: Callable[[str], str] = str) -> str | None:
@@ -182,11 +186,11 @@ def _quiet(rows: Sequence[Row], name: Callable[[str], str] = str) -> str | None:
     return "No recorded request reached: " + ", ".join(names) + "."
 
 
-def _layer_title(layer: Layer) -> str:
+def _layer_title(layer: ReplayLayer) -> str:
     return {
-        Layer.RULES: "Cloudflare rules",
-        Layer.WORKER: "Worker",
-        Layer.APP: "App",
+        ReplayLayer.RULES: "Cloudflare rules",
+        ReplayLayer.WORKER: "Worker",
+        ReplayLayer.APP: "App",
     }[layer]
 
 
@@ -448,7 +452,7 @@ def _chart(plt: Any, result: ReplayResult, title: str) -> Any:
 class Impact:
     """One limit and tier of one layer, before and after a policy change."""
 
-    layer: Layer
+    layer: ReplayLayer
     limit: str
     tier: str | None
     rate_before: str | None
@@ -477,9 +481,9 @@ def _refusals(row: Row) -> int:
     return row.refused + row.challenged + row.shadow
 
 
-def _keyed(result: ReplayResult) -> dict[tuple[Layer, str, str | None, int], Row]:
+def _keyed(result: ReplayResult) -> dict[tuple[ReplayLayer, str, str | None, int], Row]:
     """Rows by (layer, limit, tier, position among that limit and tier's rates)."""
-    out: dict[tuple[Layer, str, str | None, int], Row] = {}
+    out: dict[tuple[ReplayLayer, str, str | None, int], Row] = {}
     for row in result.rows:
         index = 0
         while (row.layer, row.name, row.tier, index) in out:
@@ -521,7 +525,11 @@ def impact(before: ReplayResult, after: ReplayResult) -> list[Impact]:
 
 
 def _impact_sentence(item: Impact) -> str:
-    where = {Layer.RULES: "rule", Layer.WORKER: "Worker limit", Layer.APP: "app limit"}[item.layer]
+    where = {
+        ReplayLayer.RULES: "rule",
+        ReplayLayer.WORKER: "Worker limit",
+        ReplayLayer.APP: "app limit",
+    }[item.layer]
     tier = f"{code(item.tier)} tier of " if item.tier else ""
     if item.rate_before == item.rate_after:
         rates = f"{item.rate_before} (unchanged)"

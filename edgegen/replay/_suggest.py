@@ -38,8 +38,8 @@ from typing import Any, Final
 from edgegen_policy import Algorithm, Limit, Policy, Rate, allowance
 
 from .._text import markdown_text
-from ._engine import Layer, Replay, ReplayOptions, Row, _AppCheck
-from ._types import Request
+from ._engine import Replay, ReplayLayer, ReplayOptions, Row, _AppCheck
+from ._types import Record
 
 # A sample too small to say anything about one limit, tier and rate: fewer identities than
 # this (or than 1/target, so that the target allows at least one identity refused), fewer
@@ -92,7 +92,7 @@ class _SuggestReplay(Replay):
     def __init__(self, policy: Policy, options: ReplayOptions | None = None) -> None:
         super().__init__(policy, options)
         self.peaks: dict[int, _Peaks] = {
-            id(row): _Peaks(row.period_us) for row in self.rows if row.layer is Layer.APP
+            id(row): _Peaks(row.period_us) for row in self.rows if row.layer is ReplayLayer.APP
         }
 
     def _decide(  # type: ignore[override]
@@ -296,7 +296,7 @@ def _suggest_row(
 
 def suggest(
     policy: Policy,
-    records: Iterable[Request],
+    records: Iterable[Record],
     target: float,
     options: ReplayOptions | None = None,
 ) -> tuple[list[Suggestion], Replay]:
@@ -313,7 +313,7 @@ def suggest(
     # limit -> tier -> its rows, in the policy's order of limits and of tiers.
     grouped: dict[str, dict[str, list[Row]]] = {}
     for row in engine.rows:
-        if row.layer is Layer.APP:
+        if row.layer is ReplayLayer.APP:
             grouped.setdefault(row.name, {}).setdefault(row.tier or "", []).append(row)
     out: list[Suggestion] = []
     for name, tiers in grouped.items():

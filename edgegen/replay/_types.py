@@ -18,7 +18,7 @@ from typing import NamedTuple, Protocol
 from edgegen_policy import Verdict
 
 
-class Request(NamedTuple):
+class Record(NamedTuple):
     """One recorded request, as the reader could reconstruct it.
 
     ``path`` is the path as logged (it may carry percent-encoding; each layer normalises it

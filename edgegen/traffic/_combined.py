@@ -10,7 +10,7 @@ import re
 from datetime import datetime, timedelta, timezone
 from typing import Final
 
-from ..replay._types import Request
+from ..replay._types import Record
 from ._fields import (
     EPOCH,
     MICROSECOND,
@@ -162,7 +162,7 @@ def combined_parser(user_from: tuple[str, str] | None, options: TrafficOptions) 
     # Log times repeat for every request of a second: parse each distinct text once.
     last_time, last_us = "", 0
 
-    def parse(line: str) -> Request:
+    def parse(line: str) -> Record:
         nonlocal last_time, last_us
         ip, remote_user, when, request, status, rest = _combined_parts(line)
         if when != last_time:
@@ -188,7 +188,7 @@ def combined_parser(user_from: tuple[str, str] | None, options: TrafficOptions) 
                 user = given if given and given != "-" else None
         if forced is not None:
             authenticated = forced
-        return Request(
+        return Record(
             at,
             method,
             host,

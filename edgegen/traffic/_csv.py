@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import csv
 
-from ..replay._types import Request
+from ..replay._types import Record
 from ._fields import REQUIRED_COLUMNS, Malformed, Parser, named_record
 from ._options import TrafficError, TrafficOptions
 
@@ -46,7 +46,7 @@ def csv_parser(
         )
     width = len(header)
 
-    def parse(line: str) -> Request:
+    def parse(line: str) -> Record:
         # Most rows hold no quotes: split them directly, and let csv handle the rest.
         values = line.split(",") if '"' not in line else _csv_values(line)
         if len(values) != width:

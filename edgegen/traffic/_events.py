@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from ..replay._types import Request
+from ..replay._types import Record
 from ._fields import Malformed, Parser, load_object, shown, text_field, time_us
 from ._options import TrafficOptions
 
@@ -17,7 +17,7 @@ def events_parser(_: tuple[str, str] | None, options: TrafficOptions) -> Parser:
     """Decision events name their identity: ``user_from`` does not apply to them."""
     default_tier = options.default_tier
 
-    def parse(line: str) -> Request | None:
+    def parse(line: str) -> Record | None:
         obj = load_object(line)
         if obj.get("v") != 1:
             raise Malformed("event version", f"version {shown(obj.get('v'))} is not 1")
@@ -27,7 +27,7 @@ def events_parser(_: tuple[str, str] | None, options: TrafficOptions) -> Parser:
         if not isinstance(cost, int) or isinstance(cost, bool) or not 1 <= cost <= MAX_COST:
             raise Malformed("cost", f"{shown(cost)} is not a whole number from 1 to {MAX_COST:,}")
         tier = obj.get("tier")
-        return Request(
+        return Record(
             time_us(obj.get("ts")),
             "",
             "",

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from ..replay._types import Request
+from ..replay._types import Record
 from ._options import TrafficOptions
 
 # The characters of a value an example quotes, at most.
@@ -40,7 +40,7 @@ class Malformed(Exception):
 
 # A parser turns one line (no newline) into a record, None for a line to skip, or raises
 # Malformed.
-Parser = Callable[[str], Request | None]
+Parser = Callable[[str], Record | None]
 
 
 def shown(value: object) -> str:
@@ -258,7 +258,7 @@ def _required(row: Mapping[str, Any]) -> tuple[object, str, str, str]:
     return when, method, path, ip
 
 
-def named_record(row: Mapping[str, Any], user_key: str, options: TrafficOptions) -> Request:
+def named_record(row: Mapping[str, Any], user_key: str, options: TrafficOptions) -> Record:
     """A record from named values (a JSON object, or a CSV row as text)."""
     when, method, path, ip = _required(row)
     host = row.get("host") or ""
@@ -281,7 +281,7 @@ def named_record(row: Mapping[str, Any], user_key: str, options: TrafficOptions)
     status = row.get("status")
     if status is not None and type(status) is not int:
         status = status_code(status)
-    return Request(
+    return Record(
         time_us(when),
         method.upper(),
         # The calls only for the values that need them: most hold no port and no query.

@@ -4,7 +4,7 @@ and ``Cookies`` custom fields when the job logs them."""
 
 from __future__ import annotations
 
-from ..replay._types import Request
+from ..replay._types import Record
 from ._fields import (
     Malformed,
     Parser,
@@ -59,7 +59,7 @@ def logpush_parser(user_from: tuple[str, str] | None, options: TrafficOptions) -
     tiers, default_tier, forced = options.tiers, options.default_tier, options.authenticated
     kind, name = user_from if user_from is not None else ("", "")
 
-    def parse(line: str) -> Request:
+    def parse(line: str) -> Record:
         obj = load_object(line)
         if "EdgeStartTimestamp" not in obj:
             raise Malformed("missing field", "no 'EdgeStartTimestamp'")
@@ -85,7 +85,7 @@ def logpush_parser(user_from: tuple[str, str] | None, options: TrafficOptions) -
             obj.get("OriginResponseStatus")
         )
         colo = obj.get("EdgeColoCode")
-        return Request(
+        return Record(
             at,
             text_field(obj, "ClientRequestMethod").upper(),
             host_name(text_field(obj, "ClientRequestHost", required=False)),

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from ..replay._types import Request
+from ..replay._types import Record
 from ._fields import Parser, load_object, named_record
 from ._options import TrafficOptions
 
@@ -13,7 +13,7 @@ def ndjson_parser(user_from: tuple[str, str] | None, options: TrafficOptions) ->
     """The parser of NDJSON lines, the user from the key ``user_from`` names (``user``)."""
     user_key = user_from[1] if user_from is not None else "user"
 
-    def parse(line: str) -> Request:
+    def parse(line: str) -> Record:
         return named_record(load_object(line), user_key, options)
 
     return parse

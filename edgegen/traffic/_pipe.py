@@ -5,7 +5,7 @@ one process they add up; with the reader in a child process (``fork``) they run 
 cores, and a day of logs replays in about half the time. The child runs
 :func:`~edgegen.traffic._read.read_traffic` as it is and sends the records in batches of plain
 tuples through a pipe (a pipe's buffer is the only queue, so a slow consumer stops the
-reader: memory stays bounded); the parent rebuilds them as :class:`Request` values. What
+reader: memory stays bounded); the parent rebuilds them as :class:`Record` values. What
 the parent sees is the same as reading in process: the same records in the same order, the
 same stats (sent when the child is done) and the same :class:`TrafficError`, raised in the
 parent where the child met it. Each batch carries how far the child has read the files,
@@ -42,7 +42,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ..replay._types import Request
+from ..replay._types import Record
 from ._options import TrafficError, TrafficOptions
 from ._read import Position, Traffic, TrafficStats, read_traffic
 
@@ -158,8 +158,8 @@ class BackgroundTraffic(Traffic):
         _, text, file, line = message
         raise TrafficError(text, file=file, line=line)
 
-    def _received(self) -> Iterator[Request]:
-        make = Request._make
+    def _received(self) -> Iterator[Record]:
+        make = Record._make
         while True:
             message = self._message()
             kind = message[0]

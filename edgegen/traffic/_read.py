@@ -2,7 +2,7 @@
 
 ``read_traffic(paths, options)`` opens every file at once (so a missing file or a format
 that cannot be told fails before anything is replayed), then yields records
-(:class:`~edgegen.replay._types.Request`) lazily. Each file is read once, front to back (a
+(:class:`~edgegen.replay._types.Record`) lazily. Each file is read once, front to back (a
 named pipe or a process substitution works), and memory holds per file one block, one line,
 the lines the format was told from and a reorder buffer, each with a stated bound (the
 constants below; docs/replay.md, "Hostile input"), whatever the file holds; time is linear
@@ -65,7 +65,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import IO, Any, Final, cast
 
-from ..replay._types import Request
+from ..replay._types import Record
 from ._combined import combined_parser, looks_combined
 from ._csv import csv_header, csv_parser
 from ._events import events_parser
@@ -186,12 +186,12 @@ class Traffic:
 
     def __init__(
         self,
-        records: Iterator[Request],
+        records: Iterator[Record],
         stats: TrafficStats,
         closers: list[Callable[[], None]],
         position: Callable[[], Position] | None = None,
     ) -> None:
-        self._records: Iterator[Request] | None = records
+        self._records: Iterator[Record] | None = records
         self.stats = stats
         self._closers = closers
         self._position = position
@@ -213,7 +213,7 @@ class Traffic:
         self._closers.insert(0, done)
         return self
 
-    def __iter__(self) -> Iterator[Request]:
+    def __iter__(self) -> Iterator[Record]:
         if self._records is None:
             raise RuntimeError("recorded traffic is a stream: it can be iterated only once")
         records, self._records = self._records, None
@@ -227,7 +227,7 @@ class Traffic:
             self._records = self._at_least_one(self._records)
         return self
 
-    def _at_least_one(self, records: Iterator[Request]) -> Iterator[Request]:
+    def _at_least_one(self, records: Iterator[Record]) -> Iterator[Record]:
         yield from records
         if not self.stats.records:
             raise TrafficError(_nothing_read(self.stats))
@@ -246,8 +246,8 @@ class Traffic:
 
 
 def _observed(
-    records: Iterator[Request], every: int, callback: Callable[[int], None]
-) -> Iterator[Request]:
+    records: Iterator[Record], every: int, callback: Callable[[int], None]
+) -> Iterator[Record]:
     due = every
     for count, record in enumerate(records, 1):
         yield record
@@ -304,7 +304,7 @@ def read_traffic(paths: Sequence[str | Path], options: TrafficOptions) -> Traffi
     if sum(1 for p in paths if str(p) == "-") > 1:
         raise TrafficError("stdin (-) can be read only once; name it once")
     user_from = _user_from(options.user_from)
-    streams: list[Iterator[Request]] = []
+    streams: list[Iterator[Record]] = []
     stats = TrafficStats([])
     closers: list[Callable[[], None]] = []
     positions: list[Callable[[], Position]] = []
@@ -328,7 +328,7 @@ def read_traffic(paths: Sequence[str | Path], options: TrafficOptions) -> Traffi
             release()
         raise
     if len(streams) == 1:
-        merged: Iterator[Request] = streams[0]
+        merged: Iterator[Record] = streams[0]
     else:
         # Each file is in time order; ties keep the order the files were named in.
         merged = heapq.merge(*streams, key=attrgetter("at_us"))
@@ -584,11 +584,11 @@ def _parser(
     return factory(user_from, options), rest
 
 
-def _no_records(line: str) -> Request | None:
+def _no_records(line: str) -> Record | None:
     raise Malformed("not a log line", "the file was empty when its format was told")
 
 
-def _closing(records: Iterator[Request], release: Callable[[], None]) -> Iterator[Request]:
+def _closing(records: Iterator[Record], release: Callable[[], None]) -> Iterator[Record]:
     """``records``, closing the file once they are read, fail, or are dropped unread."""
     try:
         yield from records
@@ -602,7 +602,7 @@ def _ordered(  # noqa: C901, PLR0912, PLR0915 (every record's hot loop: one body
     stats: FileStats,
     options: TrafficOptions,
     label: str,
-) -> Iterator[Request]:
+) -> Iterator[Record]:
     """One file's records in time order, through a reorder buffer of ``reorder_window_us``.
 
     A record is held until one ``window`` later has been read, so records up to a window
@@ -617,13 +617,13 @@ def _ordered(  # noqa: C901, PLR0912, PLR0915 (every record's hot loop: one body
     strict = options.strict
     # (time, line length, record) in time order: nearly every record is the newest yet and
     # is appended here.
-    pending: deque[tuple[int, int, Request]] = deque()
+    pending: deque[tuple[int, int, Record]] = deque()
     append, popleft = pending.append, pending.popleft
     # The records that came behind a newer one: a heap of (time, line number, line length,
     # record), so that a file in reverse order costs log n a record, not n. The line number
     # keeps equal times in file order and spares the heap from comparing records; a record
     # here is given out after any in ``pending`` of the same time, which were read first.
-    late: list[tuple[int, int, int, Request]] = []
+    late: list[tuple[int, int, int, Record]] = []
     push, pop = heapq.heappush, heapq.heappop
     held = 0
     newest = released = -(1 << 62)

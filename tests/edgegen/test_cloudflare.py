@@ -731,7 +731,7 @@ def decide(tried: _retry.Tried, *, method: str = "GET", retry: int = 0, done: bo
     """The decision for one try of ``method``; backoff waits are their upper bound."""
     return _retry.decide(
         RetryPolicy(),
-        _retry.Request.of(method),
+        _retry.RetryRequest.of(method),
         retry,
         tried,
         maybe_done=done,

@@ -16,10 +16,10 @@ from pathlib import Path
 import edgegen_policy as policy
 import pytest
 
-from edgegen.replay._engine import Layer, Replay, ReplayOptions, replay, replay_pair
+from edgegen.replay._engine import Replay, ReplayLayer, ReplayOptions, replay, replay_pair
 from edgegen.replay._report import impact, impact_lines, impact_markdown, to_json, to_markdown
 from edgegen.replay._suggest import suggest
-from edgegen.replay._types import Request
+from edgegen.replay._types import Record
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "replay"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
@@ -42,7 +42,7 @@ def load(limits: str, plan: str = "business") -> policy.Policy:
     return policy.loads(BASE.format(limits=limits, plan=plan))
 
 
-def req(at_s: float, path: str = "/api/x", **fields: object) -> Request:
+def req(at_s: float, path: str = "/api/x", **fields: object) -> Record:
     values: dict[str, object] = {
         "at_us": T0 + round(at_s * S),
         "method": "GET",
@@ -51,10 +51,10 @@ def req(at_s: float, path: str = "/api/x", **fields: object) -> Request:
         "ip": "203.0.113.7",
     }
     values.update(fields)
-    return Request(**values)  # type: ignore[arg-type]
+    return Record(**values)  # type: ignore[arg-type]
 
 
-def row(result: object, layer: Layer, name: str, tier: str | None = None) -> object:
+def row(result: object, layer: ReplayLayer, name: str, tier: str | None = None) -> object:
     rows = [r for r in result.rows if r.layer is layer and r.name == name and r.tier == tier]  # type: ignore[attr-defined]
     assert len(rows) == 1, rows
     return rows[0]
@@ -71,12 +71,12 @@ def test_a_request_refused_at_the_edge_never_reaches_the_app() -> None:
 """
     )
     result = replay(loaded, [req(i, user="u1", tier="free") for i in range(5)])
-    rules = row(result, Layer.RULES, "api")
-    app = row(result, Layer.APP, "api", "free")
+    rules = row(result, ReplayLayer.RULES, "api")
+    app = row(result, ReplayLayer.APP, "api", "free")
     assert rules.counted == 5  # type: ignore[attr-defined]
     assert rules.refused == 2  # type: ignore[attr-defined]
     assert app.counted == 3  # type: ignore[attr-defined]
-    assert result.refused[Layer.RULES] == 2
+    assert result.refused[ReplayLayer.RULES] == 2
     assert result.admitted == 3
 
 
@@ -98,9 +98,9 @@ def test_app_limits_are_all_or_nothing_and_shadow_limits_only_count() -> None:
     )
     records = [req(i, user="u1", tier="free") for i in range(6)]
     result = replay(loaded, records)
-    tight = row(result, Layer.APP, "tight", "free")
-    loose = row(result, Layer.APP, "loose", "free")
-    watch = row(result, Layer.APP, "watch", "free")
+    tight = row(result, ReplayLayer.APP, "tight", "free")
+    loose = row(result, ReplayLayer.APP, "loose", "free")
+    watch = row(result, ReplayLayer.APP, "watch", "free")
     assert tight.refused == 4  # type: ignore[attr-defined]
     # The looser limit admitted every request it saw, but recorded only two: had it
     # recorded the refused ones, it would refuse from the fourth on.
@@ -124,8 +124,8 @@ def test_anonymous_callers_count_by_network_and_users_by_identity() -> None:
     anonymous = [req(i, ip=f"2001:db8:0:1::{i + 1:x}") for i in range(4)]
     users = [req(10 + i, ip="2001:db8:0:1::99", user="u1", tier="pro") for i in range(4)]
     result = replay(loaded, anonymous + users)
-    free = row(result, Layer.APP, "api", "free")
-    pro = row(result, Layer.APP, "api", "pro")
+    free = row(result, ReplayLayer.APP, "api", "free")
+    pro = row(result, ReplayLayer.APP, "api", "pro")
     assert free.refused == 2  # type: ignore[attr-defined]
     assert free.identities == 1  # type: ignore[attr-defined]
     assert pro.refused == 0  # type: ignore[attr-defined]
@@ -140,7 +140,7 @@ def test_unknown_tiers_count_in_the_lowest_tier() -> None:
 """
     )
     result = replay(loaded, [req(i, user="u1", tier="platinum") for i in range(3)])
-    assert row(result, Layer.APP, "api", "free").refused == 2  # type: ignore[attr-defined]
+    assert row(result, ReplayLayer.APP, "api", "free").refused == 2  # type: ignore[attr-defined]
 
 
 def test_credentialed_requests_meet_the_credentialed_rule_only() -> None:
@@ -157,8 +157,8 @@ def test_credentialed_requests_meet_the_credentialed_rule_only() -> None:
     anonymous = [req(i) for i in range(5)]
     credentialed = [req(i, ip="198.51.100.1", authenticated=True) for i in range(5)]
     result = replay(loaded, anonymous + credentialed)
-    main = row(result, Layer.RULES, "api")
-    second = row(result, Layer.RULES, "api (credentialed)")
+    main = row(result, ReplayLayer.RULES, "api")
+    second = row(result, ReplayLayer.RULES, "api (credentialed)")
     assert main.counted == 5 and main.refused == 3  # type: ignore[attr-defined]
     assert second.counted == 5 and second.refused == 1  # type: ignore[attr-defined]
 
@@ -175,7 +175,7 @@ def test_the_worker_sees_only_its_routes_and_counts_per_colo() -> None:
     other_colo = [req(0.5, "/webhooks/a", host="hooks.example.com", colo="LHR")]
     off_route = [req(0.1 * i, "/webhooks/a", host="api.example.com") for i in range(5)]
     result = replay(loaded, on_route + other_colo + off_route)
-    worker = row(result, Layer.WORKER, "hooks")
+    worker = row(result, ReplayLayer.WORKER, "hooks")
     assert worker.counted == 4  # type: ignore[attr-defined]
     assert worker.refused == 1  # type: ignore[attr-defined]
 
@@ -190,11 +190,11 @@ def test_decision_event_records_reach_their_app_limit_only() -> None:
 """
     )
     events = [
-        Request(T0 + i * S, "", "", "", "", user="h1", tier="free", limit="api") for i in range(3)
+        Record(T0 + i * S, "", "", "", "", user="h1", tier="free", limit="api") for i in range(3)
     ]
     result = replay(loaded, events)
-    assert row(result, Layer.RULES, "api").counted == 0  # type: ignore[attr-defined]
-    assert row(result, Layer.APP, "api", "free").refused == 1  # type: ignore[attr-defined]
+    assert row(result, ReplayLayer.RULES, "api").counted == 0  # type: ignore[attr-defined]
+    assert row(result, ReplayLayer.APP, "api", "free").refused == 1  # type: ignore[attr-defined]
 
 
 def test_head_counts_as_get_and_spellings_count_alike() -> None:
@@ -207,8 +207,8 @@ def test_head_counts_as_get_and_spellings_count_alike() -> None:
     )
     records = [req(0, "/login"), req(1, "/l%6Fgin", method="HEAD"), req(2, "//login/")]
     result = replay(loaded, records)
-    assert row(result, Layer.APP, "login", "free").counted == 3  # type: ignore[attr-defined]
-    assert result.refused[Layer.APP] == 1
+    assert row(result, ReplayLayer.APP, "login", "free").counted == 3  # type: ignore[attr-defined]
+    assert result.refused[ReplayLayer.APP] == 1
 
 
 def test_layers_option_skips_layers() -> None:
@@ -221,10 +221,10 @@ def test_layers_option_skips_layers() -> None:
 """
     )
     result = replay(
-        loaded, [req(i) for i in range(3)], ReplayOptions(layers=frozenset({Layer.APP}))
+        loaded, [req(i) for i in range(3)], ReplayOptions(layers=frozenset({ReplayLayer.APP}))
     )
-    assert [r.layer for r in result.rows] == [Layer.APP]
-    assert result.refused[Layer.APP] == 2
+    assert [r.layer for r in result.rows] == [ReplayLayer.APP]
+    assert result.refused[ReplayLayer.APP] == 2
 
 
 def test_identities_are_hashed_unless_asked() -> None:
@@ -333,7 +333,7 @@ def test_suggestion_checked_by_a_replay_of_the_suggested_rate() -> None:
     app: {{ algorithm: sliding_log, tiers: {{ free: {count}/1m }} }}
 """
         )
-        return len(row(replay(variant, records), Layer.APP, "api", "free").refused_by)  # type: ignore[attr-defined]
+        return len(row(replay(variant, records), ReplayLayer.APP, "api", "free").refused_by)  # type: ignore[attr-defined]
 
     assert refused_identities(item.floor) == item.refused_floor <= int(0.05 * 40)
     if item.floor > 1:
@@ -380,7 +380,7 @@ def test_replay_engine_feeds_one_request_at_a_time() -> None:
     )
     engine = Replay(loaded)
     assert engine.feed(req(0)) is None
-    assert engine.feed(req(1)) is Layer.APP
+    assert engine.feed(req(1)) is ReplayLayer.APP
     assert engine.feed(req(61)) is None
 
 
@@ -407,9 +407,9 @@ def test_of_two_rates_with_one_period_only_the_smaller_is_checked() -> None:
 """
     )
     result = replay(loaded, [req(i, user="u1") for i in range(7)])
-    rates = [str(r.rate) for r in result.rows_of(Layer.APP)]
+    rates = [str(r.rate) for r in result.rows_of(ReplayLayer.APP)]
     assert rates == ["5/1m", "100/1h"]
-    assert result.refused[Layer.APP] == 2
+    assert result.refused[ReplayLayer.APP] == 2
 
 
 def test_a_worker_route_covers_every_spelling_of_its_paths() -> None:
@@ -437,6 +437,6 @@ def test_a_worker_route_covers_every_spelling_of_its_paths() -> None:
     spellings = ["/webhooks/a", "/%77ebhooks/a", "//webhooks/a"]
     records = [req(0.1 * i, path, host="hooks.example.com") for i, path in enumerate(spellings)]
     result = replay(loaded, records)
-    worker = row(result, Layer.WORKER, "hooks")
+    worker = row(result, ReplayLayer.WORKER, "hooks")
     assert worker.counted == 3  # type: ignore[attr-defined]
     assert worker.refused == 1  # type: ignore[attr-defined]

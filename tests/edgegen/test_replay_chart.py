@@ -17,9 +17,9 @@ matplotlib = pytest.importorskip("matplotlib")
 from matplotlib.figure import Figure  # noqa: E402 (after the skip when matplotlib is missing)
 from matplotlib.transforms import Bbox, BboxBase  # noqa: E402
 
-from edgegen.replay._engine import Layer, ReplayResult, replay  # noqa: E402
+from edgegen.replay._engine import ReplayLayer, ReplayResult, replay  # noqa: E402
 from edgegen.replay._report import to_json, to_text, write_chart  # noqa: E402
-from edgegen.replay._types import Request  # noqa: E402
+from edgegen.replay._types import Record  # noqa: E402
 
 T0 = 1_764_748_800_000_000  # 2025-12-03T08:00:00Z in µs
 S = 1_000_000
@@ -48,25 +48,25 @@ def at(second: float) -> int:
     return T0 + round(second * S)
 
 
-def records() -> list[Request]:
+def records() -> list[Record]:
     """Forty minutes: steady API use all along, a user over the API quota in the first five
     minutes (the tallest bars, under the plot's top-left corner), a password guesser at
     minutes 20-24 and a webhook flood at minutes 30-32."""
     api, hooks = "api.example.com", "hooks.example.com"
     out = [
-        Request(at(s), "GET", api, "/api/items", "192.0.2.1", f"u{s % 7}", "free", True)
+        Record(at(s), "GET", api, "/api/items", "192.0.2.1", f"u{s % 7}", "free", True)
         for s in range(0, 40 * 60, 2)
     ]
     out += [
-        Request(at(s + 0.1), "GET", api, "/api/items", "192.0.2.9", "heavy", "free", True)
+        Record(at(s + 0.1), "GET", api, "/api/items", "192.0.2.9", "heavy", "free", True)
         for s in range(5 * 60)
     ]
     out += [
-        Request(at(s + 0.2), "POST", "www.example.com", "/login", "198.51.100.7")
+        Record(at(s + 0.2), "POST", "www.example.com", "/login", "198.51.100.7")
         for s in range(20 * 60, 24 * 60, 2)
     ]
     out += [
-        Request(at(s + 0.3 + k / 10), "POST", hooks, "/webhooks/p1", "203.0.113.5")
+        Record(at(s + 0.3 + k / 10), "POST", hooks, "/webhooks/p1", "203.0.113.5")
         for s in range(30 * 60, 32 * 60)
         for k in range(3)
     ]
@@ -78,8 +78,8 @@ def result() -> ReplayResult:
     outcome = replay(policy.loads(POLICY), records())
     # Every kind of outcome is there; the rules challenged and blocked nothing.
     assert outcome.challenged > 0
-    assert outcome.refused[Layer.WORKER] > 0 and outcome.refused[Layer.APP] > 0
-    rules = outcome.rows_of(Layer.RULES)
+    assert outcome.refused[ReplayLayer.WORKER] > 0 and outcome.refused[ReplayLayer.APP] > 0
+    rules = outcome.rows_of(ReplayLayer.RULES)
     assert sum(row.refused for row in rules) == 0
     return outcome
 

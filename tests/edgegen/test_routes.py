@@ -13,8 +13,8 @@ import pytest
 
 from edgegen import _placement
 from edgegen._routes import route_covers, route_parts
-from edgegen.replay._engine import Layer, replay
-from edgegen.replay._types import Request
+from edgegen.replay._engine import ReplayLayer, replay
+from edgegen.replay._types import Record
 
 POLICY = """
 version: 1
@@ -76,8 +76,8 @@ def test_placement_and_replay_read_a_route_alike(route: str) -> None:
     loaded = with_routes((route,))
     assert [d for d in _placement.check(loaded).diagnostics if d.code == "L211"] == []
     records = [
-        Request(T0 + i, "GET", "hooks.example.com", "/webhooks/a", "203.0.113.7") for i in range(3)
+        Record(T0 + i, "GET", "hooks.example.com", "/webhooks/a", "203.0.113.7") for i in range(3)
     ]
     result = replay(loaded, records)
-    assert result.refused[Layer.WORKER] == 1
+    assert result.refused[ReplayLayer.WORKER] == 1
     assert result.admitted == 2

@@ -17,7 +17,7 @@ import pytest
 from bench.traffic import write
 from edgegen import cli
 from edgegen.replay._suggest import MIN_IDENTITIES, MIN_REQUESTS, Suggestion, suggest
-from edgegen.replay._types import Request
+from edgegen.replay._types import Record
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "policy.yaml")
@@ -62,7 +62,7 @@ def users(
     minutes: int,
     *,
     prefix: str | None = None,
-) -> list[Request]:
+) -> list[Record]:
     """``count`` users of ``tier`` who each send a steady number of requests a minute, drawn
     from ``per_minute``, for ``minutes``."""
     out = []
@@ -73,23 +73,23 @@ def users(
             for _ in range(rate):
                 at = (T0 + minute * 60) * 1_000_000 + rng.randrange(60_000_000)
                 out.append(
-                    Request(at, "GET", API, "/api/v1/items", f"10.{n % 250}.0.1", user, tier, True)
+                    Record(at, "GET", API, "/api/v1/items", f"10.{n % 250}.0.1", user, tier, True)
                 )
     return out
 
 
-def logins(rng: random.Random, ips: Iterable[str], per_minute: int, minutes: int) -> list[Request]:
+def logins(rng: random.Random, ips: Iterable[str], per_minute: int, minutes: int) -> list[Record]:
     """POST /login from each of ``ips``, ``per_minute`` a minute, for ``minutes``."""
     out = []
     for ip in ips:
         for minute in range(minutes):
             for _ in range(per_minute):
                 at = (T0 + minute * 60) * 1_000_000 + rng.randrange(60_000_000)
-                out.append(Request(at, "POST", API, "/login", ip))
+                out.append(Record(at, "POST", API, "/login", ip))
     return out
 
 
-def in_order(records: list[Request]) -> list[Request]:
+def in_order(records: list[Record]) -> list[Record]:
     return sorted(records, key=lambda r: r.at_us)
 
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from bench import traffic as gen
 from edgegen.errors import EdgegenError
-from edgegen.replay._types import Request
+from edgegen.replay._types import Record
 from edgegen.traffic._options import TrafficError, TrafficOptions
 from edgegen.traffic._read import FileStats, TrafficStats, read_traffic
 from edgegen.traffic._tiers import load_tiers
@@ -35,7 +35,7 @@ POLICY_AUTH = TrafficOptions(
 
 def read(
     paths: Sequence[str | Path], options: TrafficOptions | None = None
-) -> tuple[list[Request], TrafficStats]:
+) -> tuple[list[Record], TrafficStats]:
     traffic = read_traffic(paths, options or TrafficOptions())
     with traffic:
         return list(traffic), traffic.stats
@@ -58,7 +58,7 @@ def test_combined_fields_timezones_and_escapes() -> None:
     assert only(stats).records == 4
     assert [r.at_us for r in records] == [T0, T0 + SEC + 250_000, T0 + 2 * SEC, T0 + 3 * SEC]
     first, second, third, fourth = records
-    assert first == Request(T0, "GET", "", "/api/v1/items", "192.0.2.10", user="alice", status=200)
+    assert first == Record(T0, "GET", "", "/api/v1/items", "192.0.2.10", user="alice", status=200)
     # %u is "-": the appended user= is only read when --user-from names it.
     assert second.user is None
     assert (second.host, second.tier, second.status) == ("www.example.com", "pro", 401)
@@ -164,8 +164,8 @@ def test_decision_events() -> None:
     assert only(stats).format == "events"
     assert only(stats).skipped == 1
     assert records == [
-        Request(T0 + 123_456, "", "", "", "", user="9f2c1a", tier="free", limit="api"),
-        Request(T0 + SEC, "", "", "", "", user="77ab00", tier="pro", limit="search", cost=3),
+        Record(T0 + 123_456, "", "", "", "", user="9f2c1a", tier="free", limit="api"),
+        Record(T0 + SEC, "", "", "", "", user="77ab00", tier="pro", limit="search", cost=3),
     ]
 
 
@@ -175,7 +175,7 @@ def test_named_ndjson() -> None:
     records, stats = read([HERE / "named.ndjson"])
     assert only(stats).format == "ndjson"
     assert records == [
-        Request(
+        Record(
             T0 + 1,
             "GET",
             "api.example.com",
@@ -187,10 +187,10 @@ def test_named_ndjson() -> None:
             colo="FRA",
             status=200,
         ),
-        Request(
+        Record(
             T0 + 1_500_000, "POST", "www.example.com", "/login", "192.0.2.41", authenticated=False
         ),
-        Request(T0 + 2_250_000, "GET", "", "/", "192.0.2.42", user="erin"),
+        Record(T0 + 2_250_000, "GET", "", "/", "192.0.2.42", user="erin"),
     ]
 
 
@@ -199,7 +199,7 @@ def test_named_csv() -> None:
     records, stats = read([HERE / "named.csv"])
     assert only(stats).format == "csv"
     assert records == [
-        Request(
+        Record(
             T0 + 1,
             "GET",
             "api.example.com",
@@ -211,7 +211,7 @@ def test_named_csv() -> None:
             colo="FRA",
             status=200,
         ),
-        Request(
+        Record(
             T0 + SEC,
             "POST",
             "www.example.com",
@@ -220,7 +220,7 @@ def test_named_csv() -> None:
             authenticated=False,
             status=401,
         ),
-        Request(
+        Record(
             T0 + 2 * SEC,
             "GET",
             "api.example.com",
@@ -631,7 +631,7 @@ def test_stream_is_lazy_and_single_use(tmp_path: Path) -> None:
 # --- round trips through bench/traffic.py's writers ----------------------------------------
 
 
-def projected(record: Request, fmt: str) -> Request:
+def projected(record: Record, fmt: str) -> Record:
     """What a format carries of a record (and what reading it back must give)."""
     r = record._replace(limit=None, cost=1)
     if fmt == "combined":
@@ -642,7 +642,7 @@ def projected(record: Request, fmt: str) -> Request:
             auth = False  # the x-user header is logged, without a credential
         return r._replace(tier=None, authenticated=auth)
     if fmt == "events":
-        return Request(record.at_us, "", "", "", "", user=record.user or record.ip,
+        return Record(record.at_us, "", "", "", "", user=record.user or record.ip,
                        tier=record.tier or "free", limit=record.limit or "api",
                        cost=record.cost)  # fmt: skip
     return r
@@ -657,9 +657,9 @@ READ_OPTIONS = {
 }
 
 
-def round_trip(records: list[Request], fmt: str, path: Path) -> list[Request]:
+def round_trip(records: list[Record], fmt: str, path: Path) -> list[Record]:
     out = io.StringIO()
-    writer: Callable[[Iterable[Request], Any], int] = gen.WRITERS[fmt]
+    writer: Callable[[Iterable[Record], Any], int] = gen.WRITERS[fmt]
     assert writer(records, out) == len(records)
     path.write_text(out.getvalue(), encoding="utf-8")
     back, stats = read([path], READ_OPTIONS[fmt])
@@ -676,7 +676,7 @@ _path_chars = st.characters(
     blacklist_categories=("Cc", "Cs", "Zs", "Zl", "Zp"), blacklist_characters="?#"
 )
 _requests = st.builds(
-    Request,
+    Record,
     at_us=st.integers(1_000_000_000_000_000, 4_000_000_000_000_000),
     method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"]),
     host=st.one_of(
@@ -700,7 +700,7 @@ _requests = st.builds(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(records=st.lists(_requests, max_size=25))
-def test_writers_round_trip(fmt: str, records: list[Request], tmp_path: Path) -> None:
+def test_writers_round_trip(fmt: str, records: list[Record], tmp_path: Path) -> None:
     """Any records written by a bench/traffic.py writer read back as the same records, in
     every field the format carries (escapes, quotes, unicode, IPv6, missing values)."""
     records = sorted(records, key=lambda r: r.at_us)

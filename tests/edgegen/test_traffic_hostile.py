@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from edgegen import cli
 from edgegen.replay._engine import TIMELINE_BUCKETS, Replay
 from edgegen.replay._report import timeline, to_json, to_text
-from edgegen.replay._types import Request
+from edgegen.replay._types import Record
 from edgegen.traffic import _read
 from edgegen.traffic._fields import MAX_TIME_US
 from edgegen.traffic._options import TrafficError, TrafficOptions
@@ -57,7 +57,7 @@ FUZZ = settings(
 
 def read_within_budget(
     path: Path, options: TrafficOptions | None = None, *, data: bytes | None = None
-) -> tuple[list[Request], TrafficStats]:
+) -> tuple[list[Record], TrafficStats]:
     """Read every record of ``path`` twice: timed, failing as soon as the CPU time passes
     the budget for its content (``data``, when the file is compressed; a quadratic reader
     fails in seconds, not minutes), then traced, failing when the peak passes the budget."""
@@ -65,7 +65,7 @@ def read_within_budget(
     data = path.read_bytes() if data is None else data
     size = len(data)
     budget = TIME_BASE_S + TIME_PER_LINE_S * (data.count(b"\n") + 1) + TIME_PER_BYTE_S * size
-    records: list[Request] = []
+    records: list[Record] = []
     started = time.process_time()
     with read_traffic([path], options) as traffic:
         for record in traffic:
@@ -90,7 +90,7 @@ def peak_memory(path: Path, options: TrafficOptions) -> int:
         tracemalloc.stop()
 
 
-def printable(records: list[Request], stats: TrafficStats) -> None:
+def printable(records: list[Record], stats: TrafficStats) -> None:
     """Every record is in the time range and prints, and so does a replay's report."""
     engine = Replay(POLICY)
     for record in records:
@@ -301,7 +301,7 @@ def test_the_timeline_is_bounded_whatever_the_span() -> None:
     for the years 1 and 9999, 2.9 GB), each a whole number of days."""
     engine = Replay(POLICY)
     for at in (0, (1000 * 365 * 86400) * 1_000_000):
-        engine.feed(Request(at, "GET", "api.example.com", "/", "192.0.2.1"))
+        engine.feed(Record(at, "GET", "api.example.com", "/", "192.0.2.1"))
     width, points = timeline(engine.result())
     assert len(points) <= 48
     assert sum(sum(counts) for _, counts in points) == 2
@@ -313,7 +313,7 @@ def test_the_last_moment_of_9999_prints() -> None:
     """A record at MAX_TIME_US reports as 9999-12-31 (seconds as a float rounded it into
     the year 10000, a ValueError)."""
     engine = Replay(POLICY)
-    engine.feed(Request(MAX_TIME_US, "GET", "api.example.com", "/", "192.0.2.1"))
+    engine.feed(Record(MAX_TIME_US, "GET", "api.example.com", "/", "192.0.2.1"))
     assert to_json(engine.result())["span"]["last"] == "9999-12-31 23:59:59Z"
     assert "9999-12-31 23:59" in to_text(engine.result())
 
@@ -324,7 +324,7 @@ def test_the_timeline_keeps_a_bounded_number_of_buckets() -> None:
     engine = Replay(POLICY, None)
     count = 3 * TIMELINE_BUCKETS
     for minute in range(count):
-        engine.feed(Request((T0 + 60 * minute) * 1_000_000, "GET", "x.example", "/", "192.0.2.1"))
+        engine.feed(Record((T0 + 60 * minute) * 1_000_000, "GET", "x.example", "/", "192.0.2.1"))
     line = engine.result().timeline
     assert len(line.minutes) <= TIMELINE_BUCKETS
     assert sum(sum(counts) for counts in line.minutes.values()) == count
