@@ -4,7 +4,8 @@ Used by the tests to read ``ratelimit.tf`` back and compare it with the JSON rul
 follows the HCL native syntax for what it covers: blocks with labels, ``name = value``
 attributes, objects, tuples (trailing commas allowed), strings with the escapes ``\\n \\r
 \\t \\" \\\\ \\uNNNN \\UNNNNNNNN``, ``$${``/``%%{`` for literal ``${``/``%{`` (a bare ``${`` or
-``%{`` is an interpolation or directive and is refused), numbers, booleans and references.
+``%{`` is an interpolation or directive and is refused), numbers, booleans, references
+and function calls (``concat(a, b)``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ class Reference:
     """A bare traversal like ``var.zone_id`` or a type keyword like ``string``."""
 
     name: str
+
+
+@dataclass(frozen=True)
+class Call:
+    """A function call like ``concat(var.extra_rules, local.edgegen_rules)``."""
+
+    name: str
+    args: tuple[Any, ...]
 
 
 _SIMPLE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", '"': '"', "\\": "\\"}
@@ -128,6 +137,20 @@ class _Parser:
             text = number.group(0)
             return float(text) if "." in text else int(text)
         word = self.name()
+        if self.text.startswith("(", self.pos):
+            self.pos += 1
+            args: list[Any] = []
+            while True:
+                self.skip()
+                if self.text[self.pos] == ")":
+                    self.pos += 1
+                    return Call(word, tuple(args))
+                args.append(self.value())
+                self.skip()
+                if self.text[self.pos] == ",":
+                    self.pos += 1
+                elif self.text[self.pos] != ")":
+                    raise HclError(f"expected , or ) at {self.pos}")
         if word == "true":
             return True
         if word == "false":

@@ -57,7 +57,8 @@ class Artifacts:
 
     ruleset: dict[str, Any]
     worker: WorkerArtifact | None
-    terraform: str
+    # None when the policy has nothing at the edge: no empty module is written.
+    terraform: str | None
     placements: tuple[Placement, ...] = field(default=())
 
     def files(self) -> dict[str, str]:
@@ -68,5 +69,6 @@ class Artifacts:
         if self.worker is not None:
             out["worker/wrangler.toml"] = self.worker.wrangler_toml
             out[f"worker/{self.worker.main_module}"] = self.worker.module_source
-        out["terraform/ratelimit.tf"] = self.terraform
+        if self.terraform is not None:
+            out["terraform/ratelimit.tf"] = self.terraform
         return out

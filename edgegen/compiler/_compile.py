@@ -272,7 +272,7 @@ def _compile(policy: Policy, checked: Checked, placements: tuple[EdgePlacement, 
     return Artifacts(
         ruleset=ruleset,
         worker=worker,
-        terraform=_terraform.render(ruleset),
+        terraform=_terraform.render(ruleset, worker),
         placements=tuple(
             _explain(p, notes.get(p.limit, [])) for p in placements if p.target is not None
         ),

@@ -325,8 +325,10 @@ def test_json_and_terraform_hold_the_same_rules(case: Case) -> None:
     files = case.artifacts.files()
     body = json.loads(files["cloudflare/http_ratelimit.json"])
     assert body == case.artifacts.ruleset
-    [(_labels, resource)] = hcl_subset.parse(files["terraform/ratelimit.tf"])["resource"]
-    assert resource["rules"] == body["rules"]
+    parsed = hcl_subset.parse(files["terraform/ratelimit.tf"])
+    [(_labels, local)] = parsed["locals"]
+    assert local["edgegen_rules"] == body["rules"]
+    resource = dict(parsed["resource"])[("cloudflare_ruleset", "edgegen_http_ratelimit")]
     assert resource["description"] == body["description"]
 
 

@@ -50,8 +50,9 @@ def test_requests_to_origin_is_a_rule_field_where_the_plan_has_it(plan: str) -> 
     artifacts = edgegen.build(_policy(plan, ORIGIN))
     [rule] = _rules(artifacts)
     assert rule["ratelimit"]["requests_to_origin"] is True
-    [(_, resource)] = hcl_subset.parse(artifacts.terraform)["resource"]
-    assert resource["rules"][0]["ratelimit"]["requests_to_origin"] is True
+    assert artifacts.terraform is not None
+    [(_, local)] = hcl_subset.parse(artifacts.terraform)["locals"]
+    assert local["edgegen_rules"][0]["ratelimit"]["requests_to_origin"] is True
     assert FakeCloudflare(plan=plan).validate_rules(_rules(artifacts)) == []
 
 
