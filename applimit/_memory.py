@@ -313,9 +313,6 @@ def clear_all() -> None:
 class _MemoryWireBase:
     """What the decision flow reads of a wire (see _flow.Transport): one "server"."""
 
-    # The flow tells the breaker of each call's outcome (here: always a success).
-    reports = False
-
     def __init__(self, store: MemoryStore) -> None:
         self.store = store
         self.closed = False
