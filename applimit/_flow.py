@@ -261,15 +261,29 @@ class Decider:
         self, step: Send | Wait, outcomes: list[object], inner: bool = False
     ) -> Decision | Send | Wait:
         """The next step after ``step``, given its outcomes: the decision, or what to run
-        (or wait for) next. ``inner`` as for :meth:`begin`."""
+        (or wait for) next. ``inner`` as for :meth:`begin`.
+
+        For an exact decision's Send: the breakers told of each outcome, a failure's
+        decision by the failure policy, else the decision of the replies (a denial cached)
+        or its first refund (a denied multi-slot request); after a refund, the next one or
+        the decision."""
         flow = step.flow
         following: Decision | Send | Wait
         if flow is not None and not inner:
             following = self._handed(flow, step.request, outcomes)
-        elif isinstance(step, Send):
-            following = self._finish(step, outcomes)
-        else:
+        elif not isinstance(step, Send):
             raise TypeError("a Wait is always a step of the approximate sequence")
+        elif step.decided is not None:
+            following = self._refunded(step, outcomes)
+        else:
+            prepared = step.plan
+            breakers = step.breakers
+            for index, outcome in enumerate(outcomes):
+                if isinstance(outcome, BaseException):
+                    following = self._failed(prepared, outcome, breakers[index])
+                    break
+            else:
+                following = self._answered(step, outcomes)
         if isinstance(following, Decision):
             if self.observing and not inner:
                 self._observe(step.request, following, step.started, sent=isinstance(step, Send))
@@ -384,21 +398,11 @@ class Decider:
             step = self.advance(step, (yield step), True)
         return step
 
-    def _finish(self, send: Send, outcomes: Sequence[object]) -> Decision | Send:
-        """An exact decision from the outcomes of its calls (the breakers told, a denial
-        cached), or its first refund (a denied multi-slot request); after a refund, the
-        next one or the decision."""
-        decided = send.decided
-        if decided is not None:
-            for outcome in outcomes:
-                if isinstance(outcome, BaseException):
-                    _refund_failed(outcome)
-            return self._refunding(send, decided, send.refunds)
+    def _answered(self, send: Send, outcomes: Sequence[object]) -> Decision | Send:
+        """The decision of an exact Send's replies (none failed): the breakers told, a
+        denial cached; or the first of its refunds."""
         prepared = send.plan
         breakers = send.breakers
-        for index, outcome in enumerate(outcomes):
-            if isinstance(outcome, BaseException):
-                return self._failed(prepared, outcome, breakers[index])
         if self._slow is not None:
             self._confirm_slow(breakers)
         for call, reply, breaker in zip(send.calls, outcomes, breakers, strict=True):
@@ -419,6 +423,16 @@ class Decider:
         if refunds:
             return self._refunding(send, decision, refunds)
         return decision
+
+    def _refunded(self, refund: Send, outcomes: Sequence[object]) -> Decision | Send:
+        """After a refund: its failure logged (the decision stands), then the next refund
+        or the decision."""
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                _refund_failed(outcome)
+        decided = refund.decided
+        assert decided is not None
+        return self._refunding(refund, decided, refund.refunds)
 
     @staticmethod
     def _refunding(
