@@ -434,7 +434,7 @@ def place(policy: Policy) -> tuple[EdgePlacement, ...]:
         if not lacks and index not in granted and targets[index] is not EdgeTarget.WORKER:
             lacks.append(_quota_full(caps, slots[index]))
         placements.append(
-            _decide(
+            _place(
                 policy,
                 caps,
                 index,
@@ -469,7 +469,7 @@ def _quota_full(caps: PlanCapabilities, needed: int) -> Shortfall:
     )
 
 
-def _decide(
+def _place(
     policy: Policy,
     caps: PlanCapabilities,
     index: int,

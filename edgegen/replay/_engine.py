@@ -686,7 +686,7 @@ class Replay:
                 identity = by_user
             for check in rates:
                 checks.append((check, identity))
-        return self._decide(checks, request.at_us, request.cost)
+        return self._refused(checks, request.at_us, request.cost)
 
     def _app_event(self, request: Record) -> ReplayLayer | None:
         """A record of the app's decision-event log: one hit of one named limit."""
@@ -698,10 +698,10 @@ class Replay:
             return None
         identity: Hashable = ("user", request.user or "")
         checks = [(check, identity) for check in rates]
-        return ReplayLayer.APP if self._decide(checks, request.at_us, request.cost) else None
+        return ReplayLayer.APP if self._refused(checks, request.at_us, request.cost) else None
 
     @staticmethod
-    def _decide(checks: list[tuple[_AppCheck, Hashable]], at: int, cost: int) -> bool:
+    def _refused(checks: list[tuple[_AppCheck, Hashable]], at: int, cost: int) -> bool:
         """One request through the app checks that apply to it, decided as decide.lua
         does (``edgegen_policy.decide``), and counted in their rows. True: refused.
 

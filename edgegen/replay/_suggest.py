@@ -95,12 +95,12 @@ class _SuggestReplay(Replay):
             id(row): _Peaks(row.period_us) for row in self.rows if row.layer is ReplayLayer.APP
         }
 
-    def _decide(  # type: ignore[override]
+    def _refused(  # type: ignore[override]
         self, checks: list[tuple[_AppCheck, Hashable]], at: int, cost: int
     ) -> bool:
         for check, identity in checks:
             self.peaks[id(check.row)].add(identity, at, cost)
-        return Replay._decide(checks, at, cost)
+        return Replay._refused(checks, at, cost)
 
     def sweep(self, now_us: int) -> None:
         super().sweep(now_us)
