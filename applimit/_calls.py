@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from edgegen_policy import Algorithm
+from edgegen_policy import burst_for
 
 from . import _script
 from ._memo import Memo
@@ -102,16 +102,14 @@ def blocks(prefix: str, rule: AppRule, tier: str) -> tuple[Block, ...]:
     """The encoded blocks of ``rule`` for ``tier``: one per rate (none if it has none)."""
     out = []
     for rate in rule.tiers.get(tier, ()):
-        burst = rule.burst if rule.burst is not None else rate.quota
+        burst = burst_for(rule.algorithm, rule.burst, rate.quota)
         out.append(
             Block(
                 rate=rate,
                 key_head=f"{prefix}:{rule.key_name}:{{",
                 key_tail=f"}}:{rate.period_text}:{rule.key_suffix}",
                 head=f"{rule.algorithm} {rate.quota} {rate.period_us} ",
-                tail=(
-                    f" {burst if rule.algorithm == Algorithm.GCRA else 0} {1 if rule.shadow else 0}"
-                ),
+                tail=f" {burst} {1 if rule.shadow else 0}",
                 # The first fields of every LimitResult of this block, in their order.
                 result_head=(rule.name, tier, rule.algorithm, rate.quota, rate.window, rule.shadow),
             )

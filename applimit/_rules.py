@@ -22,6 +22,7 @@ from edgegen_policy import (
     Policy,
     Rate,
     checked_rates,
+    period_us,
 )
 from edgegen_policy import check as check_policy
 
@@ -107,7 +108,7 @@ def _rates(rates: Iterable[Rate]) -> tuple[RateSpec, ...]:
     """Rates of one tier as plain values, one per period (``checked_rates``: for equal
     periods the smaller quota decides alone)."""
     return tuple(
-        RateSpec(quota=r.limit, period_us=r.period.ms * 1000, period_text=str(r.period))
+        RateSpec(quota=r.limit, period_us=period_us(r), period_text=str(r.period))
         for r in checked_rates(rates)
     )
 
