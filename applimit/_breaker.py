@@ -76,7 +76,11 @@ class CircuitBreaker:
         # Outages started so far: tells whether one began between two moments.
         self.outages = 0
         self._lock = threading.Lock()
-        self._state = BreakerState.CLOSED
+        # Plain attributes, not properties: the decision path reads both on every call.
+        # Where the breaker is (an open breaker whose cooldown is over still reads open).
+        self.state = BreakerState.CLOSED
+        # True from the first failure until the next success.
+        self.in_outage = False
         self._failures = 0
         self._open_until = 0.0
         self._probe_started: float | None = None
@@ -88,19 +92,9 @@ class CircuitBreaker:
         # their error, and count as one failure, not one per call.
         self._counted: BaseException | None = None
 
-    @property
-    def state(self) -> BreakerState:
-        """The current state (an open breaker whose cooldown is over still reads open)."""
-        return self._state
-
-    @property
-    def in_outage(self) -> bool:
-        """True from the first failure until the next success."""
-        return self._outage_started is not None
-
     def allow(self) -> bool:
         """True when this caller may call Redis now; False means decide without it."""
-        if self._state is BreakerState.CLOSED:
+        if self.state is BreakerState.CLOSED:
             # Every decision asks; while Redis answers, no lock. A read that races a
             # failure lets one more call through, as if it had come a moment earlier.
             return True
@@ -108,13 +102,13 @@ class CircuitBreaker:
 
     def _allow_locked(self) -> bool:
         with self._lock:
-            if self._state is BreakerState.CLOSED:
+            if self.state is BreakerState.CLOSED:
                 return True
             now = self._clock()
-            if self._state is BreakerState.OPEN:
+            if self.state is BreakerState.OPEN:
                 if now < self._open_until:
                     return False
-                self._state = BreakerState.HALF_OPEN
+                self.state = BreakerState.HALF_OPEN
                 self._probe_started = now
                 return True
             # Half-open: one probe at a time, unless the probe went silent.
@@ -131,7 +125,7 @@ class CircuitBreaker:
         again, so the breaker stays open (a probe's answer starts another cooldown).
         """
         if (
-            self._state is BreakerState.CLOSED
+            self.state is BreakerState.CLOSED
             and not self._failures
             and self._outage_started is None
         ):
@@ -139,13 +133,13 @@ class CircuitBreaker:
             return
         with self._lock:
             if self._writes_refused and not wrote:
-                if self._state is BreakerState.HALF_OPEN:
-                    self._state = BreakerState.OPEN
+                if self.state is BreakerState.HALF_OPEN:
+                    self.state = BreakerState.OPEN
                     self._open_until = self._clock() + self.cooldown
                     self._probe_started = None
                 return
             self._failures = 0
-            self._state = BreakerState.CLOSED
+            self.state = BreakerState.CLOSED
             self._probe_started = None
             self._writes_refused = False
             if self._outage_started is None:
@@ -153,6 +147,7 @@ class CircuitBreaker:
             lasted = self._clock() - self._outage_started
             degraded = self._degraded
             self._outage_started = None
+            self.in_outage = False
             self._degraded = 0
         logger.warning(
             "%s answers again after %.1f s; %d decisions were made without it during the outage.",
@@ -179,11 +174,12 @@ class CircuitBreaker:
             starting = self._outage_started is None
             if starting:
                 self._outage_started = now
+                self.in_outage = True
                 self.outages += 1
             if refuses_writes(error):
                 self._writes_refused = True
-            if self._state is BreakerState.HALF_OPEN or self._failures >= self.threshold:
-                self._state = BreakerState.OPEN
+            if self.state is BreakerState.HALF_OPEN or self._failures >= self.threshold:
+                self.state = BreakerState.OPEN
                 self._open_until = now + self.cooldown
                 self._probe_started = None
         if starting:
@@ -208,7 +204,7 @@ class CircuitBreaker:
 
     def retry_in(self) -> float:
         """Seconds until the next probe may run (0 when the breaker is not open)."""
-        if self._state is not BreakerState.OPEN:
+        if self.state is not BreakerState.OPEN:
             return 0.0
         return max(0.0, self._open_until - self._clock())
 

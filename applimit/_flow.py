@@ -51,7 +51,7 @@ from typing import Protocol
 from redis.exceptions import ResponseError
 
 from ._approx import ApproxCache, Flight, Sync
-from ._breaker import Breakers, CircuitBreaker
+from ._breaker import Breakers, BreakerState, CircuitBreaker
 from ._calls import ScriptCall
 from ._decision import Decision
 from ._denials import DenialCache
@@ -76,6 +76,7 @@ UNLIMITED = Decision(
 
 # Bound once: read twice per observed decision.
 _perf_counter = time.perf_counter
+_CLOSED = BreakerState.CLOSED
 
 
 class Step:
@@ -235,7 +236,8 @@ class Decider:
                             else self.breakers.of(wire.route(slot))
                         )
                         breakers = (breaker,)
-                        closed = None if breaker.allow() else breaker
+                        # A closed breaker (nearly always) read here, without allow()'s call.
+                        closed = None if breaker.state is _CLOSED or breaker.allow() else breaker
                     else:
                         breakers = [
                             self.breakers.of(None if call.slot is None else wire.route(call.slot))
