@@ -1,7 +1,7 @@
 """The ``memory://`` backend: the limiter's script, run on Python objects in this process.
 
 For tests and single-process tools that should not need a Redis server. Only the wire is
-replaced: the core still builds the same :class:`~applimit._core.ScriptCall` objects
+replaced: the core still builds the same :class:`~applimit._calls.ScriptCall` objects
 (``hit``, ``peek``, ``refund``, the ARGV layout of ``decide.lua``) and parses the same
 replies, so the decision flow, the denial cache, approximate mode and every reply parser
 are the ones that run against Redis. :class:`MemoryStore` executes a call the way

@@ -2,7 +2,7 @@
 
 The page's package map has one section per package (a ``###`` heading naming the package's
 directory in backticks) with a table whose ``module`` column names each module in
-backticks: ``_core.py`` for a module, ``lua/`` for a subpackage or data directory. A module
+backticks: ``_flow.py`` for a module, ``lua/`` for a subpackage or data directory. A module
 added without a row, or a row left behind by a module that was removed or renamed, fails
 here with the names to fix. Paths named anywhere else on the page must exist too.
 """

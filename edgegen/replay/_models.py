@@ -13,7 +13,7 @@ App models (:func:`app_model`, :func:`app_models`)
     One rate of an app limit for every identity it counts, deciding with
     ``edgegen_policy``'s model of ``applimit/lua`` (``ALGORITHMS``: the arithmetic the
     in-process ``memory://`` store runs too), so the replay decides exactly as the scripts
-    do for the arguments ``applimit/_core.py`` sends (``Quota.of``: the period in µs, gcra's
+    do for the arguments ``applimit/_calls.py`` sends (``Quota.of``: the period in µs, gcra's
     burst defaulting to the quota). ``peek`` and ``record`` are decide.lua's two phases for
     ``edgegen_policy.decide``; ``check``, ``apply`` and ``hit`` the same as plain answers.
     What the scripts do when the clock goes back is kept too. Redis expiry is not

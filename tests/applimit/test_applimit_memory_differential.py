@@ -27,7 +27,7 @@ from applimit._memory import MemoryStore
 
 US = 1_000_000
 START_US = 1_000_000 * 60 * US
-# Hits carry the test clock's slack (see _core.TEST_CLOCK_TTL_SLACK_MS), refunds none, as
+# Hits carry the test clock's slack (see _calls.TEST_CLOCK_TTL_SLACK_MS), refunds none, as
 # the limiter sends them.
 SLACK_MS = "600000"
 ALGORITHMS = ("sliding_log", "sliding_window", "gcra")
