@@ -84,7 +84,8 @@ class CircuitBreaker:
         self._failures = 0
         self._open_until = 0.0
         self._probe_started: float | None = None
-        self._outage_started: float | None = None
+        # When the outage began (read only while in_outage).
+        self._outage_started = 0.0
         self._degraded = 0
         # Writes were refused during this outage: only a call that wrote ends it.
         self._writes_refused = False
@@ -124,11 +125,7 @@ class CircuitBreaker:
         outage in which Redis refused writes, such an answer does not show that it stores
         again, so the breaker stays open (a probe's answer starts another cooldown).
         """
-        if (
-            self.state is BreakerState.CLOSED
-            and not self._failures
-            and self._outage_started is None
-        ):
+        if self.state is BreakerState.CLOSED and not self._failures and not self.in_outage:
             # Nothing to reset (the common case): no lock.
             return
         with self._lock:
@@ -139,14 +136,15 @@ class CircuitBreaker:
                     self._probe_started = None
                 return
             self._failures = 0
+            # Answered: the last failure counted is not kept (nor its traceback's frames).
+            self._counted = None
             self.state = BreakerState.CLOSED
             self._probe_started = None
             self._writes_refused = False
-            if self._outage_started is None:
+            if not self.in_outage:
                 return
             lasted = self._clock() - self._outage_started
             degraded = self._degraded
-            self._outage_started = None
             self.in_outage = False
             self._degraded = 0
         logger.warning(
@@ -171,7 +169,7 @@ class CircuitBreaker:
             self._counted = error
             now = self._clock()
             self._failures += 1
-            starting = self._outage_started is None
+            starting = not self.in_outage
             if starting:
                 self._outage_started = now
                 self.in_outage = True
@@ -199,7 +197,7 @@ class CircuitBreaker:
     def degraded(self) -> None:
         """Count a decision made without Redis, for the end-of-outage log line."""
         with self._lock:
-            if self._outage_started is not None:
+            if self.in_outage:
                 self._degraded += 1
 
     def retry_in(self) -> float:
