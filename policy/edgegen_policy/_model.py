@@ -295,6 +295,98 @@ class AppLimit(_Model):
         return self
 
 
+_STATUS_RANGE_RE = re.compile(r"^([1-5])xx$|^([1-5][0-9]{2})\s*-\s*([1-5][0-9]{2})$")
+MIN_STATUS = 100
+MAX_STATUS = 599
+
+
+def _as_status_ranges(value: object) -> object:
+    """``401``, ``"4xx"``, ``"500-599"`` or a list of them, as sorted, merged ``(lo, hi)``."""
+    items = value if isinstance(value, (list, tuple)) else (value,)
+    if not items:
+        raise ValueError("an empty list of statuses counts nothing; give at least one")
+    ranges: list[tuple[int, int]] = []
+    for item in items:
+        if isinstance(item, bool):
+            raise ValueError(f"{str(item).lower()} is not a status; write e.g. 401 or 4xx")
+        if isinstance(item, int):
+            low = high = item
+        elif isinstance(item, str) and item.strip().isdigit():
+            low = high = int(item)
+        elif isinstance(item, str) and (found := _STATUS_RANGE_RE.match(item.strip())):
+            if found.group(1):
+                low = int(found.group(1)) * 100
+                high = low + 99
+            else:
+                low, high = int(found.group(2)), int(found.group(3))
+                if low > high:
+                    raise ValueError(f"{item!r} runs backwards; write {high}-{low}")
+        else:
+            raise ValueError(
+                f"{item!r} is not a status; write a number (401), a class (4xx) or a range "
+                "(500-599)"
+            )
+        if not MIN_STATUS <= low <= high <= MAX_STATUS:
+            raise ValueError(f"{item!r} is outside the HTTP statuses {MIN_STATUS}-{MAX_STATUS}")
+        ranges.append((low, high))
+    ranges.sort()
+    merged: list[tuple[int, int]] = [ranges[0]]
+    for low, high in ranges[1:]:
+        last_low, last_high = merged[-1]
+        if low <= last_high + 1:
+            merged[-1] = (last_low, max(last_high, high))
+        else:
+            merged.append((low, high))
+    return tuple(merged)
+
+
+_STATUS_ITEM_SCHEMA = {
+    "anyOf": [
+        {"type": "integer", "minimum": MIN_STATUS, "maximum": MAX_STATUS},
+        {"type": "string", "pattern": r"^([1-5]xx|[1-5][0-9]{2}\s*-\s*[1-5][0-9]{2})$"},
+    ]
+}
+
+StatusRanges = Annotated[
+    tuple[tuple[int, int], ...],
+    BeforeValidator(_as_status_ranges),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                _STATUS_ITEM_SCHEMA,
+                {"type": "array", "items": _STATUS_ITEM_SCHEMA, "minItems": 1},
+            ]
+        }
+    ),
+]
+
+
+class CountWhen(_Model):
+    """Which answers a limit counts: a request is checked before it runs, and counted only
+    when its response is one of these (``count_when: {status: [401, 403]}``)."""
+
+    status: StatusRanges = Field(
+        description="Response statuses that count: numbers (401), classes (4xx) or ranges "
+        "(500-599), one or a list. A handler that raises counts as 500."
+    )
+
+    def counts(self, status: int) -> bool:
+        """Whether a response with this status is counted."""
+        return any(low <= status <= high for low, high in self.status)
+
+    def describe(self) -> str:
+        """The statuses as the policy would write them: ``401, 403, 5xx``."""
+        parts = []
+        for low, high in self.status:
+            if low == high:
+                parts.append(str(low))
+            elif low % 100 == 0 and high == low + 99:
+                parts.append(f"{low // 100}xx")
+            else:
+                parts.append(f"{low}-{high}")
+        return ", ".join(parts)
+
+
 class Limit(_Model):
     """One named limit: which requests, and how it is enforced at the edge and in the app."""
 
@@ -307,6 +399,12 @@ class Limit(_Model):
     match: Match = Field(default_factory=Match, description="Which requests this limit counts.")
     edge: EdgeLimit | None = Field(default=None, description="The Cloudflare part, per IP.")
     app: AppLimit | None = Field(default=None, description="The in-app part, per user and tier.")
+    count_when: CountWhen | None = Field(
+        default=None,
+        description="Count only requests whose response is one of these statuses (e.g. failed "
+        "logins: {status: [401]}); every layer checks before the request runs and counts after "
+        "its answer. Default: every request counts.",
+    )
 
     @field_validator("name", "description")
     @classmethod
