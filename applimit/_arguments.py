@@ -64,6 +64,28 @@ def check_cost(cost: object) -> int:
     return cost
 
 
+def check_status(status: object) -> int:
+    """A response's ``status`` checked: a whole number from 100 to 599."""
+    if isinstance(status, bool) or not isinstance(status, int):
+        raise InvalidArgumentError(
+            "status", f"status must be the response's HTTP status as a number, not {status!r}."
+        )
+    if not 100 <= status <= 599:
+        raise InvalidArgumentError("status", f"status {status} is not an HTTP status (100 to 599).")
+    return status
+
+
+def check_counted_later(rule: AppRule) -> AppRule:
+    """``rule``, which record() was asked to count: it must say count_when."""
+    if not rule.count_when:
+        raise InvalidArgumentError(
+            "name",
+            f"limit {rule.name!r} counts every request (it has no count_when), so hit() "
+            "already counted this one; record() is for limits with count_when.",
+        )
+    return rule
+
+
 def check_identity(identity: object, argument: str) -> str:
     """An identity (or ``ip=``, or an app key's value) passed as ``argument``, checked: a
     non-empty str."""

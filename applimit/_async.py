@@ -24,7 +24,7 @@ from ._awire import AsyncTransport, open_async
 from ._clients import AsyncClient, Target
 from ._decision import Decision
 from ._errors import REDIS_FAILURES
-from ._flow import Decider, Send, Wait
+from ._flow import UNLIMITED, Decider, Send, Wait
 from ._memory import AsyncMemoryWire
 from ._observe import Observer
 from ._replies import Prepared
@@ -161,6 +161,55 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
             )
         )
 
+    def record(
+        self,
+        name: str,
+        identity: str | None,
+        status: int,
+        *,
+        tier: str | None = None,
+        cost: int = 1,
+        ip: str | None = None,
+        keys: Mapping[str, str] | None = None,
+    ) -> Coroutine[Any, Any, Decision]:
+        """Count a response of ``status`` against the count_when limit ``name`` if it
+        counts that status (see Limiter.record). Awaitable; the arguments are checked at
+        the call."""
+        prepared = self.core.for_record(
+            name, identity, status, tier=tier, cost=cost, ip=ip, keys=keys
+        )
+        return _nothing_counted() if prepared is None else self._decide(prepared)
+
+    def record_request(
+        self,
+        method: str,
+        path: str,
+        identity: str | None,
+        status: int,
+        *,
+        tier: str | None = None,
+        cost: int = 1,
+        ip: str | None = None,
+        host: str | None = None,
+        keys: Mapping[str, str] | None = None,
+        mount: str = "",
+    ) -> Coroutine[Any, Any, Decision]:
+        """Count a response of ``status`` against the count_when limits check_request
+        checked for this request (see Limiter.record_request). Awaitable."""
+        prepared = self.core.for_record_request(
+            method,
+            path,
+            identity,
+            status,
+            tier=tier,
+            cost=cost,
+            ip=ip,
+            host=host,
+            keys=keys,
+            mount=mount,
+        )
+        return _nothing_counted() if prepared is None else self._decide(prepared)
+
     async def reset(
         self,
         name: str,
@@ -282,3 +331,8 @@ def _finish_abandoned(
         decider.abandon(step)
     else:
         decider.abandon(step, carrying.result())
+
+
+async def _nothing_counted() -> Decision:
+    """The answer of a record call whose status does not count: nothing was sent."""
+    return UNLIMITED

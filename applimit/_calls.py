@@ -98,8 +98,13 @@ class Block:
         object.__setattr__(self, "packed_cost_1", bulk(spec))
 
 
-def blocks(prefix: str, rule: AppRule, tier: str) -> tuple[Block, ...]:
-    """The encoded blocks of ``rule`` for ``tier``: one per rate (none if it has none)."""
+def blocks(prefix: str, rule: AppRule, tier: str, *, record: bool = False) -> tuple[Block, ...]:
+    """The encoded blocks of ``rule`` for ``tier``: one per rate (none if it has none).
+
+    A count_when limit's blocks carry decide.lua's "after" flag, so that a hit checks them
+    and counts nothing; ``record``: the blocks without it, with which a hit counts the
+    response (``Core.for_record``)."""
+    flags = (1 if rule.shadow else 0) | (2 if rule.count_when and not record else 0)
     out = []
     for rate in rule.tiers.get(tier, ()):
         burst = burst_for(rule.algorithm, rule.burst, rate.quota)
@@ -109,7 +114,7 @@ def blocks(prefix: str, rule: AppRule, tier: str) -> tuple[Block, ...]:
                 key_head=f"{prefix}:{rule.key_name}:{{",
                 key_tail=f"}}:{rate.period_text}:{rule.key_suffix}",
                 head=f"{rule.algorithm} {rate.quota} {rate.period_us} ",
-                tail=f" {burst} {1 if rule.shadow else 0}",
+                tail=f" {burst} {flags}",
                 # The first fields of every LimitResult of this block, in their order.
                 result_head=(rule.name, tier, rule.algorithm, rate.quota, rate.window, rule.shadow),
             )

@@ -48,7 +48,7 @@ from fnmatch import fnmatchcase
 from typing import Any, Protocol
 
 import redis.exceptions
-from edgegen_policy import ALGORITHMS, AlgorithmModel, Quota, Verdict, decide
+from edgegen_policy import AFTER, ALGORITHMS, AlgorithmModel, Quota, Verdict, decide
 
 from ._calls import ScriptCall
 from ._errors import CLOSED, ApplimitError
@@ -95,7 +95,8 @@ class _Check:
     algorithm: AlgorithmModel[Any, Any]
     quota: Quota
     cost: int
-    shadow: bool
+    # decide.lua's flags: SHADOW and AFTER of edgegen_policy._algorithms.
+    flags: int
 
 
 class _Holder(Protocol):
@@ -196,15 +197,15 @@ class MemoryStore:
             hit = mode == "hit"
             passed, verdicts = decide(
                 [
-                    (_Slot(self, check, nonce, slack_ms), key, check.cost, check.shadow)
+                    (_Slot(self, check, nonce, slack_ms), key, check.cost, check.flags)
                     for key, check in zip(call.keys, checks, strict=True)
                 ],
                 now,
                 hit=hit,
             )
         out: list[int] = [now, n]
-        for v in verdicts:
-            consumed = hit and passed and v.allowed
+        for v, check in zip(verdicts, checks, strict=True):
+            consumed = hit and passed and v.allowed and not check.flags & AFTER
             out += (int(v.allowed), int(consumed), v.remaining, v.reset, v.retry)
         return out
 
@@ -271,17 +272,17 @@ def _parse_checks(args: tuple[str, ...]) -> list[_Check] | BaseException:
             # Redis turns line breaks in an error reply into spaces.
             shown = spec.replace("\r", " ").replace("\n", " ")
             return redis.exceptions.ResponseError(f"applimit: malformed check {shown}")
-        name, limit, period, cost, burst, shadow = match.groups()
+        name, limit, period, cost, burst, flags = match.groups()
         algorithm = ALGORITHMS.get(name)
         if algorithm is None:
             return redis.exceptions.ResponseError(f"applimit: unknown algorithm {name}")
         quota = Quota(int(limit), int(period), int(burst))
-        checks.append(_Check(algorithm, quota, int(cost), shadow == "1"))
+        checks.append(_Check(algorithm, quota, int(cost), int(flags)))
     return checks
 
 
 # A check's spec, as common.lua's spec_of matches it ([0-9], not \d: Lua's %d is ASCII).
-_SPEC = re.compile(r"([a-z_]+) ([0-9]+) ([0-9]+) ([0-9]+) ([0-9]+) ([01])")
+_SPEC = re.compile(r"([a-z_]+) ([0-9]+) ([0-9]+) ([0-9]+) ([0-9]+) ([0-3])")
 
 
 # --- stores by name ------------------------------------------------------------------------

@@ -36,8 +36,10 @@ from . import _keys
 from ._arguments import (
     MAX_COST,
     check_cost,
+    check_counted_later,
     check_keys,
     check_rule,
+    check_status,
     check_tier,
     limit_tag,
     request_tag,
@@ -152,6 +154,11 @@ class Core:
         # tier looked up and checked once (see _plan_user).
         self._shapes: Memo[tuple[str, str | None], _Shape] = Memo(
             len(compiled.rules) * (len(compiled.tiers) + 1) or 1
+        )
+        # The blocks record() counts a count_when limit with (its tier's rates without the
+        # "after" flag), per (limit, resolved tier); made on first use.
+        self._record_blocks: Memo[tuple[str, str], tuple[Block, ...]] = Memo(
+            len(compiled.rules) * len(compiled.tiers) or 1
         )
         # The middleware's limits that match a (method, path, host, mount), every tier: the
         # middleware asks matches() before identify() and check_request() after it, and
@@ -363,7 +370,9 @@ class Core:
             planned = self._requested.entries.get(memo)
             if planned is None:
                 checks = tuple(
-                    self._request_checks(group, identity, tier=tier, cost=cost, ip=ip, keys=None)
+                    self._request_checks(
+                        group.rules, identity, tier=tier, cost=cost, ip=ip, keys=None
+                    )
                 )
                 parts = CallParts.of(checks) if len(checks) > 1 and not self.cluster else None
                 planned = _Planned(checks, parts)
@@ -371,20 +380,22 @@ class Core:
             return self.prepare(operation, planned.checks, planned.parts)
         return self.prepare(
             operation,
-            self._request_checks(group, identity, tier=tier, cost=cost, ip=ip, keys=keys),
+            self._request_checks(group.rules, identity, tier=tier, cost=cost, ip=ip, keys=keys),
         )
 
     def _request_checks(
         self,
-        group: _Group,
+        rules: Sequence[AppRule],
         identity: object,
         *,
         tier: object,
         cost: object,
         ip: object,
         keys: object,
+        record: bool = False,
     ) -> list[Check]:
-        """The checks of ``for_request``, every argument checked."""
+        """The checks of ``for_request`` (``record``: of ``for_record_request``), every
+        argument checked."""
         policy = self.policy
         resolved = check_tier(policy, tier)
         counted = check_cost(cost)
@@ -394,7 +405,7 @@ class Core:
         # The tag of each kind of identity (user, ip, an app key), made once however many
         # limits use it.
         tags: dict[str | None, str] = {}
-        for rule in group.rules:
+        for rule in rules:
             if resolved not in rule.tiers:
                 continue
             # None: by address (per: ip, or an anonymous caller of a per-user limit).
@@ -404,6 +415,9 @@ class Core:
             tag = tags.get(kind)
             if tag is None:
                 tag = tags[kind] = request_tag(policy, rule, identity, ip, checked)
+            if record:
+                checks.extend(self._recorded(rule, resolved, tag, counted))
+                continue
             shape = shapes.get((rule.name, resolved))
             if shape is None:
                 checks.extend(self.checks(rule, resolved, tag, counted))
@@ -421,6 +435,68 @@ class Core:
                     )
                 )
         return checks
+
+    def for_record(
+        self,
+        name: object,
+        identity: object,
+        status: object,
+        *,
+        tier: object,
+        cost: object,
+        ip: object = None,
+        keys: object = None,
+    ) -> Prepared | None:
+        """The plan that counts a response of ``status`` against the count_when limit
+        ``name`` (``record``), or None when that status does not count. Identity, ``ip``
+        and ``keys`` name the caller as for ``for_limit``."""
+        policy = self.policy
+        rule = check_counted_later(check_rule(policy, name))
+        resolved = check_tier(policy, tier)
+        counted = check_cost(cost)
+        tag = limit_tag(policy, rule, identity, ip, keys)
+        if not rule.counts(check_status(status)):
+            return None
+        return self.prepare("hit", self._recorded(rule, resolved, tag, counted))
+
+    def for_record_request(
+        self,
+        method: str,
+        path: str,
+        identity: object,
+        status: object,
+        *,
+        tier: object,
+        cost: object,
+        ip: object,
+        host: str | None,
+        keys: object = None,
+        mount: str = "",
+    ) -> Prepared | None:
+        """The plan that counts a response of ``status`` against every count_when limit
+        that ``check_request`` checked for this request (``record_request``), or None when
+        none counts it. Only count_when limits are counted: ``check_request`` has counted
+        the others."""
+        checked = check_status(status)
+        group = self._match(method, path, host, mount)
+        rules = [rule for rule in group.rules if rule.counts(checked)]
+        if not rules:
+            return None
+        checks = self._request_checks(
+            rules, identity, tier=tier, cost=cost, ip=ip, keys=keys, record=True
+        )
+        return self.prepare("hit", checks) if checks else None
+
+    def _recorded(self, rule: AppRule, tier: str, tag: str, cost: int) -> list[Check]:
+        """The checks that count a response against count_when ``rule`` for ``tier``."""
+        found = self._record_blocks.entries.get((rule.name, tier))
+        if found is None:
+            found = blocks(self.policy.key_prefix, rule, tier, record=True)
+            self._record_blocks.keep((rule.name, tier), found)
+        return [
+            Check(rule, tier, block.rate, block.key_head + tag + block.key_tail, cost, block)
+            for block in found
+        ]
 
     def prepare(
         self, operation: Operation, checks: Sequence[Check], parts: CallParts | None = None

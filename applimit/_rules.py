@@ -87,6 +87,13 @@ class AppRule:
     sync_interval: float = 0.0
     # False: only hit/peek/reset name it; check_request (the middleware) never applies it.
     middleware: bool = True
+    # count_when's statuses, as (lowest, highest) ranges: a hit only checks such a limit,
+    # and record() counts a response whose status is in one. Empty: every request counts.
+    count_when: tuple[tuple[int, int], ...] = ()
+
+    def counts(self, status: int) -> bool:
+        """Whether a response of ``status`` counts against this count_when limit."""
+        return any(low <= status <= high for low, high in self.count_when)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +162,7 @@ def compile_policy(policy: Policy) -> CompiledPolicy:
                     else DEFAULT_SYNC_INTERVAL
                 ),
                 middleware=app.middleware,
+                count_when=limit.count_when.status if limit.count_when is not None else (),
             )
         )
     return CompiledPolicy(

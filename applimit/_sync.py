@@ -18,7 +18,7 @@ from . import _clients
 from ._clients import SyncClient, Target
 from ._decision import Decision
 from ._errors import REDIS_FAILURES
-from ._flow import Wait, drive
+from ._flow import UNLIMITED, Wait, drive
 from ._memory import MemoryWire
 from ._observe import Observer
 from ._shell import LimiterBase, load_policy
@@ -202,6 +202,71 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
             keys=keys,
             mount=mount,
         )
+        return drive(self.decider, prepared, self._wire.run, _wait)
+
+    def record(
+        self,
+        name: str,
+        identity: str | None,
+        status: int,
+        *,
+        tier: str | None = None,
+        cost: int = 1,
+        ip: str | None = None,
+        keys: Mapping[str, str] | None = None,
+    ) -> Decision:
+        """Count a response of ``status`` against ``name``, a limit with ``count_when``,
+        when the limit counts that status (the second step of such a limit).
+
+        A ``count_when`` limit is checked before the work and counted after it:
+        :meth:`hit` (or :meth:`check_request`) refuses a caller whose count is spent and
+        counts nothing; once the answer is known, ``record`` counts it if its status is
+        one the policy lists (``count_when: {status: [401]}``). The other arguments name
+        the caller as for :meth:`hit`. Returns the count's decision (denied: the count was
+        already spent, so this response was not added), or an allowed decision without
+        results when the status does not count. Calls that were admitted together may all
+        record: the limit holds callers to its rate plus those already running when it
+        was spent (docs/applimit.md, "Counting only some responses").
+        """
+        prepared = self.core.for_record(
+            name, identity, status, tier=tier, cost=cost, ip=ip, keys=keys
+        )
+        if prepared is None:
+            return UNLIMITED
+        return drive(self.decider, prepared, self._wire.run, _wait)
+
+    def record_request(
+        self,
+        method: str,
+        path: str,
+        identity: str | None,
+        status: int,
+        *,
+        tier: str | None = None,
+        cost: int = 1,
+        ip: str | None = None,
+        host: str | None = None,
+        keys: Mapping[str, str] | None = None,
+        mount: str = "",
+    ) -> Decision:
+        """Count a response of ``status`` against every ``count_when`` limit that
+        :meth:`check_request` checked for this request (same arguments), where the limit
+        counts that status; the middleware calls it once the response has started. See
+        :meth:`record`."""
+        prepared = self.core.for_record_request(
+            method,
+            path,
+            identity,
+            status,
+            tier=tier,
+            cost=cost,
+            ip=ip,
+            host=host,
+            keys=keys,
+            mount=mount,
+        )
+        if prepared is None:
+            return UNLIMITED
         return drive(self.decider, prepared, self._wire.run, _wait)
 
     def reset(

@@ -89,7 +89,7 @@ local function cell_ttl_ms(cell, g, now, slack_ms)
 end
 
 -- The checks' specs, parsed once per library load: a spec is one argument
--- "<algorithm> <limit> <period µs> <cost> <burst> <shadow 0|1>", and nearly every call
+-- "<algorithm> <limit> <period µs> <cost> <burst> <flags 0-3>", and nearly every call
 -- repeats the few that a policy's limits and tiers make. The table is the library's own
 -- (a Function library's locals live until it is reloaded; an EVAL script makes it anew
 -- per call, so there it saves nothing and costs nothing). A parsed spec is never
@@ -103,8 +103,8 @@ local function spec_of(text)
   if c then
     return c
   end
-  local name, limit, period, cost, burst, shadow =
-    s_match(text or '', '^([%l_]+) (%d+) (%d+) (%d+) (%d+) ([01])$')
+  local name, limit, period, cost, burst, flags =
+    s_match(text or '', '^([%l_]+) (%d+) (%d+) (%d+) (%d+) ([0-3])$')
   if not name then
     return {error = 'ERR applimit: malformed check ' .. tostring(text)}
   end
@@ -114,7 +114,7 @@ local function spec_of(text)
   end
   c = {
     alg = alg, limit = num(limit), period = num(period), cost = num(cost),
-    burst = num(burst), shadow = shadow == '1',
+    burst = num(burst), shadow = flags == '1' or flags == '3', after = flags >= '2',
   }
   -- The cost as a sliding-log member writes it (exact decimal, whatever the digits sent).
   c.cost_text = fmt(c.cost)

@@ -12,8 +12,10 @@
 -- ARGV[4]  ms added to every expiry: 0, except under a test clock, whose time does not
 --          run with the server's
 -- ARGV[5]  n, the number of checks; then check i's spec, ARGV[5 + i]: one string
---          "<algorithm> <limit> <period µs> <cost> <burst> <shadow>", burst 0 but for
---          gcra, shadow 1 or 0 (common.lua's spec_of parses it, once per library load)
+--          "<algorithm> <limit> <period µs> <cost> <burst> <flags>", burst 0 but for
+--          gcra; flags 0 to 3: 1 shadow, 2 after (a count_when limit checked before its
+--          response: a hit never writes it; the count comes from a later call without the
+--          flag), 3 both (common.lua's spec_of parses it, once per library load)
 -- Returns  {now, n, then for each check: allowed, consumed, remaining, reset µs, retry µs}
 --          for "hit" and "peek"; {now, n} for "refund". retry is -1 when allowed and -2
 --          when the cost can never fit.
@@ -87,7 +89,7 @@ end
 if mode == 'hit' and pass then
   for i = 1, n do
     local st = states[i]
-    if st.allowed == 1 then
+    if st.allowed == 1 and not checks[i].after then
       checks[i].alg.apply(KEYS[i], st, now, checks[i], nonce, slack_ms)
       st.consumed = 1
     end

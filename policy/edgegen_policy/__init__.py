@@ -32,7 +32,9 @@ from __future__ import annotations
 from typing import Any
 
 from ._algorithms import (
+    AFTER,
     ALGORITHMS,
+    SHADOW,
     AlgorithmModel,
     Counter,
     Quota,
@@ -103,10 +105,12 @@ def json_schema() -> dict[str, Any]:
 
 
 __all__ = [
+    "AFTER",
     "ALGORITHMS",
     "CREDENTIALED_FACTOR",
     "DEFAULT_IPV6_PREFIX",
     "QUOTA_EXCEEDED",
+    "SHADOW",
     "Action",
     "Algorithm",
     "AlgorithmModel",

@@ -524,26 +524,35 @@ class Counter(Protocol[K_contra]):
         ...
 
 
+# A check's flags (decide.lua's last spec field): a shadow check never refuses; an AFTER
+# check (a count_when limit checked before the response) is never applied by a hit.
+SHADOW = 1
+AFTER = 2
+
+
 def decide(
-    checks: Sequence[tuple[Counter[K], K, int, bool]], now: int, *, hit: bool = True
+    checks: Sequence[tuple[Counter[K], K, int, int]], now: int, *, hit: bool = True
 ) -> tuple[bool, list[Verdict]]:
     """decide.lua's two phases over one request's checks, each (counter, key, cost,
-    shadow): phase 1 checks them all without writing; the request is admitted when no
-    enforced (non-shadow) check refuses. Phase 2, for a ``hit`` that is admitted, applies
-    every check that admitted on its own: the enforced ones, and the shadow ones that
-    would have admitted (a shadow check counts the traffic that gets through). A refused
-    request changes nothing. Returns whether it was admitted, and each check's verdict: a
-    check was applied (the script's ``consumed``) when ``hit``, admitted and allowed."""
+    flags): phase 1 checks them all without writing; the request is admitted when no
+    enforced check refuses. Phase 2, for a ``hit`` that is admitted, applies every check
+    that admitted on its own: the enforced ones, and the shadow ones that would have
+    admitted (a shadow check counts the traffic that gets through). A refused request
+    changes nothing. ``flags`` (a bool is read as 1 or 0): ``SHADOW`` never refuses;
+    ``AFTER`` (a ``count_when`` limit before the response) is checked and never applied,
+    as its count comes after the answer. Returns whether it was admitted, and each check's
+    verdict: a check was applied (the script's ``consumed``) when ``hit``, admitted,
+    allowed and not ``AFTER``."""
     verdicts: list[Verdict] = []
     passed = True
-    for counter, key, cost, shadow in checks:
+    for counter, key, cost, flags in checks:
         verdict = counter.peek(key, now, cost)
         verdicts.append(verdict)
-        if not verdict.allowed and not shadow:
+        if not verdict.allowed and not flags & SHADOW:
             passed = False
     if hit and passed:
-        for index, (counter, key, cost, _shadow) in enumerate(checks):
+        for index, (counter, key, cost, flags) in enumerate(checks):
             verdict = verdicts[index]
-            if verdict.allowed:
+            if verdict.allowed and not flags & AFTER:
                 counter.record(key, verdict, now, cost)
     return passed, verdicts

@@ -419,6 +419,15 @@ class Limit(_Model):
     def _enforced_somewhere(self) -> Limit:
         if self.edge is None and self.app is None:
             raise ValueError(f"limit {self.name!r} has neither edge nor app; add at least one")
+        if (
+            self.count_when is not None
+            and self.app is not None
+            and self.app.mode is Mode.APPROXIMATE
+        ):
+            raise ValueError(
+                f"limit {self.name!r}: count_when needs app mode: exact (approximate mode "
+                "counts locally before the answer is known); remove mode: approximate"
+            )
         return self
 
 
