@@ -114,11 +114,13 @@ class _Group:
     are not remembered.
     """
 
-    __slots__ = ("by_ip", "keyed", "rules")
+    __slots__ = ("after", "by_ip", "keyed", "rules")
 
     def __init__(self, rules: tuple[AppRule, ...]) -> None:
         self.rules = rules
         self.by_ip = any(rule.per_ip or rule.per_key is not None for rule in rules)
+        # A count_when limit is among them: the response must be recorded.
+        self.after = any(rule.count_when for rule in rules)
         self.keyed = False
 
 
@@ -185,6 +187,10 @@ class Core:
         """The limits the middleware applies that match this request, in policy order
         (every tier: the tier is applied by the caller). Pure, and remembered."""
         return self._match(method, path, host, mount).rules
+
+    def counts_responses(self, method: str, path: str, host: str | None, mount: str = "") -> bool:
+        """Whether a count_when limit the middleware applies matches this request."""
+        return self._match(method, path, host, mount).after
 
     def _match(self, method: str, path: str, host: str | None, mount: str = "") -> _Group:
         key = (method, path, host, mount)

@@ -263,6 +263,16 @@ class LimiterBase(ABC, Generic[WireT]):
             return False
         return bool(self.core.matching(method, path, host, mount))
 
+    def counts_responses(
+        self, method: str, path: str, host: str | None = None, mount: str = ""
+    ) -> bool:
+        """True when a limit with ``count_when`` matches this request: its response must be
+        recorded (``record_request``) once its status is known. Local and cheap, like
+        :meth:`matches`; False for a limiter built with ``enabled=False``."""
+        if not self.enabled:
+            return False
+        return self.core.counts_responses(method, path, host, mount)
+
     @property
     def breaker_state(self) -> BreakerState:
         """The circuit breaker's state, for health checks: ``closed`` when Redis answers.

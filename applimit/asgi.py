@@ -31,6 +31,7 @@ import copy
 import logging
 import sys
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from ._async import AsyncLimiter
@@ -45,6 +46,7 @@ from .web._gate import (
     OnIdentifyError,
     Refusal,
     RenderRefusal,
+    Subject,
     bad_path,
 )
 from .web._headers import QUOTA_EXCEEDED
@@ -204,6 +206,7 @@ class RateLimitMiddleware:
                 await self._spare(scope, receive, send, request, spared)
                 return
         subject = gate.subject(request, caller)
+        cost = request_cost(self.cost, request)
         # Redis failures are decided by on_redis_error inside the limiter; anything it
         # raises is a bug or a misuse, raised to the app rather than taken for an outage.
         decision = await self.limiter.check_request(
@@ -211,7 +214,7 @@ class RateLimitMiddleware:
             request.path,
             subject.identity,
             tier=subject.tier,
-            cost=request_cost(self.cost, request),
+            cost=cost,
             ip=subject.ip,
             host=request.host,
             keys=subject.keys,
@@ -219,13 +222,74 @@ class RateLimitMiddleware:
         )
         scope.setdefault("state", {})[DECISION_STATE_KEY] = decision
         answer = gate.answer(decision, subject.tier)
+        await self._answer(scope, receive, send, request, answer=answer, subject=subject, cost=cost)
+
+    async def _answer(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        request: RequestInfo,
+        *,
+        answer: Answer,
+        subject: Subject,
+        cost: int,
+    ) -> None:
+        """The refusal, or the app with the answer's headers (and, for a request a
+        count_when limit checked, its response recorded)."""
         if answer.refusal is not None:
-            await self._refuse(scope, receive, send, gate.render(answer.refusal, request, request))
+            await self._refuse(
+                scope, receive, send, self.gate.render(answer.refusal, request, request)
+            )
             return
-        if answer is PASS or not answer.headers:
-            await self.app(scope, receive, send)
+        if answer is not PASS and answer.headers:
+            send = _with_headers(send, answer)
+        if self.limiter.counts_responses(request.method, request.path, request.host, request.mount):
+            await self._counted(scope, receive, send, request, _Recorded(subject, cost))
             return
-        await self.app(scope, receive, _with_headers(send, answer))
+        await self.app(scope, receive, send)
+
+    async def _counted(
+        self, scope: Scope, receive: Receive, send: Send, request: RequestInfo, recorded: _Recorded
+    ) -> None:
+        """The app for a request a count_when limit checked: the response's status is
+        recorded when the app starts the response, before it is sent, so that the
+        client's next request already sees the count. An app that raises, or returns,
+        without starting a response counts as 500, as the server answers it."""
+        limiter = self.limiter
+        subject = recorded.subject
+        started = False
+
+        async def record(status: int) -> None:
+            await limiter.record_request(
+                request.method,
+                request.path,
+                subject.identity,
+                status,
+                tier=subject.tier,
+                cost=recorded.cost,
+                ip=subject.ip,
+                host=request.host,
+                keys=subject.keys,
+                mount=request.mount,
+            )
+
+        async def send_counted(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start" and not started:
+                started = True
+                await record(_status_of(message))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counted)
+        except Exception:
+            if not started:
+                started = True
+                await record(500)
+            raise
+        if not started:
+            await record(500)
 
     async def _spare(
         self, scope: Scope, receive: Receive, send: Send, request: RequestInfo, spared: Answer
@@ -264,6 +328,20 @@ class RateLimitMiddleware:
         if message["type"] == "lifespan.startup":
             logger.error("%s", error, extra={"applimit_event": "startup_failed"})
             await send({"type": "lifespan.startup.failed", "message": str(error)})
+
+
+@dataclass(frozen=True, slots=True)
+class _Recorded:
+    """Who a count_when request's response is recorded for, and at what cost."""
+
+    subject: Subject
+    cost: int
+
+
+def _status_of(message: Message) -> int:
+    """The status of an ``http.response.start`` message; 500 for one without a valid one."""
+    status = message.get("status")
+    return status if type(status) is int and 100 <= status <= 599 else 500
 
 
 def _inner_cors(app: object) -> Any | None:

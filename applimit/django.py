@@ -74,6 +74,7 @@ from .web._views import (
     native_cost,
     needs_check,
     rate_limited_answer,
+    record_response,
     resolve_caller,
 )
 
@@ -384,6 +385,21 @@ class RateLimitMiddleware:
             units = native_cost(config.cost, request, info)
             decision, answer = check_request(config.limiter, config.gate, info, caller, units)
             _keep(request, decision)
+            if answer.refusal is None and config.limiter.counts_responses(
+                info.method, info.path, info.host, info.mount
+            ):
+                # A count_when limit: Django turns a view's exception into its response
+                # (a 500) inside get_response, so every outcome has a status here.
+                response = self.get_response(request)
+                record_response(
+                    config.limiter,
+                    config.gate,
+                    info,
+                    caller,
+                    cost=units,
+                    status=response.status_code,
+                )
+                return _add_headers(response, answer)
         if answer.refusal is not None:
             return _refused(config, request, info, answer.refusal)
         return _add_headers(self.get_response(request), answer)

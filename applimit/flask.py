@@ -70,6 +70,7 @@ from .web._views import (
     native_cost,
     needs_check,
     rate_limited_answer,
+    record_response,
     resolve_caller,
 )
 from .wsgi import DECISION_ENVIRON_KEY
@@ -91,6 +92,8 @@ Cost = int | Callable[[Request], int]
 _CALLER = "applimit.caller"
 _HEADERS = "applimit.headers"
 _REFUSED = "applimit.refused"
+# A count_when request's (info, caller, cost), left by the check for _add_headers to record.
+_RECORD = "applimit.record"
 _BODY_HEADERS = {"content-type", "content-length"}
 # The mark Limits.exempt puts on a view; functools.wraps carries it to wrappers.
 _EXEMPT_VIEW = "applimit_exempt"
@@ -306,6 +309,10 @@ class Limits:
         units = request_cost(self.cost, info)
         decision, answer = check_request(self.limiter, self.gate, info, caller, units)
         self._apply(answer, decision, info)
+        if self.limiter.counts_responses(info.method, info.path, info.host, info.mount):
+            # A count_when limit: the response is recorded in _add_headers (Flask runs the
+            # after_request hooks for a view's exception too, on its 500).
+            request.environ[_RECORD] = (info, caller, units)
 
     def _view_is_exempt(self) -> bool:
         """Whether :meth:`exempt` marked the view Flask routed the request to, or one of
@@ -345,9 +352,14 @@ class Limits:
         if answer.headers:
             request.environ.setdefault(_HEADERS, []).extend(answer.headers)
 
-    @staticmethod
-    def _add_headers(response: Response) -> Response:
+    def _add_headers(self, response: Response) -> Response:
         environ = request.environ
+        pending = environ.pop(_RECORD, None)
+        if pending is not None:
+            info, caller, units = pending
+            record_response(
+                self.limiter, self.gate, info, caller, cost=units, status=response.status_code
+            )
         # A refusal carries its own, complete headers: items of a limit that allowed the
         # request would put a t later than Retry-After into its RateLimit field.
         if not environ.get(_REFUSED):

@@ -19,7 +19,7 @@ built: a bad one raises :class:`~applimit.ConfigurationError` naming it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
@@ -40,7 +40,7 @@ from .web._gate import (
 from .web._headers import QUOTA_EXCEEDED
 from .web._options import Cost, middleware_gate, request_cost
 from .web._request import Caller, RequestInfo, identify_sync, is_preflight
-from .web._views import check_request
+from .web._views import check_request, record_response
 
 __all__ = ["Caller", "RateLimitMiddleware", "RequestInfo", "TrustedProxies"]
 
@@ -162,9 +162,18 @@ class RateLimitMiddleware:
         environ[DECISION_ENVIRON_KEY] = decision
         if answer.refusal is not None:
             return _refuse(start_response, gate.render(answer.refusal, request, request))
-        if answer is PASS or not answer.headers:
-            return self.app(environ, start_response)
-        return self.app(environ, _with_headers(start_response, answer))
+        if answer is not PASS and answer.headers:
+            start_response = _with_headers(start_response, answer)
+        if self.limiter.counts_responses(request.method, request.path, request.host, request.mount):
+            limiter = self.limiter
+            counted = _Counted(
+                start_response,
+                lambda status: record_response(
+                    limiter, gate, request, caller, cost=cost, status=status
+                ),
+            )
+            return counted.run(self.app, environ)
+        return self.app(environ, start_response)
 
     def _spare(
         self,
@@ -196,3 +205,58 @@ def _with_headers(start_response: StartResponse, answer: Answer) -> StartRespons
         return start_response(status, [*headers, *extra], exc_info)
 
     return start_with_headers
+
+
+class _Counted:
+    """The app run for a request a count_when limit checked: its response's status is
+    recorded (``record_response``) when the app starts the response, before the server
+    sends it, so that a client's next request already sees the count. An app that raises
+    before starting a response counts as 500, as the server answers it."""
+
+    __slots__ = ("record", "start_response", "started")
+
+    def __init__(self, start_response: StartResponse, record: Callable[[int], object]) -> None:
+        self.start_response = start_response
+        self.record = record
+        self.started = False
+
+    def run(self, app: WSGIApplication, environ: WSGIEnvironment) -> Iterable[bytes]:
+        try:
+            body = app(environ, self.start)
+        except Exception:
+            self._failed()
+            raise
+        if self.started:
+            return body
+        # A generator app starts its response on its first iteration.
+        return self._body(body)
+
+    def start(
+        self, status: str, headers: list[tuple[str, str]], exc_info: OptExcInfo | None = None, /
+    ) -> Callable[[bytes], object]:
+        if not self.started:
+            self.started = True
+            self.record(_status_code(status))
+        return self.start_response(status, headers, exc_info)
+
+    def _failed(self) -> None:
+        if not self.started:
+            self.started = True
+            self.record(500)
+
+    def _body(self, body: Iterable[bytes]) -> Iterator[bytes]:
+        try:
+            yield from body
+        except Exception:
+            self._failed()
+            raise
+        finally:
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+
+
+def _status_code(status: str) -> int:
+    """The code of a WSGI status line ("401 Unauthorized"); 500 for one that has none."""
+    code = status[:3]
+    return int(code) if code.isdigit() and 100 <= int(code) <= 599 else 500

@@ -112,6 +112,33 @@ def check_request(
     return decision, gate.answer(decision, subject.tier)
 
 
+def record_response(
+    limiter: Limiter,
+    gate: Gate,
+    request: RequestInfo,
+    caller: Caller | None,
+    *,
+    cost: int,
+    status: int,
+) -> Decision:
+    """Count a response of ``status`` against the count_when limits that
+    :func:`check_request` checked for this request (the second step; see
+    ``Limiter.record_request``)."""
+    subject = gate.subject(request, caller)
+    return limiter.record_request(
+        request.method,
+        request.path,
+        subject.identity,
+        status,
+        tier=subject.tier,
+        cost=cost,
+        ip=subject.ip,
+        host=request.host,
+        keys=subject.keys,
+        mount=request.mount,
+    )
+
+
 def hit_limit(
     limiter: Limiter,
     gate: Gate,
