@@ -61,7 +61,7 @@ from ._decision import Decision
 from ._errors import ConfigurationError, did_you_mean
 from ._sync import Limiter
 from .web._decorator import RateLimited
-from .web._gate import EXEMPT, PASS, Answer, Gate, Refusal, bad_path
+from .web._gate import EXEMPT, EXEMPTED, PASS, Answer, Gate, Refusal, bad_path
 from .web._headers import QUOTA_EXCEEDED
 from .web._options import middleware_gate
 from .web._request import Caller, RequestInfo
@@ -371,13 +371,15 @@ class RateLimitMiddleware:
             return refusal_response(bad)
         if not config.check_requests or not needs_check(config.limiter, info):
             return self.get_response(request)
-        if _exempt_views and _view_is_exempt(request):
-            _keep(request, EXEMPT)
-            return self.get_response(request)
-        caller, early = _caller(config, request, info)
+        caller, early = (
+            (None, EXEMPTED)
+            if _exempt_views and _view_is_exempt(request)
+            else _caller(config, request, info)
+        )
         if early is not None:
             if early.refusal is None:
-                # An exemption spares the request.
+                # An exemption spares the request (a view marked exempt, exempt_when,
+                # exempt_caller).
                 _keep(request, EXEMPT)
                 return self.get_response(request)
             answer = early
@@ -388,21 +390,23 @@ class RateLimitMiddleware:
             if answer.refusal is None and config.limiter.counts_responses(
                 info.method, info.path, info.host, info.mount
             ):
-                # A count_when limit: Django turns a view's exception into its response
-                # (a 500) inside get_response, so every outcome has a status here.
-                response = self.get_response(request)
-                record_response(
-                    config.limiter,
-                    config.gate,
-                    info,
-                    caller,
-                    cost=units,
-                    status=response.status_code,
-                )
+                response = self._recorded(config, request, info, caller, units)
                 return _add_headers(response, answer)
         if answer.refusal is not None:
             return _refused(config, request, info, answer.refusal)
         return _add_headers(self.get_response(request), answer)
+
+    def _recorded(
+        self, config: Config, request: Any, info: RequestInfo, caller: Caller | None, units: int
+    ) -> Any:
+        """The view's response to a request a count_when limit checked, its status
+        recorded. Django turns a view's exception into its response (a 500) inside
+        get_response, so every outcome has a status here."""
+        response = self.get_response(request)
+        record_response(
+            config.limiter, config.gate, info, caller, cost=units, status=response.status_code
+        )
+        return response
 
     def process_exception(self, request: Any, exception: Exception) -> Any:
         """A view's ``RateLimited`` becomes the limiter's refusal; anything else is not ours."""
