@@ -57,6 +57,12 @@ class Driver:
     async def check_request(self, *args: Any, **kwargs: Any) -> Decision:
         return await self._call("check_request", *args, **kwargs)  # type: ignore[no-any-return]
 
+    async def record(self, *args: Any, **kwargs: Any) -> Decision:
+        return await self._call("record", *args, **kwargs)  # type: ignore[no-any-return]
+
+    async def record_request(self, *args: Any, **kwargs: Any) -> Decision:
+        return await self._call("record_request", *args, **kwargs)  # type: ignore[no-any-return]
+
     async def reset(self, *args: Any, **kwargs: Any) -> bool:
         return await self._call("reset", *args, **kwargs)  # type: ignore[no-any-return]
 

@@ -43,7 +43,7 @@ def loaded(redis_client: redis.Redis) -> redis.Redis:
     [
         ("", "malformed check "),
         ("gcra 10 1000000 1 10", "malformed check gcra 10 1000000 1 10"),
-        ("gcra 10 1000000 1 10 2", "malformed check gcra 10 1000000 1 10 2"),
+        ("gcra 10 1000000 1 10 4", "malformed check gcra 10 1000000 1 10 4"),
         ("gcra 10 1000000 1 10 0 ", "malformed check gcra 10 1000000 1 10 0"),
         ("gcra  10 1000000 1 10 0", "malformed check gcra  10 1000000 1 10 0"),
         ("gcra -1 1000000 1 10 0", "malformed check gcra -1 1000000 1 10 0"),

@@ -1,0 +1,200 @@
+"""count_when: a limit checked before the work and counted only for the responses it names.
+
+``hit`` and ``check_request`` check a count_when limit and count nothing for it (they still
+count every other limit, all or nothing); ``record`` and ``record_request`` count a
+response whose status the policy lists. Each test runs on the standalone server, the
+cluster and the memory backend, through Limiter and AsyncLimiter (conftest.make_limiter).
+The bound under concurrency is checked by real threads on a real server at the end.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import edgegen_policy as policy
+import pytest
+from harness import RedisServer
+from limiter_support import MakeLimiter
+
+from applimit import InvalidArgumentError, Limiter
+
+IP = "203.0.113.7"
+
+
+def login_policy(algorithm: str = "sliding_log", statuses: str = "[401, 403]") -> str:
+    """A login limit that counts failures only, and an API limit that counts everything
+    on the same path."""
+    burst = ", burst: 3" if algorithm == "gcra" else ""
+    return f"""
+version: 1
+tiers: [free]
+app: {{ timeout: 2s }}
+limits:
+  - name: login
+    match: {{ paths: [/login], methods: [POST] }}
+    count_when: {{ status: {statuses} }}
+    app: {{ per: ip, algorithm: {algorithm}{burst}, tiers: {{ free: 3/1m }} }}
+  - name: api
+    match: {{ path_prefix: / }}
+    app: {{ per: ip, algorithm: sliding_log, tiers: {{ free: 100/1m }} }}
+"""
+
+
+def remaining(decision: object, name: str) -> int:
+    """The remaining count of limit ``name`` in a decision."""
+    results = [r for r in decision.results if r.name == name]  # type: ignore[attr-defined]
+    assert len(results) == 1, results
+    return int(results[0].remaining)
+
+
+@pytest.mark.parametrize("algorithm", ["sliding_log", "sliding_window", "gcra"])
+async def test_hit_checks_and_record_counts_only_listed_statuses(
+    make_limiter: MakeLimiter, algorithm: str
+) -> None:
+    """hit() never counts a count_when limit; record() counts 401 and 403, not 200 or 500;
+    once three failures are counted, hit() refuses and record() adds nothing more."""
+    limiter = make_limiter(login_policy(algorithm))
+    for _ in range(5):
+        checked = await limiter.hit("login", None, ip=IP)
+        assert checked.allowed
+        assert not checked.results[0].consumed
+        assert checked.remaining == 3
+    for status in (200, 204, 302, 404, 500):
+        nothing = await limiter.record("login", None, status, ip=IP)
+        assert nothing.allowed and nothing.results == ()
+    assert (await limiter.peek("login", None, ip=IP)).remaining == 3
+    for expected, status in ((2, 401), (1, 403), (0, 401)):
+        counted = await limiter.record("login", None, status, ip=IP)
+        assert counted.allowed and counted.results[0].consumed
+        assert counted.remaining == expected
+    refused = await limiter.hit("login", None, ip=IP)
+    assert not refused.allowed
+    assert refused.retry_after is not None and refused.retry_after > 0
+    spent = await limiter.record("login", None, 401, ip=IP)
+    assert not spent.allowed and not spent.results[0].consumed
+    # Another caller is untouched.
+    assert (await limiter.hit("login", None, ip="198.51.100.1")).remaining == 3
+
+
+async def test_check_request_counts_other_limits_and_refuses_all_or_nothing(
+    make_limiter: MakeLimiter,
+) -> None:
+    """check_request counts the plain limit and only checks the count_when one;
+    record_request counts the count_when limits (never the plain one); a request refused
+    by a spent count_when limit consumes nothing of the plain limit."""
+    limiter = make_limiter(login_policy())
+    first = await limiter.check_request("POST", "/login", None, ip=IP)
+    assert first.allowed
+    assert remaining(first, "login") == 3
+    assert remaining(first, "api") == 99
+    recorded = await limiter.record_request("POST", "/login", None, 401, ip=IP)
+    assert [r.name for r in recorded.results] == ["login"]
+    assert remaining(recorded, "login") == 2
+    # A path only the plain limit matches records nothing.
+    other = await limiter.record_request("GET", "/items", None, 401, ip=IP)
+    assert other.allowed and other.results == ()
+    # Spellings the router reads as /login are counted as /login.
+    assert (
+        remaining(await limiter.record_request("POST", "/x/../login", None, 403, ip=IP), "login")
+        == 1
+    )
+    assert remaining(await limiter.check_request("POST", "/login", None, ip=IP), "login") == 1
+    await limiter.record_request("POST", "/%6cogin", None, 401, ip=IP)
+    refused = await limiter.check_request("POST", "/login", None, ip=IP)
+    assert not refused.allowed
+    assert [r.name for r in refused.denied_by] == ["login"]
+    # The refused request consumed nothing of api: 100 - 2 admitted requests.
+    assert remaining(await limiter.peek("api", None, ip=IP), "api") == 98
+
+
+@pytest.mark.parametrize(
+    ("statuses", "counted", "not_counted"),
+    [
+        ("4xx", [400, 401, 429, 499], [200, 399, 500]),
+        ("[500-503, 401]", [401, 500, 503], [400, 504, 200]),
+        ("429", [429], [428, 430]),
+    ],
+)
+async def test_status_classes_and_ranges(
+    make_limiter: MakeLimiter, statuses: str, counted: list[int], not_counted: list[int]
+) -> None:
+    """Classes and ranges count exactly the statuses they name."""
+    limiter = make_limiter(login_policy(statuses=statuses).replace("3/1m", "50/1m"))
+    for status in not_counted:
+        assert (await limiter.record("login", None, status, ip=IP)).results == ()
+    for status in counted:
+        assert (await limiter.record("login", None, status, ip=IP)).results[0].consumed
+    assert (await limiter.peek("login", None, ip=IP)).remaining == 50 - len(counted)
+
+
+async def test_record_refuses_what_it_cannot_count(make_limiter: MakeLimiter) -> None:
+    """record() of a limit without count_when, or of a status that is not one, is an
+    error that says why; nothing is counted."""
+    limiter = make_limiter(login_policy())
+    with pytest.raises(InvalidArgumentError, match="no count_when"):
+        await limiter.record("api", None, 401, ip=IP)
+    for status in ("401", 401.0, True, 99, 600, None):
+        with pytest.raises(InvalidArgumentError, match="status"):
+            await limiter.record("login", None, status, ip=IP)
+        with pytest.raises(InvalidArgumentError, match="status"):
+            await limiter.record_request("POST", "/login", None, status, ip=IP)
+    assert (await limiter.peek("login", None, ip=IP)).remaining == 3
+    assert (await limiter.peek("api", None, ip=IP)).remaining == 100
+
+
+def test_count_when_needs_exact_mode() -> None:
+    """Approximate mode counts locally before the answer is known: refused, located."""
+    text = login_policy().replace(
+        "app: { per: ip, algorithm: sliding_log, tiers: { free: 3/1m } }",
+        "app: { per: ip, algorithm: gcra, mode: approximate, tiers: { free: 3/1m } }",
+    )
+    with pytest.raises(policy.PolicyLoadError) as caught:
+        policy.loads(text, "login.yaml")
+    assert "count_when needs app mode: exact" in str(caught.value)
+    assert "login.yaml:" in str(caught.value)
+
+
+def test_parallel_failures_are_held_to_the_limit_plus_those_in_flight(
+    redis_server: RedisServer,
+) -> None:
+    """16 threads each check, then record a failure, until refused. Exactly the limit's
+    worth of failures is counted, and no more requests are admitted than the limit plus
+    those in flight: every admission beyond the limit overlapped one still running."""
+    limit = 5
+    limiter = Limiter(
+        policy.loads(login_policy().replace("3/1m", f"{limit}/1m")), redis_url=redis_server.url
+    )
+    lock = threading.Lock()
+    state = {"in_flight": 0, "peak": 0, "admitted": 0, "counted": 0}
+    start = threading.Barrier(16)
+
+    def attacker() -> None:
+        start.wait()
+        while True:
+            with lock:
+                state["in_flight"] += 1
+                state["peak"] = max(state["peak"], state["in_flight"])
+            try:
+                checked = limiter.check_request("POST", "/login", None, ip=IP)
+                if not checked.allowed:
+                    return
+                with lock:
+                    state["admitted"] += 1
+                recorded = limiter.record_request("POST", "/login", None, 401, ip=IP)
+                if recorded.allowed:
+                    with lock:
+                        state["counted"] += 1
+            finally:
+                with lock:
+                    state["in_flight"] -= 1
+
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            for future in [pool.submit(attacker) for _ in range(16)]:
+                future.result()
+        assert state["counted"] == limit
+        assert limit <= state["admitted"] <= limit + state["peak"] - 1
+        assert not limiter.check_request("POST", "/login", None, ip=IP).allowed
+    finally:
+        limiter.close()

@@ -1,0 +1,44 @@
+"""Settings and URLs of a Django site with a login form limited by failures only
+(test_web_count_when.py): the example project's settings, this module as the URL conf, and
+no identify (every caller is counted by address). The views count their runs in Redis, as
+the site runs in several gunicorn workers."""
+
+from __future__ import annotations
+
+import os
+
+import redis
+from demo_site.settings import *  # noqa: F403 (the example's settings, then the changes)
+from demo_site.settings import APPLIMIT
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
+
+ROOT_URLCONF = "django_count"
+APPLIMIT = {**APPLIMIT, "identify": None}
+
+_RUNS = redis.Redis.from_url(os.environ["REDIS_URL"])
+
+
+@csrf_exempt
+def login(request: HttpRequest) -> HttpResponse:
+    """Counts its run; 200 for the right password, 401 otherwise."""
+    _RUNS.incr("test:runs:login")
+    if request.body == b"password=right":
+        return JsonResponse({"ok": True})
+    return JsonResponse({"ok": False}, status=401)
+
+
+@csrf_exempt
+def boom(request: HttpRequest) -> HttpResponse:
+    """Counts its run, then fails: Django answers 500."""
+    _RUNS.incr("test:runs:boom")
+    raise RuntimeError("the handler failed")
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    """No limit matches."""
+    return JsonResponse({"ok": True})
+
+
+urlpatterns = [path("login", login), path("boom", boom), path("healthz", healthz)]
