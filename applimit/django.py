@@ -45,14 +45,18 @@ import functools
 import inspect
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings  # type: ignore[import-untyped]  # Django ships no types
-from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
+from django.core.exceptions import (  # type: ignore[import-untyped]
+    ImproperlyConfigured,
+    PermissionDenied,
+    SuspiciousOperation,
+)
 from django.core.signals import setting_changed  # type: ignore[import-untyped]
-from django.http import HttpResponse  # type: ignore[import-untyped]
+from django.http import Http404, HttpResponse  # type: ignore[import-untyped]
 from django.urls import Resolver404, get_resolver  # type: ignore[import-untyped]
 from django.utils.module_loading import import_string  # type: ignore[import-untyped]
 from edgegen_policy import PolicyError
@@ -67,6 +71,7 @@ from .web._options import middleware_gate
 from .web._request import Caller, RequestInfo
 from .web._views import (
     check_request,
+    counted_later,
     hit_limit,
     joined,
     known_limit,
@@ -74,6 +79,7 @@ from .web._views import (
     native_cost,
     needs_check,
     rate_limited_answer,
+    record_limit,
     record_response,
     resolve_caller,
 )
@@ -112,6 +118,9 @@ _OPTIONS = {
 _CALLER = "_applimit_caller"
 # Where the Decision of a request is left for its view (see docs/web.md).
 DECISION_ATTRIBUTE = "applimit_decision"
+# The (limit, info, caller, cost) of each count_when limit a decorator checked for the
+# request, recorded once the view has a status.
+_PENDING_ATTRIBUTE = "_applimit_pending_records"
 _REFUSAL = "_applimit_refusal"
 # The mark rate_limit_exempt puts on a view (functools.wraps and method_decorator carry it
 # to wrappers, as csrf_exempt's), and whether any view has it: until one has, the
@@ -432,7 +441,58 @@ def _hit(name: str, cost: Cost, request: Any) -> Answer:
     units = native_cost(cost, request, info)
     decision, answer = hit_limit(config.limiter, config.gate, name, info, caller=caller, cost=units)
     _keep(request, decision)
+    if answer.refusal is None and counted_later(config.limiter, name):
+        # The decorator records the view's status once it has one (_record_pending).
+        pending = getattr(request, _PENDING_ATTRIBUTE, None) or []
+        pending.append((name, info, caller, units))
+        setattr(request, _PENDING_ATTRIBUTE, pending)
     return _rendered(config, request, info, answer)
+
+
+def _record_pending(request: Any, status: int) -> None:
+    """Record ``status`` against the count_when limits a decorator checked for
+    ``request``."""
+    config = configured()
+    for name, info, caller, units in getattr(request, _PENDING_ATTRIBUTE, None) or ():
+        record_limit(config.limiter, config.gate, name, info, caller, cost=units, status=status)
+    setattr(request, _PENDING_ATTRIBUTE, None)
+
+
+def _status_of_exception(error: Exception) -> int:
+    """The status Django answers a view's exception with."""
+    if isinstance(error, Http404):
+        return 404
+    if isinstance(error, PermissionDenied):
+        return 403
+    if isinstance(error, SuspiciousOperation):
+        return 400
+    return 500
+
+
+def _counted_view(request: Any, call: Callable[[], Any]) -> Any:
+    """``call()`` (the view), its status recorded when a count_when limit is pending."""
+    if not getattr(request, _PENDING_ATTRIBUTE, None):
+        return call()
+    try:
+        response = call()
+    except Exception as error:
+        _record_pending(request, _status_of_exception(error))
+        raise
+    _record_pending(request, response.status_code)
+    return response
+
+
+async def _counted_async_view(request: Any, call: Callable[[], Awaitable[Any]]) -> Any:
+    """:func:`_counted_view` for an async view; the limiter blocks, off the event loop."""
+    if not getattr(request, _PENDING_ATTRIBUTE, None):
+        return await call()
+    try:
+        response = await call()
+    except Exception as error:
+        await sync_to_async(_record_pending)(request, _status_of_exception(error))
+        raise
+    await sync_to_async(_record_pending)(request, response.status_code)
+    return response
 
 
 def _keep(request: Any, decision: Decision | None) -> None:
@@ -488,7 +548,10 @@ def rate_limit(name: str, *, cost: Cost = 1) -> Callable[[V], V]:
                 answer = await sync_to_async(_hit)(name, cost, request)
                 if answer.refusal is not None:
                     return refusal_response(answer.refusal)
-                return _add_headers(await view(request, *args, **kwargs), answer)
+                response = await _counted_async_view(
+                    request, lambda: view(request, *args, **kwargs)
+                )
+                return _add_headers(response, answer)
 
             return async_view  # type: ignore[return-value]  # same signature as the view
 
@@ -497,7 +560,8 @@ def rate_limit(name: str, *, cost: Cost = 1) -> Callable[[V], V]:
             answer = _hit(name, cost, request)
             if answer.refusal is not None:
                 return refusal_response(answer.refusal)
-            return _add_headers(view(request, *args, **kwargs), answer)
+            response = _counted_view(request, lambda: view(request, *args, **kwargs))
+            return _add_headers(response, answer)
 
         return limited_view  # type: ignore[return-value]  # same signature as the view
 

@@ -34,7 +34,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ._async import AsyncLimiter
 from ._decision import Decision
-from ._errors import UnknownLimitError
+from ._errors import ConfigurationError, UnknownLimitError
 from ._flow import UNLIMITED
 from ._sync import Limiter
 from .asgi import DECISION_STATE_KEY
@@ -96,6 +96,25 @@ def add_problem_handler(app: FastAPI) -> None:
     app.add_exception_handler(RateLimitExceeded, handle)
 
 
+def _refuse_counted_later(limiter: AsyncLimiter | Limiter, name: str | None) -> None:
+    """A dependency cannot see the response's status, so it cannot count a count_when
+    limit: say so when it is built rather than leave such a limit never counted."""
+    rules = limiter.compiled.rules
+    counted = [
+        r.name
+        for r in rules
+        if r.count_when and (r.name == name or (name is None and r.middleware))
+    ]
+    if counted:
+        raise ConfigurationError(
+            f"RateLimit cannot apply {', '.join(repr(n) for n in counted)}: a limit with "
+            "count_when is counted after the response, whose status a dependency never sees. "
+            "Apply it with applimit.asgi.RateLimitMiddleware (it checks before the route and "
+            "records the status after), or call limiter.hit() in the route and "
+            "limiter.record() with its status."
+        )
+
+
 class RateLimit:
     """A FastAPI dependency that rate-limits the routes depending on it.
 
@@ -136,6 +155,7 @@ class RateLimit:
             # also for a limit that exists only at the edge.
             limiter.core.rule(name)
             raise UnknownLimitError(name, limiter.limits)  # pragma: no cover - rule() raised
+        _refuse_counted_later(limiter, name)
         self.limiter = limiter
         self.name = name
         self.identify = identify

@@ -63,6 +63,7 @@ from .web._options import middleware_gate, request_cost
 from .web._request import Caller, RequestInfo, identify_sync
 from .web._views import (
     check_request,
+    counted_later,
     hit_limit,
     joined,
     known_limit,
@@ -70,6 +71,7 @@ from .web._views import (
     native_cost,
     needs_check,
     rate_limited_answer,
+    record_limit,
     record_response,
     resolve_caller,
 )
@@ -94,6 +96,8 @@ _HEADERS = "applimit.headers"
 _REFUSED = "applimit.refused"
 # A count_when request's (info, caller, cost), left by the check for _add_headers to record.
 _RECORD = "applimit.record"
+# The (limit, info, caller, cost) of each count_when limit a decorator hit, to record too.
+_RECORD_LIMITS = "applimit.record_limits"
 _BODY_HEADERS = {"content-type", "content-length"}
 # The mark Limits.exempt puts on a view; functools.wraps carries it to wrappers.
 _EXEMPT_VIEW = "applimit_exempt"
@@ -335,6 +339,9 @@ class Limits:
         units = native_cost(cost, request, info)
         decision, answer = hit_limit(self.limiter, self.gate, name, info, caller=caller, cost=units)
         self._apply(answer, decision, info)
+        if counted_later(self.limiter, name):
+            # Recorded in _add_headers, as the request check's count_when limits are.
+            request.environ.setdefault(_RECORD_LIMITS, []).append((name, info, caller, units))
 
     @staticmethod
     def _keep(decision: Decision) -> None:
@@ -354,12 +361,13 @@ class Limits:
 
     def _add_headers(self, response: Response) -> Response:
         environ = request.environ
+        status = response.status_code
         pending = environ.pop(_RECORD, None)
         if pending is not None:
             info, caller, units = pending
-            record_response(
-                self.limiter, self.gate, info, caller, cost=units, status=response.status_code
-            )
+            record_response(self.limiter, self.gate, info, caller, cost=units, status=status)
+        for name, info, caller, units in environ.pop(_RECORD_LIMITS, ()):
+            record_limit(self.limiter, self.gate, name, info, caller, cost=units, status=status)
         # A refusal carries its own, complete headers: items of a limit that allowed the
         # request would put a t later than Retry-After into its RateLimit field.
         if not environ.get(_REFUSED):

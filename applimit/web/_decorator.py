@@ -113,6 +113,12 @@ def rate_limited(
             f"app limit {name!r} counts per client IP; give ip= (a callable that returns the "
             "client's address from the call's arguments)"
         )
+    if any(r.count_when for r in limiter.compiled.rules if r.name == name):
+        raise ValueError(
+            f"app limit {name!r} has count_when: it counts responses by their status, which a "
+            "plain function has none of; call limiter.hit() before the work and "
+            "limiter.record() with the outcome's status after it"
+        )
     per_key = next((r.per_key for r in limiter.compiled.rules if r.name == name), None)
     if per_key is not None and keys is None:
         raise ValueError(

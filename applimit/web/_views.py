@@ -139,6 +139,36 @@ def record_response(
     )
 
 
+def counted_later(limiter: Limiter, name: str) -> bool:
+    """Whether limit ``name`` has count_when: a decorator that hits it must record the
+    response's status afterwards (``record_limit``)."""
+    return bool(limiter.core.rule(name).count_when)
+
+
+def record_limit(
+    limiter: Limiter,
+    gate: Gate,
+    name: str,
+    request: RequestInfo,
+    caller: Caller | None,
+    *,
+    cost: int,
+    status: int,
+) -> Decision:
+    """Count a response of ``status`` against the count_when limit ``name`` that
+    :func:`hit_limit` checked (the second step; see ``Limiter.record``)."""
+    subject = gate.subject(request, caller)
+    return limiter.record(
+        name,
+        subject.identity,
+        status,
+        tier=subject.tier,
+        cost=cost,
+        ip=subject.ip,
+        keys=subject.keys,
+    )
+
+
 def hit_limit(
     limiter: Limiter,
     gate: Gate,

@@ -17,7 +17,8 @@ import pytest
 from harness import RedisServer
 from limiter_support import MakeLimiter
 
-from applimit import InvalidArgumentError, Limiter
+from applimit import ConfigurationError, InvalidArgumentError, Limiter, rate_limited
+from applimit.fastapi import RateLimit
 
 IP = "203.0.113.7"
 
@@ -196,5 +197,22 @@ def test_parallel_failures_are_held_to_the_limit_plus_those_in_flight(
         assert state["counted"] == limit
         assert limit <= state["admitted"] <= limit + state["peak"] - 1
         assert not limiter.check_request("POST", "/login", None, ip=IP).allowed
+    finally:
+        limiter.close()
+
+
+def test_helpers_that_never_see_a_status_refuse_count_when_limits() -> None:
+    """The FastAPI dependency and rate_limited() cannot record a response's status: a
+    count_when limit is refused when they are built, with what to use instead, rather
+    than never counted."""
+    limiter = Limiter(policy.loads(login_policy()), redis_url="memory://count-when-helpers")
+    try:
+        with pytest.raises(ConfigurationError, match="RateLimitMiddleware"):
+            RateLimit(limiter, "login")
+        with pytest.raises(ConfigurationError, match="'login'"):
+            RateLimit(limiter)
+        with pytest.raises(ValueError, match=r"limiter\.record"):
+            rate_limited(limiter, "login", identity=lambda: None, ip=lambda: IP)
+        assert RateLimit(limiter, "api").name == "api"
     finally:
         limiter.close()

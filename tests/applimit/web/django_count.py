@@ -10,9 +10,12 @@ import os
 import redis
 from demo_site.settings import *  # noqa: F403 (the example's settings, then the changes)
 from demo_site.settings import APPLIMIT
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
+
+from applimit.django import rate_limit
 
 ROOT_URLCONF = "django_count"
 APPLIMIT = {**APPLIMIT, "identify": None}
@@ -36,9 +39,26 @@ def boom(request: HttpRequest) -> HttpResponse:
     raise RuntimeError("the handler failed")
 
 
+@csrf_exempt
+@rate_limit("signin")
+def signin(request: HttpRequest) -> HttpResponse:
+    """Limited by its decorator only; 403 raised for a forbidden password."""
+    _RUNS.incr("test:runs:signin")
+    if request.body == b"password=forbidden":
+        raise PermissionDenied("forbidden")
+    if request.body == b"password=right":
+        return JsonResponse({"ok": True})
+    return JsonResponse({"ok": False}, status=401)
+
+
 def healthz(request: HttpRequest) -> JsonResponse:
     """No limit matches."""
     return JsonResponse({"ok": True})
 
 
-urlpatterns = [path("login", login), path("boom", boom), path("healthz", healthz)]
+urlpatterns = [
+    path("login", login),
+    path("signin", signin),
+    path("boom", boom),
+    path("healthz", healthz),
+]

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from flask import Flask
+from flask import Flask, abort
 from flask import request as flask_request
 from harness import RedisServer
 from servers import serve_asgi, serve_wsgi
@@ -47,6 +47,9 @@ limits:
     match: {{ paths: [/login], methods: [POST] }}
     count_when: {{ status: 401 }}
     app: {{ per: ip, algorithm: sliding_log, tiers: {{ free: {LIMIT}/1m }} }}
+  - name: signin
+    count_when: {{ status: [401, 403] }}
+    app: {{ per: ip, algorithm: gcra, middleware: false, tiers: {{ free: 3/1m }} }}
   - name: boom
     match: {{ paths: [/boom] }}
     count_when: {{ status: 5xx }}
@@ -130,12 +133,21 @@ def flask_app(counters: Counters, limiter: Limiter) -> Flask:
         counters.ran("/login")
         return ("{}", 200 if flask_request.get_data() == RIGHT else 401)
 
+    limits = Limits(app, limiter=limiter)
+
+    @app.post("/signin")
+    @limits.limit("signin")
+    def signin() -> tuple[str, int]:
+        counters.ran("/signin")
+        if flask_request.get_data() == b"password=forbidden":
+            abort(403)
+        return ("{}", 200 if flask_request.get_data() == RIGHT else 401)
+
     @app.route("/boom", methods=["GET", "POST"])
     def boom() -> str:
         counters.ran("/boom")
         raise RuntimeError("the handler failed")
 
-    Limits(app, limiter=limiter)
     return app
 
 
@@ -281,3 +293,18 @@ def test_a_handler_that_raises_counts_as_500(site: Site) -> None:
     refused = post(site, b"", "/boom")
     assert "boom" in str(problem(refused, 429))
     assert site.runs("/boom") == 2
+
+
+def test_a_decorated_view_records_its_status(site: Site, request: pytest.FixtureRequest) -> None:
+    """Flask's @limits.limit and Django's @rate_limit on a count_when limit: the view is
+    checked before it runs and its status recorded after (403 raised by the view counts
+    as 403); right passwords pass until the failures are spent."""
+    if request.node.callspec.params["site"] not in (FLASK, DJANGO):
+        pytest.skip("bare ASGI and WSGI apps have no view decorator")
+    assert post(site, WRONG, "/signin").status_code == 401
+    assert post(site, b"password=forbidden", "/signin").status_code == 403
+    for _ in range(5):
+        assert post(site, RIGHT, "/signin").status_code == 200
+    assert post(site, WRONG, "/signin").status_code == 401
+    assert "signin" in str(problem(post(site, RIGHT, "/signin"), 429))
+    assert site.runs("/signin") == 8
