@@ -36,7 +36,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from edgegen_policy import Duration, Policy, PolicyLoadError, ip_bucket, load, write_diagnostics
+from edgegen_policy import (
+    CountWhen,
+    Duration,
+    Policy,
+    PolicyLoadError,
+    ip_bucket,
+    load,
+    write_diagnostics,
+)
 
 from ._clients import MEMORY_SCHEME, shown_url
 from ._decision import Decision
@@ -172,6 +180,8 @@ def format_text(document: Mapping[str, Any]) -> str:
             flags.append("shadow")
         if not limit["middleware"]:
             flags.append("middleware: false")
+        if limit["count_when"]:
+            flags.append(f"counts responses {limit['count_when']}")
         head = f"{limit['name']} ({', '.join(flags)})"
         counted = limit["counted_by"]
         if limit["skipped"] is not None:
@@ -381,10 +391,18 @@ def _limit_usage(
         "per": rule.kind,
         "shadow": rule.shadow,
         "middleware": rule.middleware,
+        "count_when": _statuses(rule.count_when),
         "counted_by": {"kind": counted.kind, "value": counted.value},
         "skipped": counted.skipped,
         "tiers": tiers,
     }
+
+
+def _statuses(ranges: tuple[tuple[int, int], ...]) -> str | None:
+    """count_when's statuses as the policy writes them (``401, 5xx``), or None."""
+    if not ranges:
+        return None
+    return CountWhen(status=[f"{low}-{high}" for low, high in ranges]).describe()
 
 
 def _peek(limiter: Limiter, rule: AppRule, subject: Subject, tier: str) -> Decision:

@@ -27,7 +27,7 @@ from applimit._cli import main
 ROOT = Path(__file__).resolve().parents[2]
 
 # Every way a limit counts (user, ip, an app key), a tier with two rates, a tier some limits
-# give no rate, GCRA with a burst, and a shadow limit. timeout: 2s keeps a slow CI machine
+# give no rate, GCRA with a burst, a shadow limit and one that counts failures only. timeout: 2s keeps a slow CI machine
 # from being taken for an outage.
 POLICY = """
 version: 1
@@ -41,6 +41,10 @@ limits:
       tiers: {{free: 5/1m, pro: [10/1m, 100/1h]}}
   - name: login
     match: {{paths: [/login]}}
+    app: {{per: ip, algorithm: sliding_log, tiers: {{free: 3/1m, pro: 3/1m, gold: 3/1m}}}}
+  - name: signin
+    match: {{paths: [/signin]}}
+    count_when: {{status: [401, 500-599]}}
     app: {{per: ip, algorithm: sliding_log, tiers: {{free: 3/1m, pro: 3/1m, gold: 3/1m}}}}
   - name: org-api
     match: {{path_prefix: /api/}}
@@ -126,6 +130,10 @@ def test_usage_shows_what_the_limiter_counted_for_each_rate_of_the_tier(
     limiter.hit("org-api", "alice", keys={"org": "acme"})
     limiter.hit("login", None, ip="203.0.113.9")
     limiter.hit("login", None, ip="203.0.113.9")
+    # A count_when limit: the check counts nothing, the recorded 401 counts.
+    limiter.hit("signin", None, ip="203.0.113.9")
+    limiter.record("signin", None, 401, ip="203.0.113.9")
+    limiter.record("signin", None, 200, ip="203.0.113.9")
 
     document = usage_json(
         str(policy_file), "--user", "alice", "--tier", "pro", "--ip", "203.0.113.9",
@@ -156,6 +164,9 @@ def test_usage_shows_what_the_limiter_counted_for_each_rate_of_the_tier(
     assert limits["org-api"]["counted_by"] == {"kind": "org", "value": "acme"}
     assert [r["used"] for r in limits["login"]["tiers"][0]["rates"]] == [2]
     assert limits["login"]["counted_by"] == {"kind": "ip", "value": "203.0.113.9"}
+    assert limits["login"]["count_when"] is None
+    assert [r["used"] for r in limits["signin"]["tiers"][0]["rates"]] == [1]
+    assert limits["signin"]["count_when"] == "401, 5xx"
     # exports gives pro no rate: shown, but not limited.
     assert limits["exports"]["tiers"] == [{"tier": "pro", "rates": []}]
     assert limits["exports"]["shadow"] is True
@@ -173,6 +184,14 @@ def test_usage_without_a_tier_says_why_every_tier_is_shown(
     code, out, err = run("usage", str(policy_file), "--user", "alice", "--tier", "pro")
     assert code == 0, err
     assert "against each tier's quota" not in out
+
+
+def test_usage_names_the_statuses_a_limit_counts(policy_file: Path, limiter: Limiter) -> None:
+    """A count_when limit says which responses it counts."""
+    code, out, err = run("usage", str(policy_file), "--ip", "203.0.113.9", "--tier", "free")
+    assert code == 0, err
+    assert "signin (sliding_log, per ip, counts responses 401, 5xx): counted by ip" in out
+    assert "login (sliding_log, per ip): counted by ip" in out
 
 
 def test_usage_consumes_nothing(policy_file: Path, limiter: Limiter) -> None:
