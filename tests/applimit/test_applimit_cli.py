@@ -27,8 +27,8 @@ from applimit._cli import main
 ROOT = Path(__file__).resolve().parents[2]
 
 # Every way a limit counts (user, ip, an app key), a tier with two rates, a tier some limits
-# give no rate, GCRA with a burst, a shadow limit and one that counts failures only. timeout: 2s keeps a slow CI machine
-# from being taken for an outage.
+# give no rate, GCRA with a burst, a shadow limit and one that counts failures only.
+# timeout: 2s keeps a slow CI machine from being taken for an outage.
 POLICY = """
 version: 1
 tiers: [free, pro, gold]
