@@ -28,7 +28,7 @@ from ._flow import UNLIMITED, Decider, Send, Wait
 from ._memory import AsyncMemoryWire
 from ._observe import Observer
 from ._replies import Prepared
-from ._shell import LimiterBase, load_policy
+from ._shell import LimiterBase, load_policy, released, releases_of
 
 
 class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
@@ -209,6 +209,18 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
             mount=mount,
         )
         return _nothing_counted() if prepared is None else self._decide(prepared)
+
+    async def release(self, decision: Decision) -> None:
+        """Give back the concurrency leases ``decision`` took (see Limiter.release). A
+        release already sent completes even if the awaiting task is cancelled."""
+        releases = releases_of(decision)
+        if not releases:
+            return
+        try:
+            outcomes = await asyncio.shield(asyncio.ensure_future(self._wire.run(releases)))
+        except REDIS_FAILURES as error:
+            outcomes = [error]
+        released(outcomes)
 
     async def reset(
         self,

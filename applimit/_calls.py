@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from edgegen_policy import burst_for
+from edgegen_policy import LEASE, burst_for
 
 from . import _script
 from ._memo import Memo
@@ -87,6 +87,8 @@ class Block:
     head: str
     tail: str
     result_head: tuple[str, str, str, int, float, bool]
+    # A concurrency limit's block: its check takes a lease the request gives back.
+    lease: bool = False
     spec_cost_1: str = ""
     packed_cost_1: bytes = b""
 
@@ -117,6 +119,23 @@ def blocks(prefix: str, rule: AppRule, tier: str, *, record: bool = False) -> tu
                 tail=f" {burst} {flags}",
                 # The first fields of every LimitResult of this block, in their order.
                 result_head=(rule.name, tier, rule.algorithm, rate.quota, rate.window, rule.shadow),
+            )
+        )
+    leases = rule.concurrency.get(tier)
+    if leases is not None and not record:
+        # The concurrency limit: one more check, whose lease the request gives back when
+        # it ends (Limiter.release). A record counts a response, and takes no lease.
+        lease = RateSpec(leases, rule.lease_us, LEASE)
+        out.append(
+            Block(
+                rate=lease,
+                key_head=f"{prefix}:{rule.key_name}:{{",
+                key_tail=f"}}:{LEASE}",
+                head=f"{LEASE} {leases} {rule.lease_us} ",
+                # Shadow or not; never "after": a count_when limit's lease is taken too.
+                tail=f" 0 {1 if rule.shadow else 0}",
+                result_head=(rule.name, tier, LEASE, leases, lease.window, rule.shadow),
+                lease=True,
             )
         )
     return tuple(out)

@@ -89,6 +89,30 @@ class Decision:
         return tuple(r for r in self.results if not r.allowed and r.shadow)
 
 
+@dataclass(frozen=True, slots=True)
+class Leased(Decision):
+    """An allowed Decision that took concurrency leases (a limit with ``concurrency``):
+    give them back with ``limiter.release(decision)`` when the request ends. ``releases``
+    are the calls that do it, one per server."""
+
+    releases: tuple[object, ...] = ()
+
+
+def leased(decision: Decision, releases: tuple[object, ...]) -> Leased:
+    """``decision`` holding the leases ``releases`` give back."""
+    return Leased(
+        decision.allowed,
+        decision.limit,
+        decision.remaining,
+        decision.reset_after,
+        decision.retry_after,
+        decision.policy,
+        decision.results,
+        decision.degraded,
+        releases,
+    )
+
+
 # ``LimitResult(...)`` and ``Decision(...)`` with every field given in order, built
 # without a call per field (see _frozen): one of each per decision.
 make_result = fast_constructor(LimitResult)

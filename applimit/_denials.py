@@ -85,6 +85,10 @@ class DenialCache:
         """Remember a cost-1 denial made from Redis' replies (sent at ``sent``)."""
         if decision.allowed or decision.degraded or any(c.cost != 1 for c in prepared.checks):
             return
+        if any(c.block.lease for c in prepared.checks):
+            # A concurrency limit frees when a request ends, which no clock foresees: such
+            # a denial is never answered locally.
+            return
         until = -math.inf
         for result in decision.results:
             if result.allowed or result.shadow or result.retry_after is None:

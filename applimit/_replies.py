@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ._calls import Check, Operation, ScriptCall, encoded_lead, script_call
-from ._decision import Decision, LimitResult, combine, make_result, single
+from ._decision import Decision, LimitResult, combine, leased, make_result, single
 
 _NONE = -1
 _NEVER = -2
@@ -69,17 +69,27 @@ class Prepared:
             if len(checks) == 1:
                 # One check (most decisions): its result is the decision's binding one.
                 values = _int_list(replies[0], _ONE_CHECK)
-                return single(self._result(checks[0], values, _REPLY_HEAD)), ()
+                result = self._result(checks[0], values, _REPLY_HEAD)
+                if checks[0].block.lease and result.consumed:
+                    return self._leased(single(result), [result], values[0]), ()
+                return single(result), ()
             values = _int_list(replies[0], _REPLY_HEAD + _REPLY_FIELDS * len(checks))
             make = self._result
-            return combine(
-                [
-                    make(check, values, at)
-                    for check, at in zip(
-                        self.checks, range(_REPLY_HEAD, len(values), _REPLY_FIELDS), strict=True
-                    )
-                ]
-            ), ()
+            results = [
+                make(check, values, at)
+                for check, at in zip(
+                    self.checks, range(_REPLY_HEAD, len(values), _REPLY_FIELDS), strict=True
+                )
+            ]
+            decision = combine(results)
+            if decision.allowed:
+                return self._leased(decision, results, values[0]), ()
+            return decision, ()
+        return self._decide_slots(replies)
+
+    def _decide_slots(self, replies: Sequence[object]) -> tuple[Decision, tuple[ScriptCall, ...]]:
+        """:meth:`decide` for a plan of several calls (Redis Cluster, one per hash slot):
+        a denied request gives back what the calls that admitted it consumed."""
         results: list[LimitResult | None] = [None] * len(self.checks)
         times: list[int] = []
         for group, reply in zip(self.groups, replies, strict=True):
@@ -114,7 +124,47 @@ class Prepared:
                 for i in spent:
                     final[i] = _given_back(final[i], self.checks[i].cost)
             decision = combine(final)
+        elif decision.allowed:
+            decision = self._leased_by_slot(decision, final, times)
         return decision, tuple(refunds)
+
+    def _leased(self, decision: Decision, results: Sequence[LimitResult], now: int) -> Decision:
+        """``decision`` of one call, holding the leases its concurrency checks took, if
+        any (see ``Leased``)."""
+        taken = [
+            check
+            for check, result in zip(self.checks, results, strict=True)
+            if check.block.lease and result.consumed
+        ]
+        if not taken:
+            return decision
+        return leased(decision, (self._release(taken, now, self.calls[0].slot),))
+
+    def _leased_by_slot(
+        self, decision: Decision, results: Sequence[LimitResult], times: Sequence[int]
+    ) -> Decision:
+        """:meth:`_leased` for a decision of several calls (one per hash slot)."""
+        releases = []
+        for group, call, now in zip(self.groups, self.calls, times, strict=True):
+            taken = [
+                self.checks[i] for i in group if self.checks[i].block.lease and results[i].consumed
+            ]
+            if taken:
+                releases.append(self._release(taken, now, call.slot))
+        return leased(decision, tuple(releases)) if releases else decision
+
+    def _release(self, checks: list[Check], now: int, slot: int | None) -> ScriptCall:
+        """The refund call that gives back the leases of ``checks`` (this call's nonce)."""
+        text = str(now)
+        return script_call(
+            "refund",
+            checks,
+            now=text,
+            nonce=self.nonce,
+            slack="0",
+            slot=slot,
+            lead=encoded_lead("refund", text, self.nonce, "0"),
+        )
 
     def degraded(self, retry_after: float) -> Decision:
         """The decision when Redis cannot answer: each limit's on_redis_error decides."""
@@ -122,7 +172,7 @@ class Prepared:
             LimitResult(
                 name=c.rule.name,
                 tier=c.tier,
-                algorithm=c.rule.algorithm,
+                algorithm=c.block.result_head[2],
                 quota=c.rate.quota,
                 window=c.rate.window,
                 allowed=c.rule.fail_open,

@@ -9,7 +9,7 @@ planning modules read these objects' fields on every plan they make.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from edgegen_policy import (
@@ -90,6 +90,10 @@ class AppRule:
     # count_when's statuses, as (lowest, highest) ranges: a hit only checks such a limit,
     # and record() counts a response whose status is in one. Empty: every request counts.
     count_when: tuple[tuple[int, int], ...] = ()
+    # The concurrency limit per tier (no entry: none), and how long a request's lease
+    # lasts, in µs, unless given back first.
+    concurrency: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    lease_us: int = 60_000_000
 
     def counts(self, status: int) -> bool:
         """Whether a response of ``status`` counts against this count_when limit."""
@@ -139,6 +143,9 @@ def compile_policy(policy: Policy) -> CompiledPolicy:
             continue
         on_error = app.on_redis_error or policy.app.on_redis_error
         tiers = {tier: _rates(rates) for tier, rates in app.tiers.items()}
+        # A tier with a concurrency limit and no rate has the lease alone.
+        for tier in app.concurrency or {}:
+            tiers.setdefault(tier, ())
         rules.append(
             AppRule(
                 name=limit.name,
@@ -163,6 +170,8 @@ def compile_policy(policy: Policy) -> CompiledPolicy:
                 ),
                 middleware=app.middleware,
                 count_when=limit.count_when.status if limit.count_when is not None else (),
+                concurrency=MappingProxyType(dict(app.concurrency or {})),
+                lease_us=app.lease.ms * 1000,
             )
         )
     return CompiledPolicy(

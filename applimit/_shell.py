@@ -15,6 +15,7 @@ order, a limiter is built here from:
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from abc import ABC, abstractmethod
@@ -28,7 +29,7 @@ from ._approx import ApproxCache
 from ._breaker import Breakers, BreakerState
 from ._calls import ScriptCall
 from ._clients import MEMORY_SCHEME, Target, check_url, memory_target
-from ._decision import Decision
+from ._decision import Decision, Leased
 from ._denials import DenialCache
 from ._errors import ConfigurationError
 from ._flow import UNLIMITED, Decider, Send, Transport, Wait
@@ -36,6 +37,8 @@ from ._observe import Notifier, Observer
 from ._plan import Core
 from ._replies import Prepared
 from ._rules import CompiledPolicy, compile_policy
+
+logger = logging.getLogger("applimit")
 
 
 def load_policy(source: str | os.PathLike[str] | Policy) -> Policy:
@@ -294,3 +297,25 @@ class _Disabled(Decider):
     def begin(self, prepared: Prepared, inner: bool = False) -> Decision | Send | Wait:
         """Allowed, with no call."""
         return UNLIMITED
+
+
+def releases_of(decision: Decision) -> tuple[ScriptCall, ...]:
+    """The calls that give back the concurrency leases ``decision`` took (none for a
+    decision that took none)."""
+    if type(decision) is not Leased:
+        return ()
+    return tuple(call for call in decision.releases if isinstance(call, ScriptCall))
+
+
+def released(outcomes: Sequence[object]) -> None:
+    """Log a release that Redis did not take: its leases run out after the policy's
+    ``lease`` instead."""
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            logger.warning(
+                "giving back a concurrency lease failed (%s: %s); it runs out after the "
+                "limit's lease instead.",
+                type(outcome).__name__,
+                outcome,
+                extra={"applimit_event": "release_failed", "error": type(outcome).__name__},
+            )

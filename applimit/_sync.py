@@ -21,7 +21,7 @@ from ._errors import REDIS_FAILURES
 from ._flow import UNLIMITED, Wait, drive
 from ._memory import MemoryWire
 from ._observe import Observer
-from ._shell import LimiterBase, load_policy
+from ._shell import LimiterBase, load_policy, released, releases_of
 from ._wire import SyncTransport, open_sync
 
 
@@ -268,6 +268,20 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
         if prepared is None:
             return UNLIMITED
         return drive(self.decider, prepared, self._wire.run, _wait)
+
+    def release(self, decision: Decision) -> None:
+        """Give back the concurrency leases ``decision`` took, once the request it admitted
+        has ended (a limit with ``concurrency``; nothing for any other decision). The
+        middleware and the helpers call it when the response is sent. A release Redis does
+        not take is logged: the leases then run out after the limit's ``lease``."""
+        releases = releases_of(decision)
+        if not releases:
+            return
+        try:
+            outcomes = self._wire.run(releases)
+        except REDIS_FAILURES as error:
+            outcomes = [error]
+        released(outcomes)
 
     def reset(
         self,

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._async import AsyncLimiter
+from ._decision import Leased
 from ._errors import ConfigurationError
 from .web._client_ip import TrustedProxies
 from .web._gate import (
@@ -222,6 +223,16 @@ class RateLimitMiddleware:
         )
         scope.setdefault("state", {})[DECISION_STATE_KEY] = decision
         answer = gate.answer(decision, subject.tier)
+        if type(decision) is Leased:
+            # A concurrency limit's lease, held until the app is done with the request
+            # (its whole body sent, an error, a disconnect, a cancellation).
+            try:
+                await self._answer(
+                    scope, receive, send, request, answer=answer, subject=subject, cost=cost
+                )
+            finally:
+                await self.limiter.release(decision)
+            return
         await self._answer(scope, receive, send, request, answer=answer, subject=subject, cost=cost)
 
     async def _answer(

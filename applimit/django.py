@@ -45,7 +45,15 @@ import functools
 import inspect
 import os
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+)
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -61,7 +69,7 @@ from django.urls import Resolver404, get_resolver  # type: ignore[import-untyped
 from django.utils.module_loading import import_string  # type: ignore[import-untyped]
 from edgegen_policy import PolicyError
 
-from ._decision import Decision
+from ._decision import Decision, Leased
 from ._errors import ConfigurationError, did_you_mean
 from ._sync import Limiter
 from .web._decorator import RateLimited
@@ -121,6 +129,8 @@ DECISION_ATTRIBUTE = "applimit_decision"
 # The (limit, info, caller, cost) of each count_when limit a decorator checked for the
 # request, recorded once the view has a status.
 _PENDING_ATTRIBUTE = "_applimit_pending_records"
+# The request's decisions that hold concurrency leases, given back once it is answered.
+_LEASES_ATTRIBUTE = "_applimit_leases"
 _REFUSAL = "_applimit_refusal"
 # The mark rate_limit_exempt puts on a view (functools.wraps and method_decorator carry it
 # to wrappers, as csrf_exempt's), and whether any view has it: until one has, the
@@ -396,26 +406,31 @@ class RateLimitMiddleware:
             units = native_cost(config.cost, request, info)
             decision, answer = check_request(config.limiter, config.gate, info, caller, units)
             _keep(request, decision)
-            if answer.refusal is None and config.limiter.counts_responses(
-                info.method, info.path, info.host, info.mount
-            ):
-                response = self._recorded(config, request, info, caller, units)
+            if answer.refusal is None:
+                _hold(request, decision)
+                response = self._admitted(config, request, info, caller, units)
                 return _add_headers(response, answer)
         if answer.refusal is not None:
             return _refused(config, request, info, answer.refusal)
         return _add_headers(self.get_response(request), answer)
 
-    def _recorded(
+    def _admitted(
         self, config: Config, request: Any, info: RequestInfo, caller: Caller | None, units: int
     ) -> Any:
-        """The view's response to a request a count_when limit checked, its status
-        recorded. Django turns a view's exception into its response (a 500) inside
-        get_response, so every outcome has a status here."""
-        response = self.get_response(request)
-        record_response(
-            config.limiter, config.gate, info, caller, cost=units, status=response.status_code
-        )
-        return response
+        """The view's response to an admitted request: its status recorded when a
+        count_when limit checked it (Django turns a view's exception into its response,
+        a 500, inside get_response, so every outcome has a status here), its concurrency
+        leases given back once it is sent."""
+        try:
+            response = self.get_response(request)
+        except BaseException:
+            _release_held(request, None)
+            raise
+        if config.limiter.counts_responses(info.method, info.path, info.host, info.mount):
+            record_response(
+                config.limiter, config.gate, info, caller, cost=units, status=response.status_code
+            )
+        return _release_held(request, response)
 
     def process_exception(self, request: Any, exception: Exception) -> Any:
         """A view's ``RateLimited`` becomes the limiter's refusal; anything else is not ours."""
@@ -441,6 +456,8 @@ def _hit(name: str, cost: Cost, request: Any) -> Answer:
     units = native_cost(cost, request, info)
     decision, answer = hit_limit(config.limiter, config.gate, name, info, caller=caller, cost=units)
     _keep(request, decision)
+    if answer.refusal is None:
+        _hold(request, decision)
     if answer.refusal is None and counted_later(config.limiter, name):
         # The decorator records the view's status once it has one (_record_pending).
         pending = getattr(request, _PENDING_ATTRIBUTE, None) or []
@@ -506,6 +523,58 @@ def _keep(request: Any, decision: Decision | None) -> None:
         )
 
 
+def _hold(request: Any, decision: Decision) -> None:
+    """Keep a decision that took concurrency leases, to give them back (_release_held)."""
+    if type(decision) is Leased:
+        held = getattr(request, _LEASES_ATTRIBUTE, None)
+        if held is None:
+            held = []
+            setattr(request, _LEASES_ATTRIBUTE, held)
+        held.append(decision)
+
+
+def _release_held(request: Any, response: Any) -> Any:
+    """Give back the leases the request holds: once a streamed ``response`` has sent its
+    last chunk (or was closed), at once otherwise. Returns ``response``."""
+    held = getattr(request, _LEASES_ATTRIBUTE, None)
+    if not held:
+        return response
+    setattr(request, _LEASES_ATTRIBUTE, None)
+    limiter = configured().limiter
+    if response is not None and getattr(response, "streaming", False):
+        content = response.streaming_content
+        if hasattr(content, "__aiter__"):
+            response.streaming_content = _released_after_async(content, limiter, held)
+        else:
+            response.streaming_content = _released_after(content, limiter, held)
+        return response
+    for decision in held:
+        limiter.release(decision)
+    return response
+
+
+def _released_after(
+    content: Iterable[Any], limiter: Limiter, held: list[Decision]
+) -> Iterator[Any]:
+    try:
+        yield from content
+    finally:
+        for decision in held:
+            limiter.release(decision)
+
+
+async def _released_after_async(
+    content: AsyncIterable[Any], limiter: Limiter, held: list[Decision]
+) -> AsyncIterator[Any]:
+    """:func:`_released_after` for an async stream."""
+    try:
+        async for chunk in content:
+            yield chunk
+    finally:
+        for decision in held:
+            await sync_to_async(limiter.release)(decision)
+
+
 def rate_limit_exempt(view: V) -> V:
     """Leave a view out of the middleware's request check.
 
@@ -548,9 +617,14 @@ def rate_limit(name: str, *, cost: Cost = 1) -> Callable[[V], V]:
                 answer = await sync_to_async(_hit)(name, cost, request)
                 if answer.refusal is not None:
                     return refusal_response(answer.refusal)
-                response = await _counted_async_view(
-                    request, lambda: view(request, *args, **kwargs)
-                )
+                try:
+                    response = await _counted_async_view(
+                        request, lambda: view(request, *args, **kwargs)
+                    )
+                except BaseException:
+                    await sync_to_async(_release_held)(request, None)
+                    raise
+                response = await sync_to_async(_release_held)(request, response)
                 return _add_headers(response, answer)
 
             return async_view  # type: ignore[return-value]  # same signature as the view
@@ -560,8 +634,12 @@ def rate_limit(name: str, *, cost: Cost = 1) -> Callable[[V], V]:
             answer = _hit(name, cost, request)
             if answer.refusal is not None:
                 return refusal_response(answer.refusal)
-            response = _counted_view(request, lambda: view(request, *args, **kwargs))
-            return _add_headers(response, answer)
+            try:
+                response = _counted_view(request, lambda: view(request, *args, **kwargs))
+            except BaseException:
+                _release_held(request, None)
+                raise
+            return _add_headers(_release_held(request, response), answer)
 
         return limited_view  # type: ignore[return-value]  # same signature as the view
 

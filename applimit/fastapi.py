@@ -96,22 +96,23 @@ def add_problem_handler(app: FastAPI) -> None:
     app.add_exception_handler(RateLimitExceeded, handle)
 
 
-def _refuse_counted_later(limiter: AsyncLimiter | Limiter, name: str | None) -> None:
-    """A dependency cannot see the response's status, so it cannot count a count_when
-    limit: say so when it is built rather than leave such a limit never counted."""
-    rules = limiter.compiled.rules
-    counted = [
-        r.name
-        for r in rules
-        if r.count_when and (r.name == name or (name is None and r.middleware))
+def _refuse_after_response(limiter: AsyncLimiter | Limiter, name: str | None) -> None:
+    """A dependency never sees the response, so it can neither count a count_when limit
+    nor give a concurrency limit's slot back when the response is sent: say so when it
+    is built rather than leave such a limit uncounted or its slots held."""
+    needing = [
+        rule.name
+        for rule in limiter.compiled.rules
+        if (rule.count_when or rule.concurrency)
+        and (rule.name == name or (name is None and rule.middleware))
     ]
-    if counted:
+    if needing:
         raise ConfigurationError(
-            f"RateLimit cannot apply {', '.join(repr(n) for n in counted)}: a limit with "
-            "count_when is counted after the response, whose status a dependency never sees. "
-            "Apply it with applimit.asgi.RateLimitMiddleware (it checks before the route and "
-            "records the status after), or call limiter.hit() in the route and "
-            "limiter.record() with its status."
+            f"RateLimit cannot apply {', '.join(repr(n) for n in needing)}: a limit with "
+            "count_when or concurrency acts after the response (it counts the status, or "
+            "gives the slot back), which a dependency never sees. Apply it with "
+            "applimit.asgi.RateLimitMiddleware, or call the limiter in the route "
+            "(hit() and record(), or hit() and release())."
         )
 
 
@@ -155,7 +156,7 @@ class RateLimit:
             # also for a limit that exists only at the edge.
             limiter.core.rule(name)
             raise UnknownLimitError(name, limiter.limits)  # pragma: no cover - rule() raised
-        _refuse_counted_later(limiter, name)
+        _refuse_after_response(limiter, name)
         self.limiter = limiter
         self.name = name
         self.identify = identify

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from flask import Blueprint, Flask, Request, Response, current_app, g, request
 from werkzeug.exceptions import HTTPException
 
-from ._decision import Decision
+from ._decision import Decision, Leased
 from ._errors import ConfigurationError
 from ._sync import Limiter
 from .web._client_ip import TrustedProxies
@@ -98,6 +98,8 @@ _REFUSED = "applimit.refused"
 _RECORD = "applimit.record"
 # The (limit, info, caller, cost) of each count_when limit a decorator hit, to record too.
 _RECORD_LIMITS = "applimit.record_limits"
+# The decisions of the request that hold concurrency leases, to give back (_add_headers).
+_LEASES = "applimit.leases"
 _BODY_HEADERS = {"content-type", "content-length"}
 # The mark Limits.exempt puts on a view; functools.wraps carries it to wrappers.
 _EXEMPT_VIEW = "applimit_exempt"
@@ -222,6 +224,7 @@ class Limits:
         if self.check_requests:
             app.before_request(self._check_request)
         app.after_request(self._add_headers)
+        app.teardown_request(self._release_leftovers)
         app.register_error_handler(RateLimitExceeded, self._answer_refusal)
         app.register_error_handler(RateLimited, self._answer_rate_limited)
 
@@ -358,10 +361,16 @@ class Limits:
             raise RateLimitExceeded(self.gate.render(answer.refusal, info, info), decision)
         if answer.headers:
             request.environ.setdefault(_HEADERS, []).extend(answer.headers)
+        if type(decision) is Leased:
+            request.environ.setdefault(_LEASES, []).append(decision)
 
     def _add_headers(self, response: Response) -> Response:
         environ = request.environ
         status = response.status_code
+        for decision in environ.pop(_LEASES, ()):
+            # Given back when the server closes the response: after its last byte (a
+            # streamed one too), or on a disconnect.
+            response.call_on_close(functools.partial(self.limiter.release, decision))
         pending = environ.pop(_RECORD, None)
         if pending is not None:
             info, caller, units = pending
@@ -373,6 +382,12 @@ class Limits:
         if not environ.get(_REFUSED):
             merge_headers(response.headers, environ.get(_HEADERS, ()))
         return response
+
+    def _release_leftovers(self, error: BaseException | None) -> None:
+        """Leases of a request that never reached ``_add_headers`` (an exception Flask
+        propagates): given back now."""
+        for decision in request.environ.pop(_LEASES, ()):
+            self.limiter.release(decision)
 
     @staticmethod
     def _answer_refusal(error: RateLimitExceeded) -> Response:

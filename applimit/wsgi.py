@@ -18,11 +18,13 @@ built: a bad one raises :class:`~applimit.ConfigurationError` naming it.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
+from ._decision import Decision, Leased
 from ._errors import ConfigurationError
 from ._sync import Limiter
 from .web._client_ip import TrustedProxies
@@ -164,16 +166,39 @@ class RateLimitMiddleware:
             return _refuse(start_response, gate.render(answer.refusal, request, request))
         if answer is not PASS and answer.headers:
             start_response = _with_headers(start_response, answer)
-        if self.limiter.counts_responses(request.method, request.path, request.host, request.mount):
-            limiter = self.limiter
+        return self._admitted(
+            environ, start_response, request, caller=caller, cost=cost, decision=decision
+        )
+
+    def _admitted(
+        self,
+        environ: WSGIEnvironment,
+        start_response: StartResponse,
+        request: RequestInfo,
+        *,
+        caller: Caller | None,
+        cost: int,
+        decision: Decision,
+    ) -> Iterable[bytes]:
+        """The app for an admitted request: its response recorded when a count_when limit
+        checked it, its concurrency leases held until the server closes the body."""
+        limiter = self.limiter
+        counts = limiter.counts_responses(request.method, request.path, request.host, request.mount)
+        if not counts and type(decision) is not Leased:
+            return self.app(environ, start_response)
+        run: Callable[[], Iterable[bytes]]
+        if counts:
+            gate = self.gate
             counted = _Counted(
                 start_response,
                 lambda status: record_response(
                     limiter, gate, request, caller, cost=cost, status=status
                 ),
             )
-            return counted.run(self.app, environ)
-        return self.app(environ, start_response)
+            run = functools.partial(counted.run, self.app, environ)
+        else:
+            run = functools.partial(self.app, environ, start_response)
+        return _held(run, decision, limiter) if type(decision) is Leased else run()
 
     def _spare(
         self,
@@ -260,3 +285,41 @@ def _status_code(status: str) -> int:
     """The code of a WSGI status line ("401 Unauthorized"); 500 for one that has none."""
     code = status[:3]
     return int(code) if code.isdigit() and 100 <= int(code) <= 599 else 500
+
+
+def _held(
+    run: Callable[[], Iterable[bytes]], decision: Decision, limiter: Limiter
+) -> Iterable[bytes]:
+    """The app's response to a request holding concurrency leases: given back when the
+    server closes the body (PEP 3333: after the last byte, or on a disconnect), or at once
+    when the app raises."""
+    try:
+        body = run()
+    except BaseException:
+        limiter.release(decision)
+        raise
+    return _Releasing(body, lambda: limiter.release(decision))
+
+
+class _Releasing:
+    """A response body that gives the request's leases back when it is closed."""
+
+    __slots__ = ("body", "release", "released")
+
+    def __init__(self, body: Iterable[bytes], release: Callable[[], None]) -> None:
+        self.body = body
+        self.release = release
+        self.released = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.body)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self.body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            if not self.released:
+                self.released = True
+                self.release()

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, ParamSpec, TypeVar, overload
 
 from .._async import AsyncLimiter
-from .._decision import Decision
+from .._decision import Decision, Leased
 from .._errors import ApplimitError
 from .._sync import Limiter
 from ._headers import delay_seconds
@@ -153,7 +153,13 @@ def rate_limited(
                 )
                 if not decision.allowed:
                     raise RateLimited(name, decision)
-                return await func(*args, **kwargs)
+                if type(decision) is not Leased:
+                    return await func(*args, **kwargs)
+                try:
+                    return await func(*args, **kwargs)
+                finally:
+                    # A concurrency limit's slot, held while the call runs.
+                    await limiter.release(decision)
 
             return async_wrapper
         if is_async:
@@ -168,7 +174,12 @@ def rate_limited(
             decision = limiter.hit(name, who, tier=level, cost=units, ip=address, keys=named)
             if not decision.allowed:
                 raise RateLimited(name, decision)
-            return func(*args, **kwargs)
+            if type(decision) is not Leased:
+                return func(*args, **kwargs)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                limiter.release(decision)
 
         return wrapper
 

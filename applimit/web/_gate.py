@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from edgegen_policy import has_control_character
+from edgegen_policy import LEASE, has_control_character
 
 from .._decision import Decision, LimitResult
 from .._errors import ConfigurationError
@@ -362,7 +362,8 @@ class Gate:
         A limit with one rate is named after the limit (``"api"``); a tier with several rates
         gets one item per rate, named ``limit/period`` (``"api/1m"``, ``"api/1h"``).
         """
-        enforced = [r for r in results if not r.shadow]
+        # Concurrency limits are no quota policy of the header draft: not advertised.
+        enforced = [r for r in results if not r.shadow and r.algorithm != LEASE]
         counts: dict[str, int] = {}
         for result in enforced:
             counts[result.name] = counts.get(result.name, 0) + 1
@@ -394,19 +395,22 @@ class Gate:
         results = decision.results
         if len(results) == 1 and decision.allowed and not decision.degraded:
             only = results[0]
-            if only.allowed and not only.shadow:
+            if only.allowed and not only.shadow and only.algorithm != LEASE:
                 # Most responses: one enforced rate that admitted the request.
                 return self._admitted(only)
         items = self.items(results)
         if decision.degraded:
             return self._degraded(decision, items)
+        denied = [i for i in items if not i.allowed]
+        if not decision.allowed and not denied:
+            # Refused by a concurrency limit alone.
+            return self._too_many_at_once(decision, tier, items)
         if not items:
             # Nothing enforced applies (no matching limit, or only shadow limits): shadow
             # limits never deny, so a denial here cannot come from them.
             return PASS
         policy = ("RateLimit-Policy", ", ".join(i.policy_member() for i in items))
-        denied = [i for i in items if not i.allowed]
-        if decision.allowed or not denied:
+        if decision.allowed:
             headers = [policy, ("RateLimit", ", ".join(i.limit_member() for i in items))]
             headers += self._legacy(binding_item(items))
             return Answer(headers=tuple(headers))
@@ -434,6 +438,36 @@ class Gate:
                 "violated-policies": [i.key for i in denied],
                 "retry-after": retry,
             },
+        )
+        headers.append(("Content-Type", PROBLEM_JSON))
+        headers.append(("Content-Length", str(len(body))))
+        return Answer(
+            refusal=Refusal(status=429, headers=tuple(headers), body=body, decision=decision)
+        )
+
+    def _too_many_at_once(
+        self, decision: Decision, tier: str, items: Sequence[PolicyItem]
+    ) -> Answer:
+        """The refusal of a request a concurrency limit denied (and no rate did): 429,
+        a problem body that says it is a concurrency limit, and the rates' headers."""
+        held = next(r for r in decision.results if not r.allowed and r.algorithm == LEASE)
+        retry = max(delay_seconds(decision.retry_after), 1)
+        headers = [("Retry-After", str(retry))]
+        if items:
+            headers[:0] = [
+                ("RateLimit-Policy", ", ".join(i.policy_member() for i in items)),
+                ("RateLimit", ", ".join(i.limit_member() for i in items)),
+            ]
+        requests = "request" if held.quota == 1 else "requests"
+        body = problem_body(
+            type_=self.problem_type,
+            title="Too Many Requests",
+            status=429,
+            detail=(
+                f"Concurrency limit {held.name!r} allows {held.quota} {requests} at once for "
+                f"the {tier} tier, and that many are running; retry when one has finished."
+            ),
+            extra={"limit": held.name, "concurrency": held.quota, "retry-after": retry},
         )
         headers.append(("Content-Type", PROBLEM_JSON))
         headers.append(("Content-Length", str(len(body))))

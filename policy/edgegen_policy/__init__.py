@@ -34,6 +34,7 @@ from typing import Any
 from ._algorithms import (
     AFTER,
     ALGORITHMS,
+    LEASE,
     SHADOW,
     AlgorithmModel,
     Counter,
@@ -109,6 +110,7 @@ __all__ = [
     "ALGORITHMS",
     "CREDENTIALED_FACTOR",
     "DEFAULT_IPV6_PREFIX",
+    "LEASE",
     "QUOTA_EXCEEDED",
     "SHADOW",
     "Action",

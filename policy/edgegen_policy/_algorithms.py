@@ -499,10 +499,79 @@ SLIDING_WINDOW = SlidingWindow()
 SLIDING_LOG = SlidingLog()
 
 #: Every algorithm's model by name (an :class:`~edgegen_policy.Algorithm` or its text).
+# --- lease.lua ---------------------------------------------------------------------------
+
+# A refused lease's retry in µs (lease.lua's LEASE_RETRY): a lease comes back when a
+# request ends, which nothing can know; clients are told to try again in a second.
+LEASE_RETRY = 1_000_000
+# The name of the concurrency limit's algorithm in a check's spec (not a policy algorithm:
+# a limit's concurrency adds one such check).
+LEASE = "lease"
+
+
+@dataclass(slots=True)
+class Leases:
+    """The leases held (Redis: a sorted set): each request's nonce and when it runs out."""
+
+    ends: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class LeaseVerdict(Verdict):
+    """lease's ``st``: the verdict alone (apply reads the time)."""
+
+
+class Lease(AlgorithmModel[Leases, LeaseVerdict]):
+    """A concurrency limit: at most ``limit`` leases at once, each running out ``period``
+    µs after its request was admitted unless given back first. Cost is not read: a
+    request holds one lease."""
+
+    value_type = Leases
+
+    def check(self, value: Leases | None, now: int, quota: Quota, cost: int) -> LeaseVerdict:
+        """Phase 1 (lease_check): the leases that have not run out."""
+        held = 0 if value is None else sum(1 for end in value.ends.values() if end > now)
+        if held < quota.limit:
+            return LeaseVerdict(True, quota.limit - held, 0, NONE)
+        return LeaseVerdict(False, 0, 0, LEASE_RETRY)
+
+    def apply(
+        self,
+        value: Leases | None,
+        verdict: LeaseVerdict,
+        now: int,
+        quota: Quota,
+        cost: int,
+        *,
+        nonce: str = "",
+    ) -> Leases:
+        """Phase 2 (lease_apply): the leases that ran out go, this request's is added."""
+        held = {key: end for key, end in (value.ends if value else {}).items() if end > now}
+        held[nonce] = now + quota.period
+        verdict.remaining -= 1
+        return Leases(held)
+
+    def refund(self, value: Leases, now: int, quota: Quota, cost: int, nonce: str) -> Leases | None:
+        """The lease of the request named ``nonce`` given back (lease_refund)."""
+        left = {key: end for key, end in value.ends.items() if key != nonce}
+        return Leases(left) if left else None
+
+    def expiry(self, value: Leases, verdict: LeaseVerdict, quota: Quota) -> int | None:
+        """The cell the newest lease's end falls in (the script sets it on every apply)."""
+        return expiry_cell(max(value.ends.values()), quota.period)
+
+    def idle(self, value: Leases, now: int, quota: Quota) -> bool:
+        """No lease is held any more."""
+        return all(end <= now for end in value.ends.values())
+
+
+LEASES = Lease()
+
 ALGORITHMS: Mapping[str, AlgorithmModel[Any, Any]] = {
     Algorithm.GCRA: GCRA,
     Algorithm.SLIDING_WINDOW: SLIDING_WINDOW,
     Algorithm.SLIDING_LOG: SLIDING_LOG,
+    LEASE: LEASES,
 }
 
 

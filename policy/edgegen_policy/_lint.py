@@ -211,20 +211,26 @@ class _Linter:
                         stops={Layer.EDGE},
                     )
 
-    def app_limit(self, index: int, limit: Limit, app: AppLimit) -> None:
-        base: FieldPath = ("limits", index, "app")
+    def _known_tiers(self, limit: Limit, path: FieldPath, tiers: Iterable[str]) -> None:
+        """L002 for each tier of ``tiers`` (the keys at ``path``) the policy does not list."""
         known = self.policy.tiers
-        for tier in app.tiers:
+        for tier in tiers:
             if tier not in known:
                 self.add(
                     "L002",
                     Severity.ERROR,
-                    (*base, "tiers", tier),
+                    (*path, tier),
                     f"tier {tier!r} is not one of the policy's tiers ({', '.join(known)}); "
                     "fix the name or add it to 'tiers'",
                     limit.name,
                     stops={Layer.APP},
                 )
+
+    def app_limit(self, index: int, limit: Limit, app: AppLimit) -> None:
+        base: FieldPath = ("limits", index, "app")
+        known = self.policy.tiers
+        self._known_tiers(limit, (*base, "tiers"), app.tiers)
+        self._known_tiers(limit, (*base, "concurrency"), app.concurrency or {})
         missing = [t for t in known if t not in app.tiers]
         if missing and any(t in known for t in app.tiers):
             self.add(

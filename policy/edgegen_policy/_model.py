@@ -17,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -241,7 +242,9 @@ class AppLimit(_Model):
         description="sliding_log (exact log), sliding_window (two counters), gcra (smooth).",
     )
     tiers: dict[str, Rates] = Field(
-        description="The limit for each tier: one rate, or a list that must all hold."
+        default_factory=dict,
+        description="The limit for each tier: one rate, or a list that must all hold. "
+        "May be left out when concurrency is given.",
     )
     burst: int | None = Field(
         default=None,
@@ -264,6 +267,17 @@ class AppLimit(_Model):
     sync_interval: Duration | None = Field(
         default=None, description="approximate mode: sync at least this often."
     )
+    concurrency: dict[str, Annotated[int, Field(ge=1, le=1_000_000)]] | None = Field(
+        default=None,
+        description="At most this many requests of one caller at once, per tier "
+        "({free: 1, pro: 4}; one number applies to every tier). A request holds its slot "
+        "until its response is sent.",
+    )
+    lease: Duration = Field(
+        default=Duration(60_000),
+        description="concurrency: how long a request may hold its slot; a process that "
+        "dies mid-request frees its slots after this. Set it above the longest request.",
+    )
     # Explicit use only: a limit for a FastAPI dependency, a decorator or hit() that the
     # middleware must not apply to every request its match covers.
     middleware: bool = Field(
@@ -276,12 +290,32 @@ class AppLimit(_Model):
     def _counts(cls, value: object) -> object:
         return _not_a_flag(value)
 
-    @field_validator("tiers")
+    @field_validator("concurrency", mode="before")
     @classmethod
-    def _tiers(cls, value: dict[str, tuple[Rate, ...]]) -> dict[str, tuple[Rate, ...]]:
-        if not value:
-            raise ValueError("no tiers given; set a rate for at least one tier")
+    def _concurrency(cls, value: object, info: ValidationInfo) -> object:
+        # One number for every tier the limit names (tiers is validated first).
+        if isinstance(value, bool):
+            raise ValueError(f"{str(value).lower()} is not a number; write a whole number")
+        if isinstance(value, int):
+            tiers = info.data.get("tiers") or {}
+            if not tiers:
+                raise ValueError(
+                    "one number needs tiers to apply to; give one per tier ({free: 1, pro: 4})"
+                )
+            return dict.fromkeys(tiers, value)
         return value
+
+    @model_validator(mode="after")
+    def _tiers_or_concurrency(self) -> AppLimit:
+        if not self.tiers and not self.concurrency:
+            raise ValueError(
+                "no tiers given; set a rate (tiers:) or a concurrency for at least one tier"
+            )
+        if self.concurrency and self.mode is Mode.APPROXIMATE:
+            raise ValueError(
+                "concurrency needs mode: exact (a slot is taken and given back in Redis)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _algorithm_options(self) -> AppLimit:
