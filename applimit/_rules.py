@@ -144,7 +144,8 @@ def compile_policy(policy: Policy) -> CompiledPolicy:
         on_error = app.on_redis_error or policy.app.on_redis_error
         tiers = {tier: _rates(rates) for tier, rates in app.tiers.items()}
         # A tier with a concurrency limit and no rate has the lease alone.
-        for tier in app.concurrency or {}:
+        concurrency = app.concurrency_of(known_tiers)
+        for tier in concurrency:
             tiers.setdefault(tier, ())
         rules.append(
             AppRule(
@@ -170,7 +171,7 @@ def compile_policy(policy: Policy) -> CompiledPolicy:
                 ),
                 middleware=app.middleware,
                 count_when=limit.count_when.status if limit.count_when is not None else (),
-                concurrency=MappingProxyType(dict(app.concurrency or {})),
+                concurrency=MappingProxyType(concurrency),
                 lease_us=app.lease.ms * 1000,
             )
         )

@@ -230,7 +230,8 @@ class _Linter:
         base: FieldPath = ("limits", index, "app")
         known = self.policy.tiers
         self._known_tiers(limit, (*base, "tiers"), app.tiers)
-        self._known_tiers(limit, (*base, "concurrency"), app.concurrency or {})
+        if isinstance(app.concurrency, dict):
+            self._known_tiers(limit, (*base, "concurrency"), app.concurrency)
         missing = [t for t in known if t not in app.tiers]
         if missing and any(t in known for t in app.tiers):
             self.add(

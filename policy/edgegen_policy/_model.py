@@ -9,6 +9,7 @@ does not hide the others.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -17,7 +18,6 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
-    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -267,10 +267,15 @@ class AppLimit(_Model):
     sync_interval: Duration | None = Field(
         default=None, description="approximate mode: sync at least this often."
     )
-    concurrency: dict[str, Annotated[int, Field(ge=1, le=1_000_000)]] | None = Field(
+    concurrency: (
+        Annotated[int, Field(ge=1, le=1_000_000)]
+        | dict[str, Annotated[int, Field(ge=1, le=1_000_000)]]
+        | None
+    ) = Field(
         default=None,
         description="At most this many requests of one caller at once, per tier "
-        "({free: 1, pro: 4}; one number applies to every tier). A request holds its slot "
+        "({free: 1, pro: 4}; one number applies to every tier of the policy). A request "
+        "holds its slot "
         "until its response is sent.",
     )
     lease: Duration = Field(
@@ -292,18 +297,17 @@ class AppLimit(_Model):
 
     @field_validator("concurrency", mode="before")
     @classmethod
-    def _concurrency(cls, value: object, info: ValidationInfo) -> object:
-        # One number for every tier the limit names (tiers is validated first).
-        if isinstance(value, bool):
-            raise ValueError(f"{str(value).lower()} is not a number; write a whole number")
-        if isinstance(value, int):
-            tiers = info.data.get("tiers") or {}
-            if not tiers:
-                raise ValueError(
-                    "one number needs tiers to apply to; give one per tier ({free: 1, pro: 4})"
-                )
-            return dict.fromkeys(tiers, value)
-        return value
+    def _concurrency(cls, value: object) -> object:
+        return _not_a_flag(value)
+
+    def concurrency_of(self, tiers: Sequence[str]) -> dict[str, int]:
+        """The concurrency per tier: one number applies to every tier of ``tiers`` (the
+        policy's)."""
+        if self.concurrency is None:
+            return {}
+        if isinstance(self.concurrency, int):
+            return dict.fromkeys(tiers, self.concurrency)
+        return dict(self.concurrency)
 
     @model_validator(mode="after")
     def _tiers_or_concurrency(self) -> AppLimit:

@@ -63,6 +63,9 @@ class Driver:
     async def record_request(self, *args: Any, **kwargs: Any) -> Decision:
         return await self._call("record_request", *args, **kwargs)  # type: ignore[no-any-return]
 
+    async def release(self, decision: Decision) -> None:
+        await self._call("release", decision)
+
     async def reset(self, *args: Any, **kwargs: Any) -> bool:
         return await self._call("reset", *args, **kwargs)  # type: ignore[no-any-return]
 

@@ -1,7 +1,8 @@
 """The algorithms' integer model (``edgegen_policy._algorithms``) against applimit's Lua.
 
-Hypothesis draws one algorithm and rate (and a burst for gcra) and a sequence of requests
-(time step, cost, hit or peek), with steps that land on window and emission edges, idle
+Hypothesis draws one algorithm (or a concurrency limit's lease) and rate (and a burst for
+gcra) and a sequence of requests (time step, cost, hit, peek, a count_when limit's hit
+that only checks, or a lease given back), with steps that land on window and emission edges, idle
 gaps longer than the period and a clock that sometimes goes back. Each request is one
 call of the real script (EVAL on a real redis-server, its time passed as a test clock's
 is) and one :func:`~edgegen_policy.decide` over the model; the script's reply must equal
@@ -16,7 +17,7 @@ import uuid
 from typing import Any
 
 import redis
-from edgegen_policy import ALGORITHMS, Algorithm, Quota, Rate, Verdict, decide
+from edgegen_policy import AFTER, ALGORITHMS, LEASE, Algorithm, Quota, Rate, Verdict, decide
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -32,10 +33,12 @@ SLACK_MS = "600000"
 class Keys:
     """The model's values by key: the ``Counter`` that :func:`decide` reads and writes."""
 
-    def __init__(self, algorithm: Algorithm, quota: Quota) -> None:
+    def __init__(self, algorithm: str, quota: Quota) -> None:
         self.model = ALGORITHMS[algorithm]
         self.quota = quota
         self.values: dict[str, Any] = {}
+        # The nonce of the call being decided (a lease is named after it).
+        self.nonce = ""
 
     def peek(self, key: str, now: int, cost: int) -> Verdict:
         """Phase 1: the model's check."""
@@ -45,17 +48,31 @@ class Keys:
     def record(self, key: str, verdict: Verdict, now: int, cost: int) -> None:
         """Phase 2: the model's apply."""
         values = self.values
-        values[key] = self.model.apply(values.get(key), verdict, now, self.quota, cost)
+        values[key] = self.model.apply(
+            values.get(key), verdict, now, self.quota, cost, nonce=self.nonce
+        )
+
+    def refund(self, key: str, now: int, cost: int, nonce: str) -> None:
+        """An earlier apply undone (decide.lua's refund mode)."""
+        value = self.values.get(key)
+        if value is None:
+            return
+        left = self.model.refund(value, now, self.quota, cost, nonce)
+        if left is None:
+            del self.values[key]
+        else:
+            self.values[key] = left
 
 
 @st.composite
 def sequences(draw: st.DrawFn) -> dict[str, Any]:
-    """An algorithm, a rate, gcra's burst (None: the default), a start, and requests
-    (time step µs, cost, hit?)."""
-    algorithm = draw(st.sampled_from(list(Algorithm)))
+    """An algorithm (or a concurrency limit's lease), a rate, gcra's burst (None: the
+    default), a start, and requests (time step µs, cost, hit?, after?); for a lease, some
+    requests give back an earlier one's lease instead."""
+    algorithm = draw(st.sampled_from([*(a.value for a in Algorithm), LEASE]))
     limit = draw(st.integers(1, 20))
     period_ms = draw(st.sampled_from([1_000, 1_500, 7_000, 60_000]))
-    burst = draw(st.one_of(st.none(), st.integers(1, 25))) if algorithm is Algorithm.GCRA else None
+    burst = draw(st.one_of(st.none(), st.integers(1, 25))) if algorithm == Algorithm.GCRA else None
     period = period_ms * 1000
     steps = st.one_of(
         st.just(0),
@@ -71,7 +88,12 @@ def sequences(draw: st.DrawFn) -> dict[str, Any]:
     )
     requests = draw(
         st.lists(
-            st.tuples(steps, st.integers(1, limit + 3), st.sampled_from([True, True, False])),
+            st.tuples(
+                steps,
+                st.integers(1, limit + 3),
+                st.sampled_from(["hit", "hit", "peek", "after", "refund"]),
+                st.integers(0, 59),
+            ),
             min_size=1,
             max_size=60,
         )
@@ -93,19 +115,31 @@ def test_the_model_answers_as_the_lua(redis_client: redis.Redis, sequence: dict[
     """Every request: the script's reply (admitted, consumed, remaining, reset, retry)
     equals what ``decide`` over the model answers, with the spec built by the model's rate
     rules (``Quota.of``: the period in µs, gcra's burst defaulting to the limit)."""
-    algorithm: Algorithm = sequence["algorithm"]
+    algorithm: str = sequence["algorithm"]
     quota = Quota.of(algorithm, sequence["rate"], sequence["burst"])
     keys = Keys(algorithm, quota)
     key = f"alg:{uuid.uuid4().hex}"
     now = START_US + sequence["start"]
-    for index, (step, cost, hit) in enumerate(sequence["requests"]):
+    for index, (step, cost, action, earlier) in enumerate(sequence["requests"]):
         now += step
-        spec = f"{algorithm.value} {quota.limit} {quota.period} {cost} {quota.burst} 0"
+        if action == "refund" and algorithm == LEASE and index:
+            # A request that ended gives its lease back (one of the earlier ones).
+            nonce = f"{earlier % index:012x}"
+            spec = f"{algorithm} {quota.limit} {quota.period} {cost} {quota.burst} 0"
+            args = ["refund", str(now), nonce, "0", "1", spec]
+            reply = redis_client.eval(_script.SOURCE, 1, key, *args)  # type: ignore[no-untyped-call]
+            keys.refund(key, now, cost, nonce)
+            assert reply == [now, 1], f"request {index} (refund of {nonce})"
+            continue
+        hit = action in ("hit", "after")
+        flags = AFTER if action == "after" else 0
+        spec = f"{algorithm} {quota.limit} {quota.period} {cost} {quota.burst} {flags}"
         mode = "hit" if hit else "peek"
-        args = [mode, str(now), f"{index:012x}", SLACK_MS, "1", spec]
+        keys.nonce = f"{index:012x}"
+        args = [mode, str(now), keys.nonce, SLACK_MS, "1", spec]
         reply = redis_client.eval(_script.SOURCE, 1, key, *args)  # type: ignore[no-untyped-call]
-        passed, (verdict,) = decide([(keys, key, cost, False)], now, hit=hit)
-        consumed = hit and passed and verdict.allowed
+        passed, (verdict,) = decide([(keys, key, cost, flags)], now, hit=hit)
+        consumed = hit and passed and verdict.allowed and not flags
         expected = [now, 1, int(verdict.allowed), int(consumed)]
         expected += [verdict.remaining, verdict.reset, verdict.retry]
-        assert reply == expected, f"request {index} ({mode}, cost {cost}, step {step} µs)"
+        assert reply == expected, f"request {index} ({action}, cost {cost}, step {step} µs)"
