@@ -24,8 +24,9 @@ import redis
 from harness import RedisServer
 from limiter_support import MakeLimiter, TestClock
 
-from applimit import Limiter, rate_limited
+from applimit import ConfigurationError, Limiter, rate_limited
 from applimit._decision import Leased
+from applimit.fastapi import RateLimit
 
 POLICY = """
 version: 1
@@ -268,3 +269,14 @@ def test_the_leases_of_a_killed_process_free_within_the_lease(redis_server: Redi
             # Polling interval: the lease's end is re-checked every round.
             time.sleep(0.05)
         assert time.monotonic() - taken >= 1.9
+
+
+def test_the_fastapi_dependency_refuses_a_concurrency_limit() -> None:
+    """A dependency never sees the response end, so it could not give the slot back:
+    refused when built, with what to use instead."""
+    with Limiter(policy.loads(POLICY), redis_url="memory://leases-dependency") as limiter:
+        with pytest.raises(ConfigurationError, match="'exports'.*concurrency"):
+            RateLimit(limiter, "exports")
+        with pytest.raises(ConfigurationError, match="RateLimitMiddleware"):
+            RateLimit(limiter)
+        assert RateLimit(limiter, "api").name == "api"

@@ -58,11 +58,12 @@ limits:
 
 @contextlib.contextmanager
 def gunicorn(
-    env: Mapping[str, str], log: Path, settings: str | None = None
+    env: Mapping[str, str], log: Path, settings: str | None = None, threads: int = 1
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run the example project under gunicorn (two workers) with ``env`` added; stop it
     (and wait for it) at exit. The log holds gunicorn's and Django's output. ``settings``
-    names a settings module of this directory to use instead of the example's."""
+    names a settings module of this directory to use instead of the example's; ``threads``
+    above 1 gives each worker that many threads (the gthread worker)."""
     if settings is not None:
         env = {**env, "DJANGO_SETTINGS_MODULE": settings}
     # Recent gunicorn opens a control socket, by default one path in the home directory for
@@ -86,6 +87,8 @@ def gunicorn(
                 "127.0.0.1:0",
                 "--workers",
                 "2",
+                "--threads",
+                str(threads),
                 "--log-level",
                 "info",
                 *control,
