@@ -275,7 +275,7 @@ def test_the_fastapi_dependency_refuses_a_concurrency_limit() -> None:
     """A dependency never sees the response end, so it could not give the slot back:
     refused when built, with what to use instead."""
     with Limiter(policy.loads(POLICY), redis_url="memory://leases-dependency") as limiter:
-        with pytest.raises(ConfigurationError, match="'exports'.*concurrency"):
+        with pytest.raises(ConfigurationError, match=r"'exports'.*concurrency"):
             RateLimit(limiter, "exports")
         with pytest.raises(ConfigurationError, match="RateLimitMiddleware"):
             RateLimit(limiter)
