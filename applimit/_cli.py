@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from edgegen_policy import (
+    LEASE,
     CountWhen,
     Duration,
     Policy,
@@ -134,7 +135,7 @@ def tiers_shown(rule: AppRule, tier: str | None, policy_tiers: Sequence[str]) ->
     for, in the policy's order (least generous first)."""
     if tier is not None:
         return [tier]
-    return [t for t in policy_tiers if rule.tiers.get(t)]
+    return [t for t in policy_tiers if rule.tiers.get(t) or t in rule.concurrency]
 
 
 def rate_usage(rule: AppRule, tier: str, decision: Decision) -> list[dict[str, Any]]:
@@ -145,7 +146,8 @@ def rate_usage(rule: AppRule, tier: str, decision: Decision) -> list[dict[str, A
     """
     out = []
     # The decision has one result per rate of the tier, in the tier's order (Core.checks).
-    for rate, result in zip(rule.tiers.get(tier, ()), decision.results, strict=True):
+    rates = [r for r in decision.results if r.algorithm != LEASE]
+    for rate, result in zip(rule.tiers.get(tier, ()), rates, strict=True):
         capacity = result.quota
         if rule.algorithm == "gcra" and rule.burst is not None:
             capacity = rule.burst
@@ -162,6 +164,37 @@ def rate_usage(rule: AppRule, tier: str, decision: Decision) -> list[dict[str, A
             }
         )
     return out
+
+
+def lease_usage(decision: Decision) -> dict[str, int] | None:
+    """A concurrency limit's slots in a peeked decision (``limit``, ``running``,
+    ``free``), or None for a limit without one."""
+    for result in decision.results:
+        if result.algorithm == LEASE:
+            free = max(0, result.remaining)
+            return {"limit": result.quota, "running": result.quota - free, "free": free}
+    return None
+
+
+def _tier_lines(tier: Mapping[str, Any]) -> list[str]:
+    """The lines of one tier of a limit in the usage text: its slots, then its rates."""
+    lines = []
+    held = tier.get("concurrency")
+    if held is not None:
+        lines.append(
+            f"  {tier['tier']:<12} {'at once':>12}  running {held['running']:>3} of "
+            f"{held['limit']:<6} free {held['free']}"
+        )
+    elif not tier["rates"]:
+        lines.append(f"  {tier['tier']:<12} no rate in this tier: not limited")
+    for index, rate in enumerate(tier["rates"]):
+        name = tier["tier"] if index == 0 and held is None else ""
+        lines.append(
+            f"  {name:<12} {rate['rate']:>12}  used {rate['used']:>6} of "
+            f"{rate['capacity']:<6} remaining {rate['remaining']:>6}  "
+            f"resets in {rate['reset_after']:g}s"
+        )
+    return lines
 
 
 def format_text(document: Mapping[str, Any]) -> str:
@@ -189,15 +222,7 @@ def format_text(document: Mapping[str, Any]) -> str:
             continue
         lines.append(f"{head}: counted by {counted['kind']} '{shown(counted['value'])}'")
         for tier in limit["tiers"]:
-            if not tier["rates"]:
-                lines.append(f"  {tier['tier']:<12} no rate in this tier: not limited")
-            for index, rate in enumerate(tier["rates"]):
-                name = tier["tier"] if index == 0 else ""
-                lines.append(
-                    f"  {name:<12} {rate['rate']:>12}  used {rate['used']:>6} of "
-                    f"{rate['capacity']:<6} remaining {rate['remaining']:>6}  "
-                    f"resets in {rate['reset_after']:g}s"
-                )
+            lines += _tier_lines(tier)
     return "\n".join(lines) + "\n"
 
 
@@ -384,7 +409,13 @@ def _limit_usage(
             decision = _peek(limiter, rule, subject, name)
             if decision.degraded:
                 raise _unreachable(url)
-            tiers.append({"tier": name, "rates": rate_usage(rule, name, decision)})
+            tiers.append(
+                {
+                    "tier": name,
+                    "rates": rate_usage(rule, name, decision),
+                    "concurrency": lease_usage(decision),
+                }
+            )
     return {
         "name": rule.name,
         "algorithm": rule.algorithm,

@@ -168,7 +168,7 @@ def test_usage_shows_what_the_limiter_counted_for_each_rate_of_the_tier(
     assert [r["used"] for r in limits["signin"]["tiers"][0]["rates"]] == [1]
     assert limits["signin"]["count_when"] == "401, 5xx"
     # exports gives pro no rate: shown, but not limited.
-    assert limits["exports"]["tiers"] == [{"tier": "pro", "rates": []}]
+    assert limits["exports"]["tiers"] == [{"tier": "pro", "rates": [], "concurrency": None}]
     assert limits["exports"]["shadow"] is True
 
 

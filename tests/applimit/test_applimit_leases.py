@@ -10,6 +10,8 @@ are shown to free within the lease.
 
 from __future__ import annotations
 
+import io
+import json
 import multiprocessing
 import os
 import signal
@@ -25,6 +27,7 @@ from harness import RedisServer
 from limiter_support import MakeLimiter, TestClock
 
 from applimit import ConfigurationError, Limiter, rate_limited
+from applimit._cli import main
 from applimit._decision import Leased
 from applimit.fastapi import RateLimit
 
@@ -280,3 +283,25 @@ def test_the_fastapi_dependency_refuses_a_concurrency_limit() -> None:
         with pytest.raises(ConfigurationError, match="RateLimitMiddleware"):
             RateLimit(limiter)
         assert RateLimit(limiter, "api").name == "api"
+
+
+def test_usage_shows_the_slots_in_use(redis_server: RedisServer, tmp_path: Any) -> None:
+    """applimit usage: running and free slots per tier, beside the rates."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY.replace("timeout: 2s", f'timeout: 2s, redis_url: "{redis_server.url}"'))
+    with Limiter.from_policy(path) as limiter:
+        held = limiter.hit("exports", "ivy", tier="pro")
+        out = io.StringIO()
+        code = main(
+            ["usage", str(path), "--user", "ivy", "--format", "json"],
+            stdin=io.StringIO(),
+            stdout=out,
+            stderr=io.StringIO(),
+        )
+        assert code == 0
+        [exports] = [x for x in json.loads(out.getvalue())["limits"] if x["name"] == "exports"]
+        assert [(t["tier"], t["concurrency"], t["rates"]) for t in exports["tiers"]] == [
+            ("free", {"limit": 1, "running": 1, "free": 0}, []),
+            ("pro", {"limit": 2, "running": 1, "free": 1}, []),
+        ]
+        limiter.release(held)
