@@ -93,6 +93,8 @@ class Step:
     # decision that goes to Redis, and each store is work on that path.
     started: float = 0.0
     flow: Approximate | None = None
+    # A refund's decision (Send only; None on every other step).
+    decided: Decision | None = None
 
 
 class Send(Step):
@@ -111,7 +113,6 @@ class Send(Step):
     breakers: Sequence[CircuitBreaker]
     sent: float
     carries: bool = False
-    decided: Decision | None = None
     refunds: tuple[ScriptCall, ...] = ()
 
     @property
@@ -206,55 +207,52 @@ class Decider:
         flush, the request alone): it is made exactly and not told to the observers (the
         sequence's own decision is)."""
         started = _perf_counter() if self.observing else 0.0
-        decision: Decision = UNLIMITED
-        if prepared.checks:
-            wire = self.wire
-            approx = self.approx
-            if approx is not None and not inner and not wire.closed and approx.applies(prepared):
-                step = self._handed(self._approximate(approx, prepared), prepared, None)
-                if not isinstance(step, Decision):
-                    step.started = started
-                    return step
-                decision = step
+        wire = self.wire
+        if not prepared.checks:
+            decision: Decision = UNLIMITED
+        elif wire.closed:
+            # A closed limiter raises, whatever its caches could answer.
+            raise ApplimitError(CLOSED)
+        elif self.approx is not None and not inner and self.approx.applies(prepared):
+            step = self._handed(self._approximate(self.approx, prepared), prepared, None)
+            if not isinstance(step, Decision):
+                step.started = started
+                return step
+            decision = step
+        else:
+            answered = None if self.denials is None else self.denials.answer(prepared)
+            if answered is not None:
+                decision = answered
             else:
-                if wire.closed:
-                    # A closed limiter raises, whatever its caches could answer.
-                    raise ApplimitError(CLOSED)
-                answered = None if self.denials is None else self.denials.answer(prepared)
-                if answered is not None:
-                    decision = answered
+                calls = prepared.calls
+                breakers: Sequence[CircuitBreaker]
+                if len(calls) == 1:
+                    # Every decision but a cluster's that spans identities: one call, one
+                    # breaker.
+                    slot = calls[0].slot
+                    breaker = (
+                        self.breakers.main if slot is None else self.breakers.of(wire.route(slot))
+                    )
+                    breakers = (breaker,)
+                    # A closed breaker (nearly always) read here, without allow()'s call.
+                    closed = None if breaker.state is _CLOSED or breaker.allow() else breaker
                 else:
-                    calls = prepared.calls
-                    breakers: Sequence[CircuitBreaker]
-                    if len(calls) == 1:
-                        # Every decision but a cluster's that spans identities: one call,
-                        # one breaker.
-                        slot = calls[0].slot
-                        breaker = (
-                            self.breakers.main
-                            if slot is None
-                            else self.breakers.of(wire.route(slot))
-                        )
-                        breakers = (breaker,)
-                        # A closed breaker (nearly always) read here, without allow()'s call.
-                        closed = None if breaker.state is _CLOSED or breaker.allow() else breaker
-                    else:
-                        breakers = [
-                            self.breakers.of(None if call.slot is None else wire.route(call.slot))
-                            for call in calls
-                        ]
-                        closed = Breakers.admit(breakers)
-                    if closed is None:
-                        # Send has no __init__ (a Python frame per decision): filled here.
-                        send = Send()
-                        send.request = send.plan = prepared
-                        send.calls = calls
-                        send.breakers = breakers
-                        send.sent = self.clock()
-                        if started:
-                            send.started = started
-                        return send
-                    decision = self._skipped(prepared, closed)
+                    breakers = [
+                        self.breakers.of(None if call.slot is None else wire.route(call.slot))
+                        for call in calls
+                    ]
+                    closed = Breakers.admit(breakers)
+                if closed is None:
+                    # Send has no __init__ (a Python frame per decision): filled here.
+                    send = Send()
+                    send.request = send.plan = prepared
+                    send.calls = calls
+                    send.breakers = breakers
+                    send.sent = self.clock()
+                    if started:
+                        send.started = started
+                    return send
+                decision = self._skipped(prepared, closed)
         if self.observing and not inner:
             self._observe(prepared, decision, started, sent=False)
         return decision
@@ -273,19 +271,16 @@ class Decider:
         following: Decision | Send | Wait
         if flow is not None and not inner:
             following = self._handed(flow, step.request, outcomes)
-        elif not isinstance(step, Send):
-            raise TypeError("a Wait is always a step of the approximate sequence")
         elif step.decided is not None:
-            following = self._refunded(step, outcomes)
+            following = self._refunded(step, outcomes)  # type: ignore[arg-type]
         else:
-            prepared = step.plan
-            breakers = step.breakers
-            for index, outcome in enumerate(outcomes):
+            # An exact decision's Send (a Wait is always the approximate sequence's).
+            for outcome in outcomes:
                 if isinstance(outcome, BaseException):
-                    following = self._failed(prepared, outcome, breakers[index])
+                    following = self._failed_send(step, outcomes, outcome)  # type: ignore[arg-type]
                     break
             else:
-                following = self._answered(step, outcomes)
+                following = self._answered(step, outcomes)  # type: ignore[arg-type]
         if isinstance(following, Decision):
             if self.observing and not inner:
                 self._observe(step.request, following, step.started, sent=isinstance(step, Send))
@@ -456,6 +451,12 @@ class Decider:
         """The decision while a breaker is open: the failure policy, at once."""
         breaker.degraded()
         return prepared.degraded(DEGRADED_RETRY_AFTER)
+
+    def _failed_send(
+        self, send: Send, outcomes: Sequence[object], error: BaseException
+    ) -> Decision:
+        """:meth:`_failed` for the first failed call of ``send``."""
+        return self._failed(send.plan, error, send.breakers[list(outcomes).index(error)])
 
     def _failed(
         self, prepared: Prepared, error: BaseException, breaker: CircuitBreaker
