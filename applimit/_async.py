@@ -289,10 +289,7 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
         carrying: asyncio.Future[list[object]] | None = None
         while not isinstance(step, Decision):
             try:
-                if step.flow is None:
-                    # An exact decision's Send (the commonest step by far).
-                    outcomes = await wire.run(step.calls)  # type: ignore[union-attr]
-                elif isinstance(step, Wait):
+                if isinstance(step, Wait):
                     outcomes = await _wait(step)
                 elif step.carries:
                     carrying = asyncio.ensure_future(wire.run(step.calls))

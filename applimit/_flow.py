@@ -93,8 +93,6 @@ class Step:
     # decision that goes to Redis, and each store is work on that path.
     started: float = 0.0
     flow: Approximate | None = None
-    # A refund's decision (Send only; None on every other step).
-    decided: Decision | None = None
 
 
 class Send(Step):
@@ -113,6 +111,7 @@ class Send(Step):
     breakers: Sequence[CircuitBreaker]
     sent: float
     carries: bool = False
+    decided: Decision | None = None
     refunds: tuple[ScriptCall, ...] = ()
 
     @property
@@ -271,16 +270,18 @@ class Decider:
         following: Decision | Send | Wait
         if flow is not None and not inner:
             following = self._handed(flow, step.request, outcomes)
+        elif not isinstance(step, Send):
+            raise TypeError("a Wait is always a step of the approximate sequence")
         elif step.decided is not None:
-            following = self._refunded(step, outcomes)  # type: ignore[arg-type]
+            following = self._refunded(step, outcomes)
         else:
-            # An exact decision's Send (a Wait is always the approximate sequence's).
+            # An exact decision's Send; its breakers are read on the failure path only.
             for outcome in outcomes:
                 if isinstance(outcome, BaseException):
-                    following = self._failed_send(step, outcomes, outcome)  # type: ignore[arg-type]
+                    following = self._failed_send(step, outcomes, outcome)
                     break
             else:
-                following = self._answered(step, outcomes)  # type: ignore[arg-type]
+                following = self._answered(step, outcomes)
         if isinstance(following, Decision):
             if self.observing and not inner:
                 self._observe(step.request, following, step.started, sent=isinstance(step, Send))
