@@ -11,7 +11,8 @@ It follows /work/shared/reference/cloudflare.md and Cloudflare's API docs:
 - rule validation with 400s that carry ``source.pointer`` (``/rules/0/ratelimit/period``):
   expression over 4,096 characters, periods and timeouts the plan does not offer, the
   plan's rule quota, duplicate refs, unknown ids, challenge actions with a timeout below
-  Enterprise, bad block responses, unknown fields;
+  Enterprise, bad block responses, unknown fields, a custom counting expression below
+  Business, response fields (``http.response.code``) outside the counting expression;
 - auth: 401 without a token or with an unknown one, 403 for a token without the permission
   the endpoint needs;
 - 429 with ``Retry-After`` once a request budget is spent, and 5xx injected at chosen
@@ -628,12 +629,54 @@ class FakeCloudflare:
                     f"{at}/counting_expression",
                 )
             )
+        errors.extend(self._validate_counting(rule, limit, at))
         if limit.get("requests_to_origin") and self.plan in {"free", "pro"}:
             errors.append(
                 error(
                     20023,
                     f"requests_to_origin is not available on the {self.plan} plan",
                     f"{at}/requests_to_origin",
+                )
+            )
+        return errors
+
+    def _validate_counting(
+        self, rule: dict[str, Any], limit: dict[str, Any], at: str
+    ) -> list[dict[str, Any]]:
+        """A custom counting expression: Business and up (availability table), a string
+        of at most 4,096 characters; response fields (``http.response.*``) only there, never
+        in the rule's matching expression, which is decided before there is a response."""
+        errors = []
+        expression = rule.get("expression")
+        if isinstance(expression, str) and "http.response." in expression:
+            errors.append(
+                error(
+                    20024,
+                    "response fields are only available in the counting expression",
+                    at.rsplit("/ratelimit", 1)[0] + "/expression",
+                )
+            )
+        counting = limit.get("counting_expression")
+        if counting is None or counting == "":
+            return errors
+        pointer = f"{at}/counting_expression"
+        if self.plan in {"free", "pro"}:
+            errors.append(
+                error(
+                    20025,
+                    f"a custom counting expression is not available on the {self.plan} plan",
+                    pointer,
+                )
+            )
+        elif not isinstance(counting, str):
+            errors.append(error(20026, "counting_expression must be a string", pointer))
+        elif len(counting) > 4096:
+            errors.append(
+                error(
+                    20007,
+                    f"the counting expression is {len(counting)} characters long; the maximum "
+                    "is 4096",
+                    pointer,
                 )
             )
         return errors
