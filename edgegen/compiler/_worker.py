@@ -142,7 +142,17 @@ def _counter(limit: Limit, binding: str, rate: Rate, period: int) -> dict[str, A
         "period": period,
         "policy": policy_header(limit, period, rate),
         "problem": problem(limit, period, rate),
+        **count_when_config(limit),
     }
+
+
+def count_when_config(limit: Limit) -> dict[str, Any]:
+    """``countWhen`` for a counter of a limit with ``count_when``: the statuses as
+    ``[low, high]`` pairs (the Worker counts after the answer, see limiter.js); nothing for
+    a limit that counts every request, so its counters read as before."""
+    if limit.count_when is None:
+        return {}
+    return {"countWhen": [[low, high] for low, high in limit.count_when.status]}
 
 
 def config(policy: Policy, limits: list[WorkerLimit]) -> dict[str, Any]:
@@ -176,6 +186,7 @@ def config(policy: Policy, limits: list[WorkerLimit]) -> dict[str, Any]:
                 "period": own["period"],
                 "policy": own["policy"],
                 "problem": own["problem"],
+                **count_when_config(limit),
                 "withCredential": credentialed,
             }
         )
