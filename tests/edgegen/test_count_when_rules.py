@@ -214,3 +214,32 @@ def test_count_when_limits_take_a_rule_slot_before_flexible_ones() -> None:
     placed = {p.limit: p.target.value for p in artifacts.placements}
     assert placed["login"] == "rule"
     assert placed["l4"] == "worker"
+
+
+def _changes(old_text: str, new_text: str, plan: str = "business") -> list[str]:
+    from edgegen import _diff
+
+    old, new = _policy(plan, old_text), _policy(plan, new_text)
+    changes = _diff.semantic_changes(
+        _diff.Version("old", old, edgegen.build(old)), _diff.Version("new", new, edgegen.build(new))
+    )
+    return [c.render(markdown=False) for c in changes if c.kind == "count_when"]
+
+
+def test_a_change_of_count_when_shows_in_the_diff() -> None:
+    """Adding, changing and removing count_when are each a change in what is counted."""
+    plain = LOGIN.replace("  count_when: { status: [401, 403, 5xx] }\n", "")
+    assert _changes(plain, LOGIN) == [
+        "limit 'login': now counts only answers with status '401, 403, 5xx' (checked before "
+        "a request runs, counted after its answer); other answers no longer count"
+    ]
+    assert _changes(LOGIN, plain) == [
+        "limit 'login': now counts every request (it counted only answers with status "
+        "'401, 403, 5xx')"
+    ]
+    narrower = LOGIN.replace("[401, 403, 5xx]", "401")
+    assert _changes(LOGIN, narrower) == [
+        "limit 'login': now counts answers with status '401' (was '401, 403, 5xx')"
+    ]
+    # The same statuses spelled otherwise are no change.
+    assert _changes(LOGIN, LOGIN.replace("[401, 403, 5xx]", "[500-599, 403, 401]")) == []
