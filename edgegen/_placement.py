@@ -478,8 +478,9 @@ def place(policy: Policy) -> tuple[EdgePlacement, ...]:
 def _rule_preferred(policy: Policy, index: int) -> bool:
     limit = policy.limits[index]
     edge = limit.edge
-    # count_when too: a rule counts by the response exactly, the Worker lets a caller's
-    # answers through until it has seen one over the limit (docs/edge.md, count_when).
+    # count_when too: a rule's counter is the one it decides on, where the Worker's spent
+    # mark reaches the location's other isolates through the Cache API, with a lag
+    # (docs/edge.md, "Counting only some answers").
     return edge is not None and (edge.requests_to_origin or limit.count_when is not None)
 
 

@@ -203,8 +203,8 @@ def test_count_when_with_requests_to_origin_sends_both() -> None:
 
 
 def test_count_when_limits_take_a_rule_slot_before_flexible_ones() -> None:
-    """A rule counts by the answer exactly; the Worker lets one more answer through (see
-    docs/edge.md), so with the slots full a count_when limit keeps its rule."""
+    """A rule decides on its own counter; the Worker's spent mark reaches other isolates
+    with a lag (docs/edge.md), so with the slots full a count_when limit keeps its rule."""
     flexible = "".join(
         f"- name: l{i}\n  match: {{ paths: [/l{i}] }}\n"
         "  edge: { rate: 5/1m, unauthenticated_only: false }\n"
@@ -243,3 +243,25 @@ def test_a_change_of_count_when_shows_in_the_diff() -> None:
     ]
     # The same statuses spelled otherwise are no change.
     assert _changes(LOGIN, LOGIN.replace("[401, 403, 5xx]", "[500-599, 403, 401]")) == []
+
+
+def test_the_failed_logins_recipe_builds_as_it_says() -> None:
+    """docs/recipes.md's policy: valid (the one warning the recipe names: L210, a rule
+    counts each IPv6 address), a rule counting 401s on Business, the Worker with L213 on
+    Free."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "recipes.md").read_text("utf-8")
+    [snippet] = re.findall(r"```yaml\n(.*?)```", text, re.DOTALL)
+    loaded = policy.loads(snippet, "recipes.md")
+    warnings = [d for d in policy.lint(loaded, EDGE_CHECKS) if d.severity is not Severity.INFO]
+    assert [d.code for d in warnings] == ["L210"]
+    [rule] = _rules(edgegen.build(loaded))
+    assert _counts(rule, "/login", "POST", 401) and not _counts(rule, "/login", "POST", 200)
+    assert rule["ratelimit"]["requests_per_period"] == 20
+    free = policy.loads(snippet.replace("plan: business", "plan: free"), "recipes.md")
+    # L205 (the free plan's 10 s period), L206 (the method), L211 (info: the route's host)
+    # and L213 (no counting expression) all send it to the Worker.
+    assert "L213" in [d.code for d in policy.lint(free, EDGE_CHECKS)]
+    assert [p.target.value for p in edgegen.build(free).placements] == ["worker"]
