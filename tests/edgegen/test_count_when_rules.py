@@ -265,3 +265,26 @@ def test_the_failed_logins_recipe_builds_as_it_says() -> None:
     # and L213 (no counting expression) all send it to the Worker.
     assert "L213" in [d.code for d in policy.lint(free, EDGE_CHECKS)]
     assert [p.target.value for p in edgegen.build(free).placements] == ["worker"]
+
+
+@pytest.mark.parametrize("plan", ["business", "enterprise", "enterprise-arl"])
+@pytest.mark.parametrize("limits", [LOGIN, CREDENTIALED], ids=["login", "credentialed"])
+def test_the_rules_pass_the_cloudflare_sdks_request_types(plan: str, limits: str) -> None:
+    """The ruleset's rules validate against the official SDK's types for the phase
+    entrypoint's PUT (``cloudflare.types.rulesets.phase_update_params.Rule``), the
+    counting expression included; a counting expression of the wrong type does not."""
+    from cloudflare.types.rulesets import phase_update_params
+    from pydantic import TypeAdapter, ValidationError
+
+    if limits is CREDENTIALED and plan == "business":
+        limits = CREDENTIALED.replace("true", "false")  # header fields: Enterprise
+    rules = _rules(edgegen.build(_policy(plan, limits)))
+    assert rules and all("counting_expression" in r["ratelimit"] for r in rules)
+    adapter = TypeAdapter(list[phase_update_params.Rule])
+    validated = adapter.validate_python(rules)
+    assert [r["ratelimit"]["counting_expression"] for r in validated] == [
+        r["ratelimit"]["counting_expression"] for r in rules
+    ]
+    broken = [{**rules[0], "ratelimit": {**rules[0]["ratelimit"], "counting_expression": 401}}]
+    with pytest.raises(ValidationError):
+        adapter.validate_python(broken)
