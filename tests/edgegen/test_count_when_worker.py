@@ -48,6 +48,19 @@ def reached(response: dict[str, Any]) -> bool:
     return response["headers"].get("x-origin") == "1"
 
 
+def forgetful_worker(tmp_path: Path) -> edgegen.WorkerArtifact:
+    """The Worker of POLICY, whose isolate forgets its spent marks on a request carrying
+    ``x-forget-isolate: 1``, as another isolate of the location would not have them."""
+    worker = build_worker(tmp_path, POLICY)
+    module = tmp_path / "worker" / worker.main_module
+    source = module.read_text("utf-8")
+    entry = "return handleRequest(request, env, ctx, CONFIG);"
+    assert entry in source
+    forget = 'if (request.headers.get("x-forget-isolate") === "1") SPENT_KEYS.clear();'
+    module.write_text(source.replace(entry, f"{forget}\n    {entry}"), "utf-8")
+    return worker
+
+
 def test_only_listed_answers_count_and_a_spent_caller_never_reaches_the_origin(
     tmp_path: Path,
 ) -> None:
@@ -83,19 +96,7 @@ def test_the_mark_is_shared_through_the_cache(tmp_path: Path) -> None:
     """Another isolate of the location has none of this isolate's marks: with them
     forgotten, the mark written to the Cache API still refuses the spent caller before
     the origin, and the caller's neighbour still passes."""
-    worker = build_worker(tmp_path, POLICY)
-    module = tmp_path / "worker" / worker.main_module
-    source = module.read_text("utf-8")
-    entry = "return handleRequest(request, env, ctx, CONFIG);"
-    assert entry in source
-    module.write_text(
-        source.replace(
-            entry,
-            'if (request.headers.get("x-forget-isolate") === "1") SPENT_KEYS.clear();\n    '
-            + entry,
-        ),
-        "utf-8",
-    )
+    worker = forgetful_worker(tmp_path)
     sent = [login(401) for _ in range(LIMIT + 1)]
     sent += [login(200, x_forget_isolate="1"), login(200, IP_B, x_forget_isolate="1")]
     responses = run(job_for(tmp_path, worker, sent))
@@ -164,3 +165,28 @@ def test_the_config_carries_the_statuses_only_for_count_when_limits() -> None:
     plain = policy.loads(CREDENTIALED.replace("    count_when: { status: 401 }\n", ""))
     entry = _worker.config(plain, [_worker.WorkerLimit(plain.limits[0], 60)])
     assert "countWhen" not in entry["limits"][0]
+
+
+def test_odd_callers_and_a_missing_binding_fail_open(tmp_path: Path) -> None:
+    """Without CF-Connecting-IP a request is not counted (as for every limit); without the
+    binding, counting fails and every answer still reaches the client."""
+    worker = build_worker(tmp_path, POLICY)
+    anonymous = [login(401, None) for _ in range(LIMIT + 3)]
+    responses = run(job_for(tmp_path, worker, anonymous))
+    assert [r["status"] for r in responses] == [401] * (LIMIT + 3)
+    job = job_for(tmp_path, worker, [login(401) for _ in range(LIMIT + 3)])
+    job["ratelimits"] = {}
+    responses = run(job)
+    assert [r["status"] for r in responses] == [401] * (LIMIT + 3)
+    assert all(reached(r) for r in responses)
+
+
+def test_an_ipv6_network_is_one_caller_and_its_mark_is_cached(tmp_path: Path) -> None:
+    """Two addresses of one /64 fail in turn; the network is spent as a whole, and its mark
+    (a key holding ':' and '/') is found in the cache once the isolate forgets it."""
+    worker = forgetful_worker(tmp_path)
+    first, second = "2001:db8:0:1::1", "2001:db8:0:1:ffff::2"
+    sent = [login(401, first if i % 2 else second) for i in range(LIMIT + 1)]
+    sent += [login(200, first, x_forget_isolate="1"), login(200, "2001:db8:0:2::1")]
+    responses = run(job_for(tmp_path, worker, sent))
+    assert [r["status"] for r in responses] == [401] * (LIMIT + 1) + [429, 200]
