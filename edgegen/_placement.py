@@ -39,13 +39,13 @@ L211    warning          a limit in the Worker names hosts no route of the Worke
                          (info when only a rule can carry the limit)
 L212    warning          a limit with ``requests_to_origin`` runs in the Worker, which counts
                          every request, cached ones included
-L213    info             a limit with ``count_when`` runs in the Worker because the plan's
+L215    info             a limit with ``count_when`` runs in the Worker because the plan's
                          rules have no counting expression
 ======  ========  =====  ==========================================================
 
 A limit with ``count_when`` (count only answers of some statuses) is a rule with a
 counting expression where the plan has one (Business and up); elsewhere the Worker carries
-it (L213), checking a spent mark before forwarding and counting after the origin's answer.
+it (L215), checking a spent mark before forwarding and counting after the origin's answer.
 With ``unauthenticated_only`` both counters count only those statuses, each at its own
 rate; with ``requests_to_origin`` a rule counts only answers that came from the origin
 (the Worker still counts every answer, L212).
@@ -590,7 +590,7 @@ def _place(
                 # L212 below says it, with what the Worker does instead.
                 continue
             value_kind = shortfall.kind in ("period", "timeout")
-            code = {"period": "L205", "timeout": "L205", "quota": "L207", "counting": "L213"}.get(
+            code = {"period": "L205", "timeout": "L205", "quota": "L207", "counting": "L215"}.get(
                 shortfall.kind, "L206"
             )
             found.append(

@@ -3,7 +3,7 @@
 A rule decides on its matching expression and counts on its counting expression, which
 replaces the match rather than extending it; so the counting expression carries the match
 and adds ``http.response.code``. Below Business there is no counting expression: the limit
-goes to the Worker with L213 at ``count_when``'s line.
+goes to the Worker with L215 at ``count_when``'s line.
 """
 
 from __future__ import annotations
@@ -127,11 +127,11 @@ def test_a_counting_expression_over_the_length_limit_stops_the_build() -> None:
 
 @pytest.mark.parametrize("plan", ["free", "pro"])
 def test_a_plan_without_counting_expressions_sends_the_limit_to_the_worker(plan: str) -> None:
-    """Below Business: L213 (info) at count_when's line, naming the plan that has it; the
+    """Below Business: L215 (info) at count_when's line, naming the plan that has it; the
     Worker carries the limit; the rule the fake Cloudflare refuses is why."""
     text = LOGIN.replace("20/1m", "20/10s").replace(", methods: [POST]", "")
     loaded = _policy(plan, text)
-    [finding] = [d for d in policy.lint(loaded, EDGE_CHECKS) if d.code == "L213"]
+    [finding] = [d for d in policy.lint(loaded, EDGE_CHECKS) if d.code == "L215"]
     assert finding.severity is Severity.INFO
     assert finding.path == "limits[0].count_when"
     assert finding.file == "policy.yaml" and finding.line == 9
@@ -247,7 +247,7 @@ def test_a_change_of_count_when_shows_in_the_diff() -> None:
 
 def test_the_failed_logins_recipe_builds_as_it_says() -> None:
     """docs/recipes.md's policy: valid (the one warning the recipe names: L210, a rule
-    counts each IPv6 address), a rule counting 401s on Business, the Worker with L213 on
+    counts each IPv6 address), a rule counting 401s on Business, the Worker with L215 on
     Free."""
     import re
     from pathlib import Path
@@ -262,8 +262,8 @@ def test_the_failed_logins_recipe_builds_as_it_says() -> None:
     assert rule["ratelimit"]["requests_per_period"] == 20
     free = policy.loads(snippet.replace("plan: business", "plan: free"), "recipes.md")
     # L205 (the free plan's 10 s period), L206 (the method), L211 (info: the route's host)
-    # and L213 (no counting expression) all send it to the Worker.
-    assert "L213" in [d.code for d in policy.lint(free, EDGE_CHECKS)]
+    # and L215 (no counting expression) all send it to the Worker.
+    assert "L215" in [d.code for d in policy.lint(free, EDGE_CHECKS)]
     assert [p.target.value for p in edgegen.build(free).placements] == ["worker"]
 
 
