@@ -799,6 +799,14 @@ class Replay:
             return None
         identity: Hashable = ("user", request.user or "")
         checks = [(check, identity) for check in rates]
+        if limit.count_when is not None:
+            # A hit of a count_when limit is its check; the count came later, with a status
+            # the event log does not hold (applimit's record), so nothing is counted here.
+            later = dict.fromkeys(range(len(checks)), limit.count_when)
+            refused = self._refused_then_answered(checks, later, request.at_us, request.cost)
+            layer = ReplayLayer.APP if refused else None
+            self._count_answers(request, layer)
+            return layer
         return ReplayLayer.APP if self._refused(checks, request.at_us, request.cost) else None
 
     @staticmethod

@@ -154,3 +154,19 @@ def test_suggestions_count_only_the_listed_answers() -> None:
     [item], _ = suggest(load("free", APP), logged, target=0.0)
     assert item.floor == 4
     assert item.identities == 3
+
+
+def test_decision_events_of_a_count_when_limit_are_checks_that_count_nothing() -> None:
+    """applimit logs a count_when limit's check as its hit; the count, after the answer,
+    is not in the log. So events are checked, never counted (a spent caller cannot be told
+    from the log), and the report says how many had no status."""
+    events = [
+        Record(T0 + i * S, "", "", "", "", user="u1", tier="default", limit="login")
+        for i in range(10)
+    ]
+    result = replay(load("free", APP), events)
+    assert result.refused[ReplayLayer.APP] == 0
+    assert result.admitted == 10
+    assert result.statusless == 10
+    text = POLICY.format(plan="free", part=APP).replace("    count_when: { status: [401] }\n", "")
+    assert replay(policy.loads(text), events).refused[ReplayLayer.APP] == 7
