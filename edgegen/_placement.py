@@ -19,6 +19,13 @@ Rule slots go first to limits forced with ``target: rule``, then to limits only 
 carry, then to the rest in policy order, so a full quota pushes the most flexible limits to
 the Worker rather than failing.
 
+A limit with ``count_when`` (count only answers of some statuses) is a rule with a
+counting expression where the plan has one (Business and up); elsewhere the Worker carries
+it (L215), checking a spent mark before forwarding and counting after the origin's answer.
+With ``unauthenticated_only`` both counters count only those statuses, each at its own
+rate; with ``requests_to_origin`` a rule counts only answers that came from the origin
+(the Worker still counts every answer, L212).
+
 The findings are contributed to ``policy.lint`` and ``policy.check`` as :data:`EDGE_CHECKS`
 (the policy package never imports edgegen). Their codes:
 
@@ -42,13 +49,6 @@ L212    warning          a limit with ``requests_to_origin`` runs in the Worker,
 L215    info             a limit with ``count_when`` runs in the Worker because the plan's
                          rules have no counting expression
 ======  ========  =====  ==========================================================
-
-A limit with ``count_when`` (count only answers of some statuses) is a rule with a
-counting expression where the plan has one (Business and up); elsewhere the Worker carries
-it (L215), checking a spent mark before forwarding and counting after the origin's answer.
-With ``unauthenticated_only`` both counters count only those statuses, each at its own
-rate; with ``requests_to_origin`` a rule counts only answers that came from the origin
-(the Worker still counts every answer, L212).
 """
 
 from __future__ import annotations
@@ -259,7 +259,6 @@ def rule_shortfalls(policy: Policy, limit: Limit, caps: PlanCapabilities) -> lis
                 ("edge", "requests_to_origin"),
             )
         )
-    out.extend(_counting_shortfalls(limit, caps))
     credentialed = credentialed_rate(policy, limit)
     if credentialed is not None and credentialed.period != edge.rate.period:
         out.extend(_credentialed_rule_shortfalls(edge, credentialed, caps))
@@ -297,25 +296,8 @@ def rule_shortfalls(policy: Policy, limit: Limit, caps: PlanCapabilities) -> lis
                 ("edge", "unauthenticated_only") if auth else ("match",),
             )
         )
+    out.extend(_counting_shortfalls(limit, caps))
     return out
-
-
-def _counting_shortfalls(limit: Limit, caps: PlanCapabilities) -> list[Shortfall]:
-    """What a rule lacks to count only some answers (``count_when``): a counting expression
-    on ``http.response.code``, which Cloudflare offers from Business up."""
-    if limit.count_when is None or caps.counting_expression.value:
-        return []
-    lowest = next(c for c in PLANS.values() if c.counting_expression.value)
-    return [
-        Shortfall(
-            "counting",
-            f"rules on the {caps.plan.value} plan cannot count only some answers (count_when: "
-            f"status {limit.count_when.describe()} needs a counting expression, "
-            f"{lowest.label} and up)",
-            f"use the {lowest.label} plan or above",
-            ("count_when",),
-        )
-    ]
 
 
 def _credentialed_rule_shortfalls(
@@ -590,9 +572,11 @@ def _place(
                 # L212 below says it, with what the Worker does instead.
                 continue
             value_kind = shortfall.kind in ("period", "timeout")
-            code = {"period": "L205", "timeout": "L205", "quota": "L207", "counting": "L215"}.get(
+            code = {"period": "L205", "timeout": "L205", "quota": "L207"}.get(
                 shortfall.kind, "L206"
             )
+            # count_when: rules below Business have no counting expression.
+            code = "L215" if shortfall.kind == "counting" else code
             found.append(
                 diagnostic_at(
                     policy,
@@ -654,6 +638,24 @@ def _place(
         findings=tuple(found),
         credentialed=credentialed,
     )
+
+
+def _counting_shortfalls(limit: Limit, caps: PlanCapabilities) -> list[Shortfall]:
+    """What a rule lacks to count only some answers (``count_when``): a counting expression
+    on ``http.response.code``, which Cloudflare offers from Business up."""
+    if limit.count_when is None or caps.counting_expression.value:
+        return []
+    lowest = next(c for c in PLANS.values() if c.counting_expression.value)
+    return [
+        Shortfall(
+            "counting",
+            f"rules on the {caps.plan.value} plan cannot count only some answers (count_when: "
+            f"status {limit.count_when.describe()} needs a counting expression, "
+            f"{lowest.label} and up)",
+            f"use the {lowest.label} plan or above",
+            ("count_when",),
+        )
+    ]
 
 
 def _origin_finding(

@@ -11,8 +11,7 @@ It follows /work/shared/reference/cloudflare.md and Cloudflare's API docs:
 - rule validation with 400s that carry ``source.pointer`` (``/rules/0/ratelimit/period``):
   expression over 4,096 characters, periods and timeouts the plan does not offer, the
   plan's rule quota, duplicate refs, unknown ids, challenge actions with a timeout below
-  Enterprise, bad block responses, unknown fields, a custom counting expression below
-  Business, response fields (``http.response.code``) outside the counting expression;
+  Enterprise, bad block responses, unknown fields;
 - auth: 401 without a token or with an unknown one, 403 for a token without the permission
   the endpoint needs;
 - 429 with ``Retry-After`` once a request budget is spent, and 5xx injected at chosen
@@ -32,6 +31,10 @@ It follows /work/shared/reference/cloudflare.md and Cloudflare's API docs:
 - the zone's URL normalisation setting: ``GET/PUT /zones/{z}/url_normalization``, result
   ``{"scope": "incoming"|"both"|"none", "type": "cloudflare"|"rfc3986"}`` (default
   incoming + cloudflare), 403 for a token without Zone Settings permission.
+
+Counting expressions are checked as Cloudflare documents them: none below Business, at most
+4,096 characters, and response fields (``http.response.code``) only there, never in a
+rule's matching expression.
 
 Error codes other than 10003, 10007, 10000 (authentication), 971 (API limit) and 7003 (no
 such object) are illustrative: edgegen matches on status and pointer, never on codes it

@@ -120,6 +120,13 @@ function sleep(ms) {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
+// The status the origin answers: the request's `x-origin-status` header when it holds one
+// from 200 to 599 (a test's stand-in for a failed login, say), else 200.
+function originStatus(request) {
+  const wanted = Number(request.headers.get(ORIGIN_STATUS_HEADER));
+  return Number.isInteger(wanted) && wanted >= 200 && wanted <= 599 ? wanted : 200;
+}
+
 function toMiniflareRatelimits(ratelimits) {
   const out = {};
   for (const [binding, conf] of Object.entries(ratelimits ?? {})) {
@@ -160,13 +167,6 @@ function headerList(req) {
   }
   if (!hasHost) list.unshift(["host", url.host]);
   return list;
-}
-
-// The status the origin answers: the request's `x-origin-status` header when it holds one
-// from 200 to 599 (a test's stand-in for a failed login, say), else 200.
-function originStatus(request) {
-  const wanted = Number(request.headers.get(ORIGIN_STATUS_HEADER));
-  return Number.isInteger(wanted) && wanted >= 200 && wanted <= 599 ? wanted : 200;
 }
 
 async function origin(request) {

@@ -76,10 +76,9 @@ const CONFIG = {
 // checked in every form `requestPaths` gives), pick each limit's counter (requests that carry
 // a credential are counted apart, against the limit's looser credentialed rate), count the
 // client (`ipBucket` of CF-Connecting-IP) in each counter's binding in policy order, and
-// answer 429 for the first counter that refuses; a counter with `countWhen` is checked
-// before and counted after the origin's answer (see "count_when" below). Anything else,
-// including every internal error, passes the request to the origin untouched: a broken
-// limiter must not take the site down.
+// answer 429 for the first counter that refuses. Anything else, including every internal
+// error, passes the request to the origin untouched: a broken limiter must not take the site
+// down.
 //
 // `decodePath`, `canonicalPath`, `requestPaths` and `ipBucket` are ports of
 // policy/edgegen_policy/_match.py and policy/edgegen_policy/_net.py: they give exactly the strings the Python functions
