@@ -640,24 +640,6 @@ def _place(
     )
 
 
-def _counting_shortfalls(limit: Limit, caps: PlanCapabilities) -> list[Shortfall]:
-    """What a rule lacks to count only some answers (``count_when``): a counting expression
-    on ``http.response.code``, which Cloudflare offers from Business up."""
-    if limit.count_when is None or caps.counting_expression.value:
-        return []
-    lowest = next(c for c in PLANS.values() if c.counting_expression.value)
-    return [
-        Shortfall(
-            "counting",
-            f"rules on the {caps.plan.value} plan cannot count only some answers (count_when: "
-            f"status {limit.count_when.describe()} needs a counting expression, "
-            f"{lowest.label} and up)",
-            f"use the {lowest.label} plan or above",
-            ("count_when",),
-        )
-    ]
-
-
 def _origin_finding(
     policy: Policy,
     name: str,
@@ -717,6 +699,24 @@ def _per_address_finding(
     fix = "set target: worker"
     message += f"; {fix} to count IPv6 clients per /{ipv6_prefix}"
     return diagnostic_at(policy, path, "L210", Severity.WARNING, message, limit=name, fix=fix)
+
+
+def _counting_shortfalls(limit: Limit, caps: PlanCapabilities) -> list[Shortfall]:
+    """What a rule lacks to count only some answers (``count_when``): a counting expression
+    on ``http.response.code``, which Cloudflare offers from Business up."""
+    if limit.count_when is None or caps.counting_expression.value:
+        return []
+    lowest = next(c for c in PLANS.values() if c.counting_expression.value)
+    return [
+        Shortfall(
+            "counting",
+            f"rules on the {caps.plan.value} plan cannot count only some answers (count_when: "
+            f"status {limit.count_when.describe()} needs a counting expression, "
+            f"{lowest.label} and up)",
+            f"use the {lowest.label} plan or above",
+            ("count_when",),
+        )
+    ]
 
 
 def placement_diagnostics(
