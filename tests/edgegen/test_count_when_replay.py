@@ -170,3 +170,36 @@ def test_decision_events_of_a_count_when_limit_are_checks_that_count_nothing() -
     assert result.statusless == 10
     text = POLICY.format(plan="free", part=APP).replace("    count_when: { status: [401] }\n", "")
     assert replay(policy.loads(text), events).refused[ReplayLayer.APP] == 7
+
+
+def test_both_counters_of_an_unauthenticated_only_limit_count_only_listed_answers() -> None:
+    """Without a credential: 2 failures allowed, the third still answered, then refused.
+    With one: 4 allowed at the credentialed rate, counted apart; 200s count in neither."""
+    text = """
+version: 1
+cloudflare:
+  plan: free
+  worker: { name: edge, routes: ["*/*"] }
+authenticated_when: { headers: [authorization] }
+limits:
+  - name: api
+    match: { path_prefix: /api/ }
+    count_when: { status: 401 }
+    edge: { rate: 2/1m, unauthenticated_only: true, credentialed_rate: 4/1m }
+"""
+
+    def api(i: int, status: int, authenticated: bool) -> Record:
+        return Record(
+            T0 + (1 + i) * S, "GET", "example.com", "/api/x", IP, status=status,
+            authenticated=authenticated,
+        )  # fmt: skip
+
+    logged = [api(i, 200, False) for i in range(5)]
+    logged += [api(5 + i, 401, False) for i in range(4)]
+    logged += [api(9 + i, 401, True) for i in range(6)]
+    from edgegen.replay._engine import Replay
+
+    engine = Replay(policy.loads(text))
+    got = [engine.feed(r) for r in logged]
+    worker = ReplayLayer.WORKER
+    assert got == [None] * 5 + [None, None, None, worker] + [None] * 5 + [worker]
