@@ -94,3 +94,22 @@ def test_a_plan_without_counting_expressions_refuses_a_hand_made_one(
     }
     errors = zone.validate_rules([rule])
     assert [e["source"]["pointer"] for e in errors] == ["/rules/0/ratelimit/counting_expression"]
+
+
+def test_a_rejected_counting_expression_points_at_count_when(tmp_path: Path) -> None:
+    """Should Cloudflare refuse the counting expression, the rejection is located at the
+    limit's count_when, where the statuses it was compiled from are written."""
+    import edgegen_policy as policy
+
+    from edgegen.zone._rejections import Rejection, locate_rejections
+
+    path = policy_with(tmp_path, "[401, 403]")
+    loaded = policy.load(path)
+    text = path.read_text().splitlines()
+    [line] = [i + 1 for i, row in enumerate(text) if "count_when:" in row]
+    rejection = Rejection(
+        index=0, ref=None, limit="login", field="ratelimit.counting_expression", code=1,
+        message="no",
+    )  # fmt: skip
+    [found] = locate_rejections([rejection], loaded)
+    assert found.where is not None and found.where.startswith(f"{path}:{line}:")
