@@ -456,7 +456,8 @@ def capability_table_markdown() -> str:
             *_growing([tuple(a.value for a in c.actions.value) for c in plans]),
             "`block` (429)",
         ],
-        "counting_expression": [_yes(c.counting_expression.value) for c in plans] + ["n/a"],
+        "counting_expression": [_yes(c.counting_expression.value) for c in plans]
+        + ["none; `count_when` is counted after the answer"],
         "requests_to_origin": [_yes(c.requests_to_origin.value) for c in plans]
         + ["no (counts every request)"],
         "custom_response": [_yes(c.custom_response.value) for c in plans]

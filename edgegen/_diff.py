@@ -19,7 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import edgegen_policy as policy
-from edgegen_policy import AppLimit, Diagnostic, EdgeLimit, Limit, Match, Policy, Rate
+from edgegen_policy import (
+    AppLimit,
+    CountWhen,
+    Diagnostic,
+    EdgeLimit,
+    Limit,
+    Match,
+    Policy,
+    Rate,
+)
 
 from ._placement import check
 from ._text import code, markdown_text, terminal_text
@@ -424,6 +433,24 @@ def _match_changes(limit: str, old: Match, new: Match) -> list[Change]:
     return out
 
 
+def _count_when_changes(limit: str, old: CountWhen | None, new: CountWhen | None) -> list[Change]:
+    """A change of which answers count: every layer counts differently from then on."""
+    if old == new:
+        return []
+    if old is None:
+        assert new is not None
+        text = (
+            "limit {0}: now counts only answers with status {1} (checked before a request "
+            "runs, counted after its answer); other answers no longer count"
+        )
+        return [Change("count_when", limit, text, (limit, new.describe()))]
+    if new is None:
+        text = "limit {0}: now counts every request (it counted only answers with status {1})"
+        return [Change("count_when", limit, text, (limit, old.describe()))]
+    text = "limit {0}: now counts answers with status {1} (was {2})"
+    return [Change("count_when", limit, text, (limit, new.describe(), old.describe()))]
+
+
 def _same_but_name(a: Limit, b: Limit) -> bool:
     return a.model_copy(update={"name": b.name}) == b
 
@@ -618,6 +645,7 @@ def semantic_changes(old: Version, new: Version) -> list[Change]:
         elif before.app is not None and limit.app is not None:
             out.extend(_app_changes(old.policy, new.policy, name, before.app, limit.app))
         out.extend(_match_changes(name, before.match, limit.match))
+        out.extend(_count_when_changes(name, before.count_when, limit.count_when))
         if before.description != limit.description:
             out.append(Change("description", name, "limit {0}: the description changed", (name,)))
         was, now = old_targets.get(name), new_targets.get(name)
@@ -640,6 +668,8 @@ def _describe(limit: Limit) -> str:
     if limit.app is not None:
         tiers = ", ".join(f"{t} {_rates_text(r)}" for t, r in limit.app.tiers.items())
         parts.append(f"app {limit.app.algorithm.value} ({tiers})")
+    if limit.count_when is not None:
+        parts.append(f"counting answers with status {limit.count_when.describe()}")
     return "; ".join(parts)
 
 

@@ -19,6 +19,13 @@ Rule slots go first to limits forced with ``target: rule``, then to limits only 
 carry, then to the rest in policy order, so a full quota pushes the most flexible limits to
 the Worker rather than failing.
 
+A limit with ``count_when`` (count only answers of some statuses) is a rule with a
+counting expression where the plan has one (Business and up); elsewhere the Worker carries
+it (L215), checking a spent mark before forwarding and counting after the origin's answer.
+With ``unauthenticated_only`` both counters count only those statuses, each at its own
+rate; with ``requests_to_origin`` a rule counts only answers that came from the origin
+(the Worker still counts every answer, L212).
+
 The findings are contributed to ``policy.lint`` and ``policy.check`` as :data:`EDGE_CHECKS`
 (the policy package never imports edgegen). Their codes:
 
@@ -39,6 +46,8 @@ L211    warning          a limit in the Worker names hosts no route of the Worke
                          (info when only a rule can carry the limit)
 L212    warning          a limit with ``requests_to_origin`` runs in the Worker, which counts
                          every request, cached ones included
+L215    info             a limit with ``count_when`` runs in the Worker because the plan's
+                         rules have no counting expression
 ======  ========  =====  ==========================================================
 """
 
@@ -287,6 +296,7 @@ def rule_shortfalls(policy: Policy, limit: Limit, caps: PlanCapabilities) -> lis
                 ("edge", "unauthenticated_only") if auth else ("match",),
             )
         )
+    out.extend(_counting_shortfalls(limit, caps))
     return out
 
 
@@ -418,7 +428,7 @@ def place(policy: Policy) -> tuple[EdgePlacement, ...]:
     # A limit that counts only requests to the origin is honoured by a rule alone, so it
     # comes before the limits the Worker carries just as well.
     rule_only = [
-        i for i in candidates if i not in forced and (worker_lacks[i] or _origin_only(policy, i))
+        i for i in candidates if i not in forced and (worker_lacks[i] or _rule_preferred(policy, i))
     ]
     flexible = [i for i in candidates if i not in forced and i not in rule_only]
     quota = caps.max_rules.value
@@ -447,9 +457,13 @@ def place(policy: Policy) -> tuple[EdgePlacement, ...]:
     return tuple(placements)
 
 
-def _origin_only(policy: Policy, index: int) -> bool:
-    edge = policy.limits[index].edge
-    return edge is not None and edge.requests_to_origin
+def _rule_preferred(policy: Policy, index: int) -> bool:
+    limit = policy.limits[index]
+    edge = limit.edge
+    # count_when too: a rule's counter is the one it decides on, where the Worker's spent
+    # mark reaches the location's other isolates through the Cache API, with a lag
+    # (docs/edge.md, "Counting only some answers").
+    return edge is not None and (edge.requests_to_origin or limit.count_when is not None)
 
 
 def _quota_full(caps: PlanCapabilities, needed: int) -> Shortfall:
@@ -561,6 +575,8 @@ def _place(
             code = {"period": "L205", "timeout": "L205", "quota": "L207"}.get(
                 shortfall.kind, "L206"
             )
+            # count_when: rules below Business have no counting expression.
+            code = "L215" if shortfall.kind == "counting" else code
             found.append(
                 diagnostic_at(
                     policy,
@@ -601,6 +617,11 @@ def _place(
         )
         found.append(_origin_finding(policy, limit.name, base, target, rule_lacks))
     why.append("the Worker binding can express it")
+    if limit.count_when is not None:
+        why.append(
+            f"count_when (status {limit.count_when.describe()}): the Worker refuses a caller "
+            "it has marked spent before forwarding, and counts after the origin's answer"
+        )
     if credentialed is not None:
         why.append(
             f"requests that carry a credential: a second binding, {credentialed} per client IP"
@@ -678,6 +699,24 @@ def _per_address_finding(
     fix = "set target: worker"
     message += f"; {fix} to count IPv6 clients per /{ipv6_prefix}"
     return diagnostic_at(policy, path, "L210", Severity.WARNING, message, limit=name, fix=fix)
+
+
+def _counting_shortfalls(limit: Limit, caps: PlanCapabilities) -> list[Shortfall]:
+    """What a rule lacks to count only some answers (``count_when``): a counting expression
+    on ``http.response.code``, which Cloudflare offers from Business up."""
+    if limit.count_when is None or caps.counting_expression.value:
+        return []
+    lowest = next(c for c in PLANS.values() if c.counting_expression.value)
+    return [
+        Shortfall(
+            "counting",
+            f"rules on the {caps.plan.value} plan cannot count only some answers (count_when: "
+            f"status {limit.count_when.describe()} needs a counting expression, "
+            f"{lowest.label} and up)",
+            f"use the {lowest.label} plan or above",
+            ("count_when",),
+        )
+    ]
 
 
 def placement_diagnostics(

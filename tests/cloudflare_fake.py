@@ -32,6 +32,10 @@ It follows /work/shared/reference/cloudflare.md and Cloudflare's API docs:
   ``{"scope": "incoming"|"both"|"none", "type": "cloudflare"|"rfc3986"}`` (default
   incoming + cloudflare), 403 for a token without Zone Settings permission.
 
+Counting expressions are checked as Cloudflare documents them: none below Business, at most
+4,096 characters, and response fields (``http.response.code``) only there, never in a
+rule's matching expression.
+
 Error codes other than 10003, 10007, 10000 (authentication), 971 (API limit) and 7003 (no
 such object) are illustrative: edgegen matches on status and pointer, never on codes it
 does not know. The fake is stricter than Cloudflare in one way: it rejects response-only
@@ -628,12 +632,54 @@ class FakeCloudflare:
                     f"{at}/counting_expression",
                 )
             )
+        errors.extend(self._validate_counting(rule, limit, at))
         if limit.get("requests_to_origin") and self.plan in {"free", "pro"}:
             errors.append(
                 error(
                     20023,
                     f"requests_to_origin is not available on the {self.plan} plan",
                     f"{at}/requests_to_origin",
+                )
+            )
+        return errors
+
+    def _validate_counting(
+        self, rule: dict[str, Any], limit: dict[str, Any], at: str
+    ) -> list[dict[str, Any]]:
+        """A custom counting expression: Business and up (availability table), a string
+        of at most 4,096 characters; response fields (``http.response.*``) only there, never
+        in the rule's matching expression, which is decided before there is a response."""
+        errors = []
+        expression = rule.get("expression")
+        if isinstance(expression, str) and "http.response." in expression:
+            errors.append(
+                error(
+                    20024,
+                    "response fields are only available in the counting expression",
+                    at.rsplit("/ratelimit", 1)[0] + "/expression",
+                )
+            )
+        counting = limit.get("counting_expression")
+        if counting is None or counting == "":
+            return errors
+        pointer = f"{at}/counting_expression"
+        if self.plan in {"free", "pro"}:
+            errors.append(
+                error(
+                    20025,
+                    f"a custom counting expression is not available on the {self.plan} plan",
+                    pointer,
+                )
+            )
+        elif not isinstance(counting, str):
+            errors.append(error(20026, "counting_expression must be a string", pointer))
+        elif len(counting) > 4096:
+            errors.append(
+                error(
+                    20007,
+                    f"the counting expression is {len(counting)} characters long; the maximum "
+                    "is 4096",
+                    pointer,
                 )
             )
         return errors

@@ -13,7 +13,8 @@ Grammar (the subset)::
     and        := unary ("and" unary)*
     unary      := "not" unary | primary
     primary    := "(" expr ")" | "true" | "false" | comparison
-    comparison := value (("eq" STRING) | ("gt" NUMBER) | ("in" "{" STRING+ "}"))?
+    comparison := value (("eq" (STRING | NUMBER)) | ("gt" NUMBER) | ("in" "{" STRING+ "}")
+                  | ("in" "{" (NUMBER | NUMBER ".." NUMBER)+ "}"))?
     value      := (call | FIELD) index*
     call       := NAME "(" comparison ("," STRING)* ")"
     index      := "[" STRING "]" | "[*]"
@@ -40,7 +41,7 @@ class Missing:
 MISSING = Missing()
 _TOKEN = re.compile(
     r'\s*(?:(?P<string>"(?:[^"\\]|\\.)*")|(?P<number>\d+)|(?P<name>[a-z_][a-z0-9_.]*)'
-    r"|(?P<punct>\[\*\]|[()\[\]{},]))"
+    r"|(?P<punct>\[\*\]|\.\.|[()\[\]{},]))"
 )
 
 
@@ -180,10 +181,13 @@ class Request:
     host: str
     headers: dict[str, list[str]] = field(default_factory=dict)
     cookies: dict[str, list[str]] = field(default_factory=dict)
+    # The answer's status, for counting expressions; None before there is one.
+    status: int | None = None
 
     def fields(self) -> dict[str, Any]:
         """Field name -> value."""
         return {
+            "http.response.code": MISSING if self.status is None else self.status,
             "http.request.uri.path": self.path,
             "http.request.method": self.method,
             "http.host": self.host,
@@ -268,6 +272,8 @@ class _Parser:
         nxt = self.peek()
         if nxt == ("name", "eq"):
             self.take()
+            if self.next_is_number():
+                return ("cmp", "eq", value, int(self.take()[1]))
             return ("cmp", "eq", value, self.string())
         if nxt == ("name", "gt"):
             self.take()
@@ -278,6 +284,8 @@ class _Parser:
         if nxt == ("name", "in"):
             self.take()
             self.take("{")
+            if self.next_is_number():
+                return ("cmp", "in", value, self.numbers())
             items: list[str] = []
             while self.peek() != ("punct", "}"):
                 items.append(self.string())
@@ -286,6 +294,27 @@ class _Parser:
                 raise ParseError("an empty set")
             return ("cmp", "in", value, frozenset(items))
         return value
+
+    def next_is_number(self) -> bool:
+        token = self.peek()
+        return token is not None and token[0] == "number"
+
+    def numbers(self) -> frozenset[int]:
+        """An integer set's items up to its "}": numbers and ranges ``500..599``."""
+        found: set[int] = set()
+        while self.peek() != ("punct", "}"):
+            kind, low = self.take()
+            if kind != "number":
+                raise ParseError(f"an integer set holds numbers, found {low!r}")
+            high = low
+            if self.peek() == ("punct", ".."):
+                self.take()
+                kind, high = self.take()
+                if kind != "number" or int(high) < int(low):
+                    raise ParseError(f"a bad range {low}..{high}")
+            found.update(range(int(low), int(high) + 1))
+        self.take("}")
+        return frozenset(found)
 
     def value(self) -> Any:
         kind, name = self.take()

@@ -102,6 +102,10 @@ def _rule(
         "requests_per_period": rate.limit,
         "mitigation_timeout": timeout,
     }
+    if limit.count_when is not None:
+        rule["ratelimit"]["counting_expression"] = _expr.counting_expression(
+            expression, limit.count_when.status
+        )
     if edge.requests_to_origin:
         # Left out otherwise: false is Cloudflare's default, and the zone plan reads an
         # absent field as false, so existing rules show no change.

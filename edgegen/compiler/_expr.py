@@ -318,6 +318,40 @@ def fitted_expression(
     return render(expr), SPELLING_STEPS[-1]
 
 
+# The response field a counting expression reads (rate limiting parameters page: "the
+# counting expression can include response fields"); never usable in a rule's expression.
+RESPONSE_CODE = "http.response.code"
+
+
+def status_condition(ranges: Sequence[tuple[int, int]]) -> Expr:
+    """``http.response.code`` in a policy's ``count_when`` statuses: ``eq 401`` for one,
+    else an inline set whose ranges are written ``500..599`` (integer ranges in sets)."""
+    items = [str(low) if low == high else f"{low}..{high}" for low, high in ranges]
+    if not items:
+        raise ExpressionError("count_when lists no status")
+    if len(items) == 1 and ".." not in items[0]:
+        return Expr(f"{RESPONSE_CODE} eq {items[0]}")
+    return Expr(f"{RESPONSE_CODE} in {{{' '.join(items)}}}")
+
+
+def counting_expression(match: str, ranges: Sequence[tuple[int, int]]) -> str:
+    """The counting expression of a rule whose ``count_when`` lists ``ranges``.
+
+    A counting expression does not extend the rule's matching expression, it replaces it
+    (rate limiting parameters page: "you may wish to include the matching expression in the
+    counting expression"), so it carries the match too: otherwise an answer of that status
+    on any URL of the zone would count. ExpressionError when over 4,096 characters.
+    """
+    status = status_condition(ranges)
+    text = status.text if match == TRUE.text else f"({match}) and {status.text}"
+    if len(text) > MAX_EXPRESSION_LENGTH:
+        raise ExpressionError(
+            f"the counting expression (the match and count_when's statuses) is {len(text):,} "
+            f"characters long and Cloudflare allows {MAX_EXPRESSION_LENGTH:,}"
+        )
+    return text
+
+
 def render(expr: Expr) -> str:
     """The final expression text; ExpressionError when it exceeds 4,096 characters."""
     if len(expr.text) > MAX_EXPRESSION_LENGTH:

@@ -92,6 +92,15 @@ def policy_header(limit: Limit, period: int, rate: Rate | None = None) -> str:
     return f"{header_key(limit.name)};q={rate.limit};w={period}"
 
 
+def count_when_config(limit: Limit) -> dict[str, Any]:
+    """``countWhen`` for a counter of a limit with ``count_when``: the statuses as
+    ``[low, high]`` pairs (the Worker counts after the answer, see limiter.js); nothing for
+    a limit that counts every request, so its counters read as before."""
+    if limit.count_when is None:
+        return {}
+    return {"countWhen": [[low, high] for low, high in limit.count_when.status]}
+
+
 def credentialed_binding_name(name: str) -> str:
     """The binding of a limit's counter for requests that carry a credential."""
     return _ids.binding_name(name) + CREDENTIALED_SUFFIX
@@ -163,6 +172,7 @@ def config(policy: Policy, limits: list[WorkerLimit]) -> dict[str, Any]:
                 item.credentialed,
                 item.credentialed_period,
             )
+            credentialed.update(count_when_config(limit))
         entries.append(
             {
                 "name": own["name"],
@@ -176,6 +186,7 @@ def config(policy: Policy, limits: list[WorkerLimit]) -> dict[str, Any]:
                 "period": own["period"],
                 "policy": own["policy"],
                 "problem": own["problem"],
+                **count_when_config(limit),
                 "withCredential": credentialed,
             }
         )

@@ -24,10 +24,12 @@ from enum import StrEnum
 
 from edgegen_policy import (
     Action,
+    CountWhen,
     EdgeTarget,
     Limit,
     Policy,
     Rate,
+    Verdict,
     checked_rates,
     decide,
     ip_bucket,
@@ -37,8 +39,8 @@ from edgegen_policy import Matcher as PolicyMatcher
 
 from .. import _placement
 from .._routes import route_covers, route_parts
-from ._models import app_model, rule_counter, worker_counter
-from ._types import AppModel, EdgeCounter, Record
+from ._models import RuleCounter, WorkerCounter, app_model
+from ._types import AppModel, Record
 
 # Forget idle counters every this many records (and at the end): cheap, and often enough
 # that memory follows the active identities.
@@ -63,6 +65,13 @@ ASSUMPTIONS = (
     "The app decides every limit exactly (approximate mode and the denial cache are "
     "modelled as exact decisions); a caller keeps one tier through the replay.",
     "A limit that counts by an app key (per: org) counts the record's user in its place.",
+)
+# Said in the notes of a replay whose policy has a limit with count_when.
+COUNT_WHEN_NOTE = (
+    "Limits with count_when check a request before it runs and count it after, when its "
+    "logged status is listed: a request that a later layer refused counts as its 429, one "
+    "refused at or before the limit's own layer is not counted, and a record without a "
+    "status is not counted."
 )
 
 
@@ -183,10 +192,12 @@ class _Rule:
 
     row: Row
     matcher: PolicyMatcher
-    counter: EdgeCounter
+    counter: RuleCounter
     # None: every request; True: only requests with a credential; False: only without.
     credentialed: bool | None
     challenge: bool
+    # The limit's count_when: checked before, counted after the answer (_Answer).
+    count_when: CountWhen | None = None
 
 
 @dataclass(slots=True)
@@ -195,8 +206,21 @@ class _Binding:
 
     row: Row
     matcher: PolicyMatcher
-    counter: EdgeCounter
+    counter: WorkerCounter
     credentialed: bool | None
+    count_when: CountWhen | None = None
+
+
+@dataclass(slots=True)
+class _Answer:
+    """A count_when check one request passed, to count once its answer is known."""
+
+    layer: ReplayLayer
+    count_when: CountWhen
+    count: Callable[[Hashable, int], None]
+    key: Hashable
+    row: Row
+    identity: Hashable
 
 
 @dataclass(slots=True)
@@ -217,7 +241,11 @@ class _AppLimit:
     per_ip: bool
     shadow: bool
     tiers: dict[str, list[_AppCheck]]
+    count_when: CountWhen | None = None
 
+
+# The order traffic meets the layers in.
+_LAYER_ORDER = {layer: index for index, layer in enumerate(ReplayLayer)}
 
 # The timeline keeps at most this many buckets: past that, its buckets widen to the next
 # of _TIMELINE_WIDTHS (each a multiple of the one before; then whole days, doubling), so
@@ -297,17 +325,26 @@ class ReplayResult:
     # Requests without a host, replayed through a policy where a Worker route or a limit
     # names hosts: they can match none of those.
     hostless: int = 0
+    # Requests a count_when limit would have counted by their answer, logged without one.
+    statusless: int = 0
 
     @property
     def warnings(self) -> list[str]:
         """What makes the figures less than they seem, with counts, for every report."""
-        if not self.hostless:
-            return []
-        return [
-            f"{self.hostless:,} of {self.requests:,} requests have no host, so they match no "
-            "Worker route and no limit that names hosts; log the host (append host=$host to "
-            "a combined log's format, or a host column; docs/replay.md)"
-        ]
+        found = []
+        if self.hostless:
+            found.append(
+                f"{self.hostless:,} of {self.requests:,} requests have no host, so they match "
+                "no Worker route and no limit that names hosts; log the host (append "
+                "host=$host to a combined log's format, or a host column; docs/replay.md)"
+            )
+        if self.statusless:
+            found.append(
+                f"{self.statusless:,} of {self.requests:,} requests reached a limit with "
+                "count_when but have no status in the log, so they were not counted; replay "
+                "a log that records the answer's status (docs/replay.md)"
+            )
+        return found
 
     def rows_of(self, layer: ReplayLayer) -> list[Row]:
         """The rows of one layer, in policy order."""
@@ -365,6 +402,8 @@ class Replay:
             self._edge(policy)
         if ReplayLayer.APP in layers:
             self._app(policy)
+        if any(limit.count_when is not None for limit in policy.limits):
+            self.notes.append(COUNT_WHEN_NOTE)
         self.result_ = ReplayResult(
             rows=self.rows,
             layers=tuple(layer for layer in ReplayLayer if layer in layers),
@@ -382,6 +421,8 @@ class Replay:
         self._rule_cache: dict[tuple[str, str, str, bool], list[_Rule]] = {}
         self._binding_cache: dict[tuple[str, str, str, bool], list[_Binding] | None] = {}
         self._app_cache: dict[tuple[str, str, str], list[_AppLimit]] = {}
+        # The count_when checks the current request passed, counted once it is decided.
+        self._answers: list[_Answer] = []
         # Whether a request without a host misses something a request with one could match.
         matchers = [rule.matcher for rule in self.rules]
         matchers += [binding.matcher for binding in self.bindings]
@@ -446,9 +487,10 @@ class Replay:
             _Rule(
                 row=row,
                 matcher=matcher,
-                counter=rule_counter(period, rate.limit, timeout, edge.action),
+                counter=RuleCounter(period, rate.limit, timeout, edge.action),
                 credentialed=True if credentialed else (False if unauthenticated else None),
                 challenge=edge.action is not Action.BLOCK,
+                count_when=limit.count_when,
             )
         )
 
@@ -469,8 +511,9 @@ class Replay:
             _Binding(
                 row=row,
                 matcher=matcher,
-                counter=worker_counter(rate.limit, period),
+                counter=WorkerCounter(rate.limit, period),
                 credentialed=True if credentialed else (False if unauthenticated else None),
+                count_when=limit.count_when,
             )
         )
 
@@ -494,7 +537,9 @@ class Replay:
                         _AppCheck(row, app_model(app.algorithm, rate, app.burst), per_ip, shadow)
                     )
                 tiers[tier] = checks
-            entry = _AppLimit(limit.name, limit.match.matcher(), per_ip, shadow, tiers)
+            entry = _AppLimit(
+                limit.name, limit.match.matcher(), per_ip, shadow, tiers, limit.count_when
+            )
             self.apps.append(entry)
             self.app_by_name[limit.name] = entry
 
@@ -557,15 +602,40 @@ class Replay:
         authenticated = (
             request.authenticated if request.authenticated is not None else request.user is not None
         )
-        if self.rules:
-            refused = self._rules(request, method, host, path, authenticated)
-            if refused:
-                return ReplayLayer.RULES
-        if self.bindings and self._worker(request, method, host, path, authenticated):
-            return ReplayLayer.WORKER
-        if self.apps and self._app_request(request, method, host, path):
-            return ReplayLayer.APP
-        return None
+        refused: ReplayLayer | None = None
+        if self.rules and self._rules(request, method, host, path, authenticated):
+            refused = ReplayLayer.RULES
+        elif self.bindings and self._worker(request, method, host, path, authenticated):
+            refused = ReplayLayer.WORKER
+        elif self.apps and self._app_request(request, method, host, path):
+            refused = ReplayLayer.APP
+        if self._answers:
+            self._count_answers(request, refused)
+        return refused
+
+    def _count_answers(self, request: Record, refused: ReplayLayer | None) -> None:
+        """Count the answer of a request in the count_when checks it passed.
+
+        Each layer sees the answer of what lies behind it: the logged status when nothing
+        refused the request, a 429 when a later layer refused it. A check of the layer that
+        refused it, or of one behind that, saw no answer and counts nothing.
+        """
+        answers = self._answers
+        self._answers = []
+        order = _LAYER_ORDER
+        status = request.status if refused is None else 429
+        at = request.at_us
+        missing = False
+        for answer in answers:
+            if refused is not None and order[answer.layer] >= order[refused]:
+                continue
+            if status is None:
+                missing = True
+            elif answer.count_when.counts(status):
+                answer.row.count(answer.identity, at, 1)
+                answer.count(answer.key, at)
+        if missing:
+            self.result_.statusless += 1
 
     def _rules(
         self, request: Record, method: str, host: str, path: str, authenticated: bool
@@ -591,8 +661,23 @@ class Replay:
         at = request.at_us
         for rule in rules:
             row = rule.row
-            row.count(identity, at, 1)
-            if rule.counter.hit(key, at):
+            if rule.count_when is None:
+                row.count(identity, at, 1)
+                acts = rule.counter.hit(key, at)
+            else:
+                acts = rule.counter.check_before_answer(key, at)
+                if not acts:
+                    self._answers.append(
+                        _Answer(
+                            ReplayLayer.RULES,
+                            rule.count_when,
+                            rule.counter.count_answer,
+                            key,
+                            row,
+                            identity,
+                        )
+                    )
+            if acts:
                 row.refuse(identity)
                 if rule.challenge:
                     row.challenged += 1
@@ -640,6 +725,22 @@ class Replay:
         identity = ("ip", bucket)
         at = request.at_us
         for binding in bindings:
+            if binding.count_when is not None:
+                if binding.counter.spent(key, at):
+                    binding.row.refused += 1
+                    binding.row.refuse(identity)
+                    return True
+                self._answers.append(
+                    _Answer(
+                        ReplayLayer.WORKER,
+                        binding.count_when,
+                        binding.counter.count_answer,
+                        key,
+                        binding.row,
+                        identity,
+                    )
+                )
+                continue
             binding.row.count(identity, at, 1)
             if binding.counter.hit(key, at):
                 binding.row.refused += 1
@@ -649,7 +750,7 @@ class Replay:
 
     def _tier(self, request: Record) -> str:
         tier = request.tier
-        return tier if tier is not None and tier in self.tiers else self.lowest
+        return tier if tier is not None and tier in self._tier_names else self.lowest
 
     def _app_request(  # noqa: C901 (one flat loop per request; split, it costs calls)
         self, request: Record, method: str, host: str, path: str
@@ -665,15 +766,11 @@ class Replay:
         if not limits:
             return False
         user = request.user
-        if user is None:
-            tier = self.lowest
-        else:
-            tier = request.tier or self.lowest
-            if tier not in self._tier_names:
-                tier = self.lowest
+        tier = self.lowest if user is None else self._tier(request)
         by_user: Hashable = None if user is None else ("user", user)
         by_ip: Hashable = None
         checks: list[tuple[_AppCheck, Hashable]] = []
+        later: dict[int, CountWhen] = {}
         for limit in limits:
             rates = limit.tiers.get(tier)
             if not rates:
@@ -685,7 +782,11 @@ class Replay:
             else:
                 identity = by_user
             for check in rates:
+                if limit.count_when is not None:
+                    later[len(checks)] = limit.count_when
                 checks.append((check, identity))
+        if later:
+            return self._refused_then_answered(checks, later, request.at_us, request.cost)
         return self._refused(checks, request.at_us, request.cost)
 
     def _app_event(self, request: Record) -> ReplayLayer | None:
@@ -698,6 +799,14 @@ class Replay:
             return None
         identity: Hashable = ("user", request.user or "")
         checks = [(check, identity) for check in rates]
+        if limit.count_when is not None:
+            # A hit of a count_when limit is its check; the count came later, with a status
+            # the event log does not hold (applimit's record), so nothing is counted here.
+            later = dict.fromkeys(range(len(checks)), limit.count_when)
+            refused = self._refused_then_answered(checks, later, request.at_us, request.cost)
+            layer = ReplayLayer.APP if refused else None
+            self._count_answers(request, layer)
+            return layer
         return ReplayLayer.APP if self._refused(checks, request.at_us, request.cost) else None
 
     @staticmethod
@@ -734,6 +843,47 @@ class Replay:
                     row.refused += 1
         return not passed
 
+    def _refused_then_answered(
+        self,
+        checks: list[tuple[_AppCheck, Hashable]],
+        later: dict[int, CountWhen],
+        at: int,
+        cost: int,
+    ) -> bool:
+        """:meth:`_refused` for a request some of whose checks have count_when (``later``,
+        by index): every check decides before the request runs, as decide.lua's first
+        phase; an admitted request counts the other checks at once and those after its
+        answer (:meth:`_count_answers`). True: refused."""
+        passed, verdicts = decide(
+            [(check.model, identity, cost, check.shadow) for check, identity in checks],
+            at,
+            hit=False,
+        )
+        for index, ((check, identity), verdict) in enumerate(zip(checks, verdicts, strict=True)):
+            row = check.row
+            if not verdict.allowed:
+                row.count(identity, at, cost)
+                row.refuse(identity)
+                if check.shadow:
+                    row.shadow += 1
+                else:
+                    row.refused += 1
+            elif passed and index in later:
+                self._answers.append(
+                    _Answer(
+                        ReplayLayer.APP,
+                        later[index],
+                        _recorder(check.model, verdict, cost),
+                        identity,
+                        row,
+                        identity,
+                    )
+                )
+            elif passed:
+                row.count(identity, at, cost)
+                check.model.record(identity, verdict, at, cost)
+        return not passed
+
     def sweep(self, now_us: int) -> None:
         """Let every model forget what can no longer change a decision."""
         for rule in self.rules:
@@ -748,6 +898,15 @@ class Replay:
     def result(self) -> ReplayResult:
         """The counts so far."""
         return self.result_
+
+
+def _recorder(model: AppModel, verdict: Verdict, cost: int) -> Callable[[Hashable, int], None]:
+    """Phase 2 of an app check, for when the answer says the request counts."""
+
+    def record(key: Hashable, now_us: int) -> None:
+        model.record(key, verdict, now_us, cost)
+
+    return record
 
 
 def replay(

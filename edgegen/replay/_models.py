@@ -211,8 +211,9 @@ class RuleCounter:
     - **Challenges are not solved.** Passing a challenge resets the counter (parameters
       page); a log cannot say who would have solved one, so none is, and a challenged
       request counts like any other.
-    - **Response-based counting** (a counting expression with response fields, example B)
-      is :meth:`hit_counted_on_response`; edgegen's rules do not use one.
+    - **Response-based counting** (a counting expression with response fields, example B,
+      what a limit's ``count_when`` compiles to) is :meth:`check_before_answer` then
+      :meth:`count_answer` (:meth:`hit_counted_on_response` in one call).
     """
 
     __slots__ = (
@@ -295,6 +296,15 @@ class RuleCounter:
         origin and whose response matched (``counted``) increments it afterwards (example
         B). True when the action applies; such a request never reaches the origin and is
         not counted."""
+        if self.check_before_answer(key, now_us):
+            return True
+        if counted:
+            self.count_answer(key, now_us)
+        return False
+
+    def check_before_answer(self, key: Hashable, now_us: int) -> bool:
+        """The first half of :meth:`hit_counted_on_response`: whether the action applies
+        to a request on the counter as it stands; nothing is counted."""
         state, elapsed = self._counter(key, now_us)
         if now_us < state[3]:
             return True
@@ -302,9 +312,13 @@ class RuleCounter:
             if self.mitigation_timeout_us:
                 state[3] = now_us + self.mitigation_timeout_us
             return True
-        if counted:
-            state[1] += 1
         return False
+
+    def count_answer(self, key: Hashable, now_us: int) -> None:
+        """The second half: an answer the counting expression matched increments the
+        counter (the replay calls it once the request's answer is known)."""
+        state, _ = self._counter(key, now_us)
+        state[1] += 1
 
     def sweep(self, now_us: int) -> None:
         """Forget counters that weigh nothing now and whose mitigation has ended."""
@@ -327,9 +341,13 @@ class WorkerCounter:
 
     Cloudflare documents the binding's counters as per location (the engine puts the data
     centre in the key) and eventually consistent ("permissive"); this model counts exactly.
+
+    For a limit with ``count_when`` the Worker checks :meth:`spent` before forwarding and
+    calls :meth:`count_answer` for a listed answer; its marks are exact here too (in
+    Cloudflare they reach another isolate of the location through the Cache API).
     """
 
-    __slots__ = ("_counts", "_epoch", "_period", "limit")
+    __slots__ = ("_counts", "_epoch", "_period", "_spent", "limit")
 
     def __init__(self, limit: int, period_s: int) -> None:
         """A binding of ``limit`` calls per key per ``period_s`` (10 or 60) seconds."""
@@ -341,6 +359,8 @@ class WorkerCounter:
         self._period = period_s * US_PER_S
         self._epoch: int | None = None
         self._counts: dict[Hashable, int] = {}
+        # count_when: key -> µs until which the Worker refuses it before forwarding.
+        self._spent: dict[Hashable, int] = {}
 
     def __len__(self) -> int:
         """The number of counters held."""
@@ -358,12 +378,28 @@ class WorkerCounter:
         self._counts[key] = count + 1
         return False
 
+    def spent(self, key: Hashable, now_us: int) -> bool:
+        """For a limit with ``count_when``: whether the Worker refuses the key before
+        forwarding (limiter.js ``isSpent``), marked by an answer :meth:`count_answer` found
+        over the limit; nothing is counted."""
+        until = self._spent.get(key)
+        return until is not None and now_us < until
+
+    def count_answer(self, key: Hashable, now_us: int) -> None:
+        """A listed answer: one ``limit()`` call after the origin answered; over the limit,
+        the key is marked spent for one period from now (limiter.js ``countAnswer``)."""
+        if self.hit(key, now_us):
+            self._spent[key] = now_us + self._period
+
     def sweep(self, now_us: int) -> None:
-        """Clear the counts once their window has ended (the next call would)."""
+        """Clear the counts once their window has ended (the next call would), and the
+        spent marks that have run out."""
         epoch = now_us // self._period
         if self._epoch is not None and epoch > self._epoch:
             self._epoch = epoch
             self._counts.clear()
+        if self._spent:
+            self._spent = {key: until for key, until in self._spent.items() if until > now_us}
 
 
 def rule_counter(

@@ -10,7 +10,10 @@ refused at least once exactly when its peak exceeds the limit: if no window hold
 ``limit`` requests nothing is refused, and in a window that holds more, the request that
 would be the ``limit + 1``-th is refused because refused requests are not recorded. So the
 limit that refuses at most a share ``p`` of the N identities is the peak of the
-``floor(p * N) + 1``-th busiest identity. For sliding_window (a weighted estimate of that
+``floor(p * N) + 1``-th busiest identity. A limit with ``count_when`` counts only the
+requests whose logged status it lists (a record without a status counts nothing), and
+refuses the request after the ``limit``-th of them, so there the figure is a guide too.
+For sliding_window (a weighted estimate of that
 count) and gcra (a smooth rate with a burst) the same figure is a close guide, not exact;
 the report says which.
 
@@ -35,7 +38,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from edgegen_policy import Algorithm, Limit, Policy, Rate, allowance
+from edgegen_policy import Algorithm, CountWhen, Limit, Policy, Rate, allowance
 
 from .._text import markdown_text
 from ._engine import Replay, ReplayLayer, ReplayOptions, Row, _AppCheck
@@ -91,6 +94,7 @@ class _SuggestReplay(Replay):
 
     def __init__(self, policy: Policy, options: ReplayOptions | None = None) -> None:
         super().__init__(policy, options)
+        self._status: int | None = None
         self.peaks: dict[int, _Peaks] = {
             id(row): _Peaks(row.period_us) for row in self.rows if row.layer is ReplayLayer.APP
         }
@@ -101,6 +105,26 @@ class _SuggestReplay(Replay):
         for check, identity in checks:
             self.peaks[id(check.row)].add(identity, at, cost)
         return Replay._refused(checks, at, cost)
+
+    def _request(self, request: Record) -> ReplayLayer | None:
+        self._status = request.status
+        return super()._request(request)
+
+    def _refused_then_answered(
+        self,
+        checks: list[tuple[_AppCheck, Hashable]],
+        later: dict[int, CountWhen],
+        at: int,
+        cost: int,
+    ) -> bool:
+        # A limit with count_when: the peaks hold the requests whose logged answer it lists,
+        # admitted or not today, as the peaks of other limits hold every request.
+        status = self._status
+        for index, (check, identity) in enumerate(checks):
+            count_when = later.get(index)
+            if count_when is None or (status is not None and count_when.counts(status)):
+                self.peaks[id(check.row)].add(identity, at, cost)
+        return super()._refused_then_answered(checks, later, at, cost)
 
     def sweep(self, now_us: int) -> None:
         super().sweep(now_us)

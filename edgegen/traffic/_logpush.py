@@ -81,8 +81,10 @@ def logpush_parser(user_from: tuple[str, str] | None, options: TrafficOptions) -
             authenticated = bool(headers and any(headers.get(h) for h in auth_headers)) or bool(
                 cookies and any(cookies.get(c) for c in auth_cookies)
             )
-        status = status_code(obj.get("EdgeResponseStatus")) or status_code(
-            obj.get("OriginResponseStatus")
+        # The origin's answer is what a limit with count_when counts; a response the edge
+        # gave itself (the cache, a refusal) has no origin status (0), so the edge's.
+        status = status_code(obj.get("OriginResponseStatus")) or status_code(
+            obj.get("EdgeResponseStatus")
         )
         colo = obj.get("EdgeColoCode")
         return Record(

@@ -57,6 +57,7 @@ _RULE_FIELD_SOURCES: Final = (
     ("ratelimit.period", ("edge", "rate")),
     ("ratelimit.requests_per_period", ("edge", "rate")),
     ("ratelimit.mitigation_timeout", ("edge", "timeout")),
+    ("ratelimit.counting_expression", ("count_when",)),
     ("ratelimit.characteristics", ("edge", "per")),
     ("action", ("edge", "action")),
     ("expression", ("match",)),

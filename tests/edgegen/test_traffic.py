@@ -81,8 +81,8 @@ def test_combined_user_from_an_appended_field() -> None:
 
 def test_logpush_fields_and_timestamp_formats() -> None:
     """Logpush: unixnano, unix and RFC 3339 (with an offset and a fraction) times; the path
-    from ClientRequestPath or the URI without its query; EdgeResponseStatus, else the
-    origin's; host lower case without a port; colo."""
+    from ClientRequestPath or the URI without its query; OriginResponseStatus, else the
+    edge's; host lower case without a port; colo."""
     records, stats = read([HERE / "logpush.ndjson"])
     assert only(stats).format == "logpush"
     assert [r.at_us for r in records] == [T0 + 123_456, T0 + SEC, T0 + 2 * SEC, T0 + 3_500_000]

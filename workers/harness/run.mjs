@@ -47,7 +47,8 @@
 // Outbound requests. The Worker's `fetch(request)` (its global outbound) is routed by
 // Miniflare to `outboundService`, a Node function standing in for the origin: it answers 200
 // with header `x-origin: 1` and a JSON body {"method", "url", "headers", "body"} echoing what
-// it received. By default Miniflare strips CF-Connecting-IP from outbound fetches and adds
+// it received; a request carrying `x-origin-status: 401` gets that status instead of 200
+// (for limits that count only some answers). By default Miniflare strips CF-Connecting-IP from outbound fetches and adds
 // `CF-Worker: <zone>`, emulating a cross-zone subrequest; the runner turns that off
 // (stripCfConnectingIp: false) so the echo shows the request exactly as the Worker sent it.
 // Set "stripCfConnectingIp": true in a job to get Miniflare's default.
@@ -69,6 +70,7 @@ const DEFAULT_COMPATIBILITY_DATE = "2025-01-01";
 const DEFAULT_WINDOW_GUARD_MS = 2000;
 const CONTROL_HEADER = "x-harness-headers";
 const EXCEPTION_HEADER = "x-harness-exception";
+const ORIGIN_STATUS_HEADER = "x-origin-status";
 
 // Keep stdout for the result document only.
 console.log = console.error;
@@ -116,6 +118,13 @@ async function readStdin() {
 
 function sleep(ms) {
   return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+// The status the origin answers: the request's `x-origin-status` header when it holds one
+// from 200 to 599 (a test's stand-in for a failed login, say), else 200.
+function originStatus(request) {
+  const wanted = Number(request.headers.get(ORIGIN_STATUS_HEADER));
+  return Number.isInteger(wanted) && wanted >= 200 && wanted <= 599 ? wanted : 200;
 }
 
 function toMiniflareRatelimits(ratelimits) {
@@ -169,7 +178,10 @@ async function origin(request) {
       headers: Object.fromEntries(request.headers),
       body,
     }),
-    { status: 200, headers: { "content-type": "application/json", "x-origin": "1" } },
+    {
+      status: originStatus(request),
+      headers: { "content-type": "application/json", "x-origin": "1" },
+    },
   );
 }
 

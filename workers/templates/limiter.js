@@ -533,11 +533,134 @@ function tooManyRequests(counter) {
   });
 }
 
+// --- count_when: checked before forwarding, counted after the answer ----------------------
+//
+// A limit with `countWhen` (the policy's count_when: [[low, high], ...] statuses) counts only
+// answers of those statuses. The binding has no peek: `limit()` counts and answers at once.
+// So the Worker calls it only after the origin's answer, for a listed status, and when it
+// answers `success: false` the caller is marked spent for one period from then: in this
+// isolate (SPENT_KEYS) and in the Cache API of this Cloudflare location, which the
+// location's other isolates read (the binding's counters are per location too). A spent
+// caller is refused before the request is forwarded. The bound (docs/edge.md, count_when):
+// per location and window, `limit` + 1 counted answers reach the origin, plus those already
+// in flight when the mark is set or not yet visible to another isolate.
+
+// Marks this isolate holds: "binding\u0000key" -> ms since the epoch until which it is spent.
+const SPENT_KEYS = new Map();
+// Past this many marks, the expired ones are dropped, then the oldest.
+const MAX_SPENT_KEYS = 10000;
+// The Cache API cache the marks are shared in, apart from the zone's default cache.
+const SPENT_CACHE = "edgegen-spent";
+const SPENT_UNTIL_HEADER = "Edgegen-Spent-Until";
+
+/** Whether an answer's status is one a `countWhen` counter counts. */
+function countsStatus(counter, status) {
+  return counter.countWhen.some((range) => range[0] <= status && status <= range[1]);
+}
+
+/**
+ * The Cache API key of a mark: on the request's own host (the Cache API keeps entries for
+ * the zone's names), under a path no policy string reaches unescaped.
+ */
+function spentCacheKey(url, counter, key) {
+  const binding = encodeURIComponent(counter.binding);
+  return `https://${url.host}/.well-known/edgegen-spent/${binding}/${encodeURIComponent(key)}`;
+}
+
+/** Remember a mark in this isolate, keeping the map bounded. */
+function rememberSpent(id, until) {
+  if (SPENT_KEYS.size >= MAX_SPENT_KEYS) {
+    const now = Date.now();
+    for (const [other, otherUntil] of SPENT_KEYS) {
+      if (otherUntil <= now) {
+        SPENT_KEYS.delete(other);
+      }
+    }
+    for (const other of SPENT_KEYS.keys()) {
+      if (SPENT_KEYS.size < MAX_SPENT_KEYS) {
+        break;
+      }
+      SPENT_KEYS.delete(other);
+    }
+  }
+  SPENT_KEYS.set(id, until);
+}
+
+/** Whether this caller is marked spent for the counter: this isolate's mark, else the cache. */
+async function isSpent(counter, key, url) {
+  const id = `${counter.binding}\u0000${key}`;
+  const until = SPENT_KEYS.get(id);
+  const now = Date.now();
+  if (until !== undefined) {
+    if (until > now) {
+      return true;
+    }
+    SPENT_KEYS.delete(id);
+  }
+  let found;
+  try {
+    const cache = await caches.open(SPENT_CACHE);
+    found = await cache.match(spentCacheKey(url, counter, key));
+  } catch {
+    // No Cache API here (workers.dev, a local test): this isolate's marks only.
+    return false;
+  }
+  if (found === undefined) {
+    return false;
+  }
+  const shared = Number(found.headers.get(SPENT_UNTIL_HEADER));
+  if (!Number.isFinite(shared) || shared <= now) {
+    return false;
+  }
+  rememberSpent(id, shared);
+  return true;
+}
+
+/** Mark the caller spent for one period from now, here and in the location's cache. */
+async function markSpent(counter, key, url) {
+  const until = Date.now() + counter.period * 1000;
+  rememberSpent(`${counter.binding}\u0000${key}`, until);
+  try {
+    const cache = await caches.open(SPENT_CACHE);
+    const mark = new Response(null, {
+      headers: {
+        "Cache-Control": `max-age=${counter.period}`,
+        [SPENT_UNTIL_HEADER]: String(until),
+      },
+    });
+    await cache.put(spentCacheKey(url, counter, key), mark);
+  } catch {
+    // Without the Cache API the mark stays in this isolate.
+  }
+}
+
+/**
+ * Count an answer in the `countWhen` counters it concerns: for a listed status, one
+ * `limit()` call; `success: false` marks the caller spent.
+ */
+async function countAnswer(pending, status, env) {
+  for (const { counter, key, url } of pending) {
+    if (!countsStatus(counter, status)) {
+      continue;
+    }
+    let outcome;
+    try {
+      outcome = await env[counter.binding].limit({ key });
+    } catch {
+      continue;
+    }
+    if (outcome !== null && typeof outcome === "object" && outcome.success === false) {
+      await markSpent(counter, key, url);
+    }
+  }
+}
+
 /**
  * The 429 response for the first counter that refuses the request, a 400 for a path with a
- * control character, or null to let it pass.
+ * control character, or null to let it pass. Counters with `countWhen` are not counted here:
+ * a spent caller is refused, otherwise the counter goes into `pending`, for `countAnswer`.
  */
-async function decide(request, env, config) {
+async function decide(request, env, config, pending = []) {
   const url = new URL(request.url);
   const badPath = controlCharacterRefusal(url);
   if (badPath !== null) {
@@ -552,6 +675,14 @@ async function decide(request, env, config) {
     return null;
   }
   for (const counter of counters) {
+    if (counter.countWhen) {
+      // Counted after the answer (countAnswer); now only whether the caller is spent.
+      if (await isSpent(counter, key, url)) {
+        return tooManyRequests(counter);
+      }
+      pending.push({ counter, key, url });
+      continue;
+    }
     let outcome;
     try {
       outcome = await env[counter.binding].limit({ key });
@@ -574,11 +705,24 @@ async function handleRequest(request, env, ctx, config) {
   } catch {
     // Not every runtime offers it (local tests); the try/catch below covers those.
   }
+  const pending = [];
   let refusal = null;
   try {
-    refusal = await decide(request, env, config);
+    refusal = await decide(request, env, config, pending);
   } catch {
     refusal = null;
   }
-  return refusal ?? fetch(request);
+  if (refusal !== null) {
+    return refusal;
+  }
+  if (pending.length === 0) {
+    return fetch(request);
+  }
+  const response = await fetch(request);
+  try {
+    await countAnswer(pending, response.status, env);
+  } catch {
+    // Counting failed: the answer still goes back to the client.
+  }
+  return response;
 }
