@@ -88,7 +88,7 @@ def _unremembered(core: Core, method: str, path: str, identity: Any, **kwargs: A
     """What planning without the memo gives: the checks of the request, as given."""
     try:
         group = core._match(method, path, None)
-        return _plan(core.prepare("hit", core._request_checks(group, identity, **kwargs)))
+        return _plan(core.prepare("hit", core._request_checks(group.rules, identity, **kwargs)))
     except ApplimitError as error:
         return (type(error), str(error))
 
