@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from edgegen_policy import burst_for
+from edgegen_policy import CALENDAR, burst_for
 
 from . import _script
 from ._memo import Memo
-from ._rules import AppRule, RateSpec
+from ._rules import AppRule, QuotaSpec, RateSpec
 
 # What a decision does: hit consumes, peek only reads (the script also knows "refund",
 # which only a denied decision's follow-up calls use).
@@ -89,6 +89,9 @@ class Block:
     result_head: tuple[str, str, str, int, float, bool]
     spec_cost_1: str = ""
     packed_cost_1: bytes = b""
+    # A calendar quota's block as the plans keep it, without its period: the plan of each
+    # call puts the period in (Core.prepare, ``dated_block``). None for a rate's block.
+    calendar: QuotaSpec | None = None
 
     def __post_init__(self) -> None:
         # The spec of a request of cost 1, nearly every request's, made once, and its
@@ -99,7 +102,8 @@ class Block:
 
 
 def blocks(prefix: str, rule: AppRule, tier: str) -> tuple[Block, ...]:
-    """The encoded blocks of ``rule`` for ``tier``: one per rate (none if it has none)."""
+    """The encoded blocks of ``rule`` for ``tier``: one per rate (none if it has none),
+    then one per calendar quota (:func:`quota_blocks`)."""
     out = []
     for rate in rule.tiers.get(tier, ()):
         burst = burst_for(rule.algorithm, rule.burst, rate.quota)
@@ -114,7 +118,54 @@ def blocks(prefix: str, rule: AppRule, tier: str) -> tuple[Block, ...]:
                 result_head=(rule.name, tier, rule.algorithm, rate.quota, rate.window, rule.shadow),
             )
         )
+    if rule.quotas:
+        out.extend(quota_blocks(prefix, rule, tier))
     return tuple(out)
+
+
+def quota_blocks(prefix: str, rule: AppRule, tier: str) -> tuple[Block, ...]:
+    """The blocks of ``rule``'s calendar quotas for ``tier``, without their periods: the
+    key ``<prefix>:<limit>:{<tag>}:<period>:quota``, to which each call's plan adds the
+    period's first day (:func:`dated_block`)."""
+    shadow = 1 if rule.shadow else 0
+    return tuple(
+        Block(
+            rate=RateSpec(quota=spec.quota, period_us=0, period_text=spec.period),
+            key_head=f"{prefix}:{rule.key_name}:{{",
+            key_tail=f"}}:{spec.period}:{CALENDAR}",
+            head=f"{CALENDAR} {spec.quota} 0 ",
+            tail=f" 0 {shadow}",
+            result_head=(
+                rule.name,
+                tier,
+                f"{CALENDAR}:{spec.period}",
+                spec.quota,
+                0.0,
+                rule.shadow,
+            ),
+            calendar=spec,
+        )
+        for spec in rule.quotas.get(tier, ())
+    )
+
+
+def dated_block(template: Block, start: int, end: int, first: str) -> Block:
+    """A quota's block (:func:`quota_blocks`) for the period from ``start`` to ``end`` (µs
+    since the epoch) whose first local day is ``first``: the script's spec carries the
+    times (see quota.lua), the key's tail the day, so each period counts on its own key."""
+    spec = template.calendar
+    assert spec is not None
+    rate = RateSpec(quota=spec.quota, period_us=end - start, period_text=spec.period)
+    name, tier, algorithm, quota, _window, shadow = template.result_head
+    return Block(
+        rate=rate,
+        key_head=template.key_head,
+        key_tail=f"{template.key_tail}:{first}",
+        head=f"{CALENDAR} {spec.quota} {end} ",
+        tail=f" {start} {template.tail[-1]}",
+        result_head=(name, tier, algorithm, quota, rate.window, shadow),
+        calendar=spec,
+    )
 
 
 # Built for every decision: plain slotted dataclasses, not frozen ones, whose __init__ pays

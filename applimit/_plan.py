@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -54,6 +55,7 @@ from ._calls import (
     script_call,
 )
 from ._memo import Memo
+from ._periods import Periods
 from ._replies import Prepared
 from ._rules import USER_KIND, AppRule, CompiledPolicy
 
@@ -171,6 +173,10 @@ class Core:
         self._requested: Memo[tuple[_Group, str | None, str | None, str | None, int], _Planned] = (
             Memo(_PLANNED_CACHE)
         )
+        # Whether any limit has calendar quotas: only then does a plan look for quota
+        # checks to date (_dated); the periods each quota was last dated with.
+        self._quotas = any(rule.quotas for rule in compiled.rules)
+        self._periods = Periods()
 
     def matching(
         self, method: str, path: str, host: str | None, mount: str = ""
@@ -274,7 +280,7 @@ class Core:
                 self._planned.keep(memo, planned)
             return self.prepare(operation, planned)
         return self.prepare(
-            operation, self._checks_of(name, identity, tier, cost, ip=ip, keys=keys)
+            operation, self._checks_of(name, identity, tier, cost, ip=ip, keys=keys), keys=keys
         )
 
     def _plan_user(
@@ -368,10 +374,11 @@ class Core:
                 parts = CallParts.of(checks) if len(checks) > 1 and not self.cluster else None
                 planned = _Planned(checks, parts)
                 self._requested.keep(memo, planned)
-            return self.prepare(operation, planned.checks, planned.parts)
+            return self.prepare(operation, planned.checks, planned.parts, keys=keys)
         return self.prepare(
             operation,
             self._request_checks(group, identity, tier=tier, cost=cost, ip=ip, keys=keys),
+            keys=keys,
         )
 
     def _request_checks(
@@ -423,12 +430,22 @@ class Core:
         return checks
 
     def prepare(
-        self, operation: Operation, checks: Sequence[Check], parts: CallParts | None = None
+        self,
+        operation: Operation,
+        checks: Sequence[Check],
+        parts: CallParts | None = None,
+        *,
+        keys: object = None,
     ) -> Prepared:
         """Group ``checks`` into script calls: one, or one per hash slot on Redis Cluster.
         ``parts``: the encoded parts of a one-server call of these checks, when a
-        remembered plan kept them (``Core.for_request``)."""
+        remembered plan kept them (``Core.for_request``); ``keys``: the call's app keys,
+        where a billing quota finds the caller's billing day."""
         now = "" if self._test_clock is None else str(round(self._test_clock() * 1_000_000))
+        if self._quotas:
+            dated = self._periods.date(checks, keys, self._quota_time(now))
+            if dated is not None:
+                checks, parts = dated, None
         # The nonce names sliding-log entries: unique per call, so two requests in the same
         # microsecond never merge into one entry. 48 bits of the limiter's own generator
         # (see _NONCES), which spares a system call per decision (os.urandom), as twelve
@@ -479,6 +496,13 @@ class Core:
         )
         return Prepared(operation, tuple(checks), groups, calls, nonce, self._slack)
 
+    @staticmethod
+    def _quota_time(now: str) -> int:
+        """The time that places a request in its quotas' periods, in µs: the test clock's
+        (the script's), else this machine's. The script's time is Redis', read only once
+        the call runs; clocks kept by NTP differ by far less than a grace (quota.lua)."""
+        return int(now) if now else time.time_ns() // 1000
+
     def reset_keys(
         self,
         name: object,
@@ -494,5 +518,13 @@ class Core:
         rule = check_rule(policy, name)
         tag = limit_tag(policy, rule, identity, ip, keys)
         tiers = [check_tier(policy, tier)] if tier is not None else list(rule.tiers)
-        found = {c.key: None for t in tiers for c in self.checks(rule, t, tag, 1)}
+        checks = [c for t in tiers for c in self.checks(rule, t, tag, 1)]
+        if rule.quotas:
+            # The quotas' counters of the current periods; a billing quota's only when
+            # keys= gives the billing day.
+            at = self._quota_time(
+                "" if self._test_clock is None else str(round(self._test_clock() * 1_000_000))
+            )
+            checks = self._periods.date_known(checks, keys, at)
+        found = {c.key: None for c in checks}
         return list(found)

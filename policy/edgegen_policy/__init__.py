@@ -19,6 +19,8 @@ Public surface::
     header_key, QUOTA_EXCEEDED               a limit's RateLimit header key, the 429's
                                              problem type: the same at edge and app
     credentialed_rate                        an edge limit's rate for credentialed requests
+    Quotas, Period, period_bounds, time_zone  calendar quotas: the model, the periods of a
+                                             time zone's calendar
     ALGORITHMS, Quota, decide, ...           the app's algorithms as integer arithmetic, as
                                              applimit's Lua computes them: its memory://
                                              store and edgegen's replay decide with them
@@ -33,6 +35,8 @@ from typing import Any
 
 from ._algorithms import (
     ALGORITHMS,
+    CALENDAR,
+    QUOTA_GRACE_US,
     AlgorithmModel,
     Counter,
     Quota,
@@ -41,6 +45,7 @@ from ._algorithms import (
     decide,
     period_us,
 )
+from ._calendar import Period, UnknownTimeZoneError, period_at, period_bounds, time_zone
 from ._check import Checked, check
 from ._edge import CREDENTIALED_FACTOR, credentialed_rate
 from ._errors import Diagnostic, Layer, PolicyError, PolicyLoadError, Severity
@@ -68,6 +73,7 @@ from ._model import (
     Limit,
     Match,
     Policy,
+    Quotas,
     Worker,
 )
 from ._net import DEFAULT_IPV6_PREFIX, ip_bucket
@@ -104,9 +110,11 @@ def json_schema() -> dict[str, Any]:
 
 __all__ = [
     "ALGORITHMS",
+    "CALENDAR",
     "CREDENTIALED_FACTOR",
     "DEFAULT_IPV6_PREFIX",
     "QUOTA_EXCEEDED",
+    "QUOTA_GRACE_US",
     "Action",
     "Algorithm",
     "AlgorithmModel",
@@ -133,14 +141,17 @@ __all__ = [
     "Matcher",
     "Mode",
     "OnRedisError",
+    "Period",
     "Policy",
     "PolicyError",
     "PolicyLoadError",
     "Position",
     "Quota",
+    "Quotas",
     "Rate",
     "Severity",
     "SourceMap",
+    "UnknownTimeZoneError",
     "Verdict",
     "Worker",
     "allowance",
@@ -167,8 +178,11 @@ __all__ = [
     "loads",
     "normalize_host",
     "normalize_path",
+    "period_at",
+    "period_bounds",
     "period_us",
     "request_paths",
     "sliding_log_bytes",
+    "time_zone",
     "write_diagnostics",
 ]
