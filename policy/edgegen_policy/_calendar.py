@@ -41,6 +41,17 @@ class Period(StrEnum):
     BILLING = "billing"
 
 
+_HOUR_MS = 3_600_000
+# The shortest each period can be, in ms: a day or a week an hour short (daylight saving),
+# a month of 28 days an hour short. What lint compares a tier's rates with.
+SHORTEST_PERIOD_MS = {
+    Period.DAY: 23 * _HOUR_MS,
+    Period.WEEK: (7 * 24 - 1) * _HOUR_MS,
+    Period.MONTH: (28 * 24 - 1) * _HOUR_MS,
+    Period.BILLING: (28 * 24 - 1) * _HOUR_MS,
+}
+
+
 class UnknownTimeZoneError(ValueError):
     """The time zone database has no zone of this name."""
 
