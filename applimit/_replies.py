@@ -122,7 +122,8 @@ class Prepared:
             LimitResult(
                 name=c.rule.name,
                 tier=c.tier,
-                algorithm=c.rule.algorithm,
+                # The block's: a calendar quota's says so (quota:month).
+                algorithm=c.block.result_head[2],
                 quota=c.rate.quota,
                 window=c.rate.window,
                 allowed=c.rule.fail_open,

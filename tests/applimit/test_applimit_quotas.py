@@ -248,3 +248,41 @@ async def test_a_quota_denial_is_answered_locally_until_the_period_ends(
     clock.us = utc_us(2026, 6, 11)
     assert (await limiter.hit("api", who)).allowed
     assert script_calls(redis_admin) == before + 1
+
+
+async def test_observers_hear_a_quota_denial(make_limiter: MakeLimiter) -> None:
+    """Each result is an event: the quota's carries its algorithm (quota:day) and its
+    outcome; a decision made without Redis names the quota too."""
+    from applimit import DecisionEvent
+
+    heard: list[DecisionEvent] = []
+
+    class Listener:
+        def on_decision(self, event: DecisionEvent) -> None:
+            heard.append(event)
+
+    clock = TestClock(utc_us(2026, 6, 10, 12))
+    limiter = make_limiter(POLICY, test_clock=clock, observers=[Listener()])
+    who = user()
+    for _ in range(5):
+        clock.advance(US)
+        await limiter.hit("api", who)
+    clock.advance(US)
+    await limiter.hit("api", who)
+    last = [(e.algorithm, e.outcome.value) for e in heard[-2:]]
+    assert last == [("gcra", "allowed"), ("quota:day", "denied")]
+
+
+def test_a_degraded_decision_names_the_quota() -> None:
+    """When Redis cannot answer, each limit's on_redis_error decides; the quota's result
+    still says it is the quota (its algorithm and period length)."""
+    import edgegen_policy as policy
+
+    from applimit._plan import Core
+    from applimit._rules import compile_policy
+
+    core = Core(compile_policy(policy.loads(POLICY)), cluster=False, test_clock=lambda: 1.8e9)
+    prepared = core.for_limit("hit", "api", "alice", None, 1)
+    degraded = prepared.degraded(1.0)
+    assert [r.algorithm for r in degraded.results] == ["gcra", "quota:day"]
+    assert degraded.results[1].window == 86_400
