@@ -173,10 +173,6 @@ class Core:
         self._requested: Memo[tuple[_Group, str | None, str | None, str | None, int], _Planned] = (
             Memo(_PLANNED_CACHE)
         )
-        # Whether any limit has calendar quotas: only then does a plan look for quota
-        # checks to date (_dated); the periods each quota was last dated with.
-        self._quotas = any(rule.quotas for rule in compiled.rules)
-        self._periods = Periods()
 
     def matching(
         self, method: str, path: str, host: str | None, mount: str = ""
@@ -280,7 +276,8 @@ class Core:
                 self._planned.keep(memo, planned)
             return self.prepare(operation, planned)
         return self.prepare(
-            operation, self._checks_of(name, identity, tier, cost, ip=ip, keys=keys), keys=keys
+            operation,
+            self._keyed(self._checks_of(name, identity, tier, cost, ip=ip, keys=keys), keys),
         )
 
     def _plan_user(
@@ -374,11 +371,12 @@ class Core:
                 parts = CallParts.of(checks) if len(checks) > 1 and not self.cluster else None
                 planned = _Planned(checks, parts)
                 self._requested.keep(memo, planned)
-            return self.prepare(operation, planned.checks, planned.parts, keys=keys)
+            return self.prepare(operation, planned.checks, planned.parts)
         return self.prepare(
             operation,
-            self._request_checks(group, identity, tier=tier, cost=cost, ip=ip, keys=keys),
-            keys=keys,
+            self._keyed(
+                self._request_checks(group, identity, tier=tier, cost=cost, ip=ip, keys=keys), keys
+            ),
         )
 
     def _request_checks(
@@ -430,22 +428,12 @@ class Core:
         return checks
 
     def prepare(
-        self,
-        operation: Operation,
-        checks: Sequence[Check],
-        parts: CallParts | None = None,
-        *,
-        keys: object = None,
+        self, operation: Operation, checks: Sequence[Check], parts: CallParts | None = None
     ) -> Prepared:
         """Group ``checks`` into script calls: one, or one per hash slot on Redis Cluster.
         ``parts``: the encoded parts of a one-server call of these checks, when a
-        remembered plan kept them (``Core.for_request``); ``keys``: the call's app keys,
-        where a billing quota finds the caller's billing day."""
+        remembered plan kept them (``Core.for_request``)."""
         now = "" if self._test_clock is None else str(round(self._test_clock() * 1_000_000))
-        if self._quotas:
-            dated = self._periods.date(checks, keys, self._quota_time(now))
-            if dated is not None:
-                checks, parts = dated, None
         # The nonce names sliding-log entries: unique per call, so two requests in the same
         # microsecond never merge into one entry. 48 bits of the limiter's own generator
         # (see _NONCES), which spares a system call per decision (os.urandom), as twelve
@@ -496,12 +484,14 @@ class Core:
         )
         return Prepared(operation, tuple(checks), groups, calls, nonce, self._slack)
 
-    @staticmethod
-    def _quota_time(now: str) -> int:
-        """The time that places a request in its quotas' periods, in µs: the test clock's
-        (the script's), else this machine's. The script's time is Redis', read only once
-        the call runs; clocks kept by NTP differ by far less than a grace (quota.lua)."""
-        return int(now) if now else time.time_ns() // 1000
+    def _keyed(self, checks: Sequence[Check], keys: object) -> Sequence[Check]:
+        """The checks of a call that passed app keys, as its plan runs them: here as they
+        are (a policy without calendar quotas; see QuotaCore)."""
+        return checks
+
+    def _known(self, checks: list[Check], keys: object) -> list[Check]:
+        """The keys ``reset_keys`` deletes: here the checks' own (see QuotaCore)."""
+        return checks
 
     def reset_keys(
         self,
@@ -518,13 +508,60 @@ class Core:
         rule = check_rule(policy, name)
         tag = limit_tag(policy, rule, identity, ip, keys)
         tiers = [check_tier(policy, tier)] if tier is not None else list(rule.tiers)
-        checks = [c for t in tiers for c in self.checks(rule, t, tag, 1)]
-        if rule.quotas:
-            # The quotas' counters of the current periods; a billing quota's only when
-            # keys= gives the billing day.
-            at = self._quota_time(
-                "" if self._test_clock is None else str(round(self._test_clock() * 1_000_000))
-            )
-            checks = self._periods.date_known(checks, keys, at)
+        checks = self._known([c for t in tiers for c in self.checks(rule, t, tag, 1)], keys)
         found = {c.key: None for c in checks}
         return list(found)
+
+
+class QuotaCore(Core):
+    """The core of a policy with calendar quotas: each plan's quota checks are given the
+    period of the call's time (``_periods.Periods``) before they are grouped into calls.
+    A policy without quotas gets :class:`Core` (``make_core``), whose plans pay nothing
+    for this."""
+
+    def __init__(
+        self,
+        compiled: CompiledPolicy,
+        *,
+        cluster: bool,
+        test_clock: Callable[[], float] | None = None,
+    ) -> None:
+        """As :class:`Core`; and the periods each quota was last dated with."""
+        super().__init__(compiled, cluster=cluster, test_clock=test_clock)
+        self._periods = Periods()
+
+    def _quota_time(self) -> int:
+        """The time that places a request in its quotas' periods, in µs: the test clock's
+        (the script's), else this machine's. The rates read Redis' clock; app servers kept
+        by NTP differ from it by far less than a quota's grace (quota.lua)."""
+        clock = self._test_clock
+        return time.time_ns() // 1000 if clock is None else round(clock() * 1_000_000)
+
+    def prepare(
+        self, operation: Operation, checks: Sequence[Check], parts: CallParts | None = None
+    ) -> Prepared:
+        """As :meth:`Core.prepare`, the quota checks dated first (a call without app keys:
+        a billing quota raises InvalidArgumentError); a remembered call's parts do not
+        hold the period, so they are not used then."""
+        dated = self._periods.date(checks, None, self._quota_time())
+        if dated is not None:
+            checks, parts = dated, None
+        return super().prepare(operation, checks, parts)
+
+    def _keyed(self, checks: Sequence[Check], keys: object) -> Sequence[Check]:
+        """The quota checks dated, a billing quota's from the billing day in ``keys``."""
+        dated = self._periods.date(checks, keys, self._quota_time())
+        return checks if dated is None else dated
+
+    def _known(self, checks: list[Check], keys: object) -> list[Check]:
+        """The quotas' counters of the current periods; a billing quota's only when
+        ``keys`` gives the billing day."""
+        return self._periods.date_known(checks, keys, self._quota_time())
+
+
+def make_core(
+    compiled: CompiledPolicy, *, cluster: bool, test_clock: Callable[[], float] | None = None
+) -> Core:
+    """The core for ``compiled``: a :class:`QuotaCore` when a limit has calendar quotas."""
+    kind = QuotaCore if any(rule.quotas for rule in compiled.rules) else Core
+    return kind(compiled, cluster=cluster, test_clock=test_clock)

@@ -278,10 +278,10 @@ def test_a_degraded_decision_names_the_quota() -> None:
     still says it is the quota (its algorithm and period length)."""
     import edgegen_policy as policy
 
-    from applimit._plan import Core
+    from applimit._plan import make_core
     from applimit._rules import compile_policy
 
-    core = Core(compile_policy(policy.loads(POLICY)), cluster=False, test_clock=lambda: 1.8e9)
+    core = make_core(compile_policy(policy.loads(POLICY)), cluster=False, test_clock=lambda: 1.8e9)
     prepared = core.for_limit("hit", "api", "alice", None, 1)
     degraded = prepared.degraded(1.0)
     assert [r.algorithm for r in degraded.results] == ["gcra", "quota:day"]
