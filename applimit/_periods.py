@@ -21,6 +21,8 @@ from ._rules import AppRule
 
 _BILLING = Period.BILLING.value
 _MAX_DAY = 31
+# Later than any period's end, in µs since the epoch.
+_FOREVER = 2**62
 
 
 def billing_day(rule: AppRule, keys: object) -> int | None:
@@ -72,18 +74,29 @@ class Periods:
         """``checks`` with each quota's check in the period containing ``at`` (µs since
         the epoch); None when none of them is a quota's. A billing quota without a
         billing day in ``keys`` raises InvalidArgumentError."""
-        return self._date(checks, keys, at, strict=True)
+        found = self.span(checks, keys, at)
+        return None if found is None else found[0]
 
     def date_known(self, checks: Sequence[Check], keys: object, at: int) -> list[Check]:
         """As :meth:`date`, leaving out a billing quota whose billing day ``keys`` lacks."""
-        return list(self._date(checks, keys, at, strict=False) or checks)
+        found = self._date(checks, keys, at, strict=False)
+        return list(checks if found is None else found[0])
+
+    def span(
+        self, checks: Sequence[Check], keys: object, at: int
+    ) -> tuple[tuple[Check, ...], int, int] | None:
+        """As :meth:`date`, with the times between which the dated checks hold: from the
+        latest start of their periods to the earliest end."""
+        return self._date(checks, keys, at, strict=True)
 
     def _date(
         self, checks: Sequence[Check], keys: object, at: int, *, strict: bool
-    ) -> tuple[Check, ...] | None:
+    ) -> tuple[tuple[Check, ...], int, int] | None:
         if not any(check.block.calendar is not None for check in checks):
             return None
         out: list[Check] = []
+        # The span every dated check holds in: within each one's period.
+        first, last = 0, _FOREVER
         for check in checks:
             spec = check.block.calendar
             if spec is None:
@@ -97,7 +110,8 @@ class Periods:
                         raise _missing(check.rule)
                     continue
                 day = found
-            block = self._block(check.block, check.rule, day, at)
+            start, end, block = self._block(check.block, check.rule, day, at)
+            first, last = max(first, start), min(last, end)
             out.append(
                 Check(
                     check.rule,
@@ -108,17 +122,17 @@ class Periods:
                     block,
                 )
             )
-        return tuple(out)
+        return tuple(out), first, last
 
-    def _block(self, template: Block, rule: AppRule, day: int, at: int) -> Block:
-        """The dated block of ``template`` for the period containing ``at``."""
+    def _block(self, template: Block, rule: AppRule, day: int, at: int) -> tuple[int, int, Block]:
+        """The period containing ``at`` (start and end) and ``template``'s dated block."""
         memo = (id(template), day)
         found = self._dated.get(memo)
         if found is not None and found[0] is template and found[1] <= at < found[2]:
-            return found[3]
+            return found[1], found[2], found[3]
         spec = template.calendar
         assert spec is not None
         start, end, first = period_at(Period(spec.period), at, time_zone(rule.quota_zone), day)
         block = dated_block(template, start, end, first.isoformat())
         self._dated[memo] = (template, start, end, block)
-        return block
+        return start, end, block

@@ -529,6 +529,12 @@ class QuotaCore(Core):
         """As :class:`Core`; and the periods each quota was last dated with."""
         super().__init__(compiled, cluster=cluster, test_clock=test_clock)
         self._periods = Periods()
+        # A remembered plan's checks (for_limit's, for_request's) dated, by the plan's id,
+        # until one of its periods ends: (the plan, from, until, dated checks, their
+        # call's parts). The plan is kept to make its id unique while the entry lives.
+        self._dated: Memo[
+            int, tuple[Sequence[Check], int, int, tuple[Check, ...], CallParts | None]
+        ] = Memo(_PLANNED_CACHE)
 
     def _quota_time(self) -> int:
         """The time that places a request in its quotas' periods, in µs: the test clock's
@@ -543,10 +549,19 @@ class QuotaCore(Core):
         """As :meth:`Core.prepare`, the quota checks dated first (a call without app keys:
         a billing quota raises InvalidArgumentError); a remembered call's parts do not
         hold the period, so they are not used then."""
-        dated = self._periods.date(checks, None, self._quota_time())
-        if dated is not None:
-            checks, parts = dated, None
-        return super().prepare(operation, checks, parts)
+        at = self._quota_time()
+        found = self._dated.entries.get(id(checks))
+        if found is not None and found[0] is checks and found[1] <= at < found[2]:
+            return super().prepare(operation, found[3], found[4])
+        span = self._periods.span(checks, None, at)
+        if span is None:
+            return super().prepare(operation, checks, parts)
+        dated, first, last = span
+        parts = CallParts.of(dated) if len(dated) > 1 and not self.cluster else None
+        if type(checks) is tuple:
+            # A remembered plan (a tuple; the other plans are lists made per call).
+            self._dated.keep(id(checks), (checks, first, last, dated, parts))
+        return super().prepare(operation, dated, parts)
 
     def _keyed(self, checks: Sequence[Check], keys: object) -> Sequence[Check]:
         """The quota checks dated, a billing quota's from the billing day in ``keys``."""
