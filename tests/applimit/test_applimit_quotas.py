@@ -286,3 +286,35 @@ def test_a_degraded_decision_names_the_quota() -> None:
     degraded = prepared.degraded(1.0)
     assert [r.algorithm for r in degraded.results] == ["gcra", "quota:day"]
     assert degraded.results[1].window == 86_400
+
+
+SPLIT = """
+version: 1
+app: {key_prefix: qs, timeout: 2s}
+limits:
+  - name: by-address
+    match: {path_prefix: /api/}
+    app: {per: ip, tiers: {default: 1/1h}}
+  - name: by-user
+    match: {path_prefix: /api/}
+    app:
+      tiers: {default: 100/1s}
+      quotas: {default: {day: 5}}
+"""
+
+
+async def test_a_request_denied_by_another_identitys_limit_gives_the_quota_back(
+    make_limiter: MakeLimiter,
+) -> None:
+    """A per-IP limit refuses the second request: the user's quota is not spent by it
+    (on a cluster the two identities are two calls, and the user's is refunded)."""
+    clock = TestClock(utc_us(2026, 6, 10, 12))
+    limiter = make_limiter(SPLIT, test_clock=clock)
+    who = user()
+    assert (await limiter.check_request("GET", "/api/x", who, ip="192.0.2.7")).allowed
+    clock.advance(US)
+    refused = await limiter.check_request("GET", "/api/x", who, ip="192.0.2.7")
+    assert [r.name for r in refused.denied_by] == ["by-address"]
+    assert quota_of(refused, "day").consumed is False
+    left = quota_of(await limiter.peek("by-user", who), "day")
+    assert left.remaining == 4
