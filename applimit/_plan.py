@@ -525,9 +525,13 @@ class QuotaCore(Core):
         *,
         cluster: bool,
         test_clock: Callable[[], float] | None = None,
+        wall_clock: Callable[[], float] | None = None,
     ) -> None:
-        """As :class:`Core`; and the periods each quota was last dated with."""
+        """As :class:`Core`; ``wall_clock`` (seconds) places calls in their periods when
+        there is no test clock: the memory:// store's clock, which tests may move (the
+        pytest plugin's ``applimit_clock``), else this machine's."""
         super().__init__(compiled, cluster=cluster, test_clock=test_clock)
+        self._wall_clock = wall_clock
         self._periods = Periods()
         # A remembered plan's checks (for_limit's, for_request's) dated, by the plan's id,
         # until one of its periods ends: (the plan, from, until, dated checks, their
@@ -540,7 +544,7 @@ class QuotaCore(Core):
         """The time that places a request in its quotas' periods, in µs: the test clock's
         (the script's), else this machine's. The rates read Redis' clock; app servers kept
         by NTP differ from it by far less than a quota's grace (quota.lua)."""
-        clock = self._test_clock
+        clock = self._test_clock or self._wall_clock
         return time.time_ns() // 1000 if clock is None else round(clock() * 1_000_000)
 
     def prepare(
@@ -575,8 +579,14 @@ class QuotaCore(Core):
 
 
 def make_core(
-    compiled: CompiledPolicy, *, cluster: bool, test_clock: Callable[[], float] | None = None
+    compiled: CompiledPolicy,
+    *,
+    cluster: bool,
+    test_clock: Callable[[], float] | None = None,
+    wall_clock: Callable[[], float] | None = None,
 ) -> Core:
-    """The core for ``compiled``: a :class:`QuotaCore` when a limit has calendar quotas."""
-    kind = QuotaCore if any(rule.quotas for rule in compiled.rules) else Core
-    return kind(compiled, cluster=cluster, test_clock=test_clock)
+    """The core for ``compiled``: a :class:`QuotaCore` (with ``wall_clock``) when a limit
+    has calendar quotas."""
+    if any(rule.quotas for rule in compiled.rules):
+        return QuotaCore(compiled, cluster=cluster, test_clock=test_clock, wall_clock=wall_clock)
+    return Core(compiled, cluster=cluster, test_clock=test_clock)

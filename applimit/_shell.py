@@ -114,7 +114,13 @@ class LimiterBase(ABC, Generic[WireT]):
         else:
             target = self._resolve(client, self.url, cluster)
         self.cluster = target.cluster
-        self.core = make_core(self.compiled, cluster=target.cluster, test_clock=test_clock)
+        self.core = make_core(
+            self.compiled,
+            cluster=target.cluster,
+            test_clock=test_clock,
+            # memory://'s "server" clock, which tests may move, also places quotas.
+            wall_clock=_memory.now_seconds if self.memory_store is not None else None,
+        )
         # The time a request is sent, by the denial cache's clock: chosen once, as neither
         # the test clock nor the store changes, rather than on every decision.
         self._clock = self._clock_source()

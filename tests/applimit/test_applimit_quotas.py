@@ -318,3 +318,23 @@ async def test_a_request_denied_by_another_identitys_limit_gives_the_quota_back(
     assert quota_of(refused, "day").consumed is False
     left = quota_of(await limiter.peek("by-user", who), "day")
     assert left.remaining == 4
+
+
+def test_memory_stores_clock_places_quotas_in_their_periods() -> None:
+    """On memory:// without a test clock, the store's clock (what the pytest plugin's
+    applimit_clock moves) is the time of the quotas' periods, as it is the script's."""
+    import edgegen_policy as policy
+
+    from applimit import Limiter, _memory
+
+    now = [utc_us(2030, 1, 31, 23, 59, 59) / US]
+    text = POLICY.replace("{key_prefix: q,", "{redis_url: 'memory://quota-clock', key_prefix: q,")
+    with _memory.use_clock(lambda: now[0]):
+        _memory.store("quota-clock").clear()
+        with Limiter(policy.loads(text)) as limiter:
+            admitted = [limiter.hit("mix", "carol").allowed for _ in range(4)]
+            assert admitted == [True, True, False, False]
+            refused = limiter.hit("mix", "carol")
+            assert quota_of(refused, "day").retry_after == pytest.approx(1.0)
+            now[0] += 1
+            assert quota_of(limiter.peek("mix", "carol"), "day").remaining == 2
