@@ -354,6 +354,10 @@ class AppLimit(_Model):
             )
         if self.billing_day_from is not None and not billing:
             raise ValueError("billing_day_from is set but no tier has a billing quota; remove it")
+        if self.quota_timezone != "UTC" and not quotas:
+            raise ValueError(
+                "quota_timezone is set but the limit has no quotas; remove it, or add quotas"
+            )
         if quotas and self.mode is Mode.APPROXIMATE:
             raise ValueError(
                 "quotas are counted exactly, in Redis, and approximate mode does not apply to "

@@ -338,3 +338,31 @@ def test_memory_stores_clock_places_quotas_in_their_periods() -> None:
             assert quota_of(refused, "day").retry_after == pytest.approx(1.0)
             now[0] += 1
             assert quota_of(limiter.peek("mix", "carol"), "day").remaining == 2
+
+
+def test_a_remembered_plan_is_dated_anew_in_each_period() -> None:
+    """The same plan (a user's, remembered) gets the key and the spec of the period of
+    each call's time, forwards and back, while a policy without quotas gets the plain
+    Core."""
+    import edgegen_policy as policy
+
+    from applimit._plan import Core, QuotaCore, make_core
+    from applimit._rules import compile_policy
+
+    now = [utc_us(2026, 2, 28, 23, 59, 59) / US]
+    core = make_core(compile_policy(policy.loads(POLICY)), cluster=False, test_clock=lambda: now[0])
+    assert isinstance(core, QuotaCore)
+
+    def quota_key() -> str:
+        prepared = core.for_limit("hit", "api", "dave", None, 1)
+        return prepared.checks[-1].key
+
+    assert quota_key().endswith(":day:quota:2026-02-28")
+    now[0] += 1
+    assert quota_key().endswith(":day:quota:2026-03-01")
+    spec = core.for_limit("peek", "api", "dave", None, 1).calls[0].args[-1]
+    assert spec == f"quota 5 {utc_us(2026, 3, 2)} 1 {utc_us(2026, 3, 1)} 0"
+    now[0] -= 2
+    assert quota_key().endswith(":day:quota:2026-02-28")
+    plain = make_core(compile_policy(policy.loads(SPLIT.replace("quotas", "#"))), cluster=False)
+    assert type(plain) is Core

@@ -62,6 +62,7 @@ def test_quotas_are_read_per_tier_shortest_period_first() -> None:
             "not a key name",
             9,
         ),
+        ("      quota_timezone: Europe/Berlin", "the limit has no quotas", 7),
         (
             "      quotas: {free: {day: 5}}\n      mode: approximate",
             "approximate mode does not apply",
