@@ -90,7 +90,7 @@ class Block:
     spec_cost_1: str = ""
     packed_cost_1: bytes = b""
     # A calendar quota's block as the plans keep it, without its period: the plan of each
-    # call puts the period in (Core.prepare, ``dated_block``). None for a rate's block.
+    # call puts the period in (QuotaCore.prepare, ``dated_block``). None for a rate's block.
     calendar: QuotaSpec | None = None
 
     def __post_init__(self) -> None:
