@@ -56,7 +56,7 @@ def _missing(rule: AppRule) -> InvalidArgumentError:
         "keys",
         f"limit {rule.name!r} has a billing quota, which starts its month on the caller's "
         f"billing day, but no keys[{name!r}] was given; return it from identify "
-        f"(Caller(..., keys={{{name!r}: 15}})) or pass keys={{{name!r}: day}} to hit().",
+        f"(Caller(..., keys={{{name!r}: '15'}})) or pass keys={{{name!r}: day}} to hit().",
     )
 
 
