@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from edgegen_policy import LEASE, burst_for
+from edgegen_policy import CALENDAR, LEASE, burst_for
 
 from . import _script
 from ._memo import Memo
-from ._rules import AppRule, RateSpec
+from ._rules import AppRule, QuotaSpec, RateSpec
 
 # What a decision does: hit consumes, peek only reads (the script also knows "refund",
 # which only a denied decision's follow-up calls use).
@@ -91,6 +91,9 @@ class Block:
     lease: bool = False
     spec_cost_1: str = ""
     packed_cost_1: bytes = b""
+    # A calendar quota's block as the plans keep it, without its period: the plan of each
+    # call puts the period in (QuotaCore.prepare, ``dated_block``). None for a rate's block.
+    calendar: QuotaSpec | None = None
 
     def __post_init__(self) -> None:
         # The spec of a request of cost 1, nearly every request's, made once, and its
@@ -101,11 +104,12 @@ class Block:
 
 
 def blocks(prefix: str, rule: AppRule, tier: str, *, record: bool = False) -> tuple[Block, ...]:
-    """The encoded blocks of ``rule`` for ``tier``: one per rate (none if it has none).
+    """The encoded blocks of ``rule`` for ``tier``: one per rate (none if it has none),
+    then one per calendar quota (:func:`quota_blocks`), then the concurrency limit's.
 
-    A count_when limit's blocks carry decide.lua's "after" flag, so that a hit checks them
-    and counts nothing; ``record``: the blocks without it, with which a hit counts the
-    response (``Core.for_record``)."""
+    A count_when limit's rate and quota blocks carry decide.lua's "after" flag, so that a
+    hit checks them and counts nothing; ``record``: the blocks without it, with which a
+    hit counts the response (``Core.for_record``)."""
     flags = (1 if rule.shadow else 0) | (2 if rule.count_when and not record else 0)
     out = []
     for rate in rule.tiers.get(tier, ()):
@@ -121,6 +125,8 @@ def blocks(prefix: str, rule: AppRule, tier: str, *, record: bool = False) -> tu
                 result_head=(rule.name, tier, rule.algorithm, rate.quota, rate.window, rule.shadow),
             )
         )
+    if rule.quotas:
+        out.extend(quota_blocks(prefix, rule, tier, flags))
     leases = rule.concurrency.get(tier)
     if leases is not None and not record:
         # The concurrency limit: one more check, whose lease the request gives back when
@@ -139,6 +145,51 @@ def blocks(prefix: str, rule: AppRule, tier: str, *, record: bool = False) -> tu
             )
         )
     return tuple(out)
+
+
+def quota_blocks(prefix: str, rule: AppRule, tier: str, flags: int) -> tuple[Block, ...]:
+    """The blocks of ``rule``'s calendar quotas for ``tier``, without their periods: the
+    key ``<prefix>:<limit>:{<tag>}:<period>:quota``, to which each call's plan adds the
+    period's first day (:func:`dated_block`). ``flags``: decide.lua's, as the rates'."""
+    return tuple(
+        Block(
+            rate=RateSpec(quota=spec.quota, period_us=0, period_text=spec.period),
+            key_head=f"{prefix}:{rule.key_name}:{{",
+            key_tail=f"}}:{spec.period}:{CALENDAR}",
+            head=f"{CALENDAR} {spec.quota} 0 ",
+            tail=f" 0 {flags}",
+            result_head=(
+                rule.name,
+                tier,
+                f"{CALENDAR}:{spec.period}",
+                spec.quota,
+                0.0,
+                rule.shadow,
+            ),
+            calendar=spec,
+        )
+        for spec in rule.quotas.get(tier, ())
+    )
+
+
+def dated_block(template: Block, start: int, end: int, first: str) -> Block:
+    """A quota's block (:func:`quota_blocks`) for the period from ``start`` to ``end`` (µs
+    since the epoch) whose first local day is ``first``: the script's spec carries the
+    times (see quota.lua), the key's tail the day, so each period counts on its own key."""
+    spec = template.calendar
+    assert spec is not None
+    rate = RateSpec(quota=spec.quota, period_us=end - start, period_text=spec.period)
+    name, tier, algorithm, quota, _window, shadow = template.result_head
+    return Block(
+        rate=rate,
+        key_head=template.key_head,
+        key_tail=f"{template.key_tail}:{first}",
+        head=f"{CALENDAR} {spec.quota} {end} ",
+        tail=f" {start} {template.tail[-1]}",
+        result_head=(name, tier, algorithm, quota, rate.window, shadow),
+        # Dated: a plan of these checks needs no more dating (QuotaCore.prepare).
+        calendar=None,
+    )
 
 
 # Built for every decision: plain slotted dataclasses, not frozen ones, whose __init__ pays

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from edgegen_policy import (
+    CALENDAR,
     LEASE,
     CountWhen,
     Duration,
@@ -145,9 +146,10 @@ def rate_usage(rule: AppRule, tier: str, decision: Decision) -> list[dict[str, A
     ``used`` is capacity minus ``remaining`` (what a request of cost 1 still finds).
     """
     out = []
-    # The decision has one result per rate of the tier, in the tier's order (Core.checks).
-    rates = [r for r in decision.results if r.algorithm != LEASE]
-    for rate, result in zip(rule.tiers.get(tier, ()), rates, strict=True):
+    rates = rule.tiers.get(tier, ())
+    # The decision has one result per rate of the tier, in the tier's order (Core.checks),
+    # then one per calendar quota (quota_usage).
+    for rate, result in zip(rates, decision.results[: len(rates)], strict=True):
         capacity = result.quota
         if rule.algorithm == "gcra" and rule.burst is not None:
             capacity = rule.burst
@@ -194,7 +196,36 @@ def _tier_lines(tier: Mapping[str, Any]) -> list[str]:
             f"{rate['capacity']:<6} remaining {rate['remaining']:>6}  "
             f"resets in {rate['reset_after']:g}s"
         )
+    for quota in tier.get("quotas", ()):
+        label = f"{quota['quota']}/{quota['period']}"
+        lines.append(
+            f"  {'':<12} {label:>12}  used {quota['used']:>6} of "
+            f"{quota['quota']:<6} remaining {quota['remaining']:>6}  "
+            f"period ends in {quota['reset_after']:g}s"
+        )
     return lines
+
+
+def quota_usage(rule: AppRule, tier: str, decision: Decision) -> list[dict[str, Any]]:
+    """One entry per calendar quota of ``tier`` in a peeked decision: its period, quota,
+    used, remaining, the period's length and the seconds until it ends."""
+    out = []
+    quotas = rule.quotas.get(tier, ())
+    # The quotas' results follow the rates', in the tier's order.
+    found = [r for r in decision.results if r.algorithm.startswith(f"{CALENDAR}:")]
+    for spec, result in zip(quotas, found, strict=True):
+        out.append(
+            {
+                "period": spec.period,
+                "quota": result.quota,
+                "window": result.window,
+                "used": max(0, result.quota - result.remaining),
+                "remaining": result.remaining,
+                "reset_after": round(result.reset_after, 3),
+                "allowed": result.allowed,
+            }
+        )
+    return out
 
 
 def format_text(document: Mapping[str, Any]) -> str:
@@ -409,13 +440,14 @@ def _limit_usage(
             decision = _peek(limiter, rule, subject, name)
             if decision.degraded:
                 raise _unreachable(url)
-            tiers.append(
-                {
-                    "tier": name,
-                    "rates": rate_usage(rule, name, decision),
-                    "concurrency": lease_usage(decision),
-                }
-            )
+            entry: dict[str, Any] = {
+                "tier": name,
+                "rates": rate_usage(rule, name, decision),
+                "concurrency": lease_usage(decision),
+            }
+            if rule.quotas.get(name):
+                entry["quotas"] = quota_usage(rule, name, decision)
+            tiers.append(entry)
     return {
         "name": rule.name,
         "algorithm": rule.algorithm,

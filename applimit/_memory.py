@@ -82,10 +82,10 @@ def use_clock(clock: _Clock) -> Iterator[None]:
         _clock = previous
 
 
-def _cell_ttl_ms(cell: int, g: int, now: int, slack_ms: int) -> int:
-    """The PEXPIRE (ms from now) that ends the key with cell ``cell`` of a grid of ``g``
-    (common.lua's cell_ttl_ms)."""
-    return -(-(cell * g - now) // 1000) + slack_ms
+def _ttl_ms(end: int, now: int, slack_ms: int) -> int:
+    """The PEXPIRE (ms from now) that ends the key at ``end`` µs: the end of an expiry
+    cell (common.lua's cell_ttl_ms), or a quota's period and grace (quota.lua)."""
+    return -(-(end - now) // 1000) + slack_ms
 
 
 @dataclass(slots=True)
@@ -253,7 +253,7 @@ class _Slot:
         store._data[key] = value
         cell = algorithm.expiry(value, verdict, quota)
         if cell is not None:
-            ttl_ms = _cell_ttl_ms(cell, quota.period, now, self.slack_ms)
+            ttl_ms = _ttl_ms(algorithm.expires_at(cell, quota), now, self.slack_ms)
             if ttl_ms <= 0:
                 # As in Redis: a TTL in the past deletes the key.
                 store._del(key)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -56,6 +57,7 @@ from ._calls import (
     script_call,
 )
 from ._memo import Memo
+from ._periods import Periods
 from ._replies import Prepared
 from ._rules import USER_KIND, AppRule, CompiledPolicy
 
@@ -287,7 +289,8 @@ class Core:
                 self._planned.keep(memo, planned)
             return self.prepare(operation, planned)
         return self.prepare(
-            operation, self._checks_of(name, identity, tier, cost, ip=ip, keys=keys)
+            operation,
+            self._keyed(self._checks_of(name, identity, tier, cost, ip=ip, keys=keys), keys),
         )
 
     def _plan_user(
@@ -386,7 +389,10 @@ class Core:
             return self.prepare(operation, planned.checks, planned.parts)
         return self.prepare(
             operation,
-            self._request_checks(group.rules, identity, tier=tier, cost=cost, ip=ip, keys=keys),
+            self._keyed(
+                self._request_checks(group.rules, identity, tier=tier, cost=cost, ip=ip, keys=keys),
+                keys,
+            ),
         )
 
     def _request_checks(
@@ -463,7 +469,7 @@ class Core:
         tag = limit_tag(policy, rule, identity, ip, keys)
         if not rule.counts(check_status(status)):
             return None
-        return self.prepare("hit", self._recorded(rule, resolved, tag, counted))
+        return self.prepare("hit", self._keyed(self._recorded(rule, resolved, tag, counted), keys))
 
     def for_record_request(
         self,
@@ -491,7 +497,7 @@ class Core:
         checks = self._request_checks(
             rules, identity, tier=tier, cost=cost, ip=ip, keys=keys, record=True
         )
-        return self.prepare("hit", checks) if checks else None
+        return self.prepare("hit", self._keyed(checks, keys)) if checks else None
 
     def _recorded(self, rule: AppRule, tier: str, tag: str, cost: int) -> list[Check]:
         """The checks that count a response against count_when ``rule`` for ``tier``."""
@@ -561,6 +567,15 @@ class Core:
         )
         return Prepared(operation, tuple(checks), groups, calls, nonce, self._slack)
 
+    def _keyed(self, checks: Sequence[Check], keys: object) -> Sequence[Check]:
+        """The checks of a call that passed app keys, as its plan runs them: here as they
+        are (a policy without calendar quotas; see QuotaCore)."""
+        return checks
+
+    def _known(self, checks: list[Check], keys: object) -> list[Check]:
+        """The keys ``reset_keys`` deletes: here the checks' own (see QuotaCore)."""
+        return checks
+
     def reset_keys(
         self,
         name: object,
@@ -576,5 +591,85 @@ class Core:
         rule = check_rule(policy, name)
         tag = limit_tag(policy, rule, identity, ip, keys)
         tiers = [check_tier(policy, tier)] if tier is not None else list(rule.tiers)
-        found = {c.key: None for t in tiers for c in self.checks(rule, t, tag, 1)}
+        checks = self._known([c for t in tiers for c in self.checks(rule, t, tag, 1)], keys)
+        found = {c.key: None for c in checks}
         return list(found)
+
+
+class QuotaCore(Core):
+    """The core of a policy with calendar quotas: each plan's quota checks are given the
+    period of the call's time (``_periods.Periods``) before they are grouped into calls.
+    A policy without quotas gets :class:`Core` (``make_core``), whose plans pay nothing
+    for this."""
+
+    def __init__(
+        self,
+        compiled: CompiledPolicy,
+        *,
+        cluster: bool,
+        test_clock: Callable[[], float] | None = None,
+        wall_clock: Callable[[], float] | None = None,
+    ) -> None:
+        """As :class:`Core`; ``wall_clock`` (seconds) places calls in their periods when
+        there is no test clock: the memory:// store's clock, which tests may move (the
+        pytest plugin's ``applimit_clock``), else this machine's."""
+        super().__init__(compiled, cluster=cluster, test_clock=test_clock)
+        self._wall_clock = wall_clock
+        self._periods = Periods()
+        # A remembered plan's checks (for_limit's, for_request's) dated, by the plan's id,
+        # until one of its periods ends: (the plan, from, until, dated checks, their
+        # call's parts). The plan is kept to make its id unique while the entry lives.
+        self._dated: Memo[
+            int, tuple[Sequence[Check], int, int, tuple[Check, ...], CallParts | None]
+        ] = Memo(_PLANNED_CACHE)
+
+    def _quota_time(self) -> int:
+        """The time that places a request in its quotas' periods, in µs: the test clock's
+        (the script's), else this machine's. The rates read Redis' clock; app servers kept
+        by NTP differ from it by far less than a quota's grace (quota.lua)."""
+        clock = self._test_clock or self._wall_clock
+        return time.time_ns() // 1000 if clock is None else round(clock() * 1_000_000)
+
+    def prepare(
+        self, operation: Operation, checks: Sequence[Check], parts: CallParts | None = None
+    ) -> Prepared:
+        """As :meth:`Core.prepare`, the quota checks dated first (a call without app keys:
+        a billing quota raises InvalidArgumentError); a remembered call's parts do not
+        hold the period, so they are not used then."""
+        at = self._quota_time()
+        found = self._dated.entries.get(id(checks))
+        if found is not None and found[0] is checks and found[1] <= at < found[2]:
+            return super().prepare(operation, found[3], found[4])
+        span = self._periods.span(checks, None, at)
+        if span is None:
+            return super().prepare(operation, checks, parts)
+        dated, first, last = span
+        parts = CallParts.of(dated) if len(dated) > 1 and not self.cluster else None
+        if type(checks) is tuple:
+            # A remembered plan (a tuple; the other plans are lists made per call).
+            self._dated.keep(id(checks), (checks, first, last, dated, parts))
+        return super().prepare(operation, dated, parts)
+
+    def _keyed(self, checks: Sequence[Check], keys: object) -> Sequence[Check]:
+        """The quota checks dated, a billing quota's from the billing day in ``keys``."""
+        dated = self._periods.date(checks, keys, self._quota_time())
+        return checks if dated is None else dated
+
+    def _known(self, checks: list[Check], keys: object) -> list[Check]:
+        """The quotas' counters of the current periods; a billing quota's only when
+        ``keys`` gives the billing day."""
+        return self._periods.date_known(checks, keys, self._quota_time())
+
+
+def make_core(
+    compiled: CompiledPolicy,
+    *,
+    cluster: bool,
+    test_clock: Callable[[], float] | None = None,
+    wall_clock: Callable[[], float] | None = None,
+) -> Core:
+    """The core for ``compiled``: a :class:`QuotaCore` (with ``wall_clock``) when a limit
+    has calendar quotas."""
+    if any(rule.quotas for rule in compiled.rules):
+        return QuotaCore(compiled, cluster=cluster, test_clock=test_clock, wall_clock=wall_clock)
+    return Core(compiled, cluster=cluster, test_clock=test_clock)

@@ -172,6 +172,7 @@ class Prepared:
             LimitResult(
                 name=c.rule.name,
                 tier=c.tier,
+                # The block's: a calendar quota's says so (quota:month).
                 algorithm=c.block.result_head[2],
                 quota=c.rate.quota,
                 window=c.rate.window,

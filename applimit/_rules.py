@@ -20,6 +20,7 @@ from edgegen_policy import (
     Mode,
     OnRedisError,
     Policy,
+    Quotas,
     Rate,
     checked_rates,
     period_us,
@@ -59,6 +60,18 @@ class RateSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class QuotaSpec:
+    """One calendar quota of a tier: ``quota`` units per ``period`` (``day``, ``week``,
+    ``month`` or ``billing``), in the calendar of the limit's time zone."""
+
+    period: str
+    quota: int
+
+
+_NO_QUOTAS: Mapping[str, tuple[QuotaSpec, ...]] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
 class AppRule:
     """The app part of one policy limit, as plain values for the hot path."""
 
@@ -95,6 +108,12 @@ class AppRule:
     concurrency: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     lease_us: int = 60_000_000
 
+    # The calendar quotas of each tier that has some, the zone whose calendar they follow,
+    # and the key of Caller.keys / keys= holding a caller's billing day.
+    quotas: Mapping[str, tuple[QuotaSpec, ...]] = field(default_factory=lambda: _NO_QUOTAS)
+    quota_zone: str = "UTC"
+    billing_day_from: str | None = None
+
     def counts(self, status: int) -> bool:
         """Whether a response of ``status`` counts against this count_when limit."""
         return any(low <= status <= high for low, high in self.count_when)
@@ -121,6 +140,18 @@ def _rates(rates: Iterable[Rate]) -> tuple[RateSpec, ...]:
     return tuple(
         RateSpec(quota=r.limit, period_us=period_us(r), period_text=str(r.period))
         for r in checked_rates(rates)
+    )
+
+
+def _quotas(quotas: Mapping[str, Quotas] | None) -> Mapping[str, tuple[QuotaSpec, ...]]:
+    """Each tier's calendar quotas as plain values, shortest period first."""
+    if not quotas:
+        return _NO_QUOTAS
+    return MappingProxyType(
+        {
+            tier: tuple(QuotaSpec(period.value, units) for period, units in q.periods())
+            for tier, q in quotas.items()
+        }
     )
 
 
@@ -173,6 +204,11 @@ def compile_policy(policy: Policy) -> CompiledPolicy:
                 count_when=limit.count_when.status if limit.count_when is not None else (),
                 concurrency=MappingProxyType(concurrency),
                 lease_us=app.lease.ms * 1000,
+                quotas=_quotas(app.quotas),
+                quota_zone=app.quota_timezone,
+                billing_day_from=(
+                    None if app.billing_day_from is None else str(app.billing_day_from)
+                ),
             )
         )
     return CompiledPolicy(

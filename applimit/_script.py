@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 from importlib.resources import files
 
-ALGORITHM_FILES = ("sliding_log.lua", "sliding_window.lua", "gcra.lua", "lease.lua")
+ALGORITHM_FILES = ("sliding_log.lua", "sliding_window.lua", "gcra.lua", "quota.lua", "lease.lua")
 PARTS = ("common.lua", *ALGORITHM_FILES, "decide.lua")
 
 

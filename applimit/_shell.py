@@ -34,7 +34,7 @@ from ._denials import DenialCache
 from ._errors import ConfigurationError
 from ._flow import UNLIMITED, Decider, Send, Transport, Wait
 from ._observe import Notifier, Observer
-from ._plan import Core
+from ._plan import make_core
 from ._replies import Prepared
 from ._rules import CompiledPolicy, compile_policy
 
@@ -117,7 +117,13 @@ class LimiterBase(ABC, Generic[WireT]):
         else:
             target = self._resolve(client, self.url, cluster)
         self.cluster = target.cluster
-        self.core = Core(self.compiled, cluster=target.cluster, test_clock=test_clock)
+        self.core = make_core(
+            self.compiled,
+            cluster=target.cluster,
+            test_clock=test_clock,
+            # memory://'s "server" clock, which tests may move, also places quotas.
+            wall_clock=_memory.now_seconds if self.memory_store is not None else None,
+        )
         # The time a request is sent, by the denial cache's clock: chosen once, as neither
         # the test clock nor the store changes, rather than on every decision.
         self._clock = self._clock_source()

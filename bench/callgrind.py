@@ -57,6 +57,8 @@ from ._common import (
 SCENARIOS = {
     "sync_hit": "Limiter.hit(), sliding_log 1000/1m, one thread, 1000 identities",
     "sync_hit_gcra": "Limiter.hit(), gcra 1000/1m, one thread, 1000 identities",
+    "sync_hit_quota": "sync_hit with a calendar quota in the tier (a month of a billion): "
+    "the rate and the quota in one script call",
     "sync_request3": "Limiter.check_request(), three sliding_log limits on one path",
     "sync_ping": "the floor: client.ping() on the limiter's own redis-py client, one thread",
     "sync_ping_wire": "the strictest floor: PING sent on the limiter's wire (packed once, "
@@ -136,6 +138,9 @@ def _sync(scenario: str, url: str, count: int) -> None:
             LimitSpec("minute", "sliding_log", "1000/1m"),
             LimitSpec("hour", "sliding_log", "10000/1h"),
         ]
+    elif scenario == "sync_hit_quota":
+        quotas = {"quotas": {"free": {"month": 1_000_000_000}}}
+        specs = [LimitSpec("api", "sliding_log", "1000/1m", options=quotas)]
     else:
         algorithm = "gcra" if scenario == "sync_hit_gcra" else "sliding_log"
         specs = [LimitSpec("api", algorithm, "1000/1m")]

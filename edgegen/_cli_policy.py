@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 import edgegen_policy as policy
-from edgegen_policy import Policy, Severity
+from edgegen_policy import Policy, Quotas, Severity
 
 from ._placement import check
 from .cloudflare._messages import shown_url
@@ -98,6 +98,13 @@ def run_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quota_texts(quotas: Quotas | None) -> list[str]:
+    """A tier's calendar quotas as ``50000/month``."""
+    if quotas is None:
+        return []
+    return [f"{units}/{period.value}" for period, units in quotas.periods()]
+
+
 def describe(loaded: Policy) -> list[dict[str, Any]]:
     """A plain summary of each limit: what it matches and how it is enforced."""
     rows: list[dict[str, Any]] = []
@@ -117,9 +124,13 @@ def describe(loaded: Policy) -> list[dict[str, Any]]:
             row["edge"] = f"{edge.rate} per {who}IP, {edge.action.value}"
         if limit.app:
             app = limit.app
+            quotas = app.quotas or {}
             tiers = ", ".join(
-                f"{tier} {' + '.join(str(r) for r in rates)}" for tier, rates in app.tiers.items()
+                f"{tier} {' + '.join([str(r) for r in rates] + _quota_texts(quotas.get(tier)))}"
+                for tier, rates in app.tiers.items()
             )
+            if quotas and app.quota_timezone != "UTC":
+                tiers += f" (quotas in {app.quota_timezone})"
             shadow = " (shadow)" if not app.enforce else ""
             approx = " (approximate)" if app.mode.value == "approximate" else ""
             row["app"] = f"{app.algorithm.value} per {app.per.value}{shadow}{approx}: {tiers}"

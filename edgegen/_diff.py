@@ -286,6 +286,16 @@ def _tier_changes(limit: str, old: AppLimit, new: AppLimit) -> list[Change]:
     return out
 
 
+def _quotas_text(app: AppLimit) -> str:
+    """The calendar quotas of every tier: ``pro: 50000/month; free: 1000/day``, or none."""
+    if not app.quotas:
+        return "none"
+    return "; ".join(
+        f"{tier}: " + ", ".join(f"{units}/{period.value}" for period, units in q.periods())
+        for tier, q in app.quotas.items()
+    )
+
+
 def _failure_policy(loaded: Policy, app: AppLimit) -> str:
     return (app.on_redis_error or loaded.app.on_redis_error).value
 
@@ -299,6 +309,14 @@ def _app_changes(
         ("app_key", "app counts per", old.per.value, new.per.value),
         ("mode", "mode", old.mode.value, new.mode.value),
         ("burst", "burst", str(old.burst or "default"), str(new.burst or "default")),
+        ("quotas", "quotas", _quotas_text(old), _quotas_text(new)),
+        ("quota_timezone", "the quotas' time zone", old.quota_timezone, new.quota_timezone),
+        (
+            "billing_day_from",
+            "the billing day's key",
+            str(old.billing_day_from or "none"),
+            str(new.billing_day_from or "none"),
+        ),
     ]
     for kind, what, a, b in simple:
         if a != b:

@@ -35,6 +35,7 @@ SUITES = [
     "tests/applimit/test_applimit_contract.py",
     "tests/applimit/test_applimit_properties.py",
     "tests/applimit/test_applimit_keys.py",
+    "tests/applimit/test_applimit_quotas.py",
 ]
 
 

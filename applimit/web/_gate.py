@@ -33,6 +33,7 @@ from ._headers import (
     denied_delay,
     period_text,
     problem_body,
+    quota_period,
     seconds_text,
     sf_string,
 )
@@ -370,7 +371,12 @@ class Gate:
         items: list[PolicyItem] = []
         for result in enforced:
             key = result.name
-            if counts[result.name] > 1:
+            period = quota_period(result)
+            if period:
+                # A calendar quota is always named by its period (``"api/month"``): its
+                # window's length changes from one period to the next.
+                key = f"{result.name}/{period}"
+            elif counts[result.name] > 1:
                 key = f"{result.name}/{period_text(result.window)}"
             # Allowed: r units may be used within t (the full quota is back by then).
             # Denied: t is when this request would fit, which Retry-After never undercuts.
@@ -386,6 +392,7 @@ class Gate:
                     remaining=min(max(0, result.remaining), result.quota),
                     reset=reset,
                     allowed=result.allowed,
+                    period=period,
                 )
             )
         return items
@@ -431,7 +438,8 @@ class Gate:
             status=429,
             detail=(
                 f"Rate limit {worst.limit!r} allows {worst.quota} requests per "
-                f"{period_text(worst.window)} for the {tier} tier; retry in {seconds_text(retry)}."
+                f"{worst.period or period_text(worst.window)} for the {tier} tier; retry in "
+                f"{seconds_text(retry)}."
             ),
             extra={
                 "limit": worst.limit,

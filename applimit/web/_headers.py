@@ -3,6 +3,8 @@
 Headers follow draft-ietf-httpapi-ratelimit-headers (revision 10): ``RateLimit-Policy`` is a
 structured-field List of ``"name";q=<quota>;w=<window seconds>`` items, ``RateLimit`` a List of
 ``"name";r=<remaining>;t=<seconds until more quota>`` items (one :class:`PolicyItem` each).
+A calendar quota's item is named ``"limit/period"`` (``"api/month";q=50000;w=2592000``): its
+``w`` is the current period's length, its ``t`` the seconds until the period ends.
 A refusal's body is an RFC 9457 problem document (:func:`problem_body`). docs/web.md
 describes every choice (which items appear when, rounding, shadow limits, a Redis outage).
 """
@@ -15,14 +17,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from edgegen_policy import CALENDAR, header_key
 from edgegen_policy import QUOTA_EXCEEDED as _QUOTA_EXCEEDED
-from edgegen_policy import header_key
 
 from .._decision import LimitResult
 
 # The problem type of a refusal: the Worker's too (edgegen_policy/_http.py), so one client
 # sees one.
 QUOTA_EXCEEDED: Final = _QUOTA_EXCEEDED
+
+# What a calendar quota's results carry as their algorithm, before the period's name.
+_QUOTA_PREFIX = CALENDAR + ":"
 
 TEMPORARY_REDUCED_CAPACITY = (
     "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
@@ -58,6 +63,8 @@ class PolicyItem:
     remaining: int
     reset: int
     allowed: bool
+    # A calendar quota's period (``month``), or "" for a rate.
+    period: str = ""
 
     @property
     def window_seconds(self) -> int | None:
@@ -74,6 +81,13 @@ class PolicyItem:
     def limit_member(self) -> str:
         """This item as a RateLimit list member."""
         return f"{sf_string(self.key)};r={self.remaining};t={self.reset}"
+
+
+def quota_period(result: LimitResult) -> str:
+    """The period of a calendar quota's result (its algorithm is ``quota:month``), or ""
+    for a rate's."""
+    algorithm = result.algorithm
+    return algorithm[len(_QUOTA_PREFIX) :] if algorithm.startswith(_QUOTA_PREFIX) else ""
 
 
 def seconds_text(count: int) -> str:

@@ -19,6 +19,8 @@ Public surface::
     header_key, QUOTA_EXCEEDED               a limit's RateLimit header key, the 429's
                                              problem type: the same at edge and app
     credentialed_rate                        an edge limit's rate for credentialed requests
+    Quotas, Period, period_bounds, time_zone  calendar quotas: the model, the periods of a
+                                             time zone's calendar
     ALGORITHMS, Quota, decide, ...           the app's algorithms as integer arithmetic, as
                                              applimit's Lua computes them: its memory://
                                              store and edgegen's replay decide with them
@@ -34,7 +36,9 @@ from typing import Any
 from ._algorithms import (
     AFTER,
     ALGORITHMS,
+    CALENDAR,
     LEASE,
+    QUOTA_GRACE_US,
     SHADOW,
     AlgorithmModel,
     Counter,
@@ -44,6 +48,7 @@ from ._algorithms import (
     decide,
     period_us,
 )
+from ._calendar import Period, UnknownTimeZoneError, period_at, period_bounds, time_zone
 from ._check import Checked, check
 from ._edge import CREDENTIALED_FACTOR, credentialed_rate
 from ._errors import Diagnostic, Layer, PolicyError, PolicyLoadError, Severity
@@ -71,6 +76,7 @@ from ._model import (
     Limit,
     Match,
     Policy,
+    Quotas,
     Worker,
 )
 from ._net import DEFAULT_IPV6_PREFIX, ip_bucket
@@ -108,10 +114,12 @@ def json_schema() -> dict[str, Any]:
 __all__ = [
     "AFTER",
     "ALGORITHMS",
+    "CALENDAR",
     "CREDENTIALED_FACTOR",
     "DEFAULT_IPV6_PREFIX",
     "LEASE",
     "QUOTA_EXCEEDED",
+    "QUOTA_GRACE_US",
     "SHADOW",
     "Action",
     "Algorithm",
@@ -139,14 +147,17 @@ __all__ = [
     "Matcher",
     "Mode",
     "OnRedisError",
+    "Period",
     "Policy",
     "PolicyError",
     "PolicyLoadError",
     "Position",
     "Quota",
+    "Quotas",
     "Rate",
     "Severity",
     "SourceMap",
+    "UnknownTimeZoneError",
     "Verdict",
     "Worker",
     "allowance",
@@ -173,8 +184,11 @@ __all__ = [
     "loads",
     "normalize_host",
     "normalize_path",
+    "period_at",
+    "period_bounds",
     "period_us",
     "request_paths",
     "sliding_log_bytes",
+    "time_zone",
     "write_diagnostics",
 ]

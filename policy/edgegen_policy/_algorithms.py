@@ -1,7 +1,8 @@
-"""The app's limiting algorithms as integer arithmetic: gcra, sliding_window, sliding_log.
+"""The app's limiting algorithms as integer arithmetic: gcra, sliding_window, sliding_log,
+and the counter of calendar quotas.
 
 What applimit's scripts (``applimit/lua/{decide,common,gcra,sliding_window,
-sliding_log}.lua``) compute, stated once in Python for everything that must decide as they
+sliding_log,quota}.lua``) compute, stated once in Python for everything that must decide as they
 do without Redis: applimit's in-process ``memory://`` store and edgegen's replay. Pure: a
 key's state is a value passed in and handed back; where values live, when they expire and
 when they are forgotten is the caller's.
@@ -142,6 +143,11 @@ class AlgorithmModel(ABC, Generic[V, F]):
     def idle(self, value: V, now: int, quota: Quota) -> bool:
         """Whether ``value`` can no longer change a decision at ``now`` or later: it then
         decides as no value (the scripts' keys expire some time after)."""
+
+    def expires_at(self, cell: int, quota: Quota) -> int:
+        """When a key whose :meth:`expiry` is ``cell`` expires, in µs: the end of that cell
+        of a grid of the period (common.lua's ``cell_ttl_ms``)."""
+        return cell * quota.period
 
 
 # --- gcra.lua ----------------------------------------------------------------------------
@@ -494,9 +500,94 @@ class SlidingLog(AlgorithmModel[Log, LogVerdict]):
         return not value.scores or value.scores[-1] <= now - quota.period
 
 
+# --- quota.lua ---------------------------------------------------------------------------
+
+# How long a quota's counter outlives its period, in µs (quota.lua's GRACE_MS): a request
+# the app's clock places just before the end may reach Redis just after it, and must still
+# find the period's count.
+QUOTA_GRACE_US = 60_000_000
+#: The algorithm name of a calendar quota's checks in the script's specs.
+CALENDAR = "quota"
+
+
+@dataclass(slots=True)
+class Count:
+    """A calendar quota's value: the units counted in its period."""
+
+    count: int
+
+
+@dataclass(slots=True)
+class CountVerdict(Verdict):
+    """quota's ``st``: the count before this request."""
+
+    used: int
+
+
+class CalendarQuota(AlgorithmModel[Count, CountVerdict]):
+    """A counter per calendar period: ``limit`` units from the period's start to its end.
+
+    A quota's check carries absolute times where the rates carry lengths: its
+    :class:`Quota`'s ``period`` is the period's end and ``burst`` its start (µs since the
+    epoch), as the script's spec does. The key names the period's start, so a new period
+    counts on a new key; the key expires :data:`QUOTA_GRACE_US` after the end."""
+
+    value_type = Count
+
+    def check(self, value: Count | None, now: int, quota: Quota, cost: int) -> CountVerdict:
+        """Phase 1 (quota_check): the cost fits while the count stays within the limit;
+        a refused request waits for the period's end (never, when it exceeds the limit)."""
+        used = 0 if value is None else value.count
+        left = quota.limit - used
+        end, start = quota.period, quota.burst
+        reset = end - max(now, start)
+        reset = max(reset, 0)
+        allowed = cost <= left
+        retry = NONE
+        if not allowed:
+            retry = NEVER if cost > quota.limit else reset
+        return CountVerdict(allowed, max(left, 0), reset, retry, used)
+
+    def apply(
+        self,
+        value: Count | None,
+        verdict: CountVerdict,
+        now: int,
+        quota: Quota,
+        cost: int,
+        *,
+        nonce: str = "",
+    ) -> Count:
+        """Phase 2 (quota_apply): INCRBY the cost."""
+        if value is None:
+            value = Count(0)
+        value.count += cost
+        verdict.remaining = max(quota.limit - value.count, 0)
+        return value
+
+    def refund(self, value: Count, now: int, quota: Quota, cost: int, nonce: str) -> Count | None:
+        """quota_refund: DECRBY the cost; an emptied counter is deleted."""
+        value.count -= cost
+        return value if value.count > 0 else None
+
+    def expiry(self, value: Count, verdict: CountVerdict, quota: Quota) -> int | None:
+        """A new counter gets its TTL (the period's end and the grace); one that counted
+        before keeps it."""
+        return 1 if verdict.used == 0 else None
+
+    def expires_at(self, cell: int, quota: Quota) -> int:
+        """The period's end, and the grace."""
+        return quota.period + QUOTA_GRACE_US
+
+    def idle(self, value: Count, now: int, quota: Quota) -> bool:
+        """Once the grace after its period has passed, no request counts in it."""
+        return now >= quota.period + QUOTA_GRACE_US
+
+
 GCRA = Gcra()
 SLIDING_WINDOW = SlidingWindow()
 SLIDING_LOG = SlidingLog()
+CALENDAR_QUOTA = CalendarQuota()
 
 #: Every algorithm's model by name (an :class:`~edgegen_policy.Algorithm` or its text).
 # --- lease.lua ---------------------------------------------------------------------------
@@ -572,6 +663,8 @@ ALGORITHMS: Mapping[str, AlgorithmModel[Any, Any]] = {
     Algorithm.SLIDING_WINDOW: SLIDING_WINDOW,
     Algorithm.SLIDING_LOG: SLIDING_LOG,
     LEASE: LEASES,
+    # Not a policy algorithm: the checks of a tier's calendar quotas, beside its rates.
+    CALENDAR: CALENDAR_QUOTA,
 }
 
 

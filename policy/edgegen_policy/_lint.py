@@ -25,6 +25,8 @@ L109    error                an edge credentialed_rate that is not looser than t
 L110    warning              an edge credentialed_rate that nothing uses
 L111    info                 a limit counts per an app key in the app, per IP at the edge
 L112    info                 app.redis_url is memory://: each process counts alone
+L020    error     app        an app limit's quota_timezone is not in the time zone database
+L120    warning              a calendar quota below a rate whose period fits in the quota's
 ======  ========  =========  ====================================================
 
 Checks that know more than the policy are contributed by their owner, as ``checks``
@@ -39,6 +41,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable
 
+from ._calendar import SHORTEST_PERIOD_MS, UnknownTimeZoneError, time_zone
 from ._edge import credentialed_rate
 from ._errors import Diagnostic, Layer, Severity
 from ._loader import FieldPath, format_path
@@ -272,6 +275,7 @@ class _Linter:
                             "algorithm gcra or sliding_window (constant memory)",
                             limit.name,
                         )
+        self.quotas(base, limit, app)
         if not app.enforce:
             self.add(
                 "L107",
@@ -280,6 +284,37 @@ class _Linter:
                 f"limit {limit.name!r} is in shadow mode: decisions are reported, never enforced",
                 limit.name,
             )
+
+    def quotas(self, base: FieldPath, limit: Limit, app: AppLimit) -> None:
+        """Calendar quotas: a time zone the database has, and quotas no rate outgrows."""
+        if app.quota_timezone != "UTC":
+            try:
+                time_zone(app.quota_timezone)
+            except UnknownTimeZoneError as error:
+                self.add(
+                    "L020",
+                    Severity.ERROR,
+                    (*base, "quota_timezone"),
+                    f"limit {limit.name!r}: {error}",
+                    limit.name,
+                    fix="write an IANA zone name such as Europe/Berlin (the tz database's); "
+                    "install the tzdata package where the system has no database",
+                    stops={Layer.APP},
+                )
+        for tier, quotas in (app.quotas or {}).items():
+            for period, units in quotas.periods():
+                for rate in app.tiers.get(tier, ()):
+                    if rate.period.ms <= SHORTEST_PERIOD_MS[period] and units < rate.limit:
+                        self.add(
+                            "L120",
+                            Severity.WARNING,
+                            (*base, "quotas", tier, period.value),
+                            f"limit {limit.name!r}, tier {tier!r}: the {period.value} quota "
+                            f"({units}) is below the rate {rate}, which admits more than the "
+                            f"quota allows in a whole {period.value}, so the rate never binds",
+                            limit.name,
+                            fix=f"raise the quota to at least {rate.limit}, or lower the rate",
+                        )
 
     def app_key(self, index: int, limit: Limit, app: AppLimit) -> None:
         """A ``per:`` naming a key of the app's own: usable, and what the edge counts."""

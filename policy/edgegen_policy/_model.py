@@ -24,11 +24,13 @@ from pydantic import (
 )
 from pydantic.json_schema import DEFAULT_REF_TEMPLATE, GenerateJsonSchema, JsonSchemaMode
 
+from ._calendar import Period
 from ._match import Matcher, canonical_path, decode_path
 from ._net import DEFAULT_IPV6_PREFIX, MAX_IPV6_PREFIX, MIN_IPV6_PREFIX
 from ._schema import LoaderJsonSchema
 from ._vocab import (
     HTTP_METHODS,
+    KEY_NAME_RE,
     Action,
     Algorithm,
     AppKey,
@@ -228,6 +230,39 @@ class EdgeLimit(_Model):
     )
 
 
+class Quotas(_Model):
+    """A tier's quotas: units per calendar period, counted beside its rates and checked in
+    the same atomic decision (``quotas: {pro: {month: 50000}}``)."""
+
+    day: int | None = Field(default=None, ge=1, description="Units per calendar day.")
+    week: int | None = Field(
+        default=None, ge=1, description="Units per calendar week (Monday to Sunday)."
+    )
+    month: int | None = Field(default=None, ge=1, description="Units per calendar month.")
+    billing: int | None = Field(
+        default=None,
+        ge=1,
+        description="Units per billing month, which starts on the caller's billing day "
+        "(billing_day_from).",
+    )
+
+    @field_validator("day", "week", "month", "billing", mode="before")
+    @classmethod
+    def _counts(cls, value: object) -> object:
+        return _not_a_flag(value)
+
+    @model_validator(mode="after")
+    def _some(self) -> Quotas:
+        if not self.periods():
+            raise ValueError("no quota given; set day, week, month or billing")
+        return self
+
+    def periods(self) -> tuple[tuple[Period, int], ...]:
+        """The quotas set, each (period, units), shortest period first."""
+        found = ((period, getattr(self, period.value)) for period in Period)
+        return tuple((period, units) for period, units in found if units is not None)
+
+
 class AppLimit(_Model):
     """A per-user (or per-IP), per-tier limit enforced in the app through Redis."""
 
@@ -290,10 +325,64 @@ class AppLimit(_Model):
         description="false: only hit(), the decorator and named dependencies apply it.",
     )
 
+    quotas: dict[str, Quotas] | None = Field(
+        default=None,
+        description="Quotas per tier on calendar periods, checked with the tier's rates in one "
+        "atomic decision, e.g. {pro: {month: 50000}, free: {day: 1000}}.",
+    )
+    quota_timezone: str = Field(
+        default="UTC",
+        description="The time zone whose calendar the quotas' days, weeks and months follow "
+        "(an IANA name such as Europe/Berlin).",
+    )
+    billing_day_from: KeyName | None = Field(
+        default=None,
+        description="The key identify returns (Caller.keys) that holds a caller's billing day "
+        "(1-31), where billing quotas start their month.",
+    )
+
     @field_validator("burst", "sync_every", mode="before")
     @classmethod
     def _counts(cls, value: object) -> object:
         return _not_a_flag(value)
+
+    @field_validator("billing_day_from", mode="before")
+    @classmethod
+    def _billing_key(cls, value: object) -> object:
+        if value is not None and not (isinstance(value, str) and KEY_NAME_RE.match(value)):
+            raise ValueError(
+                f"{value!r} is not a key name; use a lower-case letter, then up to 31 "
+                "lower-case letters, digits or '_', e.g. billing_day"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _quota_options(self) -> AppLimit:
+        quotas = self.quotas or {}
+        for tier in quotas:
+            if tier not in self.tiers:
+                raise ValueError(
+                    f"quotas name tier {tier!r}, which has no rate in this limit; give it a "
+                    "rate in tiers (quotas are counted beside a tier's rates)"
+                )
+        billing = any(q.billing is not None for q in quotas.values())
+        if billing and self.billing_day_from is None:
+            raise ValueError(
+                "a billing quota needs billing_day_from: the key identify returns with the "
+                "caller's billing day, e.g. billing_day_from: billing_day"
+            )
+        if self.billing_day_from is not None and not billing:
+            raise ValueError("billing_day_from is set but no tier has a billing quota; remove it")
+        if self.quota_timezone != "UTC" and not quotas:
+            raise ValueError(
+                "quota_timezone is set but the limit has no quotas; remove it, or add quotas"
+            )
+        if quotas and self.mode is Mode.APPROXIMATE:
+            raise ValueError(
+                "quotas are counted exactly, in Redis, and approximate mode does not apply to "
+                "them; set mode: exact, or move the quotas to a limit of their own"
+            )
+        return self
 
     @field_validator("concurrency", mode="before")
     @classmethod

@@ -311,3 +311,57 @@ def script_calls(admin: Any) -> int:
     return sum(
         int(s.get(f"cmdstat_{name}", {}).get("calls", 0)) for s in stats for name in SCRIPT_COMMANDS
     )
+
+
+def hammer_period_end(
+    url: str,
+    cluster: bool,
+    text: str,
+    name: str,
+    identity: str,
+    threads: int,
+    per_thread: int,
+    end_us: int,
+    start: Any,
+    keys: dict[str, Any] | None = None,
+) -> tuple[int, int, int]:
+    """One process of the quota exactness test: ``threads`` threads hit one identity, each
+    alternating between the last µs of a period and the first of the next (two limiters,
+    each with its test clock frozen on one side of ``end_us``); ``keys`` as hit() takes
+    them (a billing day).
+
+    Runs in a spawned process. Returns (admitted before the end, admitted after, degraded).
+    """
+    import threading
+
+    import edgegen_policy as policy
+
+    loaded = policy.loads(text)
+    sides = [
+        Limiter(loaded, redis_url=url, cluster=cluster, test_clock=lambda at=at: at / US)
+        for at in (end_us - 1, end_us)
+    ]
+    admitted = [[0, 0] for _ in range(threads)]
+    degraded = [0] * threads
+    ready = threading.Barrier(threads + 1)
+
+    def run(index: int) -> None:
+        ready.wait()
+        for attempt in range(2 * per_thread):
+            side = (index + attempt) % 2
+            decision = sides[side].hit(name, identity, keys=keys)
+            admitted[index][side] += decision.allowed
+            degraded[index] += decision.degraded
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for limiter in sides:
+        limiter.peek(name, "warm-up", keys=keys)
+    start.wait()
+    ready.wait()
+    for worker in workers:
+        worker.join()
+    for limiter in sides:
+        limiter.close()
+    return sum(a[0] for a in admitted), sum(a[1] for a in admitted), sum(degraded)

@@ -216,3 +216,43 @@ def test_helpers_that_never_see_a_status_refuse_count_when_limits() -> None:
         assert RateLimit(limiter, "api").name == "api"
     finally:
         limiter.close()
+
+
+async def test_a_quota_and_a_concurrency_limit_of_a_count_when_limit(
+    make_limiter: MakeLimiter,
+) -> None:
+    """A count_when limit with a daily quota and a concurrency limit: the check takes the
+    slot and counts no quota; the record counts the quota (and the rate) and takes no
+    slot; a spent quota refuses the check."""
+    limiter = make_limiter(
+        """
+version: 1
+tiers: [free]
+app: { timeout: 2s }
+limits:
+  - name: login
+    count_when: { status: 401 }
+    app:
+      per: ip
+      algorithm: sliding_log
+      tiers: { free: 10/1m }
+      quotas: { free: { day: 2 } }
+      concurrency: 1
+"""
+    )
+    checked = await limiter.hit("login", None, ip=IP)
+    assert checked.allowed
+    by_algorithm = {r.algorithm: (r.consumed, r.remaining) for r in checked.results}
+    assert by_algorithm == {
+        "sliding_log": (False, 10),
+        "quota:day": (False, 2),
+        "lease": (True, 0),
+    }
+    assert not (await limiter.hit("login", None, ip=IP)).allowed
+    await limiter.release(checked)
+    for expected in (1, 0):
+        recorded = await limiter.record("login", None, 401, ip=IP)
+        assert {r.algorithm for r in recorded.results} == {"sliding_log", "quota:day"}
+        assert [r.remaining for r in recorded.results if r.algorithm == "quota:day"] == [expected]
+    refused = await limiter.hit("login", None, ip=IP)
+    assert [r.algorithm for r in refused.denied_by] == ["quota:day"]

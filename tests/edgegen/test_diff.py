@@ -24,6 +24,7 @@ UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 EXPECTED = {
     "action_and_timeout_changed": {"edge_action", "edge_timeout"},
     "algorithm_changed": {"algorithm"},
+    "quotas_changed": {"quotas", "quota_timezone", "billing_day_from"},
     "app_rate_changed": {"app_rate"},
     "credentialed_rate_changed": {"edge_credentialed_rate"},
     "edge_loosened": {"edge_rate"},

@@ -143,3 +143,111 @@ def test_the_model_answers_as_the_lua(redis_client: redis.Redis, sequence: dict[
         expected = [now, 1, int(verdict.allowed), int(consumed)]
         expected += [verdict.remaining, verdict.reset, verdict.retry]
         assert reply == expected, f"request {index} ({action}, cost {cost}, step {step} µs)"
+
+
+# --- calendar quotas ---------------------------------------------------------------------
+
+
+@st.composite
+def quota_sequences(draw: st.DrawFn) -> dict[str, Any]:
+    """A quota's period (start, end), a rate of another algorithm checked in the same
+    call, and requests (time step µs, cost, mode) that run up to, across and past the
+    period's end, and before its start (the app's clock and Redis' differ at an edge)."""
+    limit = draw(st.integers(1, 12))
+    length = draw(st.sampled_from([1_000_000, 86_400 * US, 28 * 86_400 * US]))
+    start = START_US + draw(st.integers(0, 10 * US))
+    algorithm = draw(st.sampled_from(list(Algorithm)))
+    rate = Rate.parse(f"{draw(st.integers(1, 15))}/{draw(st.sampled_from([1_000, 7_000]))}ms")
+    steps = st.one_of(
+        st.just(0),
+        st.integers(0, 3_000),
+        st.integers(0, length // 4),
+        st.integers(-length // 8, -1),
+        # Past the period's end and its grace: the counter's TTL is then in the past.
+        st.integers(length, 2 * length),
+    )
+    requests = draw(
+        st.lists(
+            st.tuples(
+                steps, st.integers(1, limit + 2), st.sampled_from(["hit", "hit", "peek", "refund"])
+            ),
+            min_size=1,
+            max_size=50,
+        )
+    )
+    return {
+        "limit": limit,
+        "start": start,
+        "end": start + length,
+        "first": start + draw(st.integers(-2 * US, length + 2 * US)),
+        "rate": (algorithm, rate),
+        "requests": requests,
+    }
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(sequence=quota_sequences())
+def test_the_quota_model_answers_as_the_lua(
+    redis_client: redis.Redis, sequence: dict[str, Any]
+) -> None:
+    """A calendar quota checked with a rate in one call, request by request: the script's
+    reply equals ``decide`` over both models (the rate and the quota all or nothing), a
+    refund gives back what a hit took, and a new counter's TTL is the period's end and
+    the grace (``QUOTA_GRACE_US``), as memory:// sets it."""
+    from edgegen_policy import CALENDAR, QUOTA_GRACE_US
+
+    algorithm, rate = sequence["rate"]
+    rate_quota = Quota.of(algorithm, rate)
+    quota = Quota(sequence["limit"], sequence["end"], sequence["start"])
+    rates = Keys(algorithm, rate_quota)
+    counts = Keys(Algorithm.GCRA, quota)
+    counts.model = ALGORITHMS[CALENDAR]
+    tag = uuid.uuid4().hex
+    rate_key, quota_key = f"alg:{{{tag}}}:r", f"alg:{{{tag}}}:q"
+    now = sequence["first"]
+    for index, (step, cost, mode) in enumerate(sequence["requests"]):
+        now += step
+        specs = [
+            f"{algorithm.value} {rate_quota.limit} {rate_quota.period} {cost} {rate_quota.burst} 0",
+            f"{CALENDAR} {quota.limit} {quota.period} {cost} {quota.burst} 0",
+        ]
+        nonce = f"{index:012x}"
+        if mode == "refund":
+            # Undo the last hit on the quota alone, as a split plan's refund would.
+            args = ["refund", str(now), nonce, "0", "1", specs[1]]
+            redis_client.eval(_script.SOURCE, 1, quota_key, *args)  # type: ignore[no-untyped-call]
+            value = counts.values.get(quota_key)
+            if value is not None:
+                left = counts.model.refund(value, now, quota, cost, nonce)
+                if left is None:
+                    del counts.values[quota_key]
+            stored = redis_client.get(quota_key)
+            expected_count = None if value is None or left is None else str(left.count).encode()
+            assert stored == expected_count, f"request {index}: refund of {cost}"
+            continue
+        had = quota_key in counts.values
+        args = [mode, str(now), nonce, SLACK_MS, "2", *specs]
+        reply = redis_client.eval(_script.SOURCE, 2, rate_key, quota_key, *args)  # type: ignore[no-untyped-call]
+        hit = mode == "hit"
+        passed, verdicts = decide(
+            [(rates, rate_key, cost, False), (counts, quota_key, cost, False)], now, hit=hit
+        )
+        expected = [now, 2]
+        for verdict in verdicts:
+            consumed = hit and passed and verdict.allowed
+            expected += [int(verdict.allowed), int(consumed)]
+            expected += [verdict.remaining, verdict.reset, verdict.retry]
+        assert reply == expected, (
+            f"request {index} ({mode}, cost {cost}, at {now - quota.burst} µs)"
+        )
+        if hit and passed and not had:
+            # Redis counts a TTL from its own clock: the test clock's offset is the slack.
+            ttl_ms = -(-(quota.period + QUOTA_GRACE_US - now) // 1000) + int(SLACK_MS)
+            if ttl_ms <= 0:
+                # A TTL in the past deletes the key (PEXPIRE), as memory:// does.
+                assert redis_client.exists(quota_key) == 0
+                del counts.values[quota_key]
+            else:
+                assert abs(redis_client.pttl(quota_key) - ttl_ms) <= 1_000
