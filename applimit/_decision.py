@@ -182,11 +182,33 @@ def combine(results: Sequence[LimitResult], *, degraded: bool = False) -> Decisi
     """The decision for a set of results: denied when any enforced result denies."""
     if len(results) == 1:
         return single(results[0], degraded)
+    # One pass for the commonest case, every enforced result admitting: the binding one
+    # is the tightest of them (_tightest), found in the same loop.
+    best: LimitResult | None = None
     allowed = True
     for result in results:
-        if not result.allowed and not result.shadow:
+        if result.shadow:
+            continue
+        if not result.allowed:
             allowed = False
             break
+        if (
+            best is None
+            or result.remaining < best.remaining
+            or (result.remaining == best.remaining and result.reset_after > best.reset_after)
+        ):
+            best = result
+    if allowed and best is not None:
+        return make_decision(
+            True,
+            best.quota,
+            best.remaining,
+            best.reset_after,
+            None,
+            best.name,
+            tuple(results),
+            degraded,
+        )
     chosen = _binding(results, allowed)
     if chosen is None:
         return Decision(True, 0, 0, 0.0, None, None, (), degraded)

@@ -131,6 +131,12 @@ class Prepared:
     def _leased(self, decision: Decision, results: Sequence[LimitResult], now: int) -> Decision:
         """``decision`` of one call, holding the leases its concurrency checks took, if
         any (see ``Leased``)."""
+        for check in self.checks:
+            if check.block.lease:
+                break
+        else:
+            # No concurrency limit (nearly every plan): nothing to hold.
+            return decision
         taken = [
             check
             for check, result in zip(self.checks, results, strict=True)
