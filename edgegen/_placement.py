@@ -39,7 +39,15 @@ L211    warning          a limit in the Worker names hosts no route of the Worke
                          (info when only a rule can carry the limit)
 L212    warning          a limit with ``requests_to_origin`` runs in the Worker, which counts
                          every request, cached ones included
+L213    info             the plan's rules cannot count by the limit's key (``per``), so it
+                         goes to the Worker
+L214    warning          a limit ``per: ip_nat`` runs in the Worker, which counts per client IP
 ======  ========  =====  ==========================================================
+
+A limit keyed by a header or a cookie takes two rules where a rule carries it: requests
+that carry the key, counted per its value, and requests without it, counted per client IP
+(a characteristic missing from a request would otherwise count all such requests together,
+in one counter per data centre).
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ from edgegen_policy import (
     Checked,
     Diagnostic,
     Duration,
+    EdgeKey,
     EdgeLimit,
     EdgeTarget,
     Layer,
@@ -77,14 +86,45 @@ from ._capabilities import (
     PLANS,
     WORKER,
     PlanCapabilities,
+    key_kind,
+    key_text,
     lowest_plan_with_field,
+    lowest_plan_with_key,
+    rule_can_key,
 )
 from ._routes import route_parts
 
 
 def rule_count(policy: Policy, limit: Limit) -> int:
-    """How many rules the limit takes as rules: two when credentialed requests count apart."""
-    return 2 if credentialed_rate(policy, limit) is not None else 1
+    """How many rules the limit takes as rules: two when credentialed requests count apart,
+    or when requests without its header or cookie key are counted apart by address."""
+    if credentialed_rate(policy, limit) is not None:
+        return 2
+    return 2 if limit.edge is not None and key_kind(limit.edge.per) in ("header", "cookie") else 1
+
+
+def key_shortfall(edge: EdgeLimit, caps: PlanCapabilities) -> Shortfall | None:
+    """What rules on a plan lack to count by the limit's key (None: nothing)."""
+    kind = key_kind(edge.per)
+    if rule_can_key(caps, kind):
+        return None
+    plan = f"the {caps.plan.value} plan"
+    if kind == "jwt":
+        return Shortfall(
+            "key",
+            "rules can count by a JWT claim only through API Shield's token validation, which "
+            "the policy does not configure",
+            "let the Worker verify the token and count the claim (target: auto or worker)",
+            ("edge", "per"),
+        )
+    lowest = lowest_plan_with_key(kind)
+    assert lowest is not None
+    return Shortfall(
+        "key",
+        f"rules on {plan} cannot count per {key_text(edge.per)}",
+        f"use the {lowest.label} plan or above",
+        ("edge", "per"),
+    )
 
 
 def credentialed_timeout(edge: EdgeLimit, rate: Rate) -> int | None:
@@ -250,9 +290,7 @@ def rule_shortfalls(policy: Policy, limit: Limit, caps: PlanCapabilities) -> lis
                 ("edge", "requests_to_origin"),
             )
         )
-    credentialed = credentialed_rate(policy, limit)
-    if credentialed is not None and credentialed.period != edge.rate.period:
-        out.extend(_credentialed_rule_shortfalls(edge, credentialed, caps))
+    out.extend(_counter_shortfalls(policy, limit, caps))
     matcher = limit.match.matcher()
     needed: list[str] = []
     if not matcher.matches_all_paths:
@@ -287,6 +325,20 @@ def rule_shortfalls(policy: Policy, limit: Limit, caps: PlanCapabilities) -> lis
                 ("edge", "unauthenticated_only") if auth else ("match",),
             )
         )
+    return out
+
+
+def _counter_shortfalls(policy: Policy, limit: Limit, caps: PlanCapabilities) -> list[Shortfall]:
+    """What a rule lacks to count as the limit does: the credentialed rule, and the key."""
+    edge = limit.edge
+    assert edge is not None
+    out: list[Shortfall] = []
+    credentialed = credentialed_rate(policy, limit)
+    if credentialed is not None and credentialed.period != edge.rate.period:
+        out.extend(_credentialed_rule_shortfalls(edge, credentialed, caps))
+    keyed = key_shortfall(edge, caps)
+    if keyed is not None:
+        out.append(keyed)
     return out
 
 
@@ -462,7 +514,8 @@ def _quota_full(caps: PlanCapabilities, needed: int) -> Shortfall:
     else:
         what = (
             f"the {caps.plan.value} plan allows {rules}; this limit needs {needed} (one more "
-            "for requests that carry a credential) and other limits leave fewer free"
+            "for requests that carry a credential, or that lack its key) and other limits "
+            "leave fewer free"
         )
     return Shortfall(
         "quota", what, "move another limit to the Worker with target: worker, or use a larger plan"
@@ -496,8 +549,10 @@ def _place(
             reasons.append(
                 f"requests that carry a credential: a second rule, {credentialed} per client IP"
             )
+        if key_kind(edge.per) != "ip":
+            reasons.append(_rule_key_reason(edge))
         per_address: tuple[Diagnostic, ...] = ()
-        if ipv6_prefix < 128:
+        if ipv6_prefix < 128 and edge.per is not EdgeKey.IP_NAT:
             per_address = (_per_address_finding(policy, limit.name, base, worker_lacks),)
         return EdgePlacement(
             index,
@@ -558,7 +613,7 @@ def _place(
                 # L212 below says it, with what the Worker does instead.
                 continue
             value_kind = shortfall.kind in ("period", "timeout")
-            code = {"period": "L205", "timeout": "L205", "quota": "L207"}.get(
+            code = {"period": "L205", "timeout": "L205", "quota": "L207", "key": "L213"}.get(
                 shortfall.kind, "L206"
             )
             found.append(
@@ -600,6 +655,7 @@ def _place(
             "not honoured there"
         )
         found.append(_origin_finding(policy, limit.name, base, target, rule_lacks))
+    _worker_key_notes(policy, limit, base, why, found)
     why.append("the Worker binding can express it")
     if credentialed is not None:
         why.append(
@@ -616,6 +672,63 @@ def _place(
         (),
         findings=tuple(found),
         credentialed=credentialed,
+    )
+
+
+def _worker_key_notes(
+    policy: Policy,
+    limit: Limit,
+    base: tuple[str | int, ...],
+    why: list[str],
+    found: list[Diagnostic],
+) -> None:
+    """How the Worker counts a limit keyed by more than the client IP (and L214)."""
+    edge = limit.edge
+    assert edge is not None
+    kind = key_kind(edge.per)
+    if kind == "ip_nat":
+        why.append(
+            "the Worker cannot see Cloudflare's NAT-aware visitor id: it counts per client IP"
+        )
+        found.append(_nat_finding(policy, limit.name, base))
+    elif kind != "ip":
+        unverified = ", or with a token that fails verification," if kind == "jwt" else ""
+        why.append(
+            f"counted per a keyed hash of {key_text(edge.per)}; requests without it{unverified} "
+            "per client IP"
+        )
+
+
+def _rule_key_reason(edge: EdgeLimit) -> str:
+    """How the rule counts a limit keyed by more than the client IP."""
+    if key_kind(edge.per) == "ip_nat":
+        return "counted per IP with NAT support (cf.unique_visitor_id)"
+    return (
+        f"counted per {key_text(edge.per)}; requests without it: a second rule, "
+        f"{edge.rate} per client IP"
+    )
+
+
+def _nat_finding(policy: Policy, name: str, base: tuple[str | int, ...]) -> Diagnostic:
+    """L214: a limit per IP with NAT support, placed in the Worker.
+
+    ``cf.unique_visitor_id`` is a rule characteristic; a Worker has no such value, so it
+    counts per client IP: clients behind one address share a counter there. A warning: the
+    limit holds, only more strictly for shared addresses than the policy says.
+    """
+    lowest = lowest_plan_with_key("ip_nat")
+    assert lowest is not None
+    fix = f"use the {lowest.label} plan or above so a rule carries it, or write per: ip"
+    return diagnostic_at(
+        policy,
+        (*base, "edge", "per"),
+        "L214",
+        Severity.WARNING,
+        f"limit {name!r} runs in the Worker, which cannot see Cloudflare's NAT-aware visitor "
+        "id (cf.unique_visitor_id is a rule characteristic): it counts per client IP, so "
+        f"clients behind one address share a counter; {fix}",
+        limit=name,
+        fix=fix,
     )
 
 

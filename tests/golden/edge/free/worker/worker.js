@@ -190,7 +190,9 @@ const CONFIG = {
 // policy/edgegen_policy/_match.py: exact paths OR path prefixes, AND methods, AND hosts, where the path is
 // checked in every form `requestPaths` gives), pick each limit's counter (requests that carry
 // a credential are counted apart, against the limit's looser credentialed rate), count the
-// client (`ipBucket` of CF-Connecting-IP) in each counter's binding in policy order, and
+// client (`ipBucket` of CF-Connecting-IP; for a limit with a `key`, a keyed hash of its
+// header, cookie or verified JWT claim, see keys.js) in each counter's binding in policy
+// order, and
 // answer 429 for the first counter that refuses. Anything else, including every internal
 // error, passes the request to the origin untouched: a broken limiter must not take the site
 // down.
@@ -732,10 +734,14 @@ async function decide(request, env, config) {
   if (key === null) {
     return null;
   }
+  // Answers of keyedClientKey (keys.js, present when a limit counts by more than the
+  // address) for this request: each key is read, verified and hashed once.
+  const keyed = new Map();
   for (const counter of counters) {
     let outcome;
     try {
-      outcome = await env[counter.binding].limit({ key });
+      const counted = counter.key ? await keyedClientKey(request, env, config, counter.key, key, keyed) : key;
+      outcome = await env[counter.binding].limit({ key: counted });
     } catch {
       // A missing or failing binding disables that counter only, never the request.
       continue;
