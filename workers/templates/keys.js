@@ -234,7 +234,7 @@ async function fetchJwks(url) {
     timer = setTimeout(() => reject(new Error("JWKS fetch timed out")), JWKS_TIMEOUT_MS);
   });
   const load = (async () => {
-    const response = await fetch(url, { headers: { Accept: "application/json" }, redirect: "error" });
+    const response = await fetch(url, { headers: { Accept: "application/json" }, redirect: "manual" });
     if (response.status !== 200) {
       throw new Error(`JWKS answered ${response.status}`);
     }
