@@ -710,6 +710,13 @@ class FakeCloudflare:
 
     # --- Workers -----------------------------------------------------------------------
 
+    def put_secret(self, script: str, name: str) -> None:
+        """What ``wrangler secret put NAME`` does: a secret_text binding on the script (its
+        settings show the name and type only, never the text)."""
+        bindings = [b for b in self.scripts[script].bindings if b.get("name") != name]
+        bindings.append({"type": "secret_text", "name": name})
+        self.scripts[script].bindings = bindings
+
     def put_script(self, request: httpx.Request, name: str) -> httpx.Response:
         """Upload a module Worker (multipart)."""
         content_type = request.headers.get("Content-Type", "")
@@ -746,7 +753,13 @@ class FakeCloudflare:
             return respond(400, errors=[error(10021, problem)])
         modules = {k: v for k, v in parts.items() if k != "metadata"}
         etag = hashlib.sha256(b"".join(modules[k][0] for k in sorted(modules))).hexdigest()
-        self.scripts[name] = Script(main, modules, copy.deepcopy(bindings), date, etag)
+        # Bindings the upload does not list are dropped, except those of the types it names
+        # in keep_bindings (secrets set with wrangler, say).
+        kept_types = metadata.get("keep_bindings") or []
+        listed = {b.get("name") for b in bindings}
+        previous = self.scripts[name].bindings if name in self.scripts else []
+        kept = [b for b in previous if b.get("type") in kept_types and b.get("name") not in listed]
+        self.scripts[name] = Script(main, modules, copy.deepcopy(bindings) + kept, date, etag)
         return respond(
             200,
             {
