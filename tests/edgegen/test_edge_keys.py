@@ -403,3 +403,29 @@ def test_apply_keeps_secrets_set_with_wrangler(
     assert [b["simple"]["limit"] for b in zone.scripts["keys-zone"].bindings if "simple" in b] == [
         50
     ]
+
+
+def test_lint_names_the_edge_key_not_the_address() -> None:
+    """L111 (the edge counts per IP while the app counts an app key) is not said of a limit
+    whose edge counts by a header; L110 says why credentialed_rate has no effect there."""
+    text = textwrap.dedent(
+        """\
+        version: 1
+        cloudflare: { plan: free, worker: { name: w, routes: ["api.example.com/*"] } }
+        authenticated_when: { headers: [authorization] }
+        tiers: [free]
+        limits:
+          - name: api
+            match: { path_prefix: /api/ }
+            edge: { rate: 100/1m, per: { header: x-api-key }, credentialed_rate: 1000/1m }
+            app: { per: org, tiers: { free: 10/1m } }
+          - name: web
+            match: { path_prefix: /web/ }
+            edge: { rate: 100/1m }
+            app: { per: org, tiers: { free: 10/1m } }
+        """
+    )
+    found = policy.lint(load(text), EDGE_CHECKS)
+    assert [d.limit for d in found if d.code == "L111"] == ["web"]
+    [unused] = [d for d in found if d.code == "L110"]
+    assert "counts per header x-api-key, or per client IP without one" in unused.message
