@@ -42,6 +42,8 @@ L212    warning          a limit with ``requests_to_origin`` runs in the Worker,
 L213    info             the plan's rules cannot count by the limit's key (``per``), so it
                          goes to the Worker
 L214    warning          a limit ``per: ip_nat`` runs in the Worker, which counts per client IP
+L215    warning          ``edge.tiers``: a tier whose app rates have no period the Worker
+                         binding offers (10 s, 1 min) is held to ``rate`` at the edge
 ======  ========  =====  ==========================================================
 
 A limit keyed by a header or a cookie takes two rules where a rule carries it: requests
@@ -697,6 +699,54 @@ def _worker_key_notes(
             f"counted per a keyed hash of {key_text(edge.per)}; requests without it{unverified} "
             "per client IP"
         )
+    tiers = edge_tier_rates(limit)
+    if tiers:
+        shown = "; ".join(f"{t}: {', '.join(str(r) for r in rates)}" for t, rates in tiers.items())
+        why.append(f"callers with a verified tier are held to their app rates ({shown})")
+    found.extend(_tier_findings(policy, limit, base))
+
+
+def edge_tier_rates(limit: Limit) -> dict[str, tuple[Rate, ...]]:
+    """For ``edge.tiers``: each app tier's rates that the Worker binding can count (a period
+    of 10 s or 1 min), in the app's order; a tier with none is left out (L215)."""
+    edge, app = limit.edge, limit.app
+    if edge is None or not edge.tiers or app is None:
+        return {}
+    periods = WORKER.periods.value
+    out: dict[str, tuple[Rate, ...]] = {}
+    for tier, rates in app.tiers.items():
+        usable = tuple(r for r in rates if r.period.whole_seconds in periods)
+        if usable:
+            out[tier] = usable
+    return out
+
+
+def _tier_findings(policy: Policy, limit: Limit, base: tuple[str | int, ...]) -> list[Diagnostic]:
+    """L215: tiers of an ``edge.tiers`` limit that the edge cannot hold to their app rates."""
+    app = limit.app
+    if limit.edge is None or not limit.edge.tiers or app is None:
+        return []
+    usable = edge_tier_rates(limit)
+    out = []
+    for tier, rates in app.tiers.items():
+        if tier in usable:
+            continue
+        shown = ", ".join(str(r) for r in rates)
+        fix = f"give tier {tier!r} a rate per 10s or 1m as well (the app holds it to all)"
+        out.append(
+            diagnostic_at(
+                policy,
+                (*base, "app", "tiers", tier),
+                "L215",
+                Severity.WARNING,
+                f"limit {limit.name!r} applies its app tiers at the edge (edge.tiers), but "
+                f"tier {tier!r} has no rate with a period the Worker binding offers (10s or "
+                f"1m): {shown}; callers in it are held to rate ({limit.edge.rate}) there; {fix}",
+                limit=limit.name,
+                fix=fix,
+            )
+        )
+    return out
 
 
 def _rule_key_reason(edge: EdgeLimit) -> str:

@@ -31,6 +31,7 @@ from edgegen_policy import (
 )
 
 from .._capabilities import key_text
+from .._placement import edge_tier_rates
 from . import _ids
 from ._artifacts import WorkerArtifact
 
@@ -197,8 +198,44 @@ def key_config(limit: Limit) -> dict[str, Any] | None:
             "issuer": jwt.issuer,
             "audience": jwt.audience,
             "leeway": jwt.leeway.ms // 1000,
+            "tierClaim": jwt.tier,
         }
     return None
+
+
+def tier_binding_name(name: str, tier_index: int, rate_index: int) -> str:
+    """The binding of one app tier's rate at the edge (``edge.tiers``)."""
+    return f"{_ids.binding_name(name)}_T{tier_index}_{rate_index}"
+
+
+def tier_namespace_id(worker: str, name: str, tier: str, rate_index: int) -> str:
+    """Its namespace id: derived from the names, the tier and the rate's place."""
+    return _ids.namespace_id(worker, f"{name}\0tier\0{tier}\0{rate_index}")
+
+
+def tier_counters(limit: Limit) -> list[tuple[str, str, int, Rate]]:
+    """(tier, binding, rate index, rate) of each app rate an ``edge.tiers`` limit counts."""
+    out = []
+    for tier_index, (tier, rates) in enumerate(edge_tier_rates(limit).items()):
+        for rate_index, rate in enumerate(rates):
+            out.append(
+                (tier, tier_binding_name(limit.name, tier_index, rate_index), rate_index, rate)
+            )
+    return out
+
+
+def _tiers_config(limit: Limit) -> dict[str, list[dict[str, Any]]]:
+    """The counters of each tier the edge holds to its app rates (empty: none)."""
+    assert limit.edge is not None
+    out: dict[str, list[dict[str, Any]]] = {}
+    who = f"one value of {key_text(limit.edge.per)} in tier"
+    for tier, binding, _index, rate in tier_counters(limit):
+        period = rate.period.whole_seconds
+        assert period is not None
+        counter = _counter(limit, binding, rate, period)
+        counter["problem"] = problem(limit, period, rate, f"{who} {tier!r}")
+        out.setdefault(tier, []).append(counter)
+    return out
 
 
 def secret_names(limits: list[WorkerLimit]) -> tuple[str, ...]:
@@ -272,6 +309,9 @@ def config(policy: Policy, limits: list[WorkerLimit]) -> dict[str, Any]:
         key = key_config(limit)
         if key is not None:
             entries[-1]["key"] = key
+        tiers = _tiers_config(limit)
+        if tiers:
+            entries[-1]["tiers"] = tiers
     data: dict[str, Any] = {
         "authenticatedWhen": {"headers": list(when.headers), "cookies": list(when.cookies)},
         "ipv6Prefix": policy.clients.ipv6_prefix,
@@ -342,6 +382,15 @@ def bindings(worker: Worker, limits: list[WorkerLimit]) -> tuple[dict[str, Any],
                 "simple": {"limit": item.requests, "period": item.period},
             }
         )
+        for tier, binding, index, rate in tier_counters(item.limit):
+            out.append(
+                {
+                    "type": "ratelimit",
+                    "name": binding,
+                    "namespace_id": tier_namespace_id(worker.name, item.limit.name, tier, index),
+                    "simple": {"limit": rate.limit, "period": rate.period.whole_seconds},
+                }
+            )
         if item.credentialed is not None:
             out.append(
                 {
@@ -395,6 +444,10 @@ def wrangler_toml(
         for item in limits or []
         if item.limit.edge is not None and key_config(item.limit) is not None
     }
+    for item in limits or []:
+        assert item.limit.edge is not None
+        for tier, tier_binding, _index, _rate in tier_counters(item.limit):
+            keyed[tier_binding] = f"{key_text(item.limit.edge.per)} in tier {tier}"
     for binding in binding_list:
         simple = binding["simple"]
         who = f"{keyed[binding['name']]} value" if binding["name"] in keyed else "client IP"

@@ -272,11 +272,15 @@ class JwtClaim(_Model):
         default=Duration.parse(DEFAULT_JWT_LEEWAY),
         description="Clock skew allowed on exp and nbf (at most 5m).",
     )
+    tier: str | None = Field(
+        default=None,
+        description="The claim that names the caller's tier (e.g. tier), for edge.tiers.",
+    )
 
-    @field_validator("claim")
+    @field_validator("claim", "tier")
     @classmethod
-    def _claim(cls, value: str) -> str:
-        if not _CLAIM_RE.match(value):
+    def _claim(cls, value: str | None) -> str | None:
+        if value is not None and not _CLAIM_RE.match(value):
             raise ValueError(
                 f"{value!r} is not a claim name; use 1-128 printable ASCII characters without "
                 "spaces, e.g. sub"
@@ -417,6 +421,12 @@ class EdgeLimit(_Model):
         default=EdgeTarget.AUTO,
         description="Run as a Cloudflare rule, in the Worker, or let the plan decide (auto).",
     )
+    tiers: bool = Field(
+        default=False,
+        description="true: a caller whose verified token names a tier (per: {jwt: {tier: "
+        "...}}) is held at the edge to the app part's rates for that tier with a period of "
+        "10s or 1m, per its claim, instead of rate; coarse, per Cloudflare location.",
+    )
     requests_to_origin: bool = Field(
         default=False,
         description="true: count only requests that reach the origin, not those served from "
@@ -433,6 +443,15 @@ class EdgeLimit(_Model):
         if keyed and isinstance(data, dict) and "unauthenticated_only" not in data:
             return {**data, "unauthenticated_only": False}
         return data
+
+    @model_validator(mode="after")
+    def _tiers_need_a_tier_claim(self) -> EdgeLimit:
+        if self.tiers and not (isinstance(self.per, JwtKey) and self.per.jwt.tier is not None):
+            raise ValueError(
+                "tiers: true needs the caller's tier from a verified token: write per: {jwt: "
+                "{claim: sub, tier: tier, ...}}, or remove tiers"
+            )
+        return self
 
     @model_validator(mode="after")
     def _keyed_not_unauthenticated(self) -> EdgeLimit:
@@ -637,6 +656,15 @@ class Limit(_Model):
     def _enforced_somewhere(self) -> Limit:
         if self.edge is None and self.app is None:
             raise ValueError(f"limit {self.name!r} has neither edge nor app; add at least one")
+        return self
+
+    @model_validator(mode="after")
+    def _edge_tiers_from_the_app(self) -> Limit:
+        if self.edge is not None and self.edge.tiers and self.app is None:
+            raise ValueError(
+                f"limit {self.name!r}: edge.tiers applies the app part's per-tier rates at the "
+                "edge, but the limit has no app part; add app.tiers or remove edge.tiers"
+            )
         return self
 
 

@@ -289,7 +289,7 @@ def test_only_a_worker_with_a_keyed_limit_carries_the_key_logic() -> None:
     plain = edgegen.build(load(policy_text("free", "ip", "target: worker\n"))).worker
     keyed = edgegen.build(load(policy_text("free", KEYS["header"]))).worker
     assert plain is not None and keyed is not None
-    marker = "async function keyedClientKey("
+    marker = "async function keyedCounters("
     assert marker not in plain.module_source and plain.secrets == ()
     assert marker in keyed.module_source and keyed.secrets == (_worker.KEY_SECRET,)
     assert '"keySecret": "EDGEGEN_KEY_SECRET"' in keyed.module_source
@@ -429,3 +429,69 @@ def test_lint_names_the_edge_key_not_the_address() -> None:
     assert [d.limit for d in found if d.code == "L111"] == ["web"]
     [unused] = [d for d in found if d.code == "L110"]
     assert "counts per header x-api-key, or per client IP without one" in unused.message
+
+
+# --- edge.tiers -------------------------------------------------------------------------------
+
+TIERS = """\
+version: 1
+cloudflare: { plan: free, worker: { name: w, routes: ["api.example.com/*"] } }
+tiers: [free, pro, team]
+limits:
+  - name: api
+    match: { path_prefix: /api/ }
+    edge:
+      rate: 2/1m
+      per: { jwt: { claim: sub, tier: tier, jwks: "https://auth.example.com/jwks.json" } }
+      tiers: true
+    app: { tiers: { free: [3/10s, 100/1h], pro: 5/1m, team: 10000/1d } }
+"""
+
+
+def test_edge_tiers_bind_each_usable_app_rate() -> None:
+    """One binding per app rate with a period of 10s or 1m; a tier with none is L215 at its
+    line and is held to rate."""
+    loaded = load(TIERS)
+    artifacts = edgegen.build(loaded)
+    assert artifacts.worker is not None
+    simple = {b["name"]: b["simple"] for b in artifacts.worker.bindings}
+    assert list(simple.values()) == [
+        {"limit": 2, "period": 60},
+        {"limit": 3, "period": 10},
+        {"limit": 5, "period": 60},
+    ]
+    assert len({b["namespace_id"] for b in artifacts.worker.bindings}) == 3
+    blob = artifacts.worker.module_source.split("const CONFIG = ", 1)[1].split(";\n", 1)[0]
+    entry = json.loads(blob)["limits"][0]
+    assert sorted(entry["tiers"]) == ["free", "pro"]
+    assert entry["key"]["tierClaim"] == "tier"
+    [finding] = [d for d in policy.lint(loaded, EDGE_CHECKS) if d.code == "L215"]
+    assert finding.severity is Severity.WARNING and finding.line == 11
+    assert finding.path == "limits[0].app.tiers.team"
+    assert "'team'" in finding.message and "held to rate (2/1m)" in finding.message
+    assert "in tier pro" in artifacts.worker.wrangler_toml
+
+
+@pytest.mark.parametrize(
+    ("edge", "app", "says"),
+    [
+        (
+            "{ rate: 2/1m, per: { jwt: { secret: S } }, tiers: true }",
+            "{ tiers: { f: 1/1m } }",
+            "tier:",
+        ),
+        ("{ rate: 2/1m, per: ip, tiers: true }", "{ tiers: { f: 1/1m } }", "tier:"),
+        ("{ rate: 2/1m, per: { jwt: { secret: S, tier: t } }, tiers: true }", None, "no app part"),
+    ],
+)
+def test_edge_tiers_need_a_tier_claim_and_an_app_part(
+    edge: str, app: str | None, says: str
+) -> None:
+    """Each is one located error that says what to add."""
+    text = (
+        'version: 1\ncloudflare: { plan: free, worker: { name: w, routes: ["a.b/*"] } }\n'
+        f"tiers: [f]\nlimits:\n  - name: api\n    edge: {edge}\n"
+        + (f"    app: {app}\n" if app else "")
+    )
+    message = load_error(text)
+    assert message.startswith("policy.yaml:") and says in message

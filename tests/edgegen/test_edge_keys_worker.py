@@ -462,3 +462,45 @@ def test_a_jwks_answered_within_the_time_limit_verifies(tmp_path: Path) -> None:
     keys, fetched = recorded(tmp_path, JWKS_POLICY, sent, outbound={JWKS_URL: answer})
     assert hashed(keys[0][0])
     assert fetched == {JWKS_URL: 1}
+
+
+# --- edge.tiers: the app's per-tier rates at the edge ------------------------------------
+
+TIERS_POLICY = """\
+version: 1
+cloudflare:
+  plan: free
+  worker: { name: keys-test, routes: ["api.example.com/*"] }
+tiers: [free, pro]
+limits:
+  - name: api
+    match: { path_prefix: /api/ }
+    edge:
+      rate: 2/1m
+      per: { jwt: { claim: sub, tier: tier, secret: JWT_SECRET } }
+      tiers: true
+    app: { tiers: { free: 3/1m, pro: [5/1m, 1000/1h] } }
+"""
+
+
+def test_a_verified_tier_is_held_to_its_app_rate_at_the_edge(tmp_path: Path) -> None:
+    """A free caller stops after 3, a pro caller after 5 (the app's per-minute rates); a
+    caller in a tier the policy does not list gets rate (2), per its claim; a forged token
+    claiming pro gets rate per address."""
+
+    def token(sub: str, tier: str, secret: str = JWT_SECRET) -> str:
+        return bearer(hs256(claims(sub, tier=tier), secret=secret))
+
+    sent = [
+        *(req("/api/a", authorization=token("alice", "free")) for _ in range(4)),
+        *(req("/api/a", authorization=token("bob", "pro")) for _ in range(6)),
+        *(req("/api/a", authorization=token("carol", "platinum")) for _ in range(3)),
+        *(req("/api/a", IP_B, authorization=token("mallory", "pro", "guess")) for _ in range(3)),
+    ]
+    statuses = run_generated(tmp_path, TIERS_POLICY, sent)
+    assert statuses == [
+        *([200] * 3 + [429]),
+        *([200] * 5 + [429]),
+        *([200] * 2 + [429]),
+        *([200] * 2 + [429]),
+    ]

@@ -6,7 +6,9 @@
 // CONFIG.keySecret, which the user sets with `wrangler secret put`), so no credential is
 // ever a counter's name, and no value is ever logged or echoed. A request without the key,
 // with a token that fails verification, or in a Worker whose hash secret is not set, is
-// counted by client IP (`keyedClientKey` falls back to the address key).
+// counted by client IP (`keyedCounters` falls back to the address key). A verified caller
+// whose token names a tier the limit holds at the edge (`edge.tiers`) is counted in that
+// tier's counters (the app's rates for it) instead of the limit's own.
 //
 // A JWT's claim is trusted only once the token is verified: its `alg` must be one the
 // policy allows (HS256 with a secret; RS256 or ES256 with a JWKS), which refuses `none` and
@@ -359,8 +361,11 @@ async function verifiedPayload(token, spec, env) {
   return payload;
 }
 
-/** The verified claim a JWT key counts by, or null (no token, or it does not verify). */
-async function jwtClaim(headers, spec, env) {
+/**
+ * The verified claims a JWT key counts by, {value, tier} (tier: the claim the policy names
+ * for `edge.tiers`, or null), or null when there is no token or it does not verify.
+ */
+async function jwtClaims(headers, spec, env) {
   let token = rawKeyValue(headers, spec);
   if (token === null) {
     return null;
@@ -369,28 +374,54 @@ async function jwtClaim(headers, spec, env) {
     token = token.replace(BEARER, "");
   }
   const payload = await verifiedPayload(token, spec, env);
-  return payload === null ? null : claimText(payload[spec.claim]);
+  if (payload === null) {
+    return null;
+  }
+  const value = claimText(payload[spec.claim]);
+  const tier = spec.tierClaim != null ? payload[spec.tierClaim] : undefined;
+  return value === null ? null : { value, tier: typeof tier === "string" ? tier : null };
 }
 
 /**
- * The binding key for a counter with a `key`: a keyed hash of its value, or `addressKey`
- * when the request has no usable value (missing, unverified) or the hash secret is unset.
- * `memo` holds the answers already found for this request, by key spec.
+ * What a request is counted under for a key: {key, tier}, the keyed hash of the value and
+ * the verified tier (or null); null when the request has no usable value (missing,
+ * unverified) or the hash secret is unset. Never throws.
  */
-async function keyedClientKey(request, env, config, spec, addressKey, memo) {
-  const id = JSON.stringify(spec);
-  if (!memo.has(id)) {
-    memo.set(
-      id,
-      (async () => {
-        try {
-          const value = spec.kind === "jwt" ? await jwtClaim(request.headers, spec, env) : rawKeyValue(request.headers, spec);
-          return value === null ? null : await keyedHash(env, config, spec, value);
-        } catch {
-          return null;
-        }
-      })(),
-    );
+async function keyedIdentity(request, env, config, spec) {
+  try {
+    const found =
+      spec.kind === "jwt"
+        ? await jwtClaims(request.headers, spec, env)
+        : { value: rawKeyValue(request.headers, spec), tier: null };
+    if (found === null || found.value === null) {
+      return null;
+    }
+    const key = await keyedHash(env, config, spec, found.value);
+    return key === null ? null : { key, tier: found.tier };
+  } catch {
+    return null;
   }
-  return (await memo.get(id)) ?? addressKey;
+}
+
+/**
+ * The [counter, key] pairs a limit with a `key` counts a request in: its own counter under
+ * the keyed hash, or, for a verified caller in a tier the limit holds at the edge
+ * (`edge.tiers`), that tier's counters instead; its own counter under `addressKey` when the
+ * request has no usable key. `memo` holds this request's answers, by key spec, so each key
+ * is read, verified and hashed once.
+ */
+async function keyedCounters(request, env, config, counter, addressKey, memo) {
+  const id = JSON.stringify(counter.key);
+  if (!memo.has(id)) {
+    memo.set(id, keyedIdentity(request, env, config, counter.key));
+  }
+  const identity = await memo.get(id);
+  if (identity === null) {
+    return [[counter, addressKey]];
+  }
+  const tiers = counter.tiers ?? {};
+  if (identity.tier !== null && Object.hasOwn(tiers, identity.tier)) {
+    return tiers[identity.tier].map((tierCounter) => [tierCounter, identity.key]);
+  }
+  return [[counter, identity.key]];
 }

@@ -734,20 +734,22 @@ async function decide(request, env, config) {
   if (key === null) {
     return null;
   }
-  // Answers of keyedClientKey (keys.js, present when a limit counts by more than the
+  // Answers of keyedCounters (keys.js, present when a limit counts by more than the
   // address) for this request: each key is read, verified and hashed once.
   const keyed = new Map();
   for (const counter of counters) {
-    let outcome;
-    try {
-      const counted = counter.key ? await keyedClientKey(request, env, config, counter.key, key, keyed) : key;
-      outcome = await env[counter.binding].limit({ key: counted });
-    } catch {
-      // A missing or failing binding disables that counter only, never the request.
-      continue;
-    }
-    if (outcome !== null && typeof outcome === "object" && outcome.success === false) {
-      return tooManyRequests(counter);
+    const pairs = counter.key ? await keyedCounters(request, env, config, counter, key, keyed) : [[counter, key]];
+    for (const [applied, counted] of pairs) {
+      let outcome;
+      try {
+        outcome = await env[applied.binding].limit({ key: counted });
+      } catch {
+        // A missing or failing binding disables that counter only, never the request.
+        continue;
+      }
+      if (outcome !== null && typeof outcome === "object" && outcome.success === false) {
+        return tooManyRequests(applied);
+      }
     }
   }
   return null;
