@@ -103,15 +103,20 @@ def _key_presence(limit: Limit) -> AuthenticatedWhen | None:
 def rule_description(limit: Limit, unauthenticated: bool, credentialed: Rate | None = None) -> str:
     """A short description of a generated rule: name, rate, who is counted, action."""
     assert limit.edge is not None
+    client = _client_text(limit)
     if credentialed is not None:
         return (
-            f"{limit.name}: {credentialed} per client IP sending a credential, "
+            f"{limit.name}: {credentialed} per {client} sending a credential, "
             f"{limit.edge.action.value}"
         )
-    who = "unauthenticated client IP" if unauthenticated else "client IP"
-    if limit.edge.per is not EdgeKey.IP:
-        who = key_text(limit.edge.per).removeprefix("the ")
+    who = f"unauthenticated {client}" if unauthenticated else client
     return f"{limit.name}: {limit.edge.rate} per {who}, {limit.edge.action.value}"
+
+
+def _client_text(limit: Limit) -> str:
+    """What one counter of an address-keyed rule counts."""
+    assert limit.edge is not None
+    return "visitor (IP with NAT support)" if limit.edge.per is EdgeKey.IP_NAT else "client IP"
 
 
 def _rule(
@@ -191,6 +196,7 @@ def rules_for(
             rate=edge.rate,
             timeout=placement.mitigation_timeout,
             characteristics=("cf.colo.id", key_characteristic(limit)),
+            who=f"one {_client_text(limit)}",
         )
     ]
     notes = _spelling_notes(kept)
@@ -207,6 +213,8 @@ def rules_for(
                 expression=expression,
                 rate=credentialed,
                 timeout=placement.credentialed_timeout,
+                characteristics=("cf.colo.id", key_characteristic(limit)),
+                who=f"one {_client_text(limit)}",
             )
         )
         notes.extend(n for n in _spelling_notes(kept) if n not in notes)
@@ -393,18 +401,29 @@ def _id_collisions(policy: Policy) -> list[BuildProblem]:
         )
     ]
     if worker is not None:
+        tiered = [
+            (limit.name, tier, binding, index)
+            for limit in policy.limits
+            if limit.edge is not None
+            for tier, binding, index, _rate in _worker.tier_counters(limit)
+        ]
         derived.append(
             (
                 "namespace_id",
                 [(_ids.namespace_id(worker.name, n), n) for n in names]
-                + [(_worker.credentialed_namespace_id(worker.name, n), n) for n in names],
+                + [(_worker.credentialed_namespace_id(worker.name, n), n) for n in names]
+                + [
+                    (_worker.tier_namespace_id(worker.name, n, tier, index), n)
+                    for n, tier, _binding, index in tiered
+                ],
             )
         )
         derived.append(
             (
                 "binding name",
                 [(_ids.binding_name(n), n) for n in names]
-                + [(_worker.credentialed_binding_name(n), n) for n in names],
+                + [(_worker.credentialed_binding_name(n), n) for n in names]
+                + [(binding, n) for n, _tier, binding, _index in tiered],
             )
         )
     for label, values in derived:

@@ -495,3 +495,18 @@ def test_edge_tiers_need_a_tier_claim_and_an_app_part(
     )
     message = load_error(text)
     assert message.startswith("policy.yaml:") and says in message
+
+
+def test_ip_nat_with_credentials_counts_both_rules_by_the_visitor_id() -> None:
+    """An unauthenticated-only ip_nat limit on Enterprise: both rules (without and with a
+    credential) count per cf.unique_visitor_id, and say so; the fake accepts them."""
+    text = policy_text("enterprise", "ip_nat").replace(
+        "limits:", "authenticated_when: { headers: [authorization] }\nlimits:"
+    )
+    built = rules(edgegen.build(load(text)))
+    assert [r["ratelimit"]["characteristics"] for r in built] == [
+        ["cf.colo.id", "cf.unique_visitor_id"]
+    ] * 2
+    assert "unauthenticated visitor (IP with NAT support)" in built[0]["description"]
+    assert "visitor (IP with NAT support) sending a credential" in built[1]["description"]
+    assert FakeCloudflare(plan="enterprise").validate_rules(built) == []

@@ -504,3 +504,42 @@ def test_a_verified_tier_is_held_to_its_app_rate_at_the_edge(tmp_path: Path) -> 
         *([200] * 2 + [429]),
         *([200] * 2 + [429]),
     ]
+
+
+COOKIE_TOKEN_POLICY = """\
+version: 1
+cloudflare:
+  plan: free
+  worker: { name: keys-test, routes: ["api.example.com/*"] }
+limits:
+  - name: api
+    match: { path_prefix: /api/ }
+    edge: { rate: 2/1m, per: { jwt: { claim: uid, cookie: token, secret: JWT_SECRET } } }
+  - name: web
+    match: { path_prefix: /web/ }
+    edge: { rate: 2/1m, per: { jwt: { header: X-Token, secret: JWT_SECRET, leeway: 1s } } }
+"""
+
+
+def test_tokens_in_a_cookie_or_another_header(tmp_path: Path) -> None:
+    """The token is read where the policy says: a cookie (its first copy), or a header of
+    its own (a Bearer scheme is stripped there too); leeway 1s refuses a token expired a
+    moment ago. The authorization header is not looked at for them."""
+    now = int(time.time())
+    good = hs256({"uid": 7, "sub": "s", "exp": now + 600})
+    old = hs256({"sub": "s", "exp": now - 5})
+    sent = [
+        req("/api/a", Cookie=f"token={good}; theme=dark"),
+        req("/api/a", Cookie=f"token={good}; token=junk"),
+        req("/api/a", Cookie=f"token=junk; token={good}"),
+        req("/api/a", authorization=bearer(good)),
+        req("/web/a", x_token=good),
+        req("/web/a", x_token=bearer(good)),
+        req("/web/a", x_token=old),
+    ]
+    keys, _ = recorded(tmp_path, COOKIE_TOKEN_POLICY, sent)
+    flat = [k for (k,) in keys]
+    assert hashed(flat[0]) and flat[1] == flat[0]
+    assert flat[2:4] == [IP_A, IP_A]
+    assert hashed(flat[4]) and flat[5] == flat[4] and flat[4] != flat[0]
+    assert flat[6] == IP_A
