@@ -16,6 +16,7 @@ import base64
 import hashlib
 import hmac
 import json
+import subprocess
 import textwrap
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 
 import edgegen_policy as policy
 import pytest
-from edge_support import HARNESS, run_node
+from edge_support import HARNESS, WORKERS, require_node_modules, run_node
 
 import edgegen
 from edgegen.compiler import _worker
@@ -543,3 +544,23 @@ def test_tokens_in_a_cookie_or_another_header(tmp_path: Path) -> None:
     assert flat[2:4] == [IP_A, IP_A]
     assert hashed(flat[4]) and flat[5] == flat[4] and flat[4] != flat[0]
     assert flat[6] == IP_A
+
+
+def test_wrangler_dry_run_accepts_keyed_and_tiered_workers(tmp_path: Path) -> None:
+    """`wrangler deploy --dry-run` accepts the Worker (module and wrangler.toml) of a policy
+    with JWT keys and edge tiers, and lists every binding, tier bindings included."""
+    worker = build(tmp_path, TIERS_POLICY)
+    require_node_modules()
+    result = subprocess.run(
+        ["node", str(HARNESS / "dryrun.mjs"), str(tmp_path / "worker")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=WORKERS,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert len(worker.bindings) == 3
+    for binding in worker.bindings:
+        assert f"env.{binding['name']}" in output, output
