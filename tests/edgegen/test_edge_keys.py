@@ -24,7 +24,7 @@ from edgegen_policy import CookieKey, EdgeKey, HeaderKey, JwtKey, PolicyLoadErro
 from zone_support import Sleeps
 
 import edgegen
-from edgegen import cli
+from edgegen import _diff, cli
 from edgegen._capabilities import PLANS, key_table_markdown, rule_can_key
 from edgegen._placement import EDGE_CHECKS, place
 from edgegen.cloudflare import _client
@@ -510,3 +510,21 @@ def test_ip_nat_with_credentials_counts_both_rules_by_the_visitor_id() -> None:
     assert "unauthenticated visitor (IP with NAT support)" in built[0]["description"]
     assert "visitor (IP with NAT support) sending a credential" in built[1]["description"]
     assert FakeCloudflare(plan="enterprise").validate_rules(built) == []
+
+
+def test_diff_names_a_change_of_key_and_of_edge_tiers(tmp_path: Path) -> None:
+    """edgegen diff says what the edge counted by before and after, and edge.tiers on/off."""
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(policy_text("free", KEYS["header"]))
+    new.write_text(
+        TIERS.replace('jwks: "https://auth.example.com/jwks.json"', "secret: JWT_SECRET")
+        .replace("[free, pro, team]", "[free, pro]")
+        .replace(", team: 10000/1d", "")
+        .replace("rate: 2/1m", "rate: 100/10s")
+    )
+    text = _diff.to_text(_diff.diff(_diff.load_version(str(old)), _diff.load_version(str(new))))
+    assert (
+        "edge counts per changed from 'header x-api-key' to "
+        "'JWT claim sub (header authorization, secret JWT_SECRET)'" in text
+    )
+    assert "edge tiers changed from 'off' to 'on'" in text
