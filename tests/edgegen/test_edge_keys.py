@@ -29,6 +29,8 @@ from edgegen._capabilities import PLANS, key_table_markdown, rule_can_key
 from edgegen._placement import EDGE_CHECKS, place
 from edgegen.cloudflare import _client
 from edgegen.compiler import _worker
+from edgegen.replay._engine import replay
+from edgegen.replay._types import Record
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "edge.md"
 PLAN_NAMES = [plan.value for plan in PLANS]
@@ -528,3 +530,17 @@ def test_diff_names_a_change_of_key_and_of_edge_tiers(tmp_path: Path) -> None:
         "'JWT claim sub (header authorization, secret JWT_SECRET)'" in text
     )
     assert "edge tiers changed from 'off' to 'on'" in text
+
+
+def test_replay_says_it_counts_a_keyed_limit_per_address() -> None:
+    """Traffic records carry no header or token values: the replay says so and counts the
+    limit per client IP."""
+    loaded = load(policy_text("free", KEYS["header"]))
+    records = [
+        Record(at_us=1_764_748_800_000_000 + i, method="GET", host="api.example.com",
+               path="/api/x", ip="203.0.113.7")
+        for i in range(3)
+    ]  # fmt: skip
+    result = replay(loaded, records)
+    assert any("header x-api-key" in note and "per client IP" in note for note in result.notes)
+    assert result.admitted == 3
