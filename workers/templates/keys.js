@@ -286,7 +286,17 @@ async function jwksEntry(url, refresh) {
       });
   }
   if (entry.pending !== null) {
-    await entry.pending;
+    // The fetch may belong to another request, whose end would cancel it: wait no longer
+    // than a fetch may take, on a timer of this request's own.
+    let timer;
+    const waited = new Promise((resolve) => {
+      timer = setTimeout(resolve, JWKS_TIMEOUT_MS);
+    });
+    try {
+      await Promise.race([entry.pending, waited]);
+    } finally {
+      clearTimeout(timer);
+    }
   }
   return entry;
 }
