@@ -17,7 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from edgegen_policy import Action, CloudflarePlan
+from edgegen_policy import (
+    Action,
+    CloudflarePlan,
+    CookieKey,
+    EdgeKey,
+    EdgeKeySpec,
+    HeaderKey,
+    JwtKey,
+)
 
 T = TypeVar("T")
 
@@ -54,6 +62,10 @@ RULESETS_API = Source(
 WORKERS_BINDING = Source(
     "Cloudflare docs, Workers Rate Limiting binding",
     "https://developers.cloudflare.com/workers/runtime-apis/bindings/rate-limit/",
+)
+API_SHIELD_JWT = Source(
+    "Cloudflare docs, API Shield JWT validation (claims in rules need a token configuration)",
+    "https://developers.cloudflare.com/api-shield/security/jwt-validation/",
 )
 EDGEGEN_WORKER = Source(
     "edgegen's Worker (workers/templates/limiter.js): it answers 429, it cannot challenge",
@@ -176,6 +188,7 @@ class WorkerCapabilities:
     mitigation_timeout: Sourced[bool]
     fields: Sourced[str]
     keys: Sourced[str]
+    jwt: Sourced[str]
     custom_response: Sourced[bool]
     counting: Sourced[str]
     requests_to_origin: Sourced[bool]
@@ -325,7 +338,16 @@ WORKER = WorkerCapabilities(
         "fixed windows: a client over the limit is refused until the window ends",
     ),
     fields=Sourced("any: the Worker reads the whole request", EDGEGEN_WORKER),
-    keys=Sourced("client IP from CF-Connecting-IP (any string key)", WORKERS_BINDING),
+    keys=Sourced(
+        "client IP from CF-Connecting-IP, or a keyed hash (HMAC-SHA-256) of a header, a "
+        "cookie or a verified JWT claim (any string key)",
+        WORKERS_BINDING,
+    ),
+    jwt=Sourced(
+        "verifies HS256 (a secret binding), RS256 and ES256 (a JWKS it fetches and caches) "
+        "with Web Crypto before it trusts a claim",
+        EDGEGEN_WORKER,
+    ),
     custom_response=Sourced(True, EDGEGEN_WORKER, "429 application/problem+json"),
     counting=Sourced(
         "per Cloudflare location, eventually consistent ('permissive')", WORKERS_BINDING
@@ -350,6 +372,93 @@ def lowest_plan_with_field(name: str) -> PlanCapabilities | None:
         if caps.has_field(name):
             return caps
     return None
+
+
+# --- what a limit counts by (edge.per) ----------------------------------------------------
+
+# The characteristic family each kind of key needs in a rule; a JWT claim has none that
+# edgegen can write (API Shield's token configurations are not part of the policy).
+KEY_CHARACTERISTICS: dict[str, str | None] = {
+    "ip": "ip.src",
+    "ip_nat": "cf.unique_visitor_id",
+    "header": "http.request.headers",
+    "cookie": "http.request.cookies",
+    "jwt": None,
+}
+KEY_LABELS: dict[str, str] = {
+    "ip": "the client IP (`ip`)",
+    "ip_nat": "IP with NAT support (`ip_nat`)",
+    "header": "a header's value (`{header: NAME}`)",
+    "cookie": "a cookie's value (`{cookie: NAME}`)",
+    "jwt": "a verified JWT claim (`{jwt: {...}}`)",
+}
+
+
+def key_kind(per: EdgeKeySpec) -> str:
+    """The kind of an edge limit's key: ip, ip_nat, header, cookie or jwt."""
+    if isinstance(per, HeaderKey):
+        return "header"
+    if isinstance(per, CookieKey):
+        return "cookie"
+    if isinstance(per, JwtKey):
+        return "jwt"
+    return "ip_nat" if per is EdgeKey.IP_NAT else "ip"
+
+
+def key_text(per: EdgeKeySpec) -> str:
+    """The key as a sentence names it: "the header x-api-key", "the JWT claim sub"."""
+    if isinstance(per, HeaderKey):
+        return f"the header {per.header}"
+    if isinstance(per, CookieKey):
+        return f"the cookie {per.cookie}"
+    if isinstance(per, JwtKey):
+        return f"the JWT claim {per.jwt.claim}"
+    return "IP with NAT support" if per is EdgeKey.IP_NAT else "client IP"
+
+
+def rule_can_key(caps: PlanCapabilities, kind: str) -> bool:
+    """Whether rules on a plan can count by this kind of key."""
+    family = KEY_CHARACTERISTICS[kind]
+    return family is not None and family in caps.characteristics.value
+
+
+def lowest_plan_with_key(kind: str) -> PlanCapabilities | None:
+    """The cheapest plan whose rules can count by a kind of key (None: no plan's rules)."""
+    return next((caps for caps in PLANS.values() if rule_can_key(caps, kind)), None)
+
+
+def key_table_markdown() -> str:
+    """What each plan's rules, and the Worker, count an edge limit by, with sources."""
+    plans = list(PLANS.values())
+    header = ["`per`", *(c.label for c in plans), "Worker", "source"]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+    ]
+    worker_cells = {
+        "ip": "yes (CF-Connecting-IP)",
+        "ip_nat": "no: counts per client IP (L214)",
+        "header": "yes (keyed hash)",
+        "cookie": "yes (keyed hash)",
+        "jwt": "yes (verified; keyed hash)",
+    }
+    for kind, label in KEY_LABELS.items():
+        family = KEY_CHARACTERISTICS[kind]
+        cells = [
+            f"`{family}`" if rule_can_key(caps, kind) and family else "Worker" for caps in plans
+        ]
+        sources = "[2] [3] [4]" if kind == "jwt" else "[1] [2] [3]"
+        lines.append("| " + " | ".join([label, *cells, worker_cells[kind], sources]) + " |")
+    lines.extend(
+        [
+            "",
+            f"1. {AVAILABILITY.title}: <{AVAILABILITY.url}>",
+            f"2. {PARAMETERS.title}: <{PARAMETERS.url}>",
+            f"3. {WORKERS_BINDING.title}: <{WORKERS_BINDING.url}>",
+            f"4. {API_SHIELD_JWT.title}: <{API_SHIELD_JWT.url}>",
+        ]
+    )
+    return "\n".join(lines) + "\n"
 
 
 # --- the table as Markdown (docs/edge.md) -------------------------------------------------
@@ -450,7 +559,7 @@ def capability_table_markdown() -> str:
         ],
         "characteristics": [
             *_growing([c.characteristics.value for c in plans]),
-            "any key; edgegen uses the client IP",
+            "any key; edgegen uses the client IP, or a keyed hash of a header, cookie or JWT claim",
         ],
         "actions": [
             *_growing([tuple(a.value for a in c.actions.value) for c in plans]),

@@ -21,9 +21,12 @@ from typing import Any
 import edgegen_policy as policy
 from edgegen_policy import (
     AppLimit,
+    CookieKey,
     CountWhen,
     Diagnostic,
     EdgeLimit,
+    HeaderKey,
+    JwtKey,
     Limit,
     Match,
     Policy,
@@ -364,6 +367,25 @@ def _rate_text(rate: Rate | None) -> str:
     return str(rate) if rate is not None else "default"
 
 
+def _edge_key_text(edge: EdgeLimit) -> str:
+    """What an edge limit counts by, in a diff: ip, ip_nat, or the key and its source."""
+    per = edge.per
+    if isinstance(per, JwtKey):
+        jwt = per.jwt
+        where = f"cookie {jwt.cookie}" if jwt.cookie else f"header {jwt.token_header}"
+        how = f"secret {jwt.secret}" if jwt.secret else f"JWKS {jwt.jwks}"
+        return f"JWT claim {jwt.claim} ({where}, {how})"
+    if isinstance(per, HeaderKey):
+        return f"header {per.header}"
+    if isinstance(per, CookieKey):
+        return f"cookie {per.cookie}"
+    return per.value
+
+
+def _yes_no(value: bool) -> str:
+    return "on" if value else "off"
+
+
 def _edge_changes(limit: str, old: EdgeLimit, new: EdgeLimit) -> list[Change]:
     out: list[Change] = []
     found = _rate_change("edge_rate", limit, "edge rate", old.rate, new.rate)
@@ -388,6 +410,8 @@ def _edge_changes(limit: str, old: EdgeLimit, new: EdgeLimit) -> list[Change]:
         ("edge_action", "edge action", old.action.value, new.action.value),
         ("edge_timeout", "edge timeout", _timeout_text(old), _timeout_text(new)),
         ("edge_target_setting", "edge target setting", old.target.value, new.target.value),
+        ("edge_key", "edge counts per", _edge_key_text(old), _edge_key_text(new)),
+        ("edge_tiers", "edge tiers", _yes_no(old.tiers), _yes_no(new.tiers)),
     ]
     for kind, what, a, b in pairs:
         if a != b:

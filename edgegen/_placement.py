@@ -46,9 +46,19 @@ L211    warning          a limit in the Worker names hosts no route of the Worke
                          (info when only a rule can carry the limit)
 L212    warning          a limit with ``requests_to_origin`` runs in the Worker, which counts
                          every request, cached ones included
+L213    info             the plan's rules cannot count by the limit's key (``per``), so it
+                         goes to the Worker
+L214    warning          a limit ``per: ip_nat`` runs in the Worker, which counts per client IP
+L216    warning          ``edge.tiers``: a tier whose app rates have no period the Worker
+                         binding offers (10 s, 1 min) is held to ``rate`` at the edge
 L215    info             a limit with ``count_when`` runs in the Worker because the plan's
                          rules have no counting expression
 ======  ========  =====  ==========================================================
+
+A limit keyed by a header or a cookie takes two rules where a rule carries it: requests
+that carry the key, counted per its value, and requests without it, counted per client IP
+(a characteristic missing from a request would otherwise count all such requests together,
+in one counter per data centre).
 """
 
 from __future__ import annotations
@@ -63,6 +73,7 @@ from edgegen_policy import (
     Checked,
     Diagnostic,
     Duration,
+    EdgeKey,
     EdgeLimit,
     EdgeTarget,
     Layer,
@@ -86,14 +97,45 @@ from ._capabilities import (
     PLANS,
     WORKER,
     PlanCapabilities,
+    key_kind,
+    key_text,
     lowest_plan_with_field,
+    lowest_plan_with_key,
+    rule_can_key,
 )
 from ._routes import route_parts
 
 
 def rule_count(policy: Policy, limit: Limit) -> int:
-    """How many rules the limit takes as rules: two when credentialed requests count apart."""
-    return 2 if credentialed_rate(policy, limit) is not None else 1
+    """How many rules the limit takes as rules: two when credentialed requests count apart,
+    or when requests without its header or cookie key are counted apart by address."""
+    if credentialed_rate(policy, limit) is not None:
+        return 2
+    return 2 if limit.edge is not None and key_kind(limit.edge.per) in ("header", "cookie") else 1
+
+
+def key_shortfall(edge: EdgeLimit, caps: PlanCapabilities) -> Shortfall | None:
+    """What rules on a plan lack to count by the limit's key (None: nothing)."""
+    kind = key_kind(edge.per)
+    if rule_can_key(caps, kind):
+        return None
+    plan = f"the {caps.plan.value} plan"
+    if kind == "jwt":
+        return Shortfall(
+            "key",
+            "rules can count by a JWT claim only through API Shield's token validation, which "
+            "the policy does not configure",
+            "let the Worker verify the token and count the claim (target: auto or worker)",
+            ("edge", "per"),
+        )
+    lowest = lowest_plan_with_key(kind)
+    assert lowest is not None
+    return Shortfall(
+        "key",
+        f"rules on {plan} cannot count per {key_text(edge.per)}",
+        f"use the {lowest.label} plan or above",
+        ("edge", "per"),
+    )
 
 
 def credentialed_timeout(edge: EdgeLimit, rate: Rate) -> int | None:
@@ -259,9 +301,7 @@ def rule_shortfalls(policy: Policy, limit: Limit, caps: PlanCapabilities) -> lis
                 ("edge", "requests_to_origin"),
             )
         )
-    credentialed = credentialed_rate(policy, limit)
-    if credentialed is not None and credentialed.period != edge.rate.period:
-        out.extend(_credentialed_rule_shortfalls(edge, credentialed, caps))
+    out.extend(_counter_shortfalls(policy, limit, caps))
     matcher = limit.match.matcher()
     needed: list[str] = []
     if not matcher.matches_all_paths:
@@ -297,6 +337,20 @@ def rule_shortfalls(policy: Policy, limit: Limit, caps: PlanCapabilities) -> lis
             )
         )
     out.extend(_counting_shortfalls(limit, caps))
+    return out
+
+
+def _counter_shortfalls(policy: Policy, limit: Limit, caps: PlanCapabilities) -> list[Shortfall]:
+    """What a rule lacks to count as the limit does: the credentialed rule, and the key."""
+    edge = limit.edge
+    assert edge is not None
+    out: list[Shortfall] = []
+    credentialed = credentialed_rate(policy, limit)
+    if credentialed is not None and credentialed.period != edge.rate.period:
+        out.extend(_credentialed_rule_shortfalls(edge, credentialed, caps))
+    keyed = key_shortfall(edge, caps)
+    if keyed is not None:
+        out.append(keyed)
     return out
 
 
@@ -476,11 +530,22 @@ def _quota_full(caps: PlanCapabilities, needed: int) -> Shortfall:
     else:
         what = (
             f"the {caps.plan.value} plan allows {rules}; this limit needs {needed} (one more "
-            "for requests that carry a credential) and other limits leave fewer free"
+            "for requests that carry a credential, or that lack its key) and other limits "
+            "leave fewer free"
         )
     return Shortfall(
         "quota", what, "move another limit to the Worker with target: worker, or use a larger plan"
     )
+
+
+# The finding of a shortfall that sends a limit to the Worker, by its kind (L206 else).
+_SHORTFALL_CODES = {
+    "period": "L205",
+    "timeout": "L205",
+    "quota": "L207",
+    "key": "L213",
+    "counting": "L215",
+}
 
 
 def _place(
@@ -510,8 +575,10 @@ def _place(
             reasons.append(
                 f"requests that carry a credential: a second rule, {credentialed} per client IP"
             )
+        if key_kind(edge.per) != "ip":
+            reasons.append(_rule_key_reason(edge))
         per_address: tuple[Diagnostic, ...] = ()
-        if ipv6_prefix < 128:
+        if ipv6_prefix < 128 and edge.per is not EdgeKey.IP_NAT:
             per_address = (_per_address_finding(policy, limit.name, base, worker_lacks),)
         return EdgePlacement(
             index,
@@ -572,11 +639,8 @@ def _place(
                 # L212 below says it, with what the Worker does instead.
                 continue
             value_kind = shortfall.kind in ("period", "timeout")
-            code = {"period": "L205", "timeout": "L205", "quota": "L207"}.get(
-                shortfall.kind, "L206"
-            )
-            # count_when: rules below Business have no counting expression.
-            code = "L215" if shortfall.kind == "counting" else code
+            # counting: rules below Business have no counting expression (count_when).
+            code = _SHORTFALL_CODES.get(shortfall.kind, "L206")
             found.append(
                 diagnostic_at(
                     policy,
@@ -616,6 +680,7 @@ def _place(
             "not honoured there"
         )
         found.append(_origin_finding(policy, limit.name, base, target, rule_lacks))
+    _worker_key_notes(policy, limit, base, why, found)
     why.append("the Worker binding can express it")
     if limit.count_when is not None:
         why.append(
@@ -637,6 +702,111 @@ def _place(
         (),
         findings=tuple(found),
         credentialed=credentialed,
+    )
+
+
+def _worker_key_notes(
+    policy: Policy,
+    limit: Limit,
+    base: tuple[str | int, ...],
+    why: list[str],
+    found: list[Diagnostic],
+) -> None:
+    """How the Worker counts a limit keyed by more than the client IP (and L214)."""
+    edge = limit.edge
+    assert edge is not None
+    kind = key_kind(edge.per)
+    if kind == "ip_nat":
+        why.append(
+            "the Worker cannot see Cloudflare's NAT-aware visitor id: it counts per client IP"
+        )
+        found.append(_nat_finding(policy, limit.name, base))
+    elif kind != "ip":
+        unverified = ", or with a token that fails verification," if kind == "jwt" else ""
+        why.append(
+            f"counted per a keyed hash of {key_text(edge.per)}; requests without it{unverified} "
+            "per client IP"
+        )
+    tiers = edge_tier_rates(limit)
+    if tiers:
+        shown = "; ".join(f"{t}: {', '.join(str(r) for r in rates)}" for t, rates in tiers.items())
+        why.append(f"callers with a verified tier are held to their app rates ({shown})")
+    found.extend(_tier_findings(policy, limit, base))
+
+
+def edge_tier_rates(limit: Limit) -> dict[str, tuple[Rate, ...]]:
+    """For ``edge.tiers``: each app tier's rates that the Worker binding can count (a period
+    of 10 s or 1 min), in the app's order; a tier with none is left out (L216)."""
+    edge, app = limit.edge, limit.app
+    if edge is None or not edge.tiers or app is None:
+        return {}
+    periods = WORKER.periods.value
+    out: dict[str, tuple[Rate, ...]] = {}
+    for tier, rates in app.tiers.items():
+        usable = tuple(r for r in rates if r.period.whole_seconds in periods)
+        if usable:
+            out[tier] = usable
+    return out
+
+
+def _tier_findings(policy: Policy, limit: Limit, base: tuple[str | int, ...]) -> list[Diagnostic]:
+    """L216: tiers of an ``edge.tiers`` limit that the edge cannot hold to their app rates."""
+    app = limit.app
+    if limit.edge is None or not limit.edge.tiers or app is None:
+        return []
+    usable = edge_tier_rates(limit)
+    out = []
+    for tier, rates in app.tiers.items():
+        if tier in usable:
+            continue
+        shown = ", ".join(str(r) for r in rates)
+        fix = f"give tier {tier!r} a rate per 10s or 1m as well (the app holds it to all)"
+        out.append(
+            diagnostic_at(
+                policy,
+                (*base, "app", "tiers", tier),
+                "L216",
+                Severity.WARNING,
+                f"limit {limit.name!r} applies its app tiers at the edge (edge.tiers), but "
+                f"tier {tier!r} has no rate with a period the Worker binding offers (10s or "
+                f"1m): {shown}; callers in it are held to rate ({limit.edge.rate}) there; {fix}",
+                limit=limit.name,
+                fix=fix,
+            )
+        )
+    return out
+
+
+def _rule_key_reason(edge: EdgeLimit) -> str:
+    """How the rule counts a limit keyed by more than the client IP."""
+    if key_kind(edge.per) == "ip_nat":
+        return "counted per IP with NAT support (cf.unique_visitor_id)"
+    return (
+        f"counted per {key_text(edge.per)}; requests without it: a second rule, "
+        f"{edge.rate} per client IP"
+    )
+
+
+def _nat_finding(policy: Policy, name: str, base: tuple[str | int, ...]) -> Diagnostic:
+    """L214: a limit per IP with NAT support, placed in the Worker.
+
+    ``cf.unique_visitor_id`` is a rule characteristic; a Worker has no such value, so it
+    counts per client IP: clients behind one address share a counter there. A warning: the
+    limit holds, only more strictly for shared addresses than the policy says.
+    """
+    lowest = lowest_plan_with_key("ip_nat")
+    assert lowest is not None
+    fix = f"use the {lowest.label} plan or above so a rule carries it, or write per: ip"
+    return diagnostic_at(
+        policy,
+        (*base, "edge", "per"),
+        "L214",
+        Severity.WARNING,
+        f"limit {name!r} runs in the Worker, which cannot see Cloudflare's NAT-aware visitor "
+        "id (cf.unique_visitor_id is a rule characteristic): it counts per client IP, so "
+        f"clients behind one address share a counter; {fix}",
+        limit=name,
+        fix=fix,
     )
 
 

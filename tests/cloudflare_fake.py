@@ -11,7 +11,8 @@ It follows /work/shared/reference/cloudflare.md and Cloudflare's API docs:
 - rule validation with 400s that carry ``source.pointer`` (``/rules/0/ratelimit/period``):
   expression over 4,096 characters, periods and timeouts the plan does not offer, the
   plan's rule quota, duplicate refs, unknown ids, challenge actions with a timeout below
-  Enterprise, bad block responses, unknown fields;
+  Enterprise, bad block responses, unknown fields, characteristics the plan does not offer
+  (and ``ip.src`` together with ``cf.unique_visitor_id``);
 - auth: 401 without a token or with an unknown one, 403 for a token without the permission
   the endpoint needs;
 - 429 with ``Retry-After`` once a request budget is spent, and 5xx injected at chosen
@@ -89,6 +90,27 @@ PLAN_TIMEOUTS = {
     "enterprise": set(_SUPPORTED),
     "enterprise-arl": set(_SUPPORTED),
 }
+# Characteristics besides cf.colo.id, from the reference's table (section 2) and the
+# parameters page: IP everywhere, IP with NAT support from Business, and the header, cookie,
+# query, host, path, ASN, country and fingerprint characteristics with Advanced Rate Limiting.
+_NAT = {"ip.src", "cf.unique_visitor_id"}
+PLAN_CHARACTERISTICS = {
+    "free": {"ip.src"},
+    "pro": {"ip.src"},
+    "business": _NAT,
+    "enterprise": _NAT,
+    "enterprise-arl": _NAT
+    | {
+        "http.host",
+        "http.request.uri.path",
+        "ip.src.asnum",
+        "ip.src.country",
+        "cf.bot_management.ja3_hash",
+        "cf.bot_management.ja4",
+    },
+}
+# Advanced Rate Limiting's characteristics that name a header, cookie or query argument.
+ARL_NAMED = re.compile(r'^http\.request\.(headers|cookies|uri\.args)\["(?:[^"\\]|\\.)+"\]$')
 ACTIONS = {"block", "managed_challenge", "js_challenge", "challenge", "log"}
 CHALLENGES = {"managed_challenge", "js_challenge", "challenge"}
 CONTENT_TYPES = {"application/json", "text/html", "text/xml", "text/plain"}
@@ -573,6 +595,34 @@ class FakeCloudflare:
             )
         return errors
 
+    def _validate_characteristics(self, characteristics: object, at: str) -> list[dict[str, Any]]:
+        """Characteristics the plan does not offer, and IP with IP with NAT support."""
+        if not isinstance(characteristics, list):
+            return []
+        errors = []
+        allowed = PLAN_CHARACTERISTICS[self.plan]
+        for index, name in enumerate(characteristics):
+            if name == "cf.colo.id":
+                continue
+            named = isinstance(name, str) and ARL_NAMED.match(name) is not None
+            if not (one_of(name, allowed) or (named and self.plan == "enterprise-arl")):
+                errors.append(
+                    error(
+                        20024,
+                        f"the characteristic {name!r} is not available on the {self.plan} plan",
+                        f"{at}/characteristics/{index}",
+                    )
+                )
+        if "ip.src" in characteristics and "cf.unique_visitor_id" in characteristics:
+            errors.append(
+                error(
+                    20025,
+                    "ip.src and cf.unique_visitor_id cannot be used together",
+                    f"{at}/characteristics",
+                )
+            )
+        return errors
+
     def _validate_ratelimit(
         self, rule: dict[str, Any], at: str, enterprise: bool
     ) -> list[dict[str, Any]]:
@@ -588,6 +638,7 @@ class FakeCloudflare:
             errors.append(
                 error(20016, "characteristics must include cf.colo.id", f"{at}/characteristics")
             )
+        errors.extend(self._validate_characteristics(characteristics, at))
         period = limit.get("period")
         if not one_of(period, PLAN_PERIODS[self.plan]):
             allowed = ", ".join(str(p) for p in sorted(PLAN_PERIODS[self.plan]))
@@ -705,6 +756,13 @@ class FakeCloudflare:
 
     # --- Workers -----------------------------------------------------------------------
 
+    def put_secret(self, script: str, name: str) -> None:
+        """What ``wrangler secret put NAME`` does: a secret_text binding on the script (its
+        settings show the name and type only, never the text)."""
+        bindings = [b for b in self.scripts[script].bindings if b.get("name") != name]
+        bindings.append({"type": "secret_text", "name": name})
+        self.scripts[script].bindings = bindings
+
     def put_script(self, request: httpx.Request, name: str) -> httpx.Response:
         """Upload a module Worker (multipart)."""
         content_type = request.headers.get("Content-Type", "")
@@ -741,7 +799,13 @@ class FakeCloudflare:
             return respond(400, errors=[error(10021, problem)])
         modules = {k: v for k, v in parts.items() if k != "metadata"}
         etag = hashlib.sha256(b"".join(modules[k][0] for k in sorted(modules))).hexdigest()
-        self.scripts[name] = Script(main, modules, copy.deepcopy(bindings), date, etag)
+        # Bindings the upload does not list are dropped, except those of the types it names
+        # in keep_bindings (secrets set with wrangler, say).
+        kept_types = metadata.get("keep_bindings") or []
+        listed = {b.get("name") for b in bindings}
+        previous = self.scripts[name].bindings if name in self.scripts else []
+        kept = [b for b in previous if b.get("type") in kept_types and b.get("name") not in listed]
+        self.scripts[name] = Script(main, modules, copy.deepcopy(bindings) + kept, date, etag)
         return respond(
             200,
             {

@@ -44,6 +44,9 @@ class WorkerArtifact:
     bindings: tuple[dict[str, Any], ...]
     routes: tuple[str, ...]
     wrangler_toml: str
+    # The Worker secrets it reads (set by the user, never generated): the hash key of keyed
+    # limits, HS256 keys. Terraform takes them as sensitive variables.
+    secrets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,9 +15,13 @@ from typing import Any
 
 from edgegen_policy import (
     Action,
+    AuthenticatedWhen,
     Checked,
+    CookieKey,
     Diagnostic,
+    EdgeKey,
     EdgeTarget,
+    HeaderKey,
     Layer,
     Limit,
     Policy,
@@ -27,7 +31,14 @@ from edgegen_policy import (
 )
 from edgegen_policy import check as policy_check
 
-from .._capabilities import MAX_EXPRESSION_LENGTH, PLANS, PlanCapabilities
+from .._capabilities import (
+    COOKIES,
+    HEADERS,
+    MAX_EXPRESSION_LENGTH,
+    PLANS,
+    PlanCapabilities,
+    key_text,
+)
 from .._placement import EdgePlacement, place, placement_diagnostics
 from ..errors import BuildProblem, CompileError
 from . import _expr, _ids, _terraform, _worker
@@ -41,6 +52,7 @@ CHARACTERISTICS = ("cf.colo.id", "ip.src")
 
 
 CREDENTIALED_REF_SUFFIX = "-credentialed"
+UNKEYED_REF_SUFFIX = "-unkeyed"
 
 
 def credentialed_rule_ref(name: str) -> str:
@@ -53,16 +65,58 @@ def credentialed_rule_ref(name: str) -> str:
     return _ids.rule_ref(name) + CREDENTIALED_REF_SUFFIX
 
 
+def unkeyed_rule_ref(name: str) -> str:
+    """The ref of a keyed limit's second rule, for requests without its header or cookie.
+
+    Like the credentialed ref: the limit's own ref plus a suffix, so it keeps the
+    ``edgegen:`` prefix and never equals a limit's own ref.
+    """
+    return _ids.rule_ref(name) + UNKEYED_REF_SUFFIX
+
+
+def key_characteristic(limit: Limit) -> str:
+    """The characteristic (besides ``cf.colo.id``) a rule counts a limit's key by.
+
+    Header names are lower-case (the map's keys are); names are quoted as the rules language
+    quotes strings, although the policy's name rules leave nothing to escape.
+    """
+    assert limit.edge is not None
+    per = limit.edge.per
+    if isinstance(per, HeaderKey):
+        return f"{HEADERS}[{_expr.string(per.header.lower())}]"
+    if isinstance(per, CookieKey):
+        return f"{COOKIES}[{_expr.string(per.cookie)}]"
+    return "cf.unique_visitor_id" if per is EdgeKey.IP_NAT else "ip.src"
+
+
+def _key_presence(limit: Limit) -> AuthenticatedWhen | None:
+    """A limit's header or cookie key as a "credential", for the with/without expressions."""
+    assert limit.edge is not None
+    per = limit.edge.per
+    if isinstance(per, HeaderKey):
+        return AuthenticatedWhen(headers=(per.header,))
+    if isinstance(per, CookieKey):
+        return AuthenticatedWhen(cookies=(per.cookie,))
+    return None
+
+
 def rule_description(limit: Limit, unauthenticated: bool, credentialed: Rate | None = None) -> str:
     """A short description of a generated rule: name, rate, who is counted, action."""
     assert limit.edge is not None
+    client = _client_text(limit)
     if credentialed is not None:
         return (
-            f"{limit.name}: {credentialed} per client IP sending a credential, "
+            f"{limit.name}: {credentialed} per {client} sending a credential, "
             f"{limit.edge.action.value}"
         )
-    who = "unauthenticated client IP" if unauthenticated else "client IP"
+    who = f"unauthenticated {client}" if unauthenticated else client
     return f"{limit.name}: {limit.edge.rate} per {who}, {limit.edge.action.value}"
+
+
+def _client_text(limit: Limit) -> str:
+    """What one counter of an address-keyed rule counts."""
+    assert limit.edge is not None
+    return "visitor (IP with NAT support)" if limit.edge.per is EdgeKey.IP_NAT else "client IP"
 
 
 def _rule(
@@ -74,6 +128,8 @@ def _rule(
     expression: str,
     rate: Rate,
     timeout: int,
+    characteristics: tuple[str, ...] = CHARACTERISTICS,
+    who: str = "one client IP",
 ) -> dict[str, Any]:
     edge = limit.edge
     assert edge is not None
@@ -87,7 +143,7 @@ def _rule(
     }
     if edge.action is Action.BLOCK and caps.custom_response.value:
         retry = timeout or period
-        body = _worker.problem(limit, retry, rate)
+        body = _worker.problem(limit, retry, rate, who)
         rule["action_parameters"] = {
             "response": {
                 "status_code": 429,
@@ -97,7 +153,7 @@ def _rule(
             }
         }
     rule["ratelimit"] = {
-        "characteristics": list(CHARACTERISTICS),
+        "characteristics": list(characteristics),
         "period": period,
         "requests_per_period": rate.limit,
         "mitigation_timeout": timeout,
@@ -130,6 +186,9 @@ def rules_for(
     when = policy.authenticated_when
     unauthenticated = edge.unauthenticated_only and bool(when.headers or when.cookies)
     matcher = limit.match.matcher()
+    presence = _key_presence(limit)
+    if presence is not None:
+        return _keyed_rules(caps, limit, placement, presence)
     expression, kept = _expr.fitted_expression(matcher, when if unauthenticated else None)
     rules = [
         _rule(
@@ -140,6 +199,8 @@ def rules_for(
             expression=expression,
             rate=edge.rate,
             timeout=placement.mitigation_timeout,
+            characteristics=("cf.colo.id", key_characteristic(limit)),
+            who=f"one {_client_text(limit)}",
         )
     ]
     notes = _spelling_notes(kept)
@@ -156,9 +217,51 @@ def rules_for(
                 expression=expression,
                 rate=credentialed,
                 timeout=placement.credentialed_timeout,
+                characteristics=("cf.colo.id", key_characteristic(limit)),
+                who=f"one {_client_text(limit)}",
             )
         )
         notes.extend(n for n in _spelling_notes(kept) if n not in notes)
+    return rules, notes
+
+
+def _keyed_rules(
+    caps: PlanCapabilities, limit: Limit, placement: EdgePlacement, presence: AuthenticatedWhen
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The two rules of a limit keyed by a header or cookie: requests that carry the key,
+    counted per its value; requests without it, per client IP (a missing characteristic
+    would put them all in one counter per data centre)."""
+    edge = limit.edge
+    assert edge is not None and placement.mitigation_timeout is not None
+    matcher = limit.match.matcher()
+    with_key, kept = _expr.fitted_expression(matcher, credentialed=presence)
+    without_key, kept_too = _expr.fitted_expression(matcher, presence)
+    who = key_text(edge.per).removeprefix("the ")
+    rules = [
+        _rule(
+            caps,
+            limit,
+            ref=_ids.rule_ref(limit.name),
+            description=f"{limit.name}: {edge.rate} per {who}, {edge.action.value}",
+            expression=with_key,
+            rate=edge.rate,
+            timeout=placement.mitigation_timeout,
+            characteristics=("cf.colo.id", key_characteristic(limit)),
+            who=f"one value of {who}",
+        ),
+        _rule(
+            caps,
+            limit,
+            ref=unkeyed_rule_ref(limit.name),
+            description=f"{limit.name}: {edge.rate} per client IP without {who}, "
+            f"{edge.action.value}",
+            expression=without_key,
+            rate=edge.rate,
+            timeout=placement.mitigation_timeout,
+        ),
+    ]
+    notes = _spelling_notes(kept)
+    notes.extend(n for n in _spelling_notes(kept_too) if n not in notes)
     return rules, notes
 
 
@@ -296,22 +399,35 @@ def _id_collisions(policy: Policy) -> list[BuildProblem]:
     derived: list[tuple[str, list[tuple[str, str]]]] = [
         (
             "rule ref",
-            [(_ids.rule_ref(n), n) for n in names] + [(credentialed_rule_ref(n), n) for n in names],
+            [(_ids.rule_ref(n), n) for n in names]
+            + [(credentialed_rule_ref(n), n) for n in names]
+            + [(unkeyed_rule_ref(n), n) for n in names],
         )
     ]
     if worker is not None:
+        tiered = [
+            (limit.name, tier, binding, index)
+            for limit in policy.limits
+            if limit.edge is not None
+            for tier, binding, index, _rate in _worker.tier_counters(limit)
+        ]
         derived.append(
             (
                 "namespace_id",
                 [(_ids.namespace_id(worker.name, n), n) for n in names]
-                + [(_worker.credentialed_namespace_id(worker.name, n), n) for n in names],
+                + [(_worker.credentialed_namespace_id(worker.name, n), n) for n in names]
+                + [
+                    (_worker.tier_namespace_id(worker.name, n, tier, index), n)
+                    for n, tier, _binding, index in tiered
+                ],
             )
         )
         derived.append(
             (
                 "binding name",
                 [(_ids.binding_name(n), n) for n in names]
-                + [(_worker.credentialed_binding_name(n), n) for n in names],
+                + [(_worker.credentialed_binding_name(n), n) for n in names]
+                + [(binding, n) for n, _tier, binding, _index in tiered],
             )
         )
     for label, values in derived:

@@ -114,6 +114,43 @@ def _variable(name: str, kind: str, description: str, default: str | None = None
     return lines
 
 
+def secret_variable(name: str) -> str:
+    """The module input that holds a Worker secret: ``secret_`` and its name in lower case."""
+    return "secret_" + name.lower()
+
+
+def _secret_variables(worker: WorkerArtifact) -> list[str]:
+    """Sensitive inputs for the secrets the Worker reads (never given a default)."""
+    lines: list[str] = []
+    for name in worker.secrets:
+        lines += [
+            f'variable "{secret_variable(name)}" {{',
+            "  type        = string",
+            "  sensitive   = true",
+            f"  description = {hcl_string(f'The Worker secret {name} (see docs/edge.md).')}",
+            "}",
+            "",
+        ]
+    return lines
+
+
+def _bindings(worker: WorkerArtifact) -> str:
+    """The Worker's bindings: the ratelimit ones, then one secret_text per secret input."""
+    listed = hcl_value(list(worker.bindings), 1)
+    if not worker.secrets:
+        return listed
+    secrets: list[str] = []
+    for name in worker.secrets:
+        secrets += [
+            "    {",
+            '      type = "secret_text"',
+            f"      name = {hcl_string(name)}",
+            f"      text = var.{secret_variable(name)}",
+            "    },",
+        ]
+    return "\n".join([f"concat({listed}, [", *secrets, "  ])"])
+
+
 def render(ruleset: dict[str, Any], worker: WorkerArtifact | None = None) -> str | None:
     """``ratelimit.tf`` for a ruleset body (``{"description", "rules"}``) and the Worker, or
     None when there is neither a rule nor a Worker (an app-only policy has no module)."""
@@ -146,6 +183,7 @@ def render(ruleset: dict[str, Any], worker: WorkerArtifact | None = None) -> str
     ]
     if worker is not None:
         lines += _variable("account_id", "string", "The id of the account the Worker runs in.")
+        lines += _secret_variables(worker)
     lines += [
         "locals {",
         f"  edgegen_rules = {hcl_value(ruleset['rules'], 1)}",
@@ -168,7 +206,7 @@ def render(ruleset: dict[str, Any], worker: WorkerArtifact | None = None) -> str
             f"  script_name        = {hcl_string(worker.name)}",
             f"  main_module        = {hcl_string(worker.main_module)}",
             f"  compatibility_date = {hcl_string(worker.compatibility_date)}",
-            f"  bindings           = {hcl_value(list(worker.bindings), 1)}",
+            f"  bindings           = {_bindings(worker)}",
             # The module's text is embedded so the module needs no file beside it.
             f"  content            = {hcl_string(worker.module_source)}",
             "}",

@@ -18,8 +18,20 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from edgegen_policy import QUOTA_EXCEEDED, Limit, Policy, Rate, Worker, header_key
+from edgegen_policy import (
+    QUOTA_EXCEEDED,
+    CookieKey,
+    HeaderKey,
+    JwtKey,
+    Limit,
+    Policy,
+    Rate,
+    Worker,
+    header_key,
+)
 
+from .._capabilities import key_text
+from .._placement import edge_tier_rates
 from . import _ids
 from ._artifacts import WorkerArtifact
 
@@ -29,6 +41,10 @@ if TYPE_CHECKING:
 TEMPLATE_PACKAGE = "edgegen._worker_templates"
 MODULE_TEMPLATE = "worker.js.j2"
 LOGIC_FILE = "limiter.js"
+KEYS_FILE = "keys.js"
+# The Worker secret that keys the hash of header, cookie and claim values (HMAC-SHA-256):
+# set by the user with wrangler or Terraform, never written in a generated file.
+KEY_SECRET = "EDGEGEN_KEY_SECRET"
 MAIN_MODULE = "worker.js"
 CREDENTIALED_SUFFIX = "_CREDENTIALED"
 
@@ -56,7 +72,9 @@ def script_json(value: object) -> str:
     return text
 
 
-def problem(limit: Limit, retry_after: int, rate: Rate | None = None) -> dict[str, Any]:
+def problem(
+    limit: Limit, retry_after: int, rate: Rate | None = None, who: str = "one client IP"
+) -> dict[str, Any]:
     """The RFC 9457 body of a 429 for a limit (the rules' custom response uses it too).
 
     The same problem type and members as the app's refusal (applimit's ``Gate``), so a
@@ -64,7 +82,7 @@ def problem(limit: Limit, retry_after: int, rate: Rate | None = None) -> dict[st
     name; ``violated-policies``, the names of the refused ``RateLimit-Policy`` items (one
     here: an edge limit has one rate per counter); ``retry-after``, the seconds also sent
     in ``Retry-After``. ``rate`` is the rate that refused (default: the limit's edge rate;
-    the credentialed counter passes its own).
+    the credentialed counter passes its own); ``who`` is what one counter counts.
     """
     assert limit.edge is not None
     rate = rate or limit.edge.rate
@@ -74,7 +92,7 @@ def problem(limit: Limit, retry_after: int, rate: Rate | None = None) -> dict[st
         "title": "Too Many Requests",
         "status": 429,
         "detail": f"Rate limit {limit.name!r} allows {rate.limit} requests per "
-        f"{rate.period} from one client IP; retry in {retry_after} {seconds}.",
+        f"{rate.period} from {who}; retry in {retry_after} {seconds}.",
         "limit": limit.name,
         "violated-policies": [limit.name],
         "retry-after": retry_after,
@@ -150,8 +168,119 @@ def _counter(limit: Limit, binding: str, rate: Rate, period: int) -> dict[str, A
         "limit": rate.limit,
         "period": period,
         "policy": policy_header(limit, period, rate),
-        "problem": problem(limit, period, rate),
+        "problem": problem(limit, period, rate, _who(limit)),
     }
+
+
+# --- keys beyond the address (keys.js) -----------------------------------------------------
+
+
+def _who(limit: Limit) -> str:
+    """What one counter of the limit counts, for the 429's detail."""
+    assert limit.edge is not None
+    if key_config(limit) is None:
+        return "one client IP"
+    return f"one value of {key_text(limit.edge.per)} (one client IP for requests without it)"
+
+
+def key_config(limit: Limit) -> dict[str, Any] | None:
+    """The ``key`` of a limit's entry in the Worker's config, or None (counted by address).
+
+    ``ip_nat`` has none: the Worker cannot see Cloudflare's visitor id (lint's L214).
+    """
+    assert limit.edge is not None
+    per = limit.edge.per
+    if isinstance(per, HeaderKey):
+        return {"kind": "header", "header": per.header}
+    if isinstance(per, CookieKey):
+        return {"kind": "cookie", "cookie": per.cookie}
+    if isinstance(per, JwtKey):
+        jwt = per.jwt
+        return {
+            "kind": "jwt",
+            "header": jwt.token_header,
+            "cookie": jwt.cookie,
+            "claim": jwt.claim,
+            "algorithms": list(jwt.algorithms),
+            "secret": jwt.secret,
+            "jwks": jwt.jwks,
+            "issuer": jwt.issuer,
+            "audience": jwt.audience,
+            "leeway": jwt.leeway.ms // 1000,
+            "tierClaim": jwt.tier,
+        }
+    return None
+
+
+def tier_binding_name(name: str, tier_index: int, rate_index: int) -> str:
+    """The binding of one app tier's rate at the edge (``edge.tiers``)."""
+    return f"{_ids.binding_name(name)}_T{tier_index}_{rate_index}"
+
+
+def tier_namespace_id(worker: str, name: str, tier: str, rate_index: int) -> str:
+    """Its namespace id: derived from the names, the tier and the rate's place."""
+    return _ids.namespace_id(worker, f"{name}\0tier\0{tier}\0{rate_index}")
+
+
+def tier_counters(limit: Limit) -> list[tuple[str, str, int, Rate]]:
+    """(tier, binding, rate index, rate) of each app rate an ``edge.tiers`` limit counts."""
+    out = []
+    for tier_index, (tier, rates) in enumerate(edge_tier_rates(limit).items()):
+        for rate_index, rate in enumerate(rates):
+            out.append(
+                (tier, tier_binding_name(limit.name, tier_index, rate_index), rate_index, rate)
+            )
+    return out
+
+
+def _tiers_config(limit: Limit) -> dict[str, list[dict[str, Any]]]:
+    """The counters of each tier the edge holds to its app rates (empty: none)."""
+    assert limit.edge is not None
+    out: dict[str, list[dict[str, Any]]] = {}
+    who = f"one value of {key_text(limit.edge.per)} in tier"
+    for tier, binding, _index, rate in tier_counters(limit):
+        period = rate.period.whole_seconds
+        assert period is not None
+        counter = _counter(limit, binding, rate, period)
+        counter["problem"] = problem(limit, period, rate, f"{who} {tier!r}")
+        # A count_when limit's tier counters count after the answer too.
+        counter.update(count_when_config(limit))
+        out.setdefault(tier, []).append(counter)
+    return out
+
+
+def secret_names(limits: list[WorkerLimit]) -> tuple[str, ...]:
+    """The Worker secrets the limits read: the hash key, then each HS256 key, in order."""
+    names: list[str] = []
+    for item in limits:
+        key = key_config(item.limit)
+        if key is None:
+            continue
+        names.append(KEY_SECRET)
+        if key["kind"] == "jwt" and key["secret"]:
+            names.append(key["secret"])
+    return tuple(dict.fromkeys(names))
+
+
+def secrets_toml_comment(limits: list[WorkerLimit]) -> list[str]:
+    """wrangler.toml lines that say which secrets to set, and what happens without them."""
+    names = secret_names(limits)
+    if not names:
+        return []
+    lines = [
+        "",
+        "# Limits keyed by a header, a cookie or a token claim count a keyed hash of the value",
+        f"# (HMAC-SHA-256 with the secret {KEY_SECRET}), never the value. Set it once, 32",
+        "# random bytes, e.g.:",
+        f"#   openssl rand -base64 32 | wrangler secret put {KEY_SECRET}",
+        "# Until it is set (16 characters at least), those limits count by client IP.",
+    ]
+    lines.extend(
+        f"# HS256 tokens are verified with the secret {name}: wrangler secret put {name}"
+        " (without it, tokens are unverified and counted by client IP)."
+        for name in names[1:]
+    )
+    return lines
 
 
 def config(policy: Policy, limits: list[WorkerLimit]) -> dict[str, Any]:
@@ -190,11 +319,20 @@ def config(policy: Policy, limits: list[WorkerLimit]) -> dict[str, Any]:
                 "withCredential": credentialed,
             }
         )
-    return {
+        key = key_config(limit)
+        if key is not None:
+            entries[-1]["key"] = key
+        tiers = _tiers_config(limit)
+        if tiers:
+            entries[-1]["tiers"] = tiers
+    data: dict[str, Any] = {
         "authenticatedWhen": {"headers": list(when.headers), "cookies": list(when.cookies)},
         "ipv6Prefix": policy.clients.ipv6_prefix,
         "limits": entries,
     }
+    if secret_names(limits):
+        data["keySecret"] = KEY_SECRET
+    return data
 
 
 def _environment() -> jinja2.Environment:
@@ -219,6 +357,8 @@ def render_module(data: dict[str, Any]) -> str:
         banner=f"{count} limit{'s' if count != 1 else ''} in this Worker; see docs/edge.md.",
         config_json=script_json(data),
         limiter_js=template_text(LOGIC_FILE),
+        # Only a Worker with a keyed limit carries keys.js (and CONFIG.keySecret).
+        keys_js=template_text(KEYS_FILE) if "keySecret" in data else "",
     )
 
 
@@ -255,6 +395,15 @@ def bindings(worker: Worker, limits: list[WorkerLimit]) -> tuple[dict[str, Any],
                 "simple": {"limit": item.requests, "period": item.period},
             }
         )
+        for tier, binding, index, rate in tier_counters(item.limit):
+            out.append(
+                {
+                    "type": "ratelimit",
+                    "name": binding,
+                    "namespace_id": tier_namespace_id(worker.name, item.limit.name, tier, index),
+                    "simple": {"limit": rate.limit, "period": rate.period.whole_seconds},
+                }
+            )
         if item.credentialed is not None:
             out.append(
                 {
@@ -270,7 +419,12 @@ def bindings(worker: Worker, limits: list[WorkerLimit]) -> tuple[dict[str, Any],
     return tuple(out)
 
 
-def wrangler_toml(policy: Policy, worker: Worker, binding_list: tuple[dict[str, Any], ...]) -> str:
+def wrangler_toml(
+    policy: Policy,
+    worker: Worker,
+    binding_list: tuple[dict[str, Any], ...],
+    limits: list[WorkerLimit] | None = None,
+) -> str:
     """wrangler.toml for the Worker: name, module, date, routes and one [[ratelimits]] each."""
     cloudflare = policy.cloudflare
     assert cloudflare is not None
@@ -297,12 +451,23 @@ def wrangler_toml(policy: Policy, worker: Worker, binding_list: tuple[dict[str, 
             else:
                 lines.append(f"  {toml_string(route)},")
         lines.append("]")
+    lines.extend(secrets_toml_comment(limits or []))
+    keyed = {
+        item.binding: key_text(item.limit.edge.per)
+        for item in limits or []
+        if item.limit.edge is not None and key_config(item.limit) is not None
+    }
+    for item in limits or []:
+        assert item.limit.edge is not None
+        for tier, tier_binding, _index, _rate in tier_counters(item.limit):
+            keyed[tier_binding] = f"{key_text(item.limit.edge.per)} in tier {tier}"
     for binding in binding_list:
         simple = binding["simple"]
+        who = f"{keyed[binding['name']]} value" if binding["name"] in keyed else "client IP"
         lines.extend(
             [
                 "",
-                f"# {simple['limit']} requests per {simple['period']} s per client IP"
+                f"# {simple['limit']} requests per {simple['period']} s per {who}"
                 + (
                     ", requests that carry a credential"
                     if binding["name"].endswith(CREDENTIALED_SUFFIX)
@@ -330,5 +495,6 @@ def build_worker(policy: Policy, limits: list[WorkerLimit]) -> WorkerArtifact:
         compatibility_date=worker.compatibility_date,
         bindings=binding_list,
         routes=tuple(worker.routes),
-        wrangler_toml=wrangler_toml(policy, worker, binding_list),
+        wrangler_toml=wrangler_toml(policy, worker, binding_list, limits),
+        secrets=secret_names(limits),
     )

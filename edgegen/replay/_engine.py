@@ -38,6 +38,7 @@ from edgegen_policy import (
 from edgegen_policy import Matcher as PolicyMatcher
 
 from .. import _placement
+from .._capabilities import key_kind, key_text
 from .._routes import route_covers, route_parts
 from ._models import RuleCounter, WorkerCounter, app_model
 from ._types import AppModel, Record
@@ -447,6 +448,12 @@ class Replay:
             unauthenticated = edge.unauthenticated_only and lists_credentials
             matcher = limit.match.matcher()
             credentialed = placement.credentialed
+            if key_kind(edge.per) != "ip":
+                self.notes.append(
+                    f"Limit {limit.name!r} counts per {key_text(edge.per)} at the edge; traffic "
+                    "records carry no such value, so the replay counts it per client IP, "
+                    "which refuses sooner than the edge would."
+                )
             if placement.target is EdgeTarget.RULE and ReplayLayer.RULES in self.options.layers:
                 assert placement.mitigation_timeout is not None
                 self._rule(limit, matcher, edge.rate, placement.mitigation_timeout, unauthenticated)

@@ -46,6 +46,10 @@ def writes(client: Client, plan: ZonePlan) -> list[Write]:
             "compatibility_date": artifact.compatibility_date,
             "bindings": list(artifact.bindings),
         }
+        if artifact.secrets:
+            # The secrets are set with wrangler (or Terraform), never sent by edgegen: keep
+            # them across this upload, which would otherwise drop every unlisted binding.
+            metadata["keep_bindings"] = ["secret_text"]
         worker.append(
             client.put_script_write(
                 scope.account_id,

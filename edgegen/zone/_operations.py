@@ -72,7 +72,11 @@ def pull(client: Client, scope: Scope, *, zone_settings: bool = True) -> RemoteS
                 main_module=content.main_module,
                 content_sha256=content_sha256(content.main_module, content.modules),
                 compatibility_date=settings.compatibility_date,
-                bindings=canonical_bindings(settings.bindings),
+                # Secrets are the user's (wrangler secret put; apply keeps them): never
+                # compared, or setting one would look like a change to the Worker.
+                bindings=canonical_bindings(
+                    b for b in settings.bindings if b.get("type") != "secret_text"
+                ),
                 generated_by_edgegen=main.lstrip().startswith(EDGEGEN_BANNER),
             )
     routes = client.list_routes(scope.zone_id)

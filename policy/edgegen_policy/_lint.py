@@ -45,7 +45,7 @@ from ._calendar import SHORTEST_PERIOD_MS, UnknownTimeZoneError, time_zone
 from ._edge import credentialed_rate
 from ._errors import Diagnostic, Layer, Severity
 from ._loader import FieldPath, format_path
-from ._model import AppLimit, Limit, Policy
+from ._model import AppLimit, CookieKey, EdgeLimit, HeaderKey, JwtKey, Limit, Policy
 from ._vocab import Algorithm, AppKey, Duration, KeyName, Rate
 
 # A check contributed by a consumer of the policy (edgegen's placement): it returns its
@@ -347,7 +347,7 @@ class _Linter:
                 stops={Layer.APP},
             )
             return
-        if limit.edge is not None:
+        if limit.edge is not None and _edge_who(limit.edge) == "IP":
             # Cloudflare sees no app key: the edge part counts every client IP on its own,
             # as it does for per: user limits, whatever the app counts by.
             self.add(
@@ -387,6 +387,8 @@ class _Linter:
                 if not edge.unauthenticated_only
                 else "authenticated_when lists no headers or cookies"
             )
+            if _edge_who(edge) != "IP":
+                why = f"the limit counts per {_edge_who(edge)}, or per client IP without one"
             self.add(
                 "L110",
                 Severity.WARNING,
@@ -474,12 +476,25 @@ class _Linter:
                         "L102",
                         Severity.WARNING,
                         ("limits", i, "edge", "rate"),
-                        f"edge limit {edge.rate} per IP on {edge_owner.name!r} is stricter than "
+                        f"edge limit {edge.rate} per {_edge_who(edge)} on {edge_owner.name!r} is "
+                        "stricter than "
                         f"the {lowest!r} tier of {app_owner.name!r} "
                         f"({_fmt(app_allows)} per {_window(window)}), so clients hit the edge "
                         "first and the app limit never applies; loosen the edge limit",
                         edge_owner.name,
                     )
+
+
+def _edge_who(edge: EdgeLimit) -> str:
+    """What one edge counter counts, as messages name it."""
+    per = edge.per
+    if isinstance(per, HeaderKey):
+        return f"header {per.header}"
+    if isinstance(per, CookieKey):
+        return f"cookie {per.cookie}"
+    if isinstance(per, JwtKey):
+        return f"JWT claim {per.jwt.claim}"
+    return "IP"
 
 
 def _fmt(value: float) -> str:

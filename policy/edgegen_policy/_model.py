@@ -16,8 +16,10 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     PrivateAttr,
+    Tag,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -196,11 +198,211 @@ class Match(_Model):
         )
 
 
-class EdgeLimit(_Model):
-    """A coarse, per-IP limit enforced by Cloudflare before traffic reaches the app."""
+# --- what an edge limit counts by, beyond the address --------------------------------------
 
-    rate: Rate = Field(description="Requests per period per client IP, e.g. 600/1m.")
-    per: EdgeKey = Field(default=EdgeKey.IP, description="What is counted: the client IP.")
+# A Worker secret's name, as wrangler and the API take it (and as JavaScript reads env).
+_SECRET_NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
+# A JWT claim name: printable ASCII without spaces (registered claims, namespaced URLs).
+_CLAIM_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
+_JWKS_URL_RE = re.compile(r"^https://[A-Za-z0-9.-]+(:[0-9]{1,5})?/[\x21-\x7e]{0,2000}$")
+MAX_JWT_LEEWAY_MS = 5 * 60_000
+DEFAULT_JWT_LEEWAY = "60s"
+DEFAULT_JWT_HEADER = "authorization"
+
+
+def _header_name(value: str) -> str:
+    if not _HEADER_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not an HTTP header name; use letters, digits and -, e.g. x-api-key"
+        )
+    return value.lower()
+
+
+def _cookie_name(value: str) -> str:
+    if not _COOKIE_RE.match(value):
+        raise ValueError(f"{value!r} is not a cookie name; use letters, digits and -, e.g. session")
+    return value
+
+
+class HeaderKey(_Model):
+    """Count per value of a request header (``per: {header: x-api-key}``)."""
+
+    header: str = Field(description="The header's name (compared without case).")
+
+    @field_validator("header")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _header_name(value)
+
+
+class CookieKey(_Model):
+    """Count per value of a cookie (``per: {cookie: session}``)."""
+
+    cookie: str = Field(description="The cookie's name (case-sensitive).")
+
+    @field_validator("cookie")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _cookie_name(value)
+
+
+class JwtClaim(_Model):
+    """A claim of a JSON Web Token the Worker verifies before it trusts the claim."""
+
+    claim: str = Field(default="sub", description="The claim counted by, e.g. sub.")
+    header: str | None = Field(
+        default=None,
+        description="The header holding the token (a Bearer scheme is stripped). Default: "
+        "authorization, unless cookie is given.",
+    )
+    cookie: str | None = Field(default=None, description="The cookie holding the token.")
+    secret: str | None = Field(
+        default=None,
+        description="HS256: the name of the Worker secret holding the signing key "
+        "(set with wrangler secret put; never the key itself).",
+    )
+    jwks: str | None = Field(
+        default=None,
+        description="RS256/ES256: the https URL of the issuer's JSON Web Key Set.",
+    )
+    issuer: str | None = Field(
+        default=None, max_length=512, description="When given, the iss claim must equal it."
+    )
+    audience: str | None = Field(
+        default=None, max_length=512, description="When given, the aud claim must hold it."
+    )
+    leeway: Duration = Field(
+        default=Duration.parse(DEFAULT_JWT_LEEWAY),
+        description="Clock skew allowed on exp and nbf (at most 5m).",
+    )
+    tier: str | None = Field(
+        default=None,
+        description="The claim that names the caller's tier (e.g. tier), for edge.tiers.",
+    )
+
+    @field_validator("claim", "tier")
+    @classmethod
+    def _claim(cls, value: str | None) -> str | None:
+        if value is not None and not _CLAIM_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a claim name; use 1-128 printable ASCII characters without "
+                "spaces, e.g. sub"
+            )
+        return value
+
+    @field_validator("header")
+    @classmethod
+    def _header(cls, value: str | None) -> str | None:
+        return None if value is None else _header_name(value)
+
+    @field_validator("cookie")
+    @classmethod
+    def _cookie(cls, value: str | None) -> str | None:
+        return None if value is None else _cookie_name(value)
+
+    @field_validator("secret")
+    @classmethod
+    def _secret(cls, value: str | None) -> str | None:
+        if value is not None and not _SECRET_NAME_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a secret's name; name the Worker secret that holds the "
+                "key in upper case, e.g. JWT_SECRET (never write the key itself here)"
+            )
+        return value
+
+    @field_validator("jwks")
+    @classmethod
+    def _jwks(cls, value: str | None) -> str | None:
+        if value is not None and not _JWKS_URL_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a JWKS address; write an https URL with a path, e.g. "
+                "https://auth.example.com/.well-known/jwks.json"
+            )
+        return value
+
+    @field_validator("issuer", "audience")
+    @classmethod
+    def _printable_claim(cls, value: str | None) -> str | None:
+        if value is not None and (not value or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value)):
+            raise ValueError("is empty or holds a control character; write the exact value")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> JwtClaim:
+        if self.header is not None and self.cookie is not None:
+            raise ValueError("give the token's header or its cookie, not both")
+        if (self.secret is None) == (self.jwks is None):
+            raise ValueError(
+                "give exactly one way to verify the token: secret (HS256, the name of a Worker "
+                "secret) or jwks (RS256/ES256, the issuer's key set URL)"
+            )
+        if self.leeway.ms > MAX_JWT_LEEWAY_MS:
+            raise ValueError(f"leeway {self.leeway} is longer than 5m; clocks are not that far off")
+        return self
+
+    @property
+    def token_header(self) -> str | None:
+        """The header holding the token (None when it is in a cookie)."""
+        if self.cookie is not None:
+            return None
+        return self.header or DEFAULT_JWT_HEADER
+
+    @property
+    def algorithms(self) -> tuple[str, ...]:
+        """The signature algorithms accepted: HS256 with a secret, RS256/ES256 with a JWKS."""
+        return ("HS256",) if self.secret is not None else ("RS256", "ES256")
+
+
+class JwtKey(_Model):
+    """Count per verified claim of a JWT (``per: {jwt: {claim: sub, secret: JWT_SECRET}}``)."""
+
+    jwt: JwtClaim = Field(description="The token, how to verify it, and the claim.")
+
+
+def _edge_key_tag(value: object) -> str | None:
+    """Which kind of key ``per`` writes: a name, or a mapping with one of three keys."""
+    if isinstance(value, (str, EdgeKey)):
+        return "[address]"
+    for model, tag in ((HeaderKey, "[header]"), (CookieKey, "[cookie]"), (JwtKey, "[jwt]")):
+        if isinstance(value, model):
+            return tag
+    if isinstance(value, dict):
+        kinds = [k for k in ("header", "cookie", "jwt") if k in value]
+        if len(kinds) == 1:
+            return f"[{kinds[0]}]"
+    return None
+
+
+EdgeKeySpec = Annotated[
+    Annotated[EdgeKey, Tag("[address]")]
+    | Annotated[HeaderKey, Tag("[header]")]
+    | Annotated[CookieKey, Tag("[cookie]")]
+    | Annotated[JwtKey, Tag("[jwt]")],
+    Discriminator(
+        _edge_key_tag,
+        custom_error_type="edge_key",
+        custom_error_message="per is ip, ip_nat, {header: NAME}, {cookie: NAME} or "
+        "{jwt: {claim: sub, secret: NAME | jwks: URL}}",
+    ),
+]
+
+
+def is_keyed(per: object) -> bool:
+    """True when an edge limit counts by a header, a cookie or a JWT claim."""
+    return isinstance(per, (HeaderKey, CookieKey, JwtKey))
+
+
+class EdgeLimit(_Model):
+    """A coarse limit enforced by Cloudflare before traffic reaches the app, per client IP
+    or per another key (``per``)."""
+
+    rate: Rate = Field(description="Requests per period per key (client IP), e.g. 600/1m.")
+    per: EdgeKeySpec = Field(
+        default=EdgeKey.IP,
+        description="What is counted: ip (the client address), ip_nat (Cloudflare's IP with "
+        "NAT support), {header: NAME}, {cookie: NAME} or {jwt: {...}} (a verified claim). "
+        "Requests without the key are counted by client IP.",
+    )
     action: Action = Field(default=Action.BLOCK, description="What Cloudflare does over the limit.")
     timeout: Duration | None = Field(
         default=None,
@@ -222,12 +424,47 @@ class EdgeLimit(_Model):
         default=EdgeTarget.AUTO,
         description="Run as a Cloudflare rule, in the Worker, or let the plan decide (auto).",
     )
+    tiers: bool = Field(
+        default=False,
+        description="true: a caller whose verified token names a tier (per: {jwt: {tier: "
+        "...}}) is held at the edge to the app part's rates for that tier with a period of "
+        "10s or 1m, per its claim, instead of rate; coarse, per Cloudflare location.",
+    )
     requests_to_origin: bool = Field(
         default=False,
         description="true: count only requests that reach the origin, not those served from "
         "Cloudflare's cache (the rule field ratelimit.requests_to_origin; Business and up). "
         "The Worker cannot tell beforehand, so there it counts every request.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keyed_counts_everyone(cls, data: object) -> object:
+        # A limit keyed by a header, cookie or token counts every request (by its key, or by
+        # address without one): the credential split of unauthenticated_only is its key.
+        keyed = isinstance(data, dict) and _edge_key_tag(data.get("per")) not in (None, "[address]")
+        if keyed and isinstance(data, dict) and "unauthenticated_only" not in data:
+            return {**data, "unauthenticated_only": False}
+        return data
+
+    @model_validator(mode="after")
+    def _tiers_need_a_tier_claim(self) -> EdgeLimit:
+        if self.tiers and not (isinstance(self.per, JwtKey) and self.per.jwt.tier is not None):
+            raise ValueError(
+                "tiers: true needs the caller's tier from a verified token: write per: {jwt: "
+                "{claim: sub, tier: tier, ...}}, or remove tiers"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _keyed_not_unauthenticated(self) -> EdgeLimit:
+        if is_keyed(self.per) and self.unauthenticated_only:
+            raise ValueError(
+                "unauthenticated_only: true does not go with a per of header, cookie or jwt: "
+                "such a limit counts every request, by its key or, without one, by client IP; "
+                "remove unauthenticated_only"
+            )
+        return self
 
 
 class Quotas(_Model):
@@ -554,6 +791,15 @@ class Limit(_Model):
             raise ValueError(
                 f"limit {self.name!r}: count_when needs app mode: exact (approximate mode "
                 "counts locally before the answer is known); remove mode: approximate"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _edge_tiers_from_the_app(self) -> Limit:
+        if self.edge is not None and self.edge.tiers and self.app is None:
+            raise ValueError(
+                f"limit {self.name!r}: edge.tiers applies the app part's per-tier rates at the "
+                "edge, but the limit has no app part; add app.tiers or remove edge.tiers"
             )
         return self
 

@@ -245,9 +245,16 @@ class OnRedisError(StrEnum):
 
 
 class EdgeKey(StrEnum):
-    """What an edge limit counts by."""
+    """What an edge limit counts by, when it counts by address.
+
+    ``ip`` is the client address; ``ip_nat`` is Cloudflare's "IP with NAT support"
+    (``cf.unique_visitor_id``), which tells apart clients behind one address. A limit may
+    also count by a header, a cookie or a JWT claim (``HeaderKey``, ``CookieKey``,
+    ``JwtKey`` in the model).
+    """
 
     IP = "ip"
+    IP_NAT = "ip_nat"
 
 
 class AppKey(StrEnum):

@@ -16,12 +16,17 @@
 //                                                  //   Miniflare's built-in fallback, no network)
 //     "stripCfConnectingIp": false,                // optional, see "Outbound requests" below
 //     "windowGuardMs": 2000,                       // optional, see "Rate limit windows" below
+//     "outbound": {                                // optional canned answers to the Worker's
+//       "https://auth.example.com/jwks.json":      //   own fetches, by exact URL (see
+//         {"status": 200, "body": "...",           //   "Outbound requests")
+//          "headers": {}, "delayMs": 0}
+//     },
 //     "requests": [
 //       {"url": "https://api.example.com/login", "method": "POST",
 //        "headers": {"cf-connecting-ip": "1.2.3.4"}, "body": null}
 //     ]
 //   }
-// stdout: for a single job   {"responses": [...], "windowCrossed": false}
+// stdout: for a single job   {"responses": [...], "windowCrossed": false, "fetched": {}}
 //         for an array       {"results": [{"responses": [...], "windowCrossed": false}, ...]}
 //   each response is {"status": 200, "headers": {...lower-case names}, "body": "text"}; if the
 //   Worker threw, the entry is {"status": 500, "headers": {}, "body": "", "exception":
@@ -51,7 +56,9 @@
 // (for limits that count only some answers). By default Miniflare strips CF-Connecting-IP from outbound fetches and adds
 // `CF-Worker: <zone>`, emulating a cross-zone subrequest; the runner turns that off
 // (stripCfConnectingIp: false) so the echo shows the request exactly as the Worker sent it.
-// Set "stripCfConnectingIp": true in a job to get Miniflare's default.
+// Set "stripCfConnectingIp": true in a job to get Miniflare's default. A fetch of a URL
+// listed in the job's "outbound" gets that canned answer instead (after "delayMs"), such as
+// a JWKS the Worker reads; "fetched" in the result counts the fetches of each listed URL.
 //
 // Rate limit windows. Miniflare emulates a ratelimit binding with a fixed window per binding:
 // counters are in memory, keyed by the `key` passed to limit(), and all cleared when
@@ -169,6 +176,23 @@ function headerList(req) {
   return list;
 }
 
+function outboundService(canned, fetched) {
+  return async (request) => {
+    const answer = canned[request.url];
+    if (answer === undefined) {
+      return origin(request);
+    }
+    fetched[request.url] = (fetched[request.url] ?? 0) + 1;
+    if (answer.delayMs) {
+      await sleep(answer.delayMs);
+    }
+    return new Response(answer.body ?? "", {
+      status: answer.status ?? 200,
+      headers: answer.headers ?? { "content-type": "application/json" },
+    });
+  };
+}
+
 async function origin(request) {
   const body = request.body === null ? null : await request.text();
   return new Response(
@@ -192,6 +216,7 @@ async function runJob(job) {
   const ratelimits = toMiniflareRatelimits(job.ratelimits);
   const compatibilityDate = job.compatibilityDate ?? DEFAULT_COMPATIBILITY_DATE;
   const compatibilityFlags = job.compatibilityFlags ?? [];
+  const fetched = {};
 
   const mf = new Miniflare({
     // Without this Miniflare downloads a request.cf object from the network at start-up.
@@ -221,7 +246,7 @@ async function runJob(job) {
         ratelimits,
         bindings: job.vars ?? {},
         stripCfConnectingIp: job.stripCfConnectingIp ?? false,
-        outboundService: origin,
+        outboundService: outboundService(job.outbound ?? {}, fetched),
       },
     ],
   });
@@ -257,7 +282,7 @@ async function runJob(job) {
     }
     const endWindows = windowIds(periods, Date.now());
     const windowCrossed = startWindows.some((w, i) => w !== endWindows[i]);
-    return { responses, windowCrossed };
+    return { responses, windowCrossed, fetched };
   } finally {
     await mf.dispose();
   }

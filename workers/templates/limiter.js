@@ -9,7 +9,9 @@
 // policy/edgegen_policy/_match.py: exact paths OR path prefixes, AND methods, AND hosts, where the path is
 // checked in every form `requestPaths` gives), pick each limit's counter (requests that carry
 // a credential are counted apart, against the limit's looser credentialed rate), count the
-// client (`ipBucket` of CF-Connecting-IP) in each counter's binding in policy order, and
+// client (`ipBucket` of CF-Connecting-IP; for a limit with a `key`, a keyed hash of its
+// header, cookie or verified JWT claim, see keys.js) in each counter's binding in policy
+// order, and
 // answer 429 for the first counter that refuses. Anything else, including every internal
 // error, passes the request to the origin untouched: a broken limiter must not take the site
 // down.
@@ -674,24 +676,30 @@ async function decide(request, env, config, pending = []) {
   if (key === null) {
     return null;
   }
+  // Answers of keyedCounters (keys.js, present when a limit counts by more than the
+  // address) for this request: each key is read, verified and hashed once.
+  const keyed = new Map();
   for (const counter of counters) {
-    if (counter.countWhen) {
-      // Counted after the answer (countAnswer); now only whether the caller is spent.
-      if (await isSpent(counter, key, url)) {
-        return tooManyRequests(counter);
+    const pairs = counter.key ? await keyedCounters(request, env, config, counter, key, keyed) : [[counter, key]];
+    for (const [applied, counted] of pairs) {
+      if (applied.countWhen) {
+        // Counted after the answer (countAnswer); now only whether the caller is spent.
+        if (await isSpent(applied, counted, url)) {
+          return tooManyRequests(applied);
+        }
+        pending.push({ counter: applied, key: counted, url });
+        continue;
       }
-      pending.push({ counter, key, url });
-      continue;
-    }
-    let outcome;
-    try {
-      outcome = await env[counter.binding].limit({ key });
-    } catch {
-      // A missing or failing binding disables that counter only, never the request.
-      continue;
-    }
-    if (outcome !== null && typeof outcome === "object" && outcome.success === false) {
-      return tooManyRequests(counter);
+      let outcome;
+      try {
+        outcome = await env[applied.binding].limit({ key: counted });
+      } catch {
+        // A missing or failing binding disables that counter only, never the request.
+        continue;
+      }
+      if (outcome !== null && typeof outcome === "object" && outcome.success === false) {
+        return tooManyRequests(applied);
+      }
     }
   }
   return null;
