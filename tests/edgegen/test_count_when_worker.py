@@ -190,3 +190,31 @@ def test_an_ipv6_network_is_one_caller_and_its_mark_is_cached(tmp_path: Path) ->
     sent += [login(200, first, x_forget_isolate="1"), login(200, "2001:db8:0:2::1")]
     responses = run(job_for(tmp_path, worker, sent))
     assert [r["status"] for r in responses] == [401] * (LIMIT + 1) + [429, 200]
+
+
+KEYED_POLICY = """\
+version: 1
+cloudflare:
+  plan: free
+  worker: { name: count-when-keyed, routes: ["api.example.com/*"] }
+limits:
+  - name: login
+    match: { paths: [/login], methods: [POST] }
+    count_when: { status: [401] }
+    edge: { rate: 2/1m, per: { header: x-api-key } }
+"""
+
+
+def test_a_keyed_limit_counts_and_spends_per_key(tmp_path: Path) -> None:
+    """count_when with a key beyond the address: two API keys behind one address fail
+    apart; once one key's failures are spent, its next request is refused before the
+    origin while the other key (same address) still gets through."""
+    worker = build_worker(tmp_path, KEYED_POLICY)
+    sent = [login(401, x_api_key="alpha") for _ in range(3)]
+    sent += [login(200, x_api_key="alpha"), login(401, x_api_key="beta")]
+    sent += [login(200, x_api_key="beta"), login(401, x_api_key="beta")]
+    job = job_for(tmp_path, worker, sent)
+    job["vars"] = {"EDGEGEN_KEY_SECRET": "k" * 32}
+    responses = run(job)
+    assert [r["status"] for r in responses] == [401, 401, 401, 429, 401, 200, 401]
+    assert [reached(r) for r in responses] == [True, True, True, False, True, True, True]
