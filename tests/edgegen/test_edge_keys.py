@@ -544,3 +544,26 @@ def test_replay_says_it_counts_a_keyed_limit_per_address() -> None:
     result = replay(loaded, records)
     assert any("header x-api-key" in note and "per client IP" in note for note in result.notes)
     assert result.admitted == 3
+
+
+@pytest.mark.parametrize("kind", ["ip_nat", "header", "cookie"])
+def test_keyed_rules_pass_the_cloudflare_sdks_request_types(kind: str) -> None:
+    """On the plan from which rules count by the key, the ruleset's rules (both of a header
+    or cookie key's pair) validate against the official SDK's types for the phase
+    entrypoint's PUT, with the characteristics as written; characteristics of the wrong
+    type do not."""
+    from cloudflare.types.rulesets import phase_update_params
+    from pydantic import TypeAdapter, ValidationError
+
+    plan = RULE_FROM[kind]
+    assert plan is not None
+    written = rules(edgegen.build(load(policy_text(plan, KEYS[kind]))))
+    assert len(written) == (1 if kind == "ip_nat" else 2)
+    adapter = TypeAdapter(list[phase_update_params.Rule])
+    validated = adapter.validate_python(written)
+    assert [r["ratelimit"]["characteristics"] for r in validated] == [
+        r["ratelimit"]["characteristics"] for r in written
+    ]
+    broken = [{**written[0], "ratelimit": {**written[0]["ratelimit"], "characteristics": "ip"}}]
+    with pytest.raises(ValidationError):
+        adapter.validate_python(broken)
