@@ -27,6 +27,7 @@ from ._errors import REDIS_FAILURES
 from ._flow import UNLIMITED, Decider, Send, Wait
 from ._memory import AsyncMemoryWire
 from ._observe import Observer
+from ._override_store import AsyncOverrides, sync_twin
 from ._replies import Prepared
 from ._shell import LimiterBase, load_policy
 
@@ -53,6 +54,7 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
         enabled: bool = True,
         observers: Iterable[Observer] = (),
         log_identities: bool = False,
+        override_refresh: float | None = None,
     ) -> None:
         """Enforce ``policy``; the options are those of :class:`~applimit.Limiter`.
 
@@ -72,6 +74,7 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
             enabled=enabled,
             observers=observers,
             log_identities=log_identities,
+            override_refresh=override_refresh,
         )
         # The calls of syncs whose decisions were cancelled, still on their way (see
         # _abandon): aclose() lets them land first.
@@ -81,6 +84,15 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
         return _clients.async_target(
             client, url, cluster=cluster, timeout=self.timeout, max_connections=self.max_connections
         )
+
+    def _override_factory(self, client: object | None) -> Callable[[], Any]:
+        # The overrides are read in a thread of their own, with a blocking client of the
+        # same settings (see _override_store.Feed).
+        if client is None:
+            return _clients.sync_from_url(
+                self.url, timeout=self.timeout, cluster=self.cluster, max_connections=4
+            )
+        return sync_twin(client, timeout=self.timeout)
 
     def _open(self, target: Target[AsyncClient]) -> AsyncTransport | AsyncMemoryWire:
         if self.memory_store is not None:
@@ -96,6 +108,12 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
     def from_policy(cls, source: str | os.PathLike[str] | Policy, **options: Any) -> Self:
         """An async limiter for the policy file at ``source`` (or a loaded Policy)."""
         return cls(load_policy(source), **options)
+
+    @property
+    def overrides(self) -> AsyncOverrides:
+        """The per-identity overrides: set, remove, list and their audit trail
+        (docs/applimit.md, "Per-customer overrides")."""
+        return AsyncOverrides(self)
 
     # -- decisions ------------------------------------------------------------------------
 

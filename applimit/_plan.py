@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -56,6 +56,7 @@ from ._calls import (
     script_call,
 )
 from ._memo import Memo
+from ._overrides import OVERRIDE_TIER, Applied
 from ._replies import Prepared
 from ._rules import USER_KIND, AppRule, CompiledPolicy
 
@@ -180,6 +181,25 @@ class Core:
         self._requested: Memo[tuple[_Group, str | None, str | None, str | None, int], _Planned] = (
             Memo(_PLANNED_CACHE)
         )
+        # The overrides in force, by (limit, hash tag): read only when a plan is made, never
+        # for a remembered one, so a policy without overrides decides as fast as before.
+        # use_overrides replaces them and forgets the remembered plans; ``generation``
+        # counts the replacements, so a plan made from the old ones is not remembered.
+        self.overrides: Mapping[tuple[str, str], Applied] = MappingProxyType({})
+        self.generation = 0
+
+    def use_overrides(self, overrides: Mapping[tuple[str, str], Applied]) -> None:
+        """Plan with ``overrides`` from now on (``_overrides.table``), forgetting every plan
+        remembered with the ones before."""
+        self.overrides = overrides
+        self.generation += 1
+        self._planned.entries.clear()
+        self._requested.entries.clear()
+
+    def _overridden(self, rule: AppRule, tag: str) -> tuple[Block, ...] | None:
+        """The blocks of the override of ``rule`` for the identity of ``tag``, if any."""
+        found = self.overrides.get((rule.name, tag))
+        return None if found is None else found.blocks
 
     def matching(
         self, method: str, path: str, host: str | None, mount: str = ""
@@ -244,6 +264,13 @@ class Core:
         if shape is None:
             shape = self._shape((rule.name, tier), rule, tier)
         found = shape.blocks
+        if self.overrides and rule.tiers.get(tier):
+            own = self._overridden(rule, tag)
+            if own is not None:
+                return [
+                    Check(rule, OVERRIDE_TIER, b.rate, b.key_head + tag + b.key_tail, cost, b)
+                    for b in own
+                ]
         # Positional, in field order (rule, tier, rate, key, cost, block): cheaper per call.
         if len(found) == 1:
             # One rate (most limits): its check without a comprehension.
@@ -283,8 +310,10 @@ class Core:
             memo = (name, identity, tier, cost)
             planned = self._planned.entries.get(memo)
             if planned is None:
+                generation = self.generation
                 planned = self._plan_user(name, identity, tier, cost)
-                self._planned.keep(memo, planned)
+                if generation == self.generation:
+                    self._planned.keep(memo, planned)
             return self.prepare(operation, planned)
         return self.prepare(
             operation, self._checks_of(name, identity, tier, cost, ip=ip, keys=keys)
@@ -310,6 +339,8 @@ class Core:
             return checks
         rule, resolved = shape.rule, shape.tier
         tag = _keys.identity_tag(_keys.USER, identity)
+        if self.overrides:
+            return tuple(self.checks(rule, resolved, tag, cost))
         return tuple(
             [
                 Check(
@@ -375,6 +406,7 @@ class Core:
             )
             planned = self._requested.entries.get(memo)
             if planned is None:
+                generation = self.generation
                 checks = tuple(
                     self._request_checks(
                         group.rules, identity, tier=tier, cost=cost, ip=ip, keys=None
@@ -382,7 +414,8 @@ class Core:
                 )
                 parts = CallParts.of(checks) if len(checks) > 1 and not self.cluster else None
                 planned = _Planned(checks, parts)
-                self._requested.keep(memo, planned)
+                if generation == self.generation:
+                    self._requested.keep(memo, planned)
             return self.prepare(operation, planned.checks, planned.parts)
         return self.prepare(
             operation,
@@ -425,7 +458,7 @@ class Core:
                 checks.extend(self._recorded(rule, resolved, tag, counted))
                 continue
             shape = shapes.get((rule.name, resolved))
-            if shape is None:
+            if shape is None or self.overrides:
                 checks.extend(self.checks(rule, resolved, tag, counted))
                 continue
             # What self.checks does, inlined: this loop runs for every request.
@@ -499,6 +532,12 @@ class Core:
         if found is None:
             found = blocks(self.policy.key_prefix, rule, tier, record=True)
             self._record_blocks.keep((rule.name, tier), found)
+        own = self.overrides.get((rule.name, tag)) if self.overrides and found else None
+        if own is not None:
+            return [
+                Check(rule, OVERRIDE_TIER, b.rate, b.key_head + tag + b.key_tail, cost, b)
+                for b in own.record_blocks
+            ]
         return [
             Check(rule, tier, block.rate, block.key_head + tag + block.key_tail, cost, block)
             for block in found
@@ -576,5 +615,18 @@ class Core:
         rule = check_rule(policy, name)
         tag = limit_tag(policy, rule, identity, ip, keys)
         tiers = [check_tier(policy, tier)] if tier is not None else list(rule.tiers)
-        found = {c.key: None for t in tiers for c in self.checks(rule, t, tag, 1)}
+        return self.keys_of(rule, tiers, tag)
+
+    def keys_of(self, rule: AppRule, tiers: Sequence[str], tag: str) -> list[str]:
+        """The keys of ``rule`` for the identity of ``tag`` under ``tiers``, and those of
+        the identity's override (whose periods the tiers may not have)."""
+        found: dict[str, None] = {}
+        for each in tiers:
+            shape = self._shapes.entries.get((rule.name, each))
+            if shape is None:
+                shape = self._shape((rule.name, each), rule, each)
+            for block in shape.blocks:
+                found[block.key_head + tag + block.key_tail] = None
+        for block in self._overridden(rule, tag) or ():
+            found[block.key_head + tag + block.key_tail] = None
         return list(found)

@@ -69,8 +69,10 @@ from ._model import (
     EdgeLimit,
     Limit,
     Match,
+    Override,
     Policy,
     Worker,
+    override_expiry,
 )
 from ._net import DEFAULT_IPV6_PREFIX, ip_bucket
 from ._report import (
@@ -137,6 +139,7 @@ __all__ = [
     "Matcher",
     "Mode",
     "OnRedisError",
+    "Override",
     "Policy",
     "PolicyError",
     "PolicyLoadError",
@@ -171,6 +174,7 @@ __all__ = [
     "loads",
     "normalize_host",
     "normalize_path",
+    "override_expiry",
     "period_us",
     "request_paths",
     "sliding_log_bytes",
