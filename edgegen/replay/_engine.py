@@ -40,6 +40,9 @@ from .._routes import route_covers, route_parts
 from ._models import app_model, rule_counter, worker_counter
 from ._types import AppModel, EdgeCounter, Record
 
+# The tier name of the rows of the policy's overrides (as applimit's decisions name it).
+OVERRIDE_TIER = "override"
+
 # Forget idle counters every this many records (and at the end): cheap, and often enough
 # that memory follows the active identities.
 _SWEEP_EVERY = 65_536
@@ -217,6 +220,9 @@ class _AppLimit:
     per_ip: bool
     shadow: bool
     tiers: dict[str, list[_AppCheck]]
+    # The policy's overrides of this limit, by user: until when (µs) and their checks,
+    # which replace the user's tier's while it lasts (tier "override" in the rows).
+    overrides: dict[str, tuple[int, list[_AppCheck]]] = field(default_factory=dict)
 
 
 # The timeline keeps at most this many buckets: past that, its buckets widen to the next
@@ -497,6 +503,31 @@ class Replay:
             entry = _AppLimit(limit.name, limit.match.matcher(), per_ip, shadow, tiers)
             self.apps.append(entry)
             self.app_by_name[limit.name] = entry
+        self._overrides(policy)
+
+    def _overrides(self, policy: Policy) -> None:
+        """The policy's overrides, on the limits they name: a user's own rates replace its
+        tier's until the override expires (by the records' time)."""
+        for entry in policy.overrides:
+            app = self.app_by_name.get(entry.limit)
+            limit = next((x for x in policy.limits if x.name == entry.limit), None)
+            if app is None or limit is None or limit.app is None or app.per_ip:
+                continue
+            if entry.user is None:
+                self.notes.append(
+                    f"the override of {entry.limit} for {entry.kind} {entry.value} is not "
+                    "replayed: recorded requests carry no app keys"
+                )
+                continue
+            checks = []
+            for rate in checked_rates(entry.rates):
+                row = Row(
+                    ReplayLayer.APP, entry.limit, OVERRIDE_TIER, rate, enforced=not app.shadow
+                )
+                self.rows.append(row)
+                model = app_model(limit.app.algorithm, rate, limit.app.burst)
+                checks.append(_AppCheck(row, model, False, app.shadow))
+            app.overrides[entry.user] = (round(entry.expires_at * 1_000_000), checks)
 
     # -- feeding --------------------------------------------------------------------------
 
@@ -665,12 +696,7 @@ class Replay:
         if not limits:
             return False
         user = request.user
-        if user is None:
-            tier = self.lowest
-        else:
-            tier = request.tier or self.lowest
-            if tier not in self._tier_names:
-                tier = self.lowest
+        tier = self.lowest if user is None else self._tier(request)
         by_user: Hashable = None if user is None else ("user", user)
         by_ip: Hashable = None
         checks: list[tuple[_AppCheck, Hashable]] = []
@@ -684,6 +710,10 @@ class Replay:
                 identity = by_ip
             else:
                 identity = by_user
+                if limit.overrides:
+                    own = limit.overrides.get(user)  # type: ignore[arg-type]
+                    if own is not None and request.at_us < own[0]:
+                        rates = own[1]
             for check in rates:
                 checks.append((check, identity))
         return self._refused(checks, request.at_us, request.cost)
@@ -741,7 +771,7 @@ class Replay:
         for binding in self.bindings:
             binding.counter.sweep(now_us)
         for app in self.apps:
-            for checks in app.tiers.values():
+            for checks in (*app.tiers.values(), *(own for _, own in app.overrides.values())):
                 for check in checks:
                     check.model.sweep(now_us)
 
