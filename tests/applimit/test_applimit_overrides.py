@@ -373,3 +373,79 @@ def test_cli_refuses_bad_input(
     assert code == 2, err
     assert message in err and "Traceback" not in err
     assert redis_client.exists(override_keys("ov")[0]) == 0
+
+
+# --- approximate mode, observers, headers ----------------------------------------------------
+
+APPROXIMATE = """
+version: 1
+tiers: [free, pro]
+app: {redis_url: "memory://overrides-h", override_refresh: 1s}
+limits:
+  - name: api
+    match: {path_prefix: /api/}
+    app:
+      mode: approximate
+      sync_every: 1
+      tiers: {free: [3/1m], pro: [5/1m]}
+"""
+
+
+class Events:
+    """An observer keeping (limit, tier, outcome) of every decision."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+
+    def on_decision(self, event: Any) -> None:
+        self.seen.append((event.limit, event.tier, str(event.outcome)))
+
+
+def test_approximate_mode_and_observers_see_the_override(tmp_path: Path) -> None:
+    """An approximate limit counts the override's rates locally and in its syncs; the
+    observers hear of decisions under the tier name 'override'."""
+    path = tmp_path / "p.yaml"
+    path.write_text(APPROXIMATE)
+    events = Events()
+    limiter = Limiter.from_policy(path, observers=[events])
+    assert allowed(limiter, "alice", 6) == 3
+    limiter.overrides.set("api", "alice", rates=["8/1m"], reason="r", by="o", ttl=60)
+    # The minute's three count against the override too: its key is the tier's (1m).
+    assert allowed(limiter, "alice", 10) == 5
+    assert {tier for _, tier, _ in events.seen} == {"free", "override"}
+
+
+def test_headers_show_the_override_rates(tmp_path: Path) -> None:
+    """The middleware's RateLimit-Policy names the rate that applied: the override's."""
+    from applimit import Caller
+    from applimit.wsgi import RateLimitMiddleware
+
+    path = tmp_path / "p.yaml"
+    path.write_text(APPROXIMATE.replace("overrides-h", "overrides-i"))
+    limiter = Limiter.from_policy(path)
+    limiter.overrides.set("api", "zed", rates=["40/1h"], reason="r", by="o", ttl=60)
+
+    def app(environ: Any, start_response: Any) -> list[bytes]:
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    def identify(request: Any) -> Caller:
+        return Caller(request.header("x-user") or "")
+
+    wrapped = RateLimitMiddleware(app, limiter=limiter, identify=identify)
+    headers: dict[str, str] = {}
+
+    def start(status: str, got: list[tuple[str, str]], exc_info: Any = None) -> None:
+        headers.update(got)
+
+    for user in ("zed", "amy"):
+        environ = {
+            "REQUEST_METHOD": "GET", "PATH_INFO": "/api/x", "SERVER_NAME": "h",
+            "SERVER_PORT": "80", "REMOTE_ADDR": "192.0.2.9", "HTTP_X_USER": user,
+            "wsgi.url_scheme": "http",
+        }  # fmt: skip
+        headers.clear()
+        b"".join(wrapped(environ, start))
+        quota = "40" if user == "zed" else "3"
+        window = "3600" if user == "zed" else "60"
+        assert f'"api";q={quota};w={window}' in headers["RateLimit-Policy"], headers
