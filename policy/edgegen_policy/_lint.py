@@ -11,11 +11,11 @@ L001    error     app, edge  two limits have the same name (edge: two edge limit
 L002    error     app        an app limit names a tier that ``tiers`` does not list
 L003    warning              a ``${VAR}`` without default is not set in the environment
 L004    error     edge       edge limits are defined but there is no ``cloudflare`` section
+L005    error     app        an app limit's ``per`` names no usable key (not a lower-case
+                             identifier, or a built-in key in another case)
 L006    error     app        an override names a limit that has no app part
 L007    error     app        an override names another kind of identity than its limit counts
 L008    error     app        two overrides name one limit and identity
-L005    error     app        an app limit's ``per`` names no usable key (not a lower-case
-                             identifier, or a built-in key in another case)
 L101    warning              a higher tier gets less than a lower one
 L102    warning              an edge limit is stricter than the app's lowest tier on its route
 L103    warning              a sliding log whose limit makes memory per identity large
