@@ -264,6 +264,10 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
         if self._abandoned:
             await asyncio.wait(set(self._abandoned), timeout=self.timeout)
         await self._reopened().close()
+        if self.override_source is not None:
+            # The overrides' own connection (blocking, closed in a thread); the feed, if it
+            # runs, opens a new one.
+            await asyncio.to_thread(self.override_source.close)
 
     async def __aenter__(self) -> Self:
         """Use as ``async with AsyncLimiter.from_policy(...) as limiter:``."""

@@ -59,6 +59,7 @@ from edgegen_policy import (
 from ._clients import MEMORY_SCHEME, shown_url
 from ._decision import Decision
 from ._errors import REDIS_FAILURES, ApplimitError, ConfigurationError
+from ._overrides import OVERRIDE_TIER
 from ._rules import AppRule
 from ._sync import Limiter
 
@@ -154,14 +155,21 @@ def rate_usage(rule: AppRule, tier: str, decision: Decision) -> list[dict[str, A
     ``used`` is capacity minus ``remaining`` (what a request of cost 1 still finds).
     """
     out = []
-    # The decision has one result per rate of the tier, in the tier's order (Core.checks).
-    for rate, result in zip(rule.tiers.get(tier, ()), decision.results, strict=True):
+    # The decision has one result per rate of the tier, in the tier's order (Core.checks),
+    # or per rate of the subject's override (tier "override"), whose rates it carries.
+    texts = [f"{rate.quota}/{rate.period_text}" for rate in rule.tiers.get(tier, ())]
+    for index, result in enumerate(decision.results):
         capacity = result.quota
         if rule.algorithm == "gcra" and rule.burst is not None:
             capacity = rule.burst
         out.append(
             {
-                "rate": f"{rate.quota}/{rate.period_text}",
+                "rate": (
+                    texts[index]
+                    if result.tier != OVERRIDE_TIER
+                    else f"{result.quota}/{Duration(round(result.window * 1000))}"
+                ),
+                "tier": result.tier,
                 "quota": result.quota,
                 "window": result.window,
                 "capacity": capacity,
@@ -207,6 +215,7 @@ def format_text(document: Mapping[str, Any]) -> str:
                     f"  {name:<12} {rate['rate']:>12}  used {rate['used']:>6} of "
                     f"{rate['capacity']:<6} remaining {rate['remaining']:>6}  "
                     f"resets in {rate['reset_after']:g}s"
+                    + ("  (override)" if rate["tier"] == OVERRIDE_TIER else "")
                 )
     return "\n".join(lines) + "\n"
 
@@ -356,6 +365,16 @@ def _open(args: argparse.Namespace) -> tuple[Limiter, str]:
             "Redis the app uses.",
             USAGE_ERROR,
         )
+    feed = limiter.override_feed
+    if feed is not None:
+        # The command reads the overrides once, as the app would decide now: not in the
+        # background.
+        feed.stop()
+        try:
+            feed.poll(force=True)
+        except REDIS_FAILURES:
+            limiter.close()
+            raise _unreachable(shown_url(limiter.url)) from None
     return limiter, shown_url(limiter.url)
 
 
@@ -527,9 +546,6 @@ def run_override(args: argparse.Namespace, out: TextIO, stdin: TextIO, err: Text
     """``applimit override set|remove|list|log``."""
     limiter, url = _open(args)
     try:
-        if limiter.override_feed is not None:
-            # The command reads and writes once; no need to keep reading in the background.
-            limiter.override_feed.stop()
         if args.action == "set":
             return _override_set(args, limiter, url, out)
         if args.action == "remove":

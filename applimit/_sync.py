@@ -312,6 +312,9 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
         suite's apps do). What it counted is in Redis, so nothing is forgotten.
         """
         self._reopened().close()
+        if self.override_source is not None:
+            # The overrides' own connection; the feed, if it runs, opens a new one.
+            self.override_source.close()
 
     def __enter__(self) -> Self:
         """Use as ``with Limiter.from_policy(...) as limiter:``; closes on exit."""

@@ -449,3 +449,27 @@ def test_headers_show_the_override_rates(tmp_path: Path) -> None:
         quota = "40" if user == "zed" else "3"
         window = "3600" if user == "zed" else "60"
         assert f'"api";q={quota};w={window}' in headers["RateLimit-Policy"], headers
+
+
+def test_usage_and_reset_of_an_overridden_identity(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """`applimit usage` shows an overridden identity's own rates (however many), and
+    `reset` clears the keys of the override's periods too."""
+    path = str(write(tmp_path, redis_server.url))
+    limiter = Limiter.from_policy(path)
+    limiter.overrides.set("api", "olga", rates=["8/1m", "20/1h"], reason="r", by="o", ttl=60)
+    assert allowed(limiter, "olga", 2) == 2
+    code, out, err = run("usage", path, "--user", "olga", "--tier", "free", "--format", "json")
+    assert code == 0, err
+    [api] = [limit for limit in json.loads(out)["limits"] if limit["name"] == "api"]
+    rates = api["tiers"][0]["rates"]
+    assert [(r["rate"], r["used"], r["tier"]) for r in rates] == [
+        ("8/1m", 2, "override"),
+        ("20/1h", 2, "override"),
+    ]
+    code, out, _ = run("usage", path, "--user", "olga", "--tier", "free")
+    assert "(override)" in out
+    assert limiter.reset("api", "olga")
+    assert redis_client.keys("ov:api:*") == []
+    limiter.close()
