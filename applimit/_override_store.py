@@ -22,6 +22,7 @@ import asyncio
 import datetime
 import json
 import logging
+import os
 import threading
 import time
 import weakref
@@ -172,6 +173,9 @@ class Source(Protocol):
     def close(self) -> None:
         """Release the connections."""
 
+    def forked(self) -> None:
+        """In a forked child: forget what the parent held (locks)."""
+
 
 class RedisSource:
     """The overrides in Redis, through a plain redis-py client of their own (made on first
@@ -215,6 +219,10 @@ class RedisSource:
     def changes(self, count: int) -> list[Change]:
         """XREVRANGE the log."""
         return [_change(i, f) for i, f in self._redis().xrevrange(self.log, count=count)]
+
+    def forked(self) -> None:
+        """A fresh lock; redis-py's pools reconnect in a child by themselves."""
+        self._lock = threading.Lock()
 
     def close(self) -> None:
         """Close the client, if one was made."""
@@ -277,6 +285,21 @@ class MemorySource:
     def close(self) -> None:
         """Nothing to release."""
 
+    def forked(self) -> None:
+        """Nothing held."""
+
+
+# The feeds whose thread runs, to start again in a forked child.
+_RUNNING: weakref.WeakSet[Feed] = weakref.WeakSet()
+
+
+def _restart_after_fork() -> None:
+    for feed in list(_RUNNING):
+        feed._after_fork()
+
+
+os.register_at_fork(after_in_child=_restart_after_fork)
+
 
 class Feed:
     """Keeps a limiter's overrides current: reads ``source`` every ``interval`` seconds in
@@ -316,9 +339,22 @@ class Feed:
                 target=self._run, name="applimit-overrides", daemon=True
             )
             self._thread.start()
+            _RUNNING.add(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child (a pre-forking server that built the limiter first): no
+        thread came along, so start one; the locks may have been held at the fork."""
+        if self._thread is None:
+            return
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
+        self.source.forked()
+        self.start()
 
     def stop(self) -> None:
         """End the thread and release the source's connections."""
+        _RUNNING.discard(self)
         self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
@@ -326,10 +362,15 @@ class Feed:
         self.source.close()
 
     def _run(self) -> None:
+        stop = self._stop
         while True:
-            if not self.poll(quiet=True):
-                return
-            if self._stop.wait(self.interval):
+            try:
+                if not self.poll(quiet=True):
+                    return
+            except Exception:
+                # The thread must outlive a bug in one read: the next may succeed.
+                log.exception("applimit: reading the overrides failed; trying again")
+            if stop.wait(self.interval):
                 return
 
     def poll(self, *, quiet: bool = False, force: bool = False) -> bool:

@@ -473,3 +473,48 @@ def test_usage_and_reset_of_an_overridden_identity(
     assert limiter.reset("api", "olga")
     assert redis_client.keys("ov:api:*") == []
     limiter.close()
+
+
+def _forked_child(limiter: Limiter, conn: Any) -> None:
+    """In the forked child: wait for the override the parent sets, report how long."""
+    import threading
+
+    conn.send(any(t.name == "applimit-overrides" for t in threading.enumerate()))
+    conn.recv()
+    started = time.monotonic()
+    deadline = started + 20
+    while limiter.peek("api", "fay").results[0].tier != "override":
+        if time.monotonic() > deadline:
+            conn.send(None)
+            return
+        time.sleep(0.01)
+    conn.send(time.monotonic() - started)
+
+
+def test_a_forked_worker_keeps_reading(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """A limiter built before a pre-forking server forks its workers: each worker reads the
+    overrides in a thread of its own (threads do not survive fork)."""
+    import multiprocessing
+
+    path = write(tmp_path, redis_server.url)
+    limiter = Limiter.from_policy(path)
+    context = multiprocessing.get_context("fork")
+    ours, theirs = context.Pipe()
+    child = context.Process(target=_forked_child, args=(limiter, theirs))
+    child.start()
+    try:
+        assert ours.poll(20) and ours.recv() is True
+        other = Limiter.from_policy(path)
+        other.overrides.set("api", "fay", rates=["7/1m"], reason="r", by="o", ttl=60)
+        ours.send("set")
+        assert ours.poll(30)
+        took = ours.recv()
+        assert took is not None and took < 0.2 + 5.0
+        other.close()
+    finally:
+        child.join(30)
+        ours.close()
+        theirs.close()
+    limiter.close()
