@@ -35,7 +35,6 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.asyncio.sentinel
 import redis.cluster
-from edgegen_policy import has_control_character
 
 from . import _memory
 from ._arguments import check_rule
@@ -626,7 +625,7 @@ def _plain(argument: str, value: object) -> str:
         not isinstance(value, str)
         or not value.strip()
         or len(value) > MAX_REASON
-        or has_control_character(value)
+        or not value.isprintable()
     ):
         raise InvalidArgumentError(
             argument,

@@ -23,7 +23,6 @@ from types import MappingProxyType
 from typing import Any
 
 from edgegen_policy import Policy, Rate, checked_rates, period_us
-from edgegen_policy import has_control_character as _has_control
 
 from . import _keys
 from ._arguments import check_identity, check_rule
@@ -134,7 +133,7 @@ def counted_kind(rule: AppRule) -> str | None:
 def _text(argument: str, value: object, bound: int) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidArgumentError(argument, f"{argument} must be a non-empty str.")
-    if len(value) > bound or _has_control(value):
+    if len(value) > bound or not value.isprintable():
         raise InvalidArgumentError(
             argument,
             f"{argument} must be at most {bound} characters, without control characters.",

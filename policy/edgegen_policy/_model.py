@@ -726,6 +726,10 @@ class Override(_Model):
             raise ValueError("name exactly one identity: user: ID, or key: {NAME: VALUE}")
         if self.key is not None and (len(self.key) != 1 or not all(self.key.values())):
             raise ValueError("key names one app key and its value, e.g. key: {org: acme}")
+        if self.key is not None and not all(
+            t.isprintable() for t in (*self.key, *self.key.values())
+        ):
+            raise ValueError("key contains a control character (newline, tab, ...); remove it")
         return self
 
     @property

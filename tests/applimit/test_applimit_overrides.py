@@ -129,6 +129,10 @@ def test_checks_of_a_runtime_override(tmp_path: Path) -> None:
         sets("api", "a", rates=["1/1m"], reason="r", by="o", ttl=500 * 86400)
     with pytest.raises(InvalidArgumentError, match="reason"):
         sets("api", "a", rates=["1/1m"], reason="a\nb", by="o", ttl=60)
+    with pytest.raises(InvalidArgumentError, match="by"):
+        sets("api", "a", rates=["1/1m"], reason="r", by="\x9b31m", ttl=60)
+    with pytest.raises(InvalidArgumentError, match="reason"):
+        limiter.overrides.remove("api", "a", by="o", reason="\x1b[2J")
     with pytest.raises(InvalidArgumentError, match="value"):
         sets("api", "", rates=["1/1m"], reason="r", by="o", ttl=60)
     assert limiter.overrides.stored() == [] and limiter.overrides.log() == []

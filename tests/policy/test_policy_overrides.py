@@ -103,6 +103,7 @@ def test_a_per_key_override_names_its_key(tmp_path: Path) -> None:
         (OK.replace("    user: alice\n", ""), "exactly one identity"),
         (OK.replace("user: alice", "user: alice\n    key: {org: a}"), "exactly one identity"),
         (OK.replace("user: alice", "key: {org: a, team: b}"), "one app key"),
+        (OK.replace("user: alice", 'key: {org: "a\\u001b[2J"}'), "control character"),
         (OK.replace('"2999-12-31"', "next week"), "not a date"),
         (OK.replace("    reason: contract 12\n", ""), "reason"),
         (OK.replace("reason: contract 12", 'reason: "a\\nb"'), "control character"),
