@@ -522,3 +522,29 @@ def test_a_forked_worker_keeps_reading(
         ours.close()
         theirs.close()
     limiter.close()
+
+
+COUNT_WHEN = """
+version: 1
+tiers: [free]
+app: {redis_url: "memory://overrides-j", override_refresh: 1s}
+limits:
+  - name: logins
+    count_when: {status: [401]}
+    app:
+      tiers: {free: [2/1m]}
+"""
+
+
+def test_count_when_counts_responses_against_the_override(tmp_path: Path) -> None:
+    """A count_when limit checks and records against the identity's own rates."""
+    path = tmp_path / "p.yaml"
+    path.write_text(COUNT_WHEN)
+    limiter = Limiter.from_policy(path)
+    limiter.overrides.set("logins", "gus", rates=["4/1m"], reason="r", by="o", ttl=60)
+    for _ in range(4):
+        assert limiter.hit("logins", "gus").allowed
+        recorded = limiter.record("logins", "gus", 401)
+        assert recorded.results[0].tier == "override"
+    assert not limiter.hit("logins", "gus").allowed
+    assert limiter.hit("logins", "hal").results[0].quota == 2
