@@ -191,6 +191,9 @@ class Core:
     def use_overrides(self, overrides: Mapping[tuple[str, str], Applied]) -> None:
         """Plan with ``overrides`` from now on (``_overrides.table``), forgetting every plan
         remembered with the ones before."""
+        # In this order: a plan made meanwhile is kept before its maker reads the
+        # generation again, so either that reading sees the change or this clearing
+        # comes after the keeping.
         self.overrides = overrides
         self.generation += 1
         self._planned.entries.clear()
@@ -312,8 +315,11 @@ class Core:
             if planned is None:
                 generation = self.generation
                 planned = self._plan_user(name, identity, tier, cost)
-                if generation == self.generation:
-                    self._planned.keep(memo, planned)
+                self._planned.keep(memo, planned)
+                if generation != self.generation:
+                    # Overrides changed while it was planned (use_overrides): kept first,
+                    # then dropped here or by use_overrides' own clearing, whichever is later.
+                    self._planned.entries.pop(memo, None)
             return self.prepare(operation, planned)
         return self.prepare(
             operation, self._checks_of(name, identity, tier, cost, ip=ip, keys=keys)
@@ -414,8 +420,9 @@ class Core:
                 )
                 parts = CallParts.of(checks) if len(checks) > 1 and not self.cluster else None
                 planned = _Planned(checks, parts)
-                if generation == self.generation:
-                    self._requested.keep(memo, planned)
+                self._requested.keep(memo, planned)
+                if generation != self.generation:
+                    self._requested.entries.pop(memo, None)
             return self.prepare(operation, planned.checks, planned.parts)
         return self.prepare(
             operation,

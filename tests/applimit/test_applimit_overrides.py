@@ -548,3 +548,31 @@ def test_count_when_counts_responses_against_the_override(tmp_path: Path) -> Non
         assert recorded.results[0].tier == "override"
     assert not limiter.hit("logins", "gus").allowed
     assert limiter.hit("logins", "hal").results[0].quota == 2
+
+
+def test_a_plan_made_while_the_overrides_change_is_not_remembered(tmp_path: Path) -> None:
+    """A change that lands while a caller's plan is being made (the feed runs in its own
+    thread) leaves no plan of the old overrides behind: the next decision has the new."""
+    from applimit import _overrides
+
+    limiter = Limiter.from_policy(write(tmp_path, "memory://overrides-k"))
+    core = limiter.core
+    now = time.time()
+    changed = _overrides.table(
+        limiter.compiled,
+        [_overrides.Override("api", "user", "ivy", ("6/1m",), now + 60, "r", "o", now)],
+        now,
+    )
+    planning = core._plan_user
+
+    def change_midway(*args: Any) -> Any:
+        plan = planning(*args)
+        core.use_overrides(changed)
+        return plan
+
+    core._plan_user = change_midway  # type: ignore[method-assign]
+    try:
+        assert limiter.peek("api", "ivy").results[0].tier == "free"
+    finally:
+        del core._plan_user
+    assert limiter.peek("api", "ivy").results[0].tier == "override"
