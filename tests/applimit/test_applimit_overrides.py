@@ -576,3 +576,30 @@ def test_a_plan_made_while_the_overrides_change_is_not_remembered(tmp_path: Path
     finally:
         del core._plan_user
     assert limiter.peek("api", "ivy").results[0].tier == "override"
+
+
+@pytest.mark.parametrize("kind", ["server", "cluster"])
+async def test_async_limiter_given_a_client(
+    tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    """An AsyncLimiter given an asyncio client reads and writes the overrides with a
+    blocking client of the same address (one server, or a cluster)."""
+    import redis.asyncio
+    import redis.asyncio.cluster
+
+    client: Any
+    if kind == "server":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        request.getfixturevalue("redis_client")
+        client = redis.asyncio.Redis.from_url(server.url)
+    else:
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        request.getfixturevalue("cluster_client")
+        client = redis.asyncio.cluster.RedisCluster.from_url(cluster.url)
+    path = write(tmp_path, "redis://unused:6379/0")
+    limiter = AsyncLimiter.from_policy(path, redis=client)
+    await limiter.overrides.set("api", "jan", rates=["4/1m"], reason="r", by="o", ttl=60)
+    assert (await limiter.peek("api", "jan")).results[0].quota == 4
+    assert [o.value for o in await limiter.overrides.stored()] == ["jan"]
+    await limiter.aclose()
+    await client.aclose()
