@@ -23,7 +23,7 @@ from . import _clients
 from ._awire import AsyncTransport, open_async
 from ._clients import AsyncClient, Target
 from ._decision import Decision
-from ._errors import REDIS_FAILURES
+from ._errors import REDIS_FAILURES, ConfigurationError
 from ._flow import UNLIMITED, Decider, Send, Wait
 from ._memory import AsyncMemoryWire
 from ._observe import Observer
@@ -92,7 +92,18 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
             return _clients.sync_from_url(
                 self.url, timeout=self.timeout, cluster=self.cluster, max_connections=4
             )
-        return sync_twin(client, timeout=self.timeout)
+        try:
+            return sync_twin(client, timeout=self.timeout)
+        except ConfigurationError as error:
+            if self.override_refresh is not None:
+                raise
+            # Only the overrides API would need it: it says why when called.
+            problem = error
+
+            def unavailable() -> Any:
+                raise problem
+
+            return unavailable
 
     def _open(self, target: Target[AsyncClient]) -> AsyncTransport | AsyncMemoryWire:
         if self.memory_store is not None:
