@@ -178,11 +178,12 @@ class LimiterBase(ABC, Generic[WireT]):
         feed = _override_store.Feed(self.override_source, self._use_overrides, interval=refresh)
         self.override_feed = feed
         if self.memory_store is not None:
-            # In-process: read now, and again whenever the store says they changed.
+            # In-process: read now, and again whenever the store says they changed; the
+            # thread only ends the overrides that expire.
             feed.poll(force=True)
         else:
             self._use_overrides(())
-            feed.start()
+        feed.start()
 
     def _override_factory(self, client: object | None) -> Callable[[], Any]:
         """A factory of the blocking client the overrides are read and written with."""
