@@ -97,7 +97,7 @@ def keys(prefix: str) -> tuple[str, str, str]:
 
 
 @dataclass(frozen=True, slots=True)
-class Change:
+class OverrideChange:
     """One entry of the audit trail: ``op`` (set, remove) of ``override`` by ``by``, at
     ``at`` (Unix seconds), for ``reason``; ``id`` is the stream entry's id."""
 
@@ -126,13 +126,13 @@ def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _change(entry_id: object, fields: dict[Any, Any]) -> Change:
+def _change(entry_id: object, fields: dict[Any, Any]) -> OverrideChange:
     got = {_text(k): _text(v) for k, v in fields.items()}
     try:
         override: Override | None = parse(got.get("override", ""))
     except ValueError:
         override = None
-    return Change(
+    return OverrideChange(
         id=_text(entry_id),
         op=got.get("op", ""),
         override=override,
@@ -166,7 +166,7 @@ class Source(Protocol):
     def change(self, op: str, override: Override, by: str, reason: str) -> int:
         """Set or remove ``override``, log it; the new version, or 0 when nothing changed."""
 
-    def changes(self, count: int) -> list[Change]:
+    def changes(self, count: int) -> list[OverrideChange]:
         """The last ``count`` changes, newest first."""
 
     def close(self) -> None:
@@ -215,7 +215,7 @@ class RedisSource:
             )
         )
 
-    def changes(self, count: int) -> list[Change]:
+    def changes(self, count: int) -> list[OverrideChange]:
         """XREVRANGE the log."""
         return [_change(i, f) for i, f in self._redis().xrevrange(self.log, count=count)]
 
@@ -247,7 +247,7 @@ class MemorySource:
             return _parsed(dict(self.store.overrides))
 
     def change(self, op: str, override: Override, by: str, reason: str) -> int:
-        """Change the store's overrides, log it, and tell the limiters on the store."""
+        """OverrideChange the store's overrides, log it, and tell the limiters on the store."""
         store = self.store
         now = time.time()
         with store.override_lock:
@@ -261,7 +261,7 @@ class MemorySource:
                 del store.overrides[field]
             store.override_version += 1
             store.override_log.append(
-                Change(
+                OverrideChange(
                     id=f"{round(now * 1000)}-{store.override_version}",
                     op=op,
                     override=parse(document),
@@ -276,7 +276,7 @@ class MemorySource:
         store.overrides_changed()
         return version
 
-    def changes(self, count: int) -> list[Change]:
+    def changes(self, count: int) -> list[OverrideChange]:
         """The store's last changes."""
         with self.store.override_lock:
             return list(reversed(self.store.override_log[-count:])) if count > 0 else []
@@ -558,7 +558,7 @@ class Overrides:
         and the file's, by limit."""
         return self._limiter.overrides_in_force()
 
-    def log(self, count: int = 100) -> list[Change]:
+    def log(self, count: int = 100) -> list[OverrideChange]:
         """The last ``count`` changes of the run-time overrides, newest first."""
         return self._source(writing=False).changes(count)
 
@@ -611,7 +611,7 @@ class AsyncOverrides:
         """As :meth:`Overrides.in_force` (local: no I/O)."""
         return self._sync.in_force()
 
-    async def log(self, count: int = 100) -> list[Change]:
+    async def log(self, count: int = 100) -> list[OverrideChange]:
         """As :meth:`Overrides.log`."""
         return await asyncio.to_thread(self._sync.log, count)
 
