@@ -181,21 +181,31 @@ class Core:
         self._requested: Memo[tuple[_Group, str | None, str | None, str | None, int], _Planned] = (
             Memo(_PLANNED_CACHE)
         )
-        # The overrides in force, by (limit, hash tag): read only when a plan is made, never
-        # for a remembered one, so a policy without overrides decides as fast as before.
-        # use_overrides replaces them and forgets the remembered plans; ``generation``
-        # counts the replacements, so a plan made from the old ones is not remembered.
+        # The overrides in force, by (limit, hash tag), and the limits they are of. The
+        # shapes of those limits are kept apart (_own_shapes), never in _shapes: every
+        # path that plans from a shape it found in _shapes (_plan_user, _request_checks)
+        # asks checks() instead for them, so no path of a limit without overrides reads
+        # the overrides at all. use_overrides replaces them and forgets the remembered
+        # plans; ``generation`` counts the replacements, so that a plan made from the old
+        # ones is not remembered.
         self.overrides: Mapping[tuple[str, str], Applied] = MappingProxyType({})
+        self._overridden_limits: frozenset[str] = frozenset()
+        self._own_shapes: dict[tuple[str, str | None], _Shape] = {}
         self.generation = 0
 
     def use_overrides(self, overrides: Mapping[tuple[str, str], Applied]) -> None:
         """Plan with ``overrides`` from now on (``_overrides.table``), forgetting every plan
         remembered with the ones before."""
-        # In this order: a plan made meanwhile is kept before its maker reads the
-        # generation again, so either that reading sees the change or this clearing
-        # comes after the keeping.
+        # In this order: a plan or shape made meanwhile is kept before its maker reads the
+        # generation (or the overridden limits) again, so either that reading sees the
+        # change or the clearing below comes after the keeping.
         self.overrides = overrides
+        limits = self._overridden_limits = frozenset(name for name, _ in overrides)
         self.generation += 1
+        self._own_shapes = {}
+        shapes = self._shapes.entries
+        for key in [key for key, shape in list(shapes.items()) if shape.rule.name in limits]:
+            shapes.pop(key, None)
         self._planned.entries.clear()
         self._requested.entries.clear()
 
@@ -258,22 +268,23 @@ class Core:
             blocks(self.policy.key_prefix, rule, tier),
             rule.per_key is None and not rule.per_ip,
         )
+        if rule.name in self._overridden_limits:
+            self._own_shapes[key] = shape
+            return shape
         self._shapes.keep(key, shape)
+        if rule.name in self._overridden_limits:
+            # Overridden meanwhile (use_overrides): kept first, dropped after.
+            self._shapes.entries.pop(key, None)
         return shape
 
     def checks(self, rule: AppRule, tier: str, tag: str, cost: int) -> list[Check]:
         """The checks of ``rule`` for ``tier``: one per rate (none if the tier has none)."""
         shape = self._shapes.entries.get((rule.name, tier))
         if shape is None:
+            if rule.name in self._overridden_limits:
+                return self._own_checks(rule, tier, tag, cost)
             shape = self._shape((rule.name, tier), rule, tier)
         found = shape.blocks
-        if self.overrides and rule.tiers.get(tier):
-            own = self._overridden(rule, tag)
-            if own is not None:
-                return [
-                    Check(rule, OVERRIDE_TIER, b.rate, b.key_head + tag + b.key_tail, cost, b)
-                    for b in own
-                ]
         # Positional, in field order (rule, tier, rate, key, cost, block): cheaper per call.
         if len(found) == 1:
             # One rate (most limits): its check without a comprehension.
@@ -284,6 +295,22 @@ class Core:
         return [
             Check(rule, tier, block.rate, block.key_head + tag + block.key_tail, cost, block)
             for block in found
+        ]
+
+    def _own_checks(self, rule: AppRule, tier: str, tag: str, cost: int) -> list[Check]:
+        """The checks of ``rule``, a limit with overrides: the identity's override where it
+        has one (and the tier gives the limit rates), else the tier's."""
+        own = self._overridden(rule, tag) if rule.tiers.get(tier) else None
+        if own is not None:
+            return [
+                Check(rule, OVERRIDE_TIER, b.rate, b.key_head + tag + b.key_tail, cost, b)
+                for b in own
+            ]
+        shape = self._own_shapes.get((rule.name, tier)) or self._shape(
+            (rule.name, tier), rule, tier
+        )
+        return [
+            Check(rule, tier, b.rate, b.key_head + tag + b.key_tail, cost, b) for b in shape.blocks
         ]
 
     def for_limit(
@@ -345,8 +372,6 @@ class Core:
             return checks
         rule, resolved = shape.rule, shape.tier
         tag = _keys.identity_tag(_keys.USER, identity)
-        if self.overrides:
-            return tuple(self.checks(rule, resolved, tag, cost))
         return tuple(
             [
                 Check(
@@ -465,7 +490,7 @@ class Core:
                 checks.extend(self._recorded(rule, resolved, tag, counted))
                 continue
             shape = shapes.get((rule.name, resolved))
-            if shape is None or self.overrides:
+            if shape is None:
                 checks.extend(self.checks(rule, resolved, tag, counted))
                 continue
             # What self.checks does, inlined: this loop runs for every request.
@@ -539,7 +564,11 @@ class Core:
         if found is None:
             found = blocks(self.policy.key_prefix, rule, tier, record=True)
             self._record_blocks.keep((rule.name, tier), found)
-        own = self.overrides.get((rule.name, tag)) if self.overrides and found else None
+        own = (
+            self.overrides.get((rule.name, tag))
+            if found and rule.name in self._overridden_limits
+            else None
+        )
         if own is not None:
             return [
                 Check(rule, OVERRIDE_TIER, b.rate, b.key_head + tag + b.key_tail, cost, b)

@@ -163,7 +163,6 @@ class LimiterBase(ABC, Generic[WireT]):
         self.override_refresh = refresh
         self.override_source: _override_store.Source | None = None
         self.override_feed: _override_store.Feed | None = None
-        self._overrides_held: Sequence[_overrides.Override] = ()
         if not self.enabled:
             return
         if self.memory_store is not None:
@@ -197,7 +196,6 @@ class LimiterBase(ABC, Generic[WireT]):
     def _use_overrides(self, runtime: Sequence[_overrides.Override]) -> None:
         """Plan with ``runtime`` and the file's overrides in force now; what this instance
         holds locally of the identities whose override changed is forgotten."""
-        self._overrides_held = tuple(runtime)
         found = _overrides.table(self.compiled, (*runtime, *self.file_overrides), time.time())
         before = self.core.overrides
         if dict(before) == dict(found):

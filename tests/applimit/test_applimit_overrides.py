@@ -599,3 +599,49 @@ async def test_async_limiter_given_a_client(
     assert [o.value for o in await limiter.overrides.stored()] == ["jan"]
     await limiter.aclose()
     await client.aclose()
+
+
+MIDDLEWARE = """
+version: 1
+tiers: [free, pro]
+app: {redis_url: "memory://overrides-l", override_refresh: 1s}
+limits:
+  - name: api
+    match: {path_prefix: /api/}
+    app:
+      tiers: {free: [3/1m], pro: [10/1m]}
+  - name: org
+    match: {path_prefix: /api/}
+    app:
+      per: org
+      tiers: {free: [30/1m], pro: [100/1m]}
+"""
+
+
+def test_every_way_of_planning_sees_an_override_set_after_use(tmp_path: Path) -> None:
+    """A limit used before its first override (its shape and plans remembered): hit(),
+    check_request() with and without keys, and record paths all decide with the override
+    once it is set, for its identity only, and with the tier again once it is removed."""
+    path = tmp_path / "p.yaml"
+    path.write_text(MIDDLEWARE)
+    limiter = Limiter.from_policy(path)
+    keys = {"org": "acme"}
+    for who in ("kim", "lee"):
+        limiter.peek("api", who)
+        limiter.check_request("GET", "/api/x", who, ip="192.0.2.1")
+        limiter.check_request("GET", "/api/x", who, ip="192.0.2.1", keys=keys)
+    limiter.overrides.set("api", "kim", rates=["9/1m"], reason="r", by="o", ttl=60)
+    limiter.overrides.set("org", "acme", rates=["90/1m"], reason="r", by="o", ttl=60)
+
+    def tiers(who: str, **options: Any) -> list[str]:
+        plain = limiter.check_request("GET", "/api/x", who, ip="192.0.2.1", **options)
+        return [limiter.peek("api", who).results[0].tier, *(r.tier for r in plain.results)]
+
+    # Without keys the org limit counts the caller by address: the tier applies.
+    assert tiers("kim") == ["override", "override", "free"]
+    assert tiers("kim", keys=keys) == ["override", "override", "override"]
+    assert tiers("lee") == ["free", "free", "free"]
+    assert tiers("lee", keys=keys) == ["free", "free", "override"]
+    assert tiers("lee", keys={"org": "other"}) == ["free", "free", "free"]
+    limiter.overrides.remove("api", "kim", by="o", reason="r")
+    assert tiers("kim", keys=keys) == ["free", "free", "override"]
