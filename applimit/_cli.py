@@ -236,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``applimit`` (exposed for docs and tests)."""
     parser = _Parser(
         prog="applimit",
-        description="Show or reset an identity's usage of a policy's app limits in Redis.",
+        description="Show or reset an identity's usage of a policy's app limits in Redis, "
+        "and give identities rates of their own (override).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True

@@ -645,3 +645,22 @@ def test_every_way_of_planning_sees_an_override_set_after_use(tmp_path: Path) ->
     assert tiers("lee", keys={"org": "other"}) == ["free", "free", "free"]
     limiter.overrides.remove("api", "kim", by="o", reason="r")
     assert tiers("kim", keys=keys) == ["free", "free", "override"]
+
+
+def test_cli_set_refuses_when_the_app_reads_no_overrides(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """Without app.override_refresh the command says the app would never read it (exit 1),
+    and stores nothing; listing still works."""
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        POLICY.format(url=redis_server.url, refresh="1s").replace(", override_refresh: 1s", "")
+    )
+    code, _, err = run(
+        "override", "set", str(path), "--limit", "api", "--user", "a", "--rate", "1/1m",
+        "--ttl", "1d", "--reason", "r",
+    )  # fmt: skip
+    assert code == 1 and "override_refresh" in err
+    assert redis_client.exists(override_keys("ov")[0]) == 0
+    code, out, _ = run("override", "list", str(path))
+    assert code == 0 and "no overrides" in out
