@@ -1,4 +1,5 @@
-"""The ``applimit`` command line: an identity's usage of the app limits, and resetting it.
+"""The ``applimit`` command line: an identity's usage of the app limits, resetting it, and
+per-identity overrides (set, list, remove, and their audit trail).
 
 ::
 
@@ -27,7 +28,8 @@ per period, not per tier (docs/applimit.md, Keys), so each tier's line is how th
 counts stand against that tier's quota.
 
 Exit codes: 0 done; 1 the policy did not load, Redis could not be read or written, or a
-reset was not confirmed; 2 the command line is wrong (an option, a limit, a tier, an
+reset or removal was not confirmed, an override to remove was not set, or the policy reads
+no run-time overrides; 2 the command line is wrong (an option, a limit, a tier, an
 identity or address that cannot be used).
 """
 
