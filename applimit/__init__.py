@@ -21,6 +21,9 @@ Public surface::
     Observer, DecisionEvent, Outcome             observers=[...]: every decision, per limit
     OvershootObserver                            on_overshoot: approximate mode's overshoot
     EventLogObserver(path_or_stream)             one NDJSON line per hit result, for replay
+    .overrides: Overrides / AsyncOverrides       one identity's own rates for one limit:
+        .set(name, identity, rates=, reason=, by=, ttl= | expires=), .remove(...),
+        .stored(), .in_force(), .log(); Override, OverrideChange (the audit trail)
 
     applimit.prometheus / applimit.otel          exporters of the decisions as metrics
 
@@ -47,6 +50,8 @@ from ._errors import (
 )
 from ._eventlog import EventLogObserver
 from ._observe import DecisionEvent, Observer, Outcome, OvershootObserver
+from ._override_store import AsyncOverrides, OverrideChange, Overrides
+from ._overrides import Override
 from ._sync import Limiter
 from .web._decorator import RateLimited, rate_limited
 from .web._gate import EXEMPT, Refusal
@@ -56,6 +61,7 @@ __all__ = [
     "EXEMPT",
     "ApplimitError",
     "AsyncLimiter",
+    "AsyncOverrides",
     "BreakerState",
     "Caller",
     "ConfigurationError",
@@ -67,6 +73,9 @@ __all__ = [
     "Limiter",
     "Observer",
     "Outcome",
+    "Override",
+    "OverrideChange",
+    "Overrides",
     "OvershootObserver",
     "RateLimited",
     "Refusal",

@@ -23,10 +23,11 @@ from . import _clients
 from ._awire import AsyncTransport, open_async
 from ._clients import AsyncClient, Target
 from ._decision import Decision
-from ._errors import REDIS_FAILURES
+from ._errors import REDIS_FAILURES, ConfigurationError
 from ._flow import UNLIMITED, Decider, Send, Wait
 from ._memory import AsyncMemoryWire
 from ._observe import Observer
+from ._override_store import AsyncOverrides, sync_twin
 from ._replies import Prepared
 from ._shell import LimiterBase, load_policy, released, releases_of
 
@@ -53,6 +54,7 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
         enabled: bool = True,
         observers: Iterable[Observer] = (),
         log_identities: bool = False,
+        override_refresh: float | None = None,
     ) -> None:
         """Enforce ``policy``; the options are those of :class:`~applimit.Limiter`.
 
@@ -72,6 +74,7 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
             enabled=enabled,
             observers=observers,
             log_identities=log_identities,
+            override_refresh=override_refresh,
         )
         # The calls of syncs whose decisions were cancelled, still on their way (see
         # _abandon): aclose() lets them land first.
@@ -81,6 +84,26 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
         return _clients.async_target(
             client, url, cluster=cluster, timeout=self.timeout, max_connections=self.max_connections
         )
+
+    def _override_factory(self, client: object | None) -> Callable[[], Any]:
+        # The overrides are read in a thread of their own, with a blocking client of the
+        # same settings (see _override_store.Feed).
+        if client is None:
+            return _clients.sync_from_url(
+                self.url, timeout=self.timeout, cluster=self.cluster, max_connections=4
+            )
+        try:
+            return sync_twin(client, timeout=self.timeout)
+        except ConfigurationError as error:
+            if self.override_refresh is not None:
+                raise
+            # Only the overrides API would need it: it says why when called.
+            problem = error
+
+            def unavailable() -> Any:
+                raise problem
+
+            return unavailable
 
     def _open(self, target: Target[AsyncClient]) -> AsyncTransport | AsyncMemoryWire:
         if self.memory_store is not None:
@@ -96,6 +119,12 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
     def from_policy(cls, source: str | os.PathLike[str] | Policy, **options: Any) -> Self:
         """An async limiter for the policy file at ``source`` (or a loaded Policy)."""
         return cls(load_policy(source), **options)
+
+    @property
+    def overrides(self) -> AsyncOverrides:
+        """The per-identity overrides: set, remove, list and their audit trail
+        (docs/applimit.md, "Per-customer overrides")."""
+        return AsyncOverrides(self)
 
     # -- decisions ------------------------------------------------------------------------
 
@@ -258,6 +287,10 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
         if self._abandoned:
             await asyncio.wait(set(self._abandoned), timeout=self.timeout)
         await self._reopened().close()
+        if self.override_source is not None:
+            # The overrides' own connection (blocking, closed in a thread); the feed, if it
+            # runs, opens a new one.
+            await asyncio.to_thread(self.override_source.close)
 
     async def __aenter__(self) -> Self:
         """Use as ``async with AsyncLimiter.from_policy(...) as limiter:``."""

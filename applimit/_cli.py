@@ -1,10 +1,18 @@
-"""The ``applimit`` command line: an identity's usage of the app limits, and resetting it.
+"""The ``applimit`` command line: an identity's usage of the app limits, resetting it, and
+per-identity overrides (set, list, remove, and their audit trail).
 
 ::
 
     applimit usage POLICY --user alice [--tier pro] [--ip 203.0.113.9] [--keys org=acme]
                           [--format text|json] [--redis-url URL] [--cluster] [--timeout 2s]
     applimit reset POLICY --user alice [--limit NAME ...] [--tier T] [--yes]
+    applimit override set POLICY --limit api (--user alice | --keys org=acme)
+                          --rate 1000/1m [--rate ...] (--ttl 30d | --expires 2027-06-30)
+                          --reason TEXT [--by NAME]
+    applimit override list POLICY [--format text|json]
+    applimit override remove POLICY --limit api (--user alice | --keys org=acme)
+                          --reason TEXT [--by NAME] [--yes]
+    applimit override log POLICY [--count 20] [--format text|json]
 
 It reads the policy file and the Redis the app uses (``--redis-url``, else the environment
 variable ``APPLIMIT_REDIS_URL``, else the policy's ``app.redis_url``) through a
@@ -20,18 +28,21 @@ per period, not per tier (docs/applimit.md, Keys), so each tier's line is how th
 counts stand against that tier's quota.
 
 Exit codes: 0 done; 1 the policy did not load, Redis could not be read or written, or a
-reset was not confirmed; 2 the command line is wrong (an option, a limit, a tier, an
+reset or removal was not confirmed, an override to remove was not set, or the policy reads
+no run-time overrides; 2 the command line is wrong (an option, a limit, a tier, an
 identity or address that cannot be used).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import ipaddress
 import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -45,12 +56,14 @@ from edgegen_policy import (
     PolicyLoadError,
     ip_bucket,
     load,
+    override_expiry,
     write_diagnostics,
 )
 
 from ._clients import MEMORY_SCHEME, shown_url
 from ._decision import Decision
-from ._errors import ApplimitError, ConfigurationError
+from ._errors import REDIS_FAILURES, ApplimitError, ConfigurationError
+from ._overrides import OVERRIDE_TIER
 from ._rules import AppRule
 from ._sync import Limiter
 
@@ -146,16 +159,27 @@ def rate_usage(rule: AppRule, tier: str, decision: Decision) -> list[dict[str, A
     ``used`` is capacity minus ``remaining`` (what a request of cost 1 still finds).
     """
     out = []
-    rates = rule.tiers.get(tier, ())
     # The decision has one result per rate of the tier, in the tier's order (Core.checks),
-    # then one per calendar quota (quota_usage).
-    for rate, result in zip(rates, decision.results[: len(rates)], strict=True):
+    # or per rate of the subject's override (tier "override"), whose rates it carries; then
+    # one per calendar quota (quota_usage) and the concurrency limit's (lease_usage).
+    texts = [f"{rate.quota}/{rate.period_text}" for rate in rule.tiers.get(tier, ())]
+    rates = [
+        r
+        for r in decision.results
+        if r.algorithm != LEASE and not r.algorithm.startswith(f"{CALENDAR}:")
+    ]
+    for index, result in enumerate(rates):
         capacity = result.quota
         if rule.algorithm == "gcra" and rule.burst is not None:
             capacity = rule.burst
         out.append(
             {
-                "rate": f"{rate.quota}/{rate.period_text}",
+                "rate": (
+                    texts[index]
+                    if result.tier != OVERRIDE_TIER
+                    else f"{result.quota}/{Duration(round(result.window * 1000))}"
+                ),
+                "tier": result.tier,
                 "quota": result.quota,
                 "window": result.window,
                 "capacity": capacity,
@@ -195,6 +219,7 @@ def _tier_lines(tier: Mapping[str, Any]) -> list[str]:
             f"  {name:<12} {rate['rate']:>12}  used {rate['used']:>6} of "
             f"{rate['capacity']:<6} remaining {rate['remaining']:>6}  "
             f"resets in {rate['reset_after']:g}s"
+            + ("  (override)" if rate["tier"] == OVERRIDE_TIER else "")
         )
     for quota in tier.get("quotas", ()):
         label = f"{quota['quota']}/{quota['period']}"
@@ -273,7 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``applimit`` (exposed for docs and tests)."""
     parser = _Parser(
         prog="applimit",
-        description="Show or reset an identity's usage of a policy's app limits in Redis.",
+        description="Show or reset an identity's usage of a policy's app limits in Redis, "
+        "and give identities rates of their own (override).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
@@ -296,20 +322,58 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reset.add_argument("--tier", help="reset only the keys of this tier's rates")
     reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    _override_parsers(sub)
     return parser
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("policy", metavar="POLICY", help="the policy file the app uses")
-    parser.add_argument("--user", help="the user id, as the app's identify returns it")
-    parser.add_argument("--ip", help="the client address (per-IP limits, anonymous callers)")
-    parser.add_argument(
-        "--keys",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="an app key of a per: <key> limit, e.g. org=acme (repeatable, or comma-separated)",
+def _override_parsers(sub: Any) -> None:
+    override = sub.add_parser(
+        "override", help="give one identity its own rates for one limit, at run time"
     )
+    actions = override.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    actions.required = True
+    change = actions.add_parser("set", help="set (or replace) an identity's override")
+    _common(change)
+    change.add_argument("--limit", required=True, help="the limit the override is for")
+    change.add_argument(
+        "--rate",
+        action="append",
+        required=True,
+        dest="rates",
+        metavar="RATE",
+        help="a rate of the identity's own, e.g. 1000/1m (repeatable)",
+    )
+    change.add_argument("--ttl", metavar="DURATION", help="how long it lasts, e.g. 30d")
+    change.add_argument("--expires", metavar="TIME", help="when it ends: 2027-06-30 or a UTC time")
+    change.add_argument("--reason", required=True, help="why (a contract, a ticket): audited")
+    change.add_argument("--by", help="who sets it (default: the login name)")
+    remove = actions.add_parser("remove", help="end an identity's override: its tier applies")
+    _common(remove)
+    remove.add_argument("--limit", required=True, help="the limit the override is for")
+    remove.add_argument("--reason", required=True, help="why: audited")
+    remove.add_argument("--by", help="who removes it (default: the login name)")
+    remove.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    listed = actions.add_parser("list", help="the overrides stored in Redis and in the policy")
+    _common(listed, subject=False)
+    listed.add_argument("--format", choices=("text", "json"), default="text")
+    logged = actions.add_parser("log", help="the audit trail: who changed what, when and why")
+    _common(logged, subject=False)
+    logged.add_argument("--count", type=int, default=20, help="how many changes (newest first)")
+    logged.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def _common(parser: argparse.ArgumentParser, *, subject: bool = True) -> None:
+    parser.add_argument("policy", metavar="POLICY", help="the policy file the app uses")
+    if subject:
+        parser.add_argument("--user", help="the user id, as the app's identify returns it")
+        parser.add_argument("--ip", help="the client address (per-IP limits, anonymous callers)")
+        parser.add_argument(
+            "--keys",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="an app key of a per: <key> limit, e.g. org=acme (repeatable, or comma-separated)",
+        )
     parser.add_argument(
         "--redis-url",
         help=f"the Redis to read (default: ${ENV_REDIS_URL}, else the policy's app.redis_url)",
@@ -364,6 +428,16 @@ def _open(args: argparse.Namespace) -> tuple[Limiter, str]:
             "Redis the app uses.",
             USAGE_ERROR,
         )
+    feed = limiter.override_feed
+    if feed is not None:
+        # The command reads the overrides once, as the app would decide now: not in the
+        # background.
+        feed.stop()
+        try:
+            feed.poll(force=True)
+        except REDIS_FAILURES:
+            limiter.close()
+            raise _unreachable(shown_url(limiter.url)) from None
     return limiter, shown_url(limiter.url)
 
 
@@ -517,19 +591,165 @@ def _to_reset(
     return chosen
 
 
-def _confirm(what: str, url: str, stdin: TextIO, err: TextIO) -> None:
+def _confirm(
+    what: str, url: str, stdin: TextIO, err: TextIO, *, verb: str = "reset", lost: str = "counts"
+) -> None:
     """Ask on a terminal; refuse when nobody can answer (a script must say --yes)."""
     if not stdin.isatty():
         raise CommandError(
-            f"refusing to reset {what} without confirmation: stdin is not a terminal. "
-            "Pass --yes to reset from a script.",
+            f"refusing to {verb} {what} without confirmation: stdin is not a terminal. "
+            f"Pass --yes to {verb} from a script.",
             FAILED,
         )
-    err.write(f"Reset {what} in {url}? The counts are lost. [y/N] ")
+    err.write(f"{verb.capitalize()} {what} in {url}? The {lost} are lost. [y/N] ")
     err.flush()
     answer = stdin.readline().strip().lower()
     if answer not in {"y", "yes"}:
-        raise CommandError("not reset: the answer was not yes.", FAILED)
+        done = "reset" if verb == "reset" else f"{verb}d"
+        raise CommandError(f"not {done}: the answer was not yes.", FAILED)
+
+
+# --- overrides ---------------------------------------------------------------------------
+
+
+def run_override(args: argparse.Namespace, out: TextIO, stdin: TextIO, err: TextIO) -> int:
+    """``applimit override set|remove|list|log``."""
+    limiter, url = _open(args)
+    try:
+        if args.action == "set":
+            return _override_set(args, limiter, url, out)
+        if args.action == "remove":
+            return _override_remove(args, limiter, url, out, stdin=stdin, err=err)
+        if args.action == "list":
+            return _override_list(args, limiter, url, out)
+        return _override_log(args, limiter, url, out)
+    except REDIS_FAILURES:
+        raise _unreachable(url) from None
+    finally:
+        limiter.close()
+
+
+def _identity(args: argparse.Namespace, limiter: Limiter) -> tuple[AppRule, str]:
+    """The limit named by --limit and the identity (--user or --keys) it counts."""
+    rule = limiter.core.rule(args.limit)
+    subject = _subject(args)
+    if rule.per_ip:
+        raise CommandError(
+            f"limit {rule.name!r} counts per client IP; an override names a user or an app key.",
+            USAGE_ERROR,
+        )
+    if rule.per_key is not None:
+        value = subject.keys.get(rule.per_key)
+        hint = f"--keys {rule.per_key}=VALUE"
+    else:
+        value, hint = subject.user, "--user ID"
+    extra = subject.ip is not None or len(subject.keys) + (subject.user is not None) != 1
+    if value is None or extra:
+        raise CommandError(
+            f"limit {rule.name!r} counts per {rule.kind}: name exactly one identity with {hint}.",
+            USAGE_ERROR,
+        )
+    return rule, value
+
+
+def _by(args: argparse.Namespace) -> str:
+    if args.by is not None:
+        return str(args.by)
+    return os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
+
+
+def _until(args: argparse.Namespace) -> dict[str, Any]:
+    if (args.ttl is None) == (args.expires is None):
+        raise CommandError("say how long: pass --ttl 30d or --expires 2027-06-30.", USAGE_ERROR)
+    if args.ttl is not None:
+        try:
+            ttl = Duration.parse(args.ttl)
+        except ValueError:
+            raise CommandError(
+                f"--ttl '{shown(args.ttl)}' is not a duration; e.g. --ttl 30d.", USAGE_ERROR
+            ) from None
+        return {"ttl": ttl.ms / 1000}
+    try:
+        return {"expires": override_expiry(args.expires)}
+    except ValueError as error:
+        raise CommandError(f"--expires: {shown(str(error))}.", USAGE_ERROR) from None
+
+
+def _override_set(args: argparse.Namespace, limiter: Limiter, url: str, out: TextIO) -> int:
+    rule, value = _identity(args, limiter)
+    done = limiter.overrides.set(
+        rule.name, value, rates=args.rates, reason=args.reason, by=_by(args), **_until(args)
+    )
+    out.write(
+        f"set {done.describe()}: {', '.join(done.rates)} until {_when(done.expires)} in {url}\n"
+    )
+    return OK
+
+
+def _override_remove(
+    args: argparse.Namespace,
+    limiter: Limiter,
+    url: str,
+    out: TextIO,
+    *,
+    stdin: TextIO,
+    err: TextIO,
+) -> int:
+    rule, value = _identity(args, limiter)
+    what = f"the override of limit {rule.name!r} for {rule.kind} '{shown(value)}'"
+    if not args.yes:
+        _confirm(what, url, stdin, err, verb="remove", lost="override's rates")
+    if not limiter.overrides.remove(rule.name, value, by=_by(args), reason=args.reason):
+        raise CommandError(f"{what} is not set in {url}; nothing was removed.", FAILED)
+    out.write(f"removed {what} in {url}: its tier's rates apply\n")
+    return OK
+
+
+def _when(moment: float) -> str:
+    return dt.datetime.fromtimestamp(moment, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _override_list(args: argparse.Namespace, limiter: Limiter, url: str, out: TextIO) -> int:
+    stored = limiter.overrides.stored()
+    now = time.time()
+    found = [*stored, *limiter.file_overrides]
+    if args.format == "json":
+        documents = [{**o.document(), "expired": o.expires <= now} for o in found]
+        json.dump({"version": 1, "redis": url, "overrides": documents}, out, indent=2)
+        out.write("\n")
+        return OK
+    if not found:
+        out.write(f"no overrides in {url} or in the policy\n")
+    for o in found:
+        state = "expired" if o.expires <= now else f"until {_when(o.expires)}"
+        out.write(
+            f"{o.limit} {o.kind} '{shown(o.value)}': {', '.join(o.rates)} {state} "
+            f"({o.source}, by {shown(o.by)}: {shown(o.reason)})\n"
+        )
+    return OK
+
+
+def _override_log(args: argparse.Namespace, limiter: Limiter, url: str, out: TextIO) -> int:
+    if not 1 <= args.count <= 10_000:
+        raise CommandError("--count must be from 1 to 10000.", USAGE_ERROR)
+    changes = limiter.overrides.log(args.count)
+    if args.format == "json":
+        documents = [change.document() for change in changes]
+        json.dump({"version": 1, "redis": url, "changes": documents}, out, indent=2)
+        out.write("\n")
+        return OK
+    for change in changes:
+        target = "?" if change.override is None else change.override.describe()
+        rates = (
+            ""
+            if change.override is None or change.op != "set"
+            else (": " + ", ".join(change.override.rates))
+        )
+        out.write(
+            f"{_when(change.at)} {change.op} {shown(target)}{rates} by {shown(change.by)}: "
+            f"{shown(change.reason)}\n"
+        )
+    return OK
 
 
 def main(  # noqa: PLR0911 (one exit code per kind of error, mapped in one place)
@@ -555,6 +775,8 @@ def main(  # noqa: PLR0911 (one exit code per kind of error, mapped in one place
     try:
         if args.command == "usage":
             return run_usage(args, out)
+        if args.command == "override":
+            return run_override(args, out, inp, err)
         return run_reset(args, out, inp, err)
     except PolicyLoadError as error:
         write_diagnostics(error.diagnostics, err)

@@ -106,6 +106,9 @@ class _Holder(Protocol):
     def forget_local(self) -> None:
         """Drop every local answer."""
 
+    def overrides_changed(self) -> None:
+        """Read the store's overrides again."""
+
 
 class MemoryStore:
     """Keys and their values, and the execution of the limiter's script calls on them."""
@@ -121,6 +124,12 @@ class MemoryStore:
         #: How many script calls the store has run (tests count them as they count
         #: Redis' commandstats).
         self.calls = 0
+        # The run-time overrides (_override_store.MemorySource): field -> JSON, the count
+        # of changes, and the audit trail.
+        self.overrides: dict[str, str] = {}
+        self.override_version = 0
+        self.override_log: list[Any] = []
+        self.override_lock = threading.Lock()
 
     # -- keys -----------------------------------------------------------------------------
 
@@ -134,8 +143,18 @@ class MemoryStore:
         with self._lock:
             self._data.clear()
             self._expiry.clear()
+        with self.override_lock:
+            self.overrides.clear()
+            self.override_log.clear()
+            self.override_version += 1
         for holder in list(self._holders):
             holder.forget_local()
+        self.overrides_changed()
+
+    def overrides_changed(self) -> None:
+        """Tell the limiters on the store that its overrides changed: they read them at once."""
+        for holder in list(self._holders):
+            holder.overrides_changed()
 
     def delete(self, keys: Sequence[str]) -> None:
         """DEL ``keys``."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -57,6 +57,7 @@ from ._calls import (
     script_call,
 )
 from ._memo import Memo
+from ._overrides import OVERRIDE_TIER, Applied
 from ._periods import Periods
 from ._replies import Prepared
 from ._rules import USER_KIND, AppRule, CompiledPolicy
@@ -182,6 +183,38 @@ class Core:
         self._requested: Memo[tuple[_Group, str | None, str | None, str | None, int], _Planned] = (
             Memo(_PLANNED_CACHE)
         )
+        # The overrides in force, by (limit, hash tag), and the limits they are of. The
+        # shapes of those limits are kept apart (_own_shapes), never in _shapes: every
+        # path that plans from a shape it found in _shapes (_plan_user, _request_checks)
+        # asks checks() instead for them, so no path of a limit without overrides reads
+        # the overrides at all. use_overrides replaces them and forgets the remembered
+        # plans; ``generation`` counts the replacements, so that a plan made from the old
+        # ones is not remembered.
+        self.overrides: Mapping[tuple[str, str], Applied] = MappingProxyType({})
+        self._overridden_limits: frozenset[str] = frozenset()
+        self._own_shapes: dict[tuple[str, str | None], _Shape] = {}
+        self.generation = 0
+
+    def use_overrides(self, overrides: Mapping[tuple[str, str], Applied]) -> None:
+        """Plan with ``overrides`` from now on (``_overrides.table``), forgetting every plan
+        remembered with the ones before."""
+        # In this order: a plan or shape made meanwhile is kept before its maker reads the
+        # generation (or the overridden limits) again, so either that reading sees the
+        # change or the clearing below comes after the keeping.
+        self.overrides = overrides
+        limits = self._overridden_limits = frozenset(name for name, _ in overrides)
+        self.generation += 1
+        self._own_shapes = {}
+        shapes = self._shapes.entries
+        for key in [key for key, shape in list(shapes.items()) if shape.rule.name in limits]:
+            shapes.pop(key, None)
+        self._planned.entries.clear()
+        self._requested.entries.clear()
+
+    def _overridden(self, rule: AppRule, tag: str) -> tuple[Block, ...] | None:
+        """The blocks of the override of ``rule`` for the identity of ``tag``, if any."""
+        found = self.overrides.get((rule.name, tag))
+        return None if found is None else found.blocks
 
     def matching(
         self, method: str, path: str, host: str | None, mount: str = ""
@@ -237,13 +270,21 @@ class Core:
             blocks(self.policy.key_prefix, rule, tier),
             rule.per_key is None and not rule.per_ip,
         )
+        if rule.name in self._overridden_limits:
+            self._own_shapes[key] = shape
+            return shape
         self._shapes.keep(key, shape)
+        if rule.name in self._overridden_limits:
+            # Overridden meanwhile (use_overrides): kept first, dropped after.
+            self._shapes.entries.pop(key, None)
         return shape
 
     def checks(self, rule: AppRule, tier: str, tag: str, cost: int) -> list[Check]:
         """The checks of ``rule`` for ``tier``: one per rate (none if the tier has none)."""
         shape = self._shapes.entries.get((rule.name, tier))
         if shape is None:
+            if rule.name in self._overridden_limits:
+                return self._own_checks(rule, tier, tag, cost)
             shape = self._shape((rule.name, tier), rule, tier)
         found = shape.blocks
         # Positional, in field order (rule, tier, rate, key, cost, block): cheaper per call.
@@ -256,6 +297,22 @@ class Core:
         return [
             Check(rule, tier, block.rate, block.key_head + tag + block.key_tail, cost, block)
             for block in found
+        ]
+
+    def _own_checks(self, rule: AppRule, tier: str, tag: str, cost: int) -> list[Check]:
+        """The checks of ``rule``, a limit with overrides: the identity's override where it
+        has one (and the tier gives the limit rates), else the tier's."""
+        own = self._overridden(rule, tag) if rule.tiers.get(tier) else None
+        if own is not None:
+            return [
+                Check(rule, OVERRIDE_TIER, b.rate, b.key_head + tag + b.key_tail, cost, b)
+                for b in own
+            ]
+        shape = self._own_shapes.get((rule.name, tier)) or self._shape(
+            (rule.name, tier), rule, tier
+        )
+        return [
+            Check(rule, tier, b.rate, b.key_head + tag + b.key_tail, cost, b) for b in shape.blocks
         ]
 
     def for_limit(
@@ -285,8 +342,13 @@ class Core:
             memo = (name, identity, tier, cost)
             planned = self._planned.entries.get(memo)
             if planned is None:
+                generation = self.generation
                 planned = self._plan_user(name, identity, tier, cost)
                 self._planned.keep(memo, planned)
+                if generation != self.generation:
+                    # Overrides changed while it was planned (use_overrides): kept first,
+                    # then dropped here or by use_overrides' own clearing, whichever is later.
+                    self._planned.entries.pop(memo, None)
             return self.prepare(operation, planned)
         return self.prepare(
             operation,
@@ -378,6 +440,7 @@ class Core:
             )
             planned = self._requested.entries.get(memo)
             if planned is None:
+                generation = self.generation
                 checks = tuple(
                     self._request_checks(
                         group.rules, identity, tier=tier, cost=cost, ip=ip, keys=None
@@ -386,6 +449,8 @@ class Core:
                 parts = CallParts.of(checks) if len(checks) > 1 and not self.cluster else None
                 planned = _Planned(checks, parts)
                 self._requested.keep(memo, planned)
+                if generation != self.generation:
+                    self._requested.entries.pop(memo, None)
             return self.prepare(operation, planned.checks, planned.parts)
         return self.prepare(
             operation,
@@ -505,6 +570,16 @@ class Core:
         if found is None:
             found = blocks(self.policy.key_prefix, rule, tier, record=True)
             self._record_blocks.keep((rule.name, tier), found)
+        own = (
+            self.overrides.get((rule.name, tag))
+            if found and rule.name in self._overridden_limits
+            else None
+        )
+        if own is not None:
+            return [
+                Check(rule, OVERRIDE_TIER, b.rate, b.key_head + tag + b.key_tail, cost, b)
+                for b in own.record_blocks
+            ]
         return [
             Check(rule, tier, block.rate, block.key_head + tag + block.key_tail, cost, block)
             for block in found
@@ -593,6 +668,23 @@ class Core:
         tiers = [check_tier(policy, tier)] if tier is not None else list(rule.tiers)
         checks = self._known([c for t in tiers for c in self.checks(rule, t, tag, 1)], keys)
         found = {c.key: None for c in checks}
+        # The identity's override may have periods its tiers lack.
+        for block in self._overridden(rule, tag) or ():
+            found[block.key_head + tag + block.key_tail] = None
+        return list(found)
+
+    def keys_of(self, rule: AppRule, tiers: Sequence[str], tag: str) -> list[str]:
+        """The keys of ``rule`` for the identity of ``tag`` under ``tiers``, and those of
+        the identity's override (whose periods the tiers may not have)."""
+        found: dict[str, None] = {}
+        for each in tiers:
+            shape = self._shapes.entries.get((rule.name, each))
+            if shape is None:
+                shape = self._shape((rule.name, each), rule, each)
+            for block in shape.blocks:
+                found[block.key_head + tag + block.key_tail] = None
+        for block in self._overridden(rule, tag) or ():
+            found[block.key_head + tag + block.key_tail] = None
         return list(found)
 
 

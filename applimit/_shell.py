@@ -24,7 +24,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from edgegen_policy import Policy, load
 
-from . import _memory
+from . import _memory, _override_store, _overrides
 from ._approx import ApproxCache
 from ._breaker import Breakers, BreakerState
 from ._calls import ScriptCall
@@ -76,6 +76,7 @@ class LimiterBase(ABC, Generic[WireT]):
         enabled: bool = True,
         observers: Iterable[Observer] = (),
         log_identities: bool = False,
+        override_refresh: float | None = None,
     ) -> None:
         if client is not None and redis_url is not None:
             raise ConfigurationError(
@@ -151,6 +152,80 @@ class LimiterBase(ABC, Generic[WireT]):
         )
         if self.memory_store is not None:
             self.memory_store.attach(self)
+        self._start_overrides(policy, client, override_refresh)
+
+    # -- overrides ------------------------------------------------------------------------
+
+    def _start_overrides(
+        self, policy: Policy, client: object | None, refresh: float | None
+    ) -> None:
+        """The file's overrides, in force at once; and the feed of the run-time ones when
+        the policy (``app.override_refresh``) or ``override_refresh=`` asks for them."""
+        self.file_overrides = _overrides.from_file(policy)
+        if refresh is None and policy.app.override_refresh is not None:
+            refresh = policy.app.override_refresh.ms / 1000
+        if refresh is not None and not 0 < refresh <= _override_store.MAX_REFRESH:
+            raise ConfigurationError(
+                f"override_refresh is {refresh}; use a number of seconds above 0, at most "
+                f"{_override_store.MAX_REFRESH:g}."
+            )
+        self.override_refresh = refresh
+        self.override_source: _override_store.Source | None = None
+        self.override_feed: _override_store.Feed | None = None
+        if not self.enabled:
+            return
+        if self.memory_store is not None:
+            self.override_source = _override_store.MemorySource(self.memory_store)
+        else:
+            self.override_source = _override_store.RedisSource(
+                self._override_factory(client), self.compiled.key_prefix
+            )
+        if refresh is None:
+            self._use_overrides(())
+            return
+        feed = _override_store.Feed(self.override_source, self._use_overrides, interval=refresh)
+        self.override_feed = feed
+        if self.memory_store is not None:
+            # In-process: read now, and again whenever the store says they changed; the
+            # thread only ends the overrides that expire.
+            feed.poll(force=True)
+        else:
+            self._use_overrides(())
+        feed.start()
+
+    def _override_factory(self, client: object | None) -> Callable[[], Any]:
+        """A factory of the blocking client the overrides are read and written with."""
+        return self._target.factory
+
+    def overrides_changed(self) -> None:
+        """The memory:// store's overrides changed: read them now."""
+        if self.override_feed is not None:
+            self.override_feed.poll(force=True)
+
+    def _use_overrides(self, runtime: Sequence[_overrides.Override]) -> None:
+        """Plan with ``runtime`` and the file's overrides in force now; what this instance
+        holds locally of the identities whose override changed is forgotten."""
+        found = _overrides.table(self.compiled, (*runtime, *self.file_overrides), time.time())
+        before = self.core.overrides
+        if dict(before) == dict(found):
+            return
+        changed = {k for k in (*before, *found) if before.get(k) != found.get(k)}
+        self.core.use_overrides(found)
+        stale: list[str] = []
+        for name, tag in changed:
+            rule = self.compiled.by_name[name]
+            stale.extend(self.core.keys_of(rule, tuple(rule.tiers), tag))
+            for entry in (before.get((name, tag)), found.get((name, tag))):
+                if entry is not None:
+                    stale.extend(b.key_head + tag + b.key_tail for b in entry.blocks)
+        self._forget(stale)
+
+    def overrides_in_force(self) -> list[_overrides.Override]:
+        """The overrides this instance decides with now (run-time and file), by limit."""
+        return sorted(
+            (entry.override for entry in self.core.overrides.values()),
+            key=lambda o: (o.limit, o.kind, o.value),
+        )
 
     # -- what each shell provides ---------------------------------------------------------
 
@@ -240,10 +315,11 @@ class LimiterBase(ABC, Generic[WireT]):
     def _forget(self, keys: list[str]) -> None:
         """Drop what this instance holds of ``keys`` (a local reset): cached denials and
         approximate counts."""
+        tiers = (*self.compiled.tiers, _overrides.OVERRIDE_TIER)
         if self.decider.denials is not None:
-            self.decider.denials.forget(keys, self.compiled.tiers)
+            self.decider.denials.forget(keys, tiers)
         if self.decider.approx is not None:
-            self.decider.approx.forget(keys, self.compiled.tiers)
+            self.decider.approx.forget(keys, tiers)
 
     # -- the public read-only surface -----------------------------------------------------
 

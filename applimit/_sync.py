@@ -21,6 +21,7 @@ from ._errors import REDIS_FAILURES
 from ._flow import UNLIMITED, Wait, drive
 from ._memory import MemoryWire
 from ._observe import Observer
+from ._override_store import Overrides
 from ._shell import LimiterBase, load_policy, released, releases_of
 from ._wire import SyncTransport, open_sync
 
@@ -48,6 +49,7 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
         enabled: bool = True,
         observers: Iterable[Observer] = (),
         log_identities: bool = False,
+        override_refresh: float | None = None,
         batch: bool = False,
     ) -> None:
         """Enforce ``policy`` (a loaded :class:`policy.Policy`).
@@ -96,6 +98,7 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
             enabled=enabled,
             observers=observers,
             log_identities=log_identities,
+            override_refresh=override_refresh,
         )
 
     def _resolve(self, client: object | None, url: str, cluster: bool) -> Target[SyncClient]:
@@ -123,6 +126,12 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
         :class:`ConfigurationError` for a policy or option the app cannot use.
         """
         return cls(load_policy(source), **options)
+
+    @property
+    def overrides(self) -> Overrides:
+        """The per-identity overrides: set, remove, list and their audit trail
+        (docs/applimit.md, "Per-customer overrides")."""
+        return Overrides(self)
 
     # -- decisions ------------------------------------------------------------------------
 
@@ -317,6 +326,9 @@ class Limiter(LimiterBase[SyncTransport | MemoryWire]):
         suite's apps do). What it counted is in Redis, so nothing is forgotten.
         """
         self._reopened().close()
+        if self.override_source is not None:
+            # The overrides' own connection; the feed, if it runs, opens a new one.
+            self.override_source.close()
 
     def __enter__(self) -> Self:
         """Use as ``with Limiter.from_policy(...) as limiter:``; closes on exit."""

@@ -29,6 +29,7 @@ from edgegen_policy import (
     JwtKey,
     Limit,
     Match,
+    Override,
     Policy,
     Rate,
 )
@@ -698,6 +699,67 @@ def semantic_changes(old: Version, new: Version) -> list[Change]:
                     name,
                     f"limit {{0}} moves from {_where(was)} to {_where(now)}",
                     (name,),
+                )
+            )
+    out.extend(_override_changes(old.policy, new.policy))
+    return out
+
+
+def _override_text(entry: Override) -> str:
+    return f"{_rates_text(entry.rates)} until {entry.expires} ({entry.reason})"
+
+
+def _override_changes(old: Policy, new: Policy) -> list[Change]:
+    """Added, removed and changed ``overrides:``, each by its limit and identity, and a
+    change of how often the app reads the run-time ones."""
+    out: list[Change] = []
+    was, now = old.app.override_refresh, new.app.override_refresh
+    if was != now:
+        out.append(
+            Change(
+                "override_refresh",
+                None,
+                "the app reads run-time overrides {0} (was {1})",
+                (f"every {now}" if now else "never", f"every {was}" if was else "never"),
+            )
+        )
+    before = {(o.limit, o.kind, o.value): o for o in old.overrides}
+    after = {(o.limit, o.kind, o.value): o for o in new.overrides}
+    for key, entry in after.items():
+        limit, kind, value = key
+        previous = before.get(key)
+        who = f"{kind} {value}"
+        if previous is None:
+            out.append(
+                Change(
+                    "override_added",
+                    limit,
+                    "limit {0}: an override for {1} is added: {2}",
+                    (limit, who, _override_text(entry)),
+                )
+            )
+        elif (previous.rates, previous.expires, previous.reason) != (
+            entry.rates,
+            entry.expires,
+            entry.reason,
+        ):
+            out.append(
+                Change(
+                    "override_changed",
+                    limit,
+                    "limit {0}: the override for {1} changes from {2} to {3}",
+                    (limit, who, _override_text(previous), _override_text(entry)),
+                )
+            )
+    for key, entry in before.items():
+        if key not in after:
+            limit, kind, value = key
+            out.append(
+                Change(
+                    "override_removed",
+                    limit,
+                    "limit {0}: the override for {1} is removed (was {2}): the tier's rates apply",
+                    (limit, f"{kind} {value}", _override_text(entry)),
                 )
             )
     return out

@@ -43,6 +43,9 @@ from .._routes import route_covers, route_parts
 from ._models import RuleCounter, WorkerCounter, app_model
 from ._types import AppModel, Record
 
+# The tier name of the rows of the policy's overrides (as applimit's decisions name it).
+OVERRIDE_TIER = "override"
+
 # Forget idle counters every this many records (and at the end): cheap, and often enough
 # that memory follows the active identities.
 _SWEEP_EVERY = 65_536
@@ -243,6 +246,9 @@ class _AppLimit:
     shadow: bool
     tiers: dict[str, list[_AppCheck]]
     count_when: CountWhen | None = None
+    # The policy's overrides of this limit, by user: until when (µs) and their checks,
+    # which replace the user's tier's while it lasts (tier "override" in the rows).
+    overrides: dict[str, tuple[int, list[_AppCheck]]] = field(default_factory=dict)
 
 
 # The order traffic meets the layers in.
@@ -549,6 +555,31 @@ class Replay:
             )
             self.apps.append(entry)
             self.app_by_name[limit.name] = entry
+        self._overrides(policy)
+
+    def _overrides(self, policy: Policy) -> None:
+        """The policy's overrides, on the limits they name: a user's own rates replace its
+        tier's until the override expires (by the records' time)."""
+        for entry in policy.overrides:
+            app = self.app_by_name.get(entry.limit)
+            limit = next((x for x in policy.limits if x.name == entry.limit), None)
+            if app is None or limit is None or limit.app is None or app.per_ip:
+                continue
+            if entry.user is None:
+                self.notes.append(
+                    f"the override of {entry.limit} for {entry.kind} {entry.value} is not "
+                    "replayed: recorded requests carry no app keys"
+                )
+                continue
+            checks = []
+            for rate in checked_rates(entry.rates):
+                row = Row(
+                    ReplayLayer.APP, entry.limit, OVERRIDE_TIER, rate, enforced=not app.shadow
+                )
+                self.rows.append(row)
+                model = app_model(limit.app.algorithm, rate, limit.app.burst)
+                checks.append(_AppCheck(row, model, False, app.shadow))
+            app.overrides[entry.user] = (round(entry.expires_at * 1_000_000), checks)
 
     # -- feeding --------------------------------------------------------------------------
 
@@ -788,6 +819,8 @@ class Replay:
                 identity = by_ip
             else:
                 identity = by_user
+                if limit.overrides:
+                    rates = _own_rates(limit, user, request.at_us, rates)  # type: ignore[arg-type]
             for check in rates:
                 if limit.count_when is not None:
                     later[len(checks)] = limit.count_when
@@ -898,7 +931,7 @@ class Replay:
         for binding in self.bindings:
             binding.counter.sweep(now_us)
         for app in self.apps:
-            for checks in app.tiers.values():
+            for checks in (*app.tiers.values(), *(own for _, own in app.overrides.values())):
                 for check in checks:
                     check.model.sweep(now_us)
 
@@ -953,3 +986,11 @@ __all__ = [
     "replay",
     "replay_pair",
 ]
+
+
+def _own_rates(limit: _AppLimit, user: str, at: int, rates: list[_AppCheck]) -> list[_AppCheck]:
+    """``rates``, or the checks of ``user``'s override of ``limit`` while it lasts."""
+    own = limit.overrides.get(user)
+    if own is not None and at < own[0]:
+        return own[1]
+    return rates

@@ -80,10 +80,12 @@ from ._model import (
     JwtKey,
     Limit,
     Match,
+    Override,
     Policy,
     Quotas,
     Worker,
     is_keyed,
+    override_expiry,
 )
 from ._net import DEFAULT_IPV6_PREFIX, ip_bucket
 from ._report import (
@@ -158,6 +160,7 @@ __all__ = [
     "Matcher",
     "Mode",
     "OnRedisError",
+    "Override",
     "Period",
     "Policy",
     "PolicyError",
@@ -196,6 +199,7 @@ __all__ = [
     "loads",
     "normalize_host",
     "normalize_path",
+    "override_expiry",
     "period_at",
     "period_bounds",
     "period_us",

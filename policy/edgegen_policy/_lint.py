@@ -13,6 +13,9 @@ L003    warning              a ``${VAR}`` without default is not set in the envi
 L004    error     edge       edge limits are defined but there is no ``cloudflare`` section
 L005    error     app        an app limit's ``per`` names no usable key (not a lower-case
                              identifier, or a built-in key in another case)
+L006    error     app        an override names a limit that has no app part
+L007    error     app        an override names another kind of identity than its limit counts
+L008    error     app        two overrides name one limit and identity
 L101    warning              a higher tier gets less than a lower one
 L102    warning              an edge limit is stricter than the app's lowest tier on its route
 L103    warning              a sliding log whose limit makes memory per identity large
@@ -27,6 +30,8 @@ L111    info                 a limit counts per an app key in the app, per IP at
 L112    info                 app.redis_url is memory://: each process counts alone
 L020    error     app        an app limit's quota_timezone is not in the time zone database
 L120    warning              a calendar quota below a rate whose period fits in the quota's
+L113    warning              an override is looser than the limit's highest tier
+L114    warning              an override has expired
 ======  ========  =========  ====================================================
 
 Checks that know more than the policy are contributed by their owner, as ``checks``
@@ -39,13 +44,14 @@ never imports edgegen.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterable
 
 from ._calendar import SHORTEST_PERIOD_MS, UnknownTimeZoneError, time_zone
 from ._edge import credentialed_rate
 from ._errors import Diagnostic, Layer, Severity
 from ._loader import FieldPath, format_path
-from ._model import AppLimit, CookieKey, EdgeLimit, HeaderKey, JwtKey, Limit, Policy
+from ._model import AppLimit, CookieKey, EdgeLimit, HeaderKey, JwtKey, Limit, Override, Policy
 from ._vocab import Algorithm, AppKey, Duration, KeyName, Rate
 
 # A check contributed by a consumer of the policy (edgegen's placement): it returns its
@@ -146,9 +152,15 @@ class _Linter:
                 self.edge_limit(index, limit)
         self.matchers()
         self.edge_versus_app()
+        self.overrides()
         for contributed in self.checks:
             self.found.extend(contributed(self.policy))
         return sorted(self.found, key=lambda d: (d.line or 0, d.column or 0, d.code))
+
+    def overrides(self) -> None:
+        checker = _Overrides(self, time.time())
+        for index, entry in enumerate(self.policy.overrides):
+            checker.check(index, entry)
 
     def store(self) -> None:
         url = self.policy.app.redis_url
@@ -495,6 +507,94 @@ def _edge_who(edge: EdgeLimit) -> str:
     if isinstance(per, JwtKey):
         return f"JWT claim {per.jwt.claim}"
     return "IP"
+
+
+class _Overrides:
+    """The checks of the file's ``overrides:`` (L006-L008, L113, L114)."""
+
+    def __init__(self, linter: _Linter, now: float) -> None:
+        self.linter = linter
+        self.now = now
+        self.seen: dict[tuple[str, str, str], int] = {}
+
+    def check(self, index: int, entry: Override) -> None:
+        base: FieldPath = ("overrides", index)
+        policy, add = self.linter.policy, self.linter.add
+        found = [limit for limit in policy.limits if limit.name == entry.limit]
+        app = found[0].app if found else None
+        if app is None:
+            known = ", ".join(limit.name for limit in policy.limits if limit.app) or "none"
+            add(
+                "L006",
+                Severity.ERROR,
+                (*base, "limit"),
+                f"override of {entry.limit!r}: no limit of that name has an app part, and "
+                f"only the app applies overrides; use one of: {known}",
+                entry.limit,
+                stops={Layer.APP},
+            )
+            return
+        wanted = (
+            "ip" if app.per is AppKey.IP else ("user" if app.per is AppKey.USER else str(app.per))
+        )
+        if entry.kind != wanted:
+            add(
+                "L007",
+                Severity.ERROR,
+                (*base, "user" if entry.user is not None else "key"),
+                f"limit {entry.limit!r} counts per {wanted}, so its override must name "
+                + (
+                    "a user (user: ID) or an app key; per-IP limits take no override"
+                    if wanted == "ip"
+                    else ("a user: user: ID" if wanted == "user" else f"key: {{{wanted}: VALUE}}")
+                ),
+                entry.limit,
+                stops={Layer.APP},
+            )
+            return
+        identity = (entry.limit, entry.kind, entry.value)
+        if identity in self.seen:
+            add(
+                "L008",
+                Severity.ERROR,
+                base,
+                f"a second override of {entry.limit!r} for {entry.kind} {entry.value!r} (the "
+                f"first is overrides[{self.seen[identity]}]); keep one",
+                entry.limit,
+                stops={Layer.APP},
+            )
+            return
+        self.seen[identity] = index
+        if entry.expires_at <= self.now:
+            add(
+                "L114",
+                Severity.WARNING,
+                (*base, "expires"),
+                f"the override of {entry.limit!r} for {entry.kind} {entry.value!r} expired on "
+                f"{entry.expires}: the tier's rates apply; remove it or extend it",
+                entry.limit,
+            )
+        self.looser(base, entry, app)
+
+    def looser(self, base: FieldPath, entry: Override, app: AppLimit) -> None:
+        tiers = [t for t in self.linter.policy.tiers if app.tiers.get(t)]
+        if not tiers:
+            return
+        top = app.tiers[tiers[-1]]
+        for window in sorted({r.period.ms for r in (*top, *entry.rates)}):
+            if allowance(entry.rates, window) > allowance(top, window):
+                self.linter.add(
+                    "L113",
+                    Severity.WARNING,
+                    (*base, "rates"),
+                    f"the override of {entry.limit!r} for {entry.kind} {entry.value!r} admits "
+                    f"more than the highest tier {tiers[-1]!r} "
+                    f"({_fmt(allowance(entry.rates, window))} vs {_fmt(allowance(top, window))} "
+                    f"per {_window(window)}); check it is the "
+                    "contract's rate",
+                    entry.limit,
+                )
+                return
 
 
 def _fmt(value: float) -> str:

@@ -8,6 +8,7 @@ does not hide the others.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
@@ -58,6 +59,8 @@ _ESCAPE_RE = re.compile(r"%[0-9A-Fa-f]{2}")
 _KEY_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
 MAX_NAME_LENGTH = 64
 MAX_LIMITS = 200
+# The most overrides: the file's are for contracts, each reviewed; many more belong in Redis.
+MAX_OVERRIDES = 1000
 MAX_PATH_CHARS = 1024
 
 
@@ -908,6 +911,12 @@ class App(_Model):
     timeout: Duration = Field(
         default=Duration(50), description="The most one decision may wait for Redis."
     )
+    override_refresh: Duration | None = Field(
+        default=None,
+        description="Read the overrides set at run time (applimit override set) every this "
+        "long, e.g. 5s: the bound within which a change reaches every instance. Default: the "
+        "app reads none (the file's overrides: still apply).",
+    )
 
     @field_validator("redis_url")
     @classmethod
@@ -1046,6 +1055,88 @@ class App(_Model):
             raise ValueError(f"{value} is too long to wait on every request; use at most 10s")
         return value
 
+    @field_validator("override_refresh")
+    @classmethod
+    def _override_refresh(cls, value: Duration | None) -> Duration | None:
+        if value is not None and not 100 <= value.ms <= 300_000:
+            raise ValueError(f"{value} is not from 100ms to 5m; e.g. override_refresh: 5s")
+        return value
+
+
+class Override(_Model):
+    """One identity's own rates for one limit, reviewed with the policy (``overrides:``)."""
+
+    limit: str = Field(min_length=1, description="The limit's name; it must have an app part.")
+    user: str | None = Field(
+        default=None, min_length=1, description="The user id, for a limit that counts per user."
+    )
+    key: dict[str, str] | None = Field(
+        default=None,
+        description="The app key and its value, e.g. {org: acme}, for a per: <key> limit.",
+    )
+    rates: Rates = Field(
+        description="The identity's own rates, e.g. [1000/1m], replacing its tier's."
+    )
+    expires: str = Field(description="When it ends: a date (2027-06-30) or a UTC time.")
+    reason: str = Field(min_length=1, max_length=500, description="Why (a contract, a ticket).")
+
+    @field_validator("expires")
+    @classmethod
+    def _expires(cls, value: str) -> str:
+        override_expiry(value)
+        return value
+
+    @field_validator("user", "reason")
+    @classmethod
+    def _printable(cls, value: str | None) -> str | None:
+        if value is not None and any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value):
+            raise ValueError("contains a control character (newline, tab, ...); remove it")
+        return value
+
+    @model_validator(mode="after")
+    def _one_identity(self) -> Override:
+        if (self.user is None) == (self.key is None):
+            raise ValueError("name exactly one identity: user: ID, or key: {NAME: VALUE}")
+        if self.key is not None and (len(self.key) != 1 or not all(self.key.values())):
+            raise ValueError("key names one app key and its value, e.g. key: {org: acme}")
+        if self.key is not None and not all(
+            t.isprintable() for t in (*self.key, *self.key.values())
+        ):
+            raise ValueError("key contains a control character (newline, tab, ...); remove it")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """``user``, or the app key's name."""
+        return "user" if self.key is None else next(iter(self.key))
+
+    @property
+    def value(self) -> str:
+        """The user id, or the app key's value."""
+        return self.user if self.user is not None else next(iter((self.key or {}).values()))
+
+    @property
+    def expires_at(self) -> float:
+        """``expires`` as Unix seconds (a date ends at its midnight, UTC)."""
+        return override_expiry(self.expires)
+
+
+def override_expiry(text: str) -> float:
+    """An override's ``expires`` as Unix seconds: a date (its end is the next midnight,
+    UTC) or an ISO time (UTC unless it says otherwise); ValueError says how to write it."""
+    try:
+        if len(text) == 10:
+            day = dt.date.fromisoformat(text) + dt.timedelta(days=1)
+            return dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC).timestamp()
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not a date or time; write it like 2027-06-30 or 2027-06-30T12:00:00Z"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment.timestamp()
+
 
 class Policy(_Model):
     """A whole policy file: one source for the edge rules, the Worker and the app limiter."""
@@ -1059,6 +1150,12 @@ class Policy(_Model):
     clients: Clients = Field(default_factory=Clients)
     app: App = Field(default_factory=App)
     limits: tuple[Limit, ...] = Field(default=(), max_length=MAX_LIMITS)
+    overrides: tuple[Override, ...] = Field(
+        default=(),
+        max_length=MAX_OVERRIDES,
+        description="Identities with rates of their own for one limit (contract rates), "
+        "reviewed with the policy.",
+    )
 
     # Where each value came from in the file; set by the loader, used by lint for locations.
     _source: Any = PrivateAttr(default=None)

@@ -39,6 +39,7 @@ def test_public_surface_is_pinned() -> None:
     assert sorted(applimit.__all__) == [
         "ApplimitError",
         "AsyncLimiter",
+        "AsyncOverrides",
         "BreakerState",
         "Caller",
         "ConfigurationError",
@@ -51,6 +52,9 @@ def test_public_surface_is_pinned() -> None:
         "Limiter",
         "Observer",
         "Outcome",
+        "Override",
+        "OverrideChange",
+        "Overrides",
         "OvershootObserver",
         "RateLimited",
         "Refusal",

@@ -37,6 +37,12 @@ EXPECTED = {
     "match_changed": {"match"},
     "middleware_toggled": {"middleware"},
     "no_changes": set(),
+    "overrides_changed": {
+        "override_added",
+        "override_changed",
+        "override_removed",
+        "override_refresh",
+    },
     "plan_changed": {"plan", "target_moved"},
     "shadow_toggled": {"shadow"},
     "target_moved": {"edge_target_setting", "target_moved"},

@@ -489,6 +489,7 @@ def test_json_schema_describes_every_section() -> None:
         "clients",
         "app",
         "limits",
+        "overrides",
     }
     assert schema["additionalProperties"] is False
     json.dumps(schema)

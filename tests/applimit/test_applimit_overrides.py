@@ -1,0 +1,666 @@
+"""Per-identity overrides (applimit/_overrides.py, _override_store.py): set at run time on
+one instance, they change the decisions of the others within ``app.override_refresh``;
+removing one restores the tier; the audit stream lists both. On a real redis-server (two
+processes), a real Redis Cluster, and ``memory://``; sync and async; the CLI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from harness import RedisCluster, RedisServer
+
+from applimit import AsyncLimiter, InvalidArgumentError, Limiter, UnknownLimitError
+from applimit._cli import main
+from applimit._errors import ConfigurationError
+from applimit._override_store import keys as override_keys
+
+ROOT = Path(__file__).resolve().parents[2]
+
+POLICY = """
+version: 1
+tiers: [free, pro]
+app: {{redis_url: "{url}", key_prefix: ov, timeout: 2s, override_refresh: {refresh}}}
+limits:
+  - name: api
+    app:
+      tiers: {{free: [3/1m], pro: [10/1m]}}
+  - name: search
+    app:
+      per: org
+      algorithm: gcra
+      tiers: {{free: [2/1m], pro: [5/1m]}}
+  - name: login
+    app:
+      per: ip
+      tiers: {{free: [5/1m], pro: [5/1m]}}
+  - name: edge_only
+    edge: {{rate: 100/1m}}
+cloudflare: {{plan: enterprise}}
+"""
+
+
+def write(tmp_path: Path, url: str, refresh: str = "200ms", extra: str = "") -> Path:
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY.format(url=url, refresh=refresh) + extra)
+    return path
+
+
+def allowed(limiter: Limiter, user: str, count: int, **options: Any) -> int:
+    """How many of ``count`` hits of ``api`` are admitted."""
+    return sum(limiter.hit("api", user, **options).allowed for _ in range(count))
+
+
+def until(check: Any, seconds: float = 10.0) -> float:
+    """Poll ``check`` until true, against a deadline; the seconds it took."""
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < seconds, "not seen before the deadline"
+        time.sleep(0.01)
+    return time.monotonic() - start
+
+
+# --- memory:// -----------------------------------------------------------------------------
+
+
+def test_memory_instances_see_a_change_at_once(tmp_path: Path) -> None:
+    """On memory:// a change made through one limiter reaches the others on the store at
+    once: the override's rates decide (tier shown as 'override'), the removal restores
+    the tier, and the audit trail lists both, newest first."""
+    path = write(tmp_path, "memory://overrides-a")
+    one, two = Limiter.from_policy(path), Limiter.from_policy(path)
+    one.overrides.set("api", "alice", rates=["5/1m"], reason="contract 17", by="ops", ttl=3600)
+    decision = two.hit("api", "alice")
+    assert decision.results[0].tier == "override" and decision.results[0].quota == 5
+    assert allowed(two, "alice", 10) == 4
+    assert allowed(two, "bob", 10) == 3  # others keep their tier
+    assert two.overrides.remove("api", "alice", by="ops", reason="contract ended")
+    assert two.hit("api", "alice").results[0].tier == "free"
+    log = one.overrides.log()
+    assert [(c.op, c.by, c.reason) for c in log] == [
+        ("remove", "ops", "contract ended"),
+        ("set", "ops", "contract 17"),
+    ]
+    assert log[1].override is not None and log[1].override.rates == ("5/1m",)
+    assert not one.overrides.remove("api", "alice", by="ops", reason="again")
+    assert len(one.overrides.log()) == 2
+
+
+def test_override_is_per_limit_and_identity_kind(tmp_path: Path) -> None:
+    """A per-org limit's override names the org; a user of the same name is not touched,
+    and an identity spelt to look like another's key (braces, colons) gets nothing."""
+    limiter = Limiter.from_policy(write(tmp_path, "memory://overrides-b"))
+    limiter.overrides.set("search", "acme", rates=["4/1m"], reason="r", by="ops", ttl=60)
+    org = {"org": "acme"}
+    assert sum(limiter.hit("search", "u", keys=org).allowed for _ in range(6)) == 4
+    assert sum(limiter.hit("search", "u", keys={"org": "acme}"}).allowed for _ in range(6)) == 2
+    limiter.overrides.set("api", "a}:{u=b", rates=["1/1m"], reason="r", by="ops", ttl=60)
+    assert allowed(limiter, "b", 5) == 3
+    assert allowed(limiter, "a}:{u=b", 5) == 1
+
+
+def test_checks_of_a_runtime_override(tmp_path: Path) -> None:
+    """Every argument is checked, with the package's errors: nothing is stored."""
+    limiter = Limiter.from_policy(write(tmp_path, "memory://overrides-c"))
+    sets = limiter.overrides.set
+    with pytest.raises(UnknownLimitError):
+        sets("nope", "a", rates=["1/1m"], reason="r", by="o", ttl=60)
+    with pytest.raises(UnknownLimitError, match="no app part"):
+        sets("edge_only", "a", rates=["1/1m"], reason="r", by="o", ttl=60)
+    with pytest.raises(InvalidArgumentError, match="client IP"):
+        sets("login", "a", rates=["1/1m"], reason="r", by="o", ttl=60)
+    with pytest.raises(InvalidArgumentError, match="rates"):
+        sets("api", "a", rates=["lots"], reason="r", by="o", ttl=60)
+    with pytest.raises(InvalidArgumentError, match="rates"):
+        sets("api", "a", rates="1/1m", reason="r", by="o", ttl=60)
+    with pytest.raises(InvalidArgumentError, match="expires"):
+        sets("api", "a", rates=["1/1m"], reason="r", by="o", ttl=-1)
+    with pytest.raises(InvalidArgumentError, match="expires"):
+        sets("api", "a", rates=["1/1m"], reason="r", by="o", ttl=500 * 86400)
+    with pytest.raises(InvalidArgumentError, match="reason"):
+        sets("api", "a", rates=["1/1m"], reason="a\nb", by="o", ttl=60)
+    with pytest.raises(InvalidArgumentError, match="by"):
+        sets("api", "a", rates=["1/1m"], reason="r", by="\x9b31m", ttl=60)
+    with pytest.raises(InvalidArgumentError, match="reason"):
+        limiter.overrides.remove("api", "a", by="o", reason="\x1b[2J")
+    with pytest.raises(InvalidArgumentError, match="value"):
+        sets("api", "", rates=["1/1m"], reason="r", by="o", ttl=60)
+    assert limiter.overrides.stored() == [] and limiter.overrides.log() == []
+
+
+def test_a_policy_without_override_refresh_refuses_runtime_overrides(tmp_path: Path) -> None:
+    """Without app.override_refresh the app would never read an override: setting one says
+    so instead of storing something that changes nothing."""
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        POLICY.format(url="memory://overrides-d", refresh="1s").replace(
+            ", override_refresh: 1s", ""
+        )
+    )
+    limiter = Limiter.from_policy(path)
+    assert limiter.override_feed is None
+    with pytest.raises(ConfigurationError, match="override_refresh"):
+        limiter.overrides.set("api", "a", rates=["1/1m"], reason="r", by="o", ttl=60)
+
+
+def test_an_override_ends_when_it_expires(tmp_path: Path) -> None:
+    """An expired override stops applying without any change being made or asked for: the
+    feed applies the overrides again at its first read after the expiry."""
+    limiter = Limiter.from_policy(write(tmp_path, "memory://overrides-e"))
+    limiter.overrides.set("api", "alice", rates=["9/1m"], reason="r", by="o", ttl=0.3)
+    assert limiter.peek("api", "alice").results[0].tier == "override"
+
+    until(lambda: limiter.peek("api", "alice").results[0].tier == "free")
+    assert limiter.overrides.in_force() == []
+
+
+def test_denial_cache_does_not_outlive_a_change(tmp_path: Path) -> None:
+    """A denial cached under the tier is not answered once an override gives room."""
+    limiter = Limiter.from_policy(write(tmp_path, "memory://overrides-f"))
+    assert allowed(limiter, "carol", 5) == 3
+    limiter.overrides.set("api", "carol", rates=["6/1m"], reason="r", by="o", ttl=60)
+    assert allowed(limiter, "carol", 5) == 3
+
+
+# --- the policy file's overrides -------------------------------------------------------------
+
+
+FILE_OVERRIDES = """
+overrides:
+  - limit: api
+    user: dave
+    rates: [7/1m]
+    expires: "2999-01-01"
+    reason: contract 9
+  - limit: search
+    key: {org: initech}
+    rates: [3/1m]
+    expires: "2999-01-01T00:00:00Z"
+    reason: contract 10
+"""
+
+
+def test_file_overrides_apply_and_runtime_wins(tmp_path: Path) -> None:
+    """The policy's overrides decide for the identities they name; a run-time override
+    of the same identity wins while it lasts."""
+    path = write(tmp_path, "memory://overrides-g", extra=FILE_OVERRIDES)
+    limiter = Limiter.from_policy(path)
+    assert allowed(limiter, "dave", 10) == 7
+    org = {"org": "initech"}
+    assert sum(limiter.hit("search", None, keys=org, ip="192.0.2.1").allowed for _ in range(5)) == 3
+    limiter.overrides.set("api", "dave", rates=["9/1m"], reason="r", by="o", ttl=60)
+    assert limiter.peek("api", "dave").results[0].quota == 9
+    assert {o.source for o in limiter.overrides.in_force()} == {"file", "runtime"}
+
+
+# --- a real redis-server: two processes ------------------------------------------------------
+
+WATCHER = """
+import json, sys, time
+from applimit import Limiter
+limiter = Limiter.from_policy(sys.argv[1])
+seen = None
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    result = limiter.peek("api", "alice").results[0]
+    now = (result.tier, result.quota)
+    if now != seen:
+        seen = now
+        print(json.dumps(now), flush=True)
+"""
+
+
+def test_another_process_sees_set_and_remove_within_the_bound(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """A second process (its own limiter, override_refresh 200ms) decides with an override
+    set here within the bound, and with its tier again once it is removed; both changes
+    are in the audit stream."""
+    path = write(tmp_path, redis_server.url)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", WATCHER, str(path)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert watcher.stdout is not None
+        assert json.loads(watcher.stdout.readline()) == ["free", 3]
+        limiter = Limiter.from_policy(path)
+        started = time.monotonic()
+        limiter.overrides.set("api", "alice", rates=["8/1m"], reason="deal", by="ops", ttl=600)
+        assert json.loads(watcher.stdout.readline()) == ["override", 8]
+        # The bound is the refresh interval; the rest is a loaded machine's scheduling.
+        assert time.monotonic() - started < 0.2 + 2.0
+        limiter.overrides.remove("api", "alice", by="ops", reason="deal over")
+        assert json.loads(watcher.stdout.readline()) == ["free", 3]
+        limiter.close()
+    finally:
+        watcher.kill()
+        watcher.wait()
+        if watcher.stdout is not None:
+            watcher.stdout.close()
+    log = redis_client.xrevrange(override_keys("ov")[2])
+    assert [fields[b"op"] for _, fields in log] == [b"remove", b"set"]
+    assert log[0][1][b"reason"] == b"deal over" and log[1][1][b"by"] == b"ops"
+    # The hash expires with its last override; the version never does.
+    assert redis_client.pttl(override_keys("ov")[1]) == -1
+
+
+def test_redis_hash_expires_with_its_last_override(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """The hash of overrides carries the expiry of its last override, in Redis itself."""
+    limiter = Limiter.from_policy(write(tmp_path, redis_server.url))
+    limiter.overrides.set("api", "a", rates=["8/1m"], reason="r", by="o", ttl=100)
+    limiter.overrides.set("api", "b", rates=["8/1m"], reason="r", by="o", ttl=1000)
+    assert 999_000 < redis_client.pttl(override_keys("ov")[0]) <= 1_002_000
+    assert [o.value for o in limiter.overrides.stored()] == ["a", "b"]
+    limiter.close()
+
+
+async def test_async_limiter_sets_and_reads(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """The async limiter sets, decides with, and removes an override, as the sync one."""
+    path = write(tmp_path, redis_server.url)
+    limiter = AsyncLimiter.from_policy(path)
+    other = Limiter.from_policy(path)
+    await limiter.overrides.set("api", "erin", rates=["2/1m"], reason="r", by="o", ttl=60)
+    assert sum([(await limiter.hit("api", "erin")).allowed for _ in range(4)]) == 2
+    until(lambda: other.peek("api", "erin").results[0].tier == "override")
+    assert await limiter.overrides.remove("api", "erin", by="o", reason="done")
+    assert (await limiter.peek("api", "erin")).results[0].tier == "free"
+    assert [c.op for c in await limiter.overrides.log()] == ["remove", "set"]
+    await limiter.aclose()
+    other.close()
+
+
+def test_cluster(tmp_path: Path, redis_cluster: RedisCluster, cluster_client: Any) -> None:
+    """On Redis Cluster the three keys share a slot; one instance's change reaches another."""
+    path = write(tmp_path, redis_cluster.url)
+    one = Limiter.from_policy(path, cluster=True)
+    two = Limiter.from_policy(path, cluster=True)
+    one.overrides.set("search", "acme", rates=["4/1m"], reason="r", by="o", ttl=60)
+    org = {"org": "acme"}
+    until(lambda: two.peek("search", "x", keys=org).results[0].tier == "override")
+    assert sum(two.hit("search", "x", keys=org).allowed for _ in range(6)) == 4
+    one.overrides.remove("search", "acme", by="o", reason="done")
+    until(lambda: two.peek("search", "x", keys=org).results[0].tier == "free")
+    assert [c.op for c in two.overrides.log()] == ["remove", "set"]
+    one.close()
+    two.close()
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+def run(*argv: str, stdin: str = "") -> tuple[int, str, str]:
+    """``applimit`` in-process: exit code, stdout, stderr (argparse's own errors too)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main(list(argv), stdin=io.StringIO(stdin), stdout=out, stderr=err)
+        except SystemExit as stop:
+            code = int(stop.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_cli_set_list_remove_log(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """`applimit override` sets, lists (JSON), removes (only with --yes from a script)
+    and shows the log; a running limiter decides with what it set."""
+    path = str(write(tmp_path, redis_server.url))
+    limiter = Limiter.from_policy(path)
+    code, out, err = run(
+        "override", "set", path, "--limit", "search", "--keys", "org=acme",
+        "--rate", "6/1m", "--ttl", "30d", "--reason", "contract 4", "--by", "ann",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "search" in out and "6/1m" in out
+    code, out, _ = run("override", "list", path, "--format", "json")
+    listed = json.loads(out)["overrides"]
+    assert [(o["limit"], o["kind"], o["value"], o["rates"]) for o in listed] == [
+        ("search", "org", "acme", ["6/1m"])
+    ]
+    until(lambda: limiter.peek("search", None, keys={"org": "acme"}).results[0].quota == 6)
+    remove = ("override", "remove", path, "--limit", "search", "--keys", "org=acme")
+    code, _, err = run(*remove, "--reason", "ended")
+    assert code == 1 and "--yes" in err
+    code, out, err = run(*remove, "--reason", "ended", "--yes", "--by", "bo")
+    assert code == 0, err
+    code, out, _ = run("override", "log", path, "--format", "json")
+    changes = json.loads(out)["changes"]
+    assert [(c["op"], c["by"], c["reason"]) for c in changes] == [
+        ("remove", "bo", "ended"),
+        ("set", "ann", "contract 4"),
+    ]
+    code, out, _ = run("override", "log", path)
+    assert "remove limit 'search' for org 'acme' by bo: ended" in out
+    limiter.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--limit", "api", "--rate", "1/1m", "--ttl", "1d"), "--reason"),
+        (("--limit", "api", "--user", "a", "--rate", "1/1m", "--reason", "r"), "--ttl"),
+        (("--limit", "api", "--keys", "org=x", "--rate", "1/1m", "--ttl", "1d", "--reason", "r"),
+         "--user"),
+        (("--limit", "login", "--user", "a", "--rate", "1/1m", "--ttl", "1d", "--reason", "r"),
+         "client IP"),
+        (("--limit", "nope", "--user", "a", "--rate", "1/1m", "--ttl", "1d", "--reason", "r"),
+         "nope"),
+        (("--limit", "api", "--user", "a", "--rate", "x", "--ttl", "1d", "--reason", "r"), "rate"),
+        (("--limit", "api", "--user", "a", "--rate", "1/1m", "--ttl", "9", "--reason", "r"), "ttl"),
+    ],
+)  # fmt: skip
+def test_cli_refuses_bad_input(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis, argv: Any, message: str
+) -> None:
+    """A wrong command line exits 2 with one line naming the fix, and stores nothing."""
+    path = str(write(tmp_path, redis_server.url))
+    code, _, err = run("override", "set", path, *argv)
+    assert code == 2, err
+    assert message in err and "Traceback" not in err
+    assert redis_client.exists(override_keys("ov")[0]) == 0
+
+
+# --- approximate mode, observers, headers ----------------------------------------------------
+
+APPROXIMATE = """
+version: 1
+tiers: [free, pro]
+app: {redis_url: "memory://overrides-h", override_refresh: 1s}
+limits:
+  - name: api
+    match: {path_prefix: /api/}
+    app:
+      mode: approximate
+      sync_every: 1
+      tiers: {free: [3/1m], pro: [5/1m]}
+"""
+
+
+class Events:
+    """An observer keeping (limit, tier, outcome) of every decision."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+
+    def on_decision(self, event: Any) -> None:
+        self.seen.append((event.limit, event.tier, str(event.outcome)))
+
+
+def test_approximate_mode_and_observers_see_the_override(tmp_path: Path) -> None:
+    """An approximate limit counts the override's rates locally and in its syncs; the
+    observers hear of decisions under the tier name 'override'."""
+    path = tmp_path / "p.yaml"
+    path.write_text(APPROXIMATE)
+    events = Events()
+    limiter = Limiter.from_policy(path, observers=[events])
+    assert allowed(limiter, "alice", 6) == 3
+    limiter.overrides.set("api", "alice", rates=["8/1m"], reason="r", by="o", ttl=60)
+    # The minute's three count against the override too: its key is the tier's (1m).
+    assert allowed(limiter, "alice", 10) == 5
+    assert {tier for _, tier, _ in events.seen} == {"free", "override"}
+
+
+def test_headers_show_the_override_rates(tmp_path: Path) -> None:
+    """The middleware's RateLimit-Policy names the rate that applied: the override's."""
+    from applimit import Caller
+    from applimit.wsgi import RateLimitMiddleware
+
+    path = tmp_path / "p.yaml"
+    path.write_text(APPROXIMATE.replace("overrides-h", "overrides-i"))
+    limiter = Limiter.from_policy(path)
+    limiter.overrides.set("api", "zed", rates=["40/1h"], reason="r", by="o", ttl=60)
+
+    def app(environ: Any, start_response: Any) -> list[bytes]:
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    def identify(request: Any) -> Caller:
+        return Caller(request.header("x-user") or "")
+
+    wrapped = RateLimitMiddleware(app, limiter=limiter, identify=identify)
+    headers: dict[str, str] = {}
+
+    def start(status: str, got: list[tuple[str, str]], exc_info: Any = None) -> None:
+        headers.update(got)
+
+    for user in ("zed", "amy"):
+        environ = {
+            "REQUEST_METHOD": "GET", "PATH_INFO": "/api/x", "SERVER_NAME": "h",
+            "SERVER_PORT": "80", "REMOTE_ADDR": "192.0.2.9", "HTTP_X_USER": user,
+            "wsgi.url_scheme": "http",
+        }  # fmt: skip
+        headers.clear()
+        b"".join(wrapped(environ, start))
+        quota = "40" if user == "zed" else "3"
+        window = "3600" if user == "zed" else "60"
+        assert f'"api";q={quota};w={window}' in headers["RateLimit-Policy"], headers
+
+
+def test_usage_and_reset_of_an_overridden_identity(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """`applimit usage` shows an overridden identity's own rates (however many), and
+    `reset` clears the keys of the override's periods too."""
+    path = str(write(tmp_path, redis_server.url))
+    limiter = Limiter.from_policy(path)
+    limiter.overrides.set("api", "olga", rates=["8/1m", "20/1h"], reason="r", by="o", ttl=60)
+    assert allowed(limiter, "olga", 2) == 2
+    code, out, err = run("usage", path, "--user", "olga", "--tier", "free", "--format", "json")
+    assert code == 0, err
+    [api] = [limit for limit in json.loads(out)["limits"] if limit["name"] == "api"]
+    rates = api["tiers"][0]["rates"]
+    assert [(r["rate"], r["used"], r["tier"]) for r in rates] == [
+        ("8/1m", 2, "override"),
+        ("20/1h", 2, "override"),
+    ]
+    code, out, _ = run("usage", path, "--user", "olga", "--tier", "free")
+    assert "(override)" in out
+    assert limiter.reset("api", "olga")
+    assert redis_client.keys("ov:api:*") == []
+    limiter.close()
+
+
+def _forked_child(limiter: Limiter, conn: Any) -> None:
+    """In the forked child: wait for the override the parent sets, report how long."""
+    import threading
+
+    conn.send(any(t.name == "applimit-overrides" for t in threading.enumerate()))
+    conn.recv()
+    started = time.monotonic()
+    deadline = started + 20
+    while limiter.peek("api", "fay").results[0].tier != "override":
+        if time.monotonic() > deadline:
+            conn.send(None)
+            return
+        time.sleep(0.01)
+    conn.send(time.monotonic() - started)
+
+
+def test_a_forked_worker_keeps_reading(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """A limiter built before a pre-forking server forks its workers: each worker reads the
+    overrides in a thread of its own (threads do not survive fork)."""
+    import multiprocessing
+
+    path = write(tmp_path, redis_server.url)
+    limiter = Limiter.from_policy(path)
+    context = multiprocessing.get_context("fork")
+    ours, theirs = context.Pipe()
+    child = context.Process(target=_forked_child, args=(limiter, theirs))
+    child.start()
+    try:
+        assert ours.poll(20) and ours.recv() is True
+        other = Limiter.from_policy(path)
+        other.overrides.set("api", "fay", rates=["7/1m"], reason="r", by="o", ttl=60)
+        ours.send("set")
+        assert ours.poll(30)
+        took = ours.recv()
+        assert took is not None and took < 0.2 + 5.0
+        other.close()
+    finally:
+        child.join(30)
+        ours.close()
+        theirs.close()
+    limiter.close()
+
+
+COUNT_WHEN = """
+version: 1
+tiers: [free]
+app: {redis_url: "memory://overrides-j", override_refresh: 1s}
+limits:
+  - name: logins
+    count_when: {status: [401]}
+    app:
+      tiers: {free: [2/1m]}
+"""
+
+
+def test_count_when_counts_responses_against_the_override(tmp_path: Path) -> None:
+    """A count_when limit checks and records against the identity's own rates."""
+    path = tmp_path / "p.yaml"
+    path.write_text(COUNT_WHEN)
+    limiter = Limiter.from_policy(path)
+    limiter.overrides.set("logins", "gus", rates=["4/1m"], reason="r", by="o", ttl=60)
+    for _ in range(4):
+        assert limiter.hit("logins", "gus").allowed
+        recorded = limiter.record("logins", "gus", 401)
+        assert recorded.results[0].tier == "override"
+    assert not limiter.hit("logins", "gus").allowed
+    assert limiter.hit("logins", "hal").results[0].quota == 2
+
+
+def test_a_plan_made_while_the_overrides_change_is_not_remembered(tmp_path: Path) -> None:
+    """A change that lands while a caller's plan is being made (the feed runs in its own
+    thread) leaves no plan of the old overrides behind: the next decision has the new."""
+    from applimit import _overrides
+
+    limiter = Limiter.from_policy(write(tmp_path, "memory://overrides-k"))
+    core = limiter.core
+    now = time.time()
+    changed = _overrides.table(
+        limiter.compiled,
+        [_overrides.Override("api", "user", "ivy", ("6/1m",), now + 60, "r", "o", now)],
+        now,
+    )
+    planning = core._plan_user
+
+    def change_midway(*args: Any) -> Any:
+        plan = planning(*args)
+        core.use_overrides(changed)
+        return plan
+
+    core._plan_user = change_midway  # type: ignore[method-assign]
+    try:
+        assert limiter.peek("api", "ivy").results[0].tier == "free"
+    finally:
+        del core._plan_user
+    assert limiter.peek("api", "ivy").results[0].tier == "override"
+
+
+@pytest.mark.parametrize("kind", ["server", "cluster"])
+async def test_async_limiter_given_a_client(
+    tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    """An AsyncLimiter given an asyncio client reads and writes the overrides with a
+    blocking client of the same address (one server, or a cluster)."""
+    import redis.asyncio
+    import redis.asyncio.cluster
+
+    client: Any
+    if kind == "server":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        request.getfixturevalue("redis_client")
+        client = redis.asyncio.Redis.from_url(server.url)
+    else:
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        request.getfixturevalue("cluster_client")
+        client = redis.asyncio.cluster.RedisCluster.from_url(cluster.url)
+    path = write(tmp_path, "redis://unused:6379/0")
+    limiter = AsyncLimiter.from_policy(path, redis=client)
+    await limiter.overrides.set("api", "jan", rates=["4/1m"], reason="r", by="o", ttl=60)
+    assert (await limiter.peek("api", "jan")).results[0].quota == 4
+    assert [o.value for o in await limiter.overrides.stored()] == ["jan"]
+    await limiter.aclose()
+    await client.aclose()
+
+
+MIDDLEWARE = """
+version: 1
+tiers: [free, pro]
+app: {redis_url: "memory://overrides-l", override_refresh: 1s}
+limits:
+  - name: api
+    match: {path_prefix: /api/}
+    app:
+      tiers: {free: [3/1m], pro: [10/1m]}
+  - name: org
+    match: {path_prefix: /api/}
+    app:
+      per: org
+      tiers: {free: [30/1m], pro: [100/1m]}
+"""
+
+
+def test_every_way_of_planning_sees_an_override_set_after_use(tmp_path: Path) -> None:
+    """A limit used before its first override (its shape and plans remembered): hit(),
+    check_request() with and without keys, and record paths all decide with the override
+    once it is set, for its identity only, and with the tier again once it is removed."""
+    path = tmp_path / "p.yaml"
+    path.write_text(MIDDLEWARE)
+    limiter = Limiter.from_policy(path)
+    keys = {"org": "acme"}
+    for who in ("kim", "lee"):
+        limiter.peek("api", who)
+        limiter.check_request("GET", "/api/x", who, ip="192.0.2.1")
+        limiter.check_request("GET", "/api/x", who, ip="192.0.2.1", keys=keys)
+    limiter.overrides.set("api", "kim", rates=["9/1m"], reason="r", by="o", ttl=60)
+    limiter.overrides.set("org", "acme", rates=["90/1m"], reason="r", by="o", ttl=60)
+
+    def tiers(who: str, **options: Any) -> list[str]:
+        plain = limiter.check_request("GET", "/api/x", who, ip="192.0.2.1", **options)
+        return [limiter.peek("api", who).results[0].tier, *(r.tier for r in plain.results)]
+
+    # Without keys the org limit counts the caller by address: the tier applies.
+    assert tiers("kim") == ["override", "override", "free"]
+    assert tiers("kim", keys=keys) == ["override", "override", "override"]
+    assert tiers("lee") == ["free", "free", "free"]
+    assert tiers("lee", keys=keys) == ["free", "free", "override"]
+    assert tiers("lee", keys={"org": "other"}) == ["free", "free", "free"]
+    limiter.overrides.remove("api", "kim", by="o", reason="r")
+    assert tiers("kim", keys=keys) == ["free", "free", "override"]
+
+
+def test_cli_set_refuses_when_the_app_reads_no_overrides(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """Without app.override_refresh the command says the app would never read it (exit 1),
+    and stores nothing; listing still works."""
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        POLICY.format(url=redis_server.url, refresh="1s").replace(", override_refresh: 1s", "")
+    )
+    code, _, err = run(
+        "override", "set", str(path), "--limit", "api", "--user", "a", "--rate", "1/1m",
+        "--ttl", "1d", "--reason", "r",
+    )  # fmt: skip
+    assert code == 1 and "override_refresh" in err
+    assert redis_client.exists(override_keys("ov")[0]) == 0
+    code, out, _ = run("override", "list", str(path))
+    assert code == 0 and "no overrides" in out

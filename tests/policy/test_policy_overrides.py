@@ -1,0 +1,119 @@
+"""The policy's ``overrides:`` (contract rates reviewed with the policy): what loads, what
+is refused with its place in the file, and lint's L006-L008, L113 and L114."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import edgegen_policy as policy
+import pytest
+
+HEAD = """version: 1
+tiers: [free, pro]
+limits:
+  - name: api
+    app:
+      tiers: {free: [10/1m], pro: [100/1m, 2000/1h]}
+  - name: search
+    app:
+      per: org
+      tiers: {free: [5/1m], pro: [50/1m]}
+  - name: login
+    app:
+      per: ip
+      tiers: {free: [5/1m], pro: [5/1m]}
+  - name: edge
+    edge: {rate: 100/1m}
+cloudflare: {plan: enterprise}
+overrides:
+"""
+
+
+def load(tmp_path: Path, body: str) -> policy.Policy:
+    path = tmp_path / "policy.yaml"
+    path.write_text(HEAD + body, encoding="utf-8")
+    return policy.load(path)
+
+
+def findings(tmp_path: Path, body: str) -> list[tuple[str, int | None]]:
+    """(code, line) of every override finding."""
+    found = policy.lint(load(tmp_path, body))
+    return [(d.code, d.line) for d in found if d.code in {"L006", "L007", "L008", "L113", "L114"}]
+
+
+OK = """  - limit: api
+    user: alice
+    rates: [50/1m, 1000/1h]
+    expires: "2999-12-31"
+    reason: contract 12
+"""
+
+
+def test_an_override_within_the_tiers_loads_without_findings(tmp_path: Path) -> None:
+    """A user's override no looser than the highest tier: loaded, nothing to say."""
+    loaded = load(tmp_path, OK)
+    [entry] = loaded.overrides
+    assert (entry.kind, entry.value, [str(r) for r in entry.rates]) == (
+        "user",
+        "alice",
+        ["50/1m", "1000/1h"],
+    )
+    # A date's override lasts through that day (UTC).
+    assert entry.expires_at == dt.datetime(3000, 1, 1, tzinfo=dt.UTC).timestamp()
+    assert findings(tmp_path, OK) == []
+    assert policy.check(loaded).ok
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "line"),
+    [
+        (OK.replace("limit: api", "limit: nope"), "L006", 19),
+        (OK.replace("limit: api", "limit: edge"), "L006", 19),
+        (OK.replace("limit: api", "limit: login"), "L007", 20),
+        (OK.replace("limit: api", "limit: search"), "L007", 20),
+        (OK + OK, "L008", 24),
+        (OK.replace("50/1m", "101/1m"), "L113", 21),
+        # Looser over an hour than the pro tier's 2000/1h, though not per minute: an
+        # override replaces every rate of the tier, so a rate it leaves out is gone.
+        (OK.replace("50/1m, 1000/1h", "100/1m"), "L113", 21),
+        (OK.replace("2999-12-31", "2001-01-01"), "L114", 22),
+    ],
+)
+def test_lint_findings_name_their_line(tmp_path: Path, body: str, code: str, line: int) -> None:
+    """Each finding about an override points at the line at fault."""
+    assert (code, line) in findings(tmp_path, body)
+
+
+def test_an_error_stops_the_app(tmp_path: Path) -> None:
+    """An override the app could not apply stops the app layer (the validity gate)."""
+    loaded = load(tmp_path, OK.replace("limit: api", "limit: login"))
+    assert [d.code for d in policy.check(loaded).stopping(policy.Layer.APP)] == ["L007"]
+
+
+def test_a_per_key_override_names_its_key(tmp_path: Path) -> None:
+    """``key: {org: acme}`` names an app key's value for a per: org limit."""
+    body = OK.replace("limit: api", "limit: search").replace("user: alice", "key: {org: acme}")
+    assert findings(tmp_path, body) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (OK.replace("    user: alice\n", ""), "exactly one identity"),
+        (OK.replace("user: alice", "user: alice\n    key: {org: a}"), "exactly one identity"),
+        (OK.replace("user: alice", "key: {org: a, team: b}"), "one app key"),
+        (OK.replace("user: alice", 'key: {org: "a\\u001b[2J"}'), "control character"),
+        (OK.replace('"2999-12-31"', "next week"), "not a date"),
+        (OK.replace("    reason: contract 12\n", ""), "reason"),
+        (OK.replace("reason: contract 12", 'reason: "a\\nb"'), "control character"),
+        (OK.replace("rates: [50/1m, 1000/1h]", "rates: [fast]"), "rate"),
+    ],
+)
+def test_bad_overrides_are_located_load_errors(tmp_path: Path, body: str, message: str) -> None:
+    """What cannot be an override is a load error at its place, saying how to write it."""
+    with pytest.raises(policy.PolicyLoadError) as raised:
+        load(tmp_path, body)
+    [diagnostic] = raised.value.diagnostics
+    assert message in diagnostic.message
+    assert diagnostic.line is not None and diagnostic.line >= 17
