@@ -136,8 +136,12 @@ ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "examples" / "policy.yaml"
 # A parent that opens the background reader, says its child's process id and waits to be
 # killed, reading nothing more: the child fills the pipe, or waits on a named pipe.
+# The parent takes HUP's default action even when the test run inherited it ignored (a
+# run under nohup): the test is about a parent that dies of the signal.
 PARENT = """
+import signal
 import sys
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 sys.path.insert(0, sys.argv[1])
 from edgegen.traffic._options import TrafficOptions
 from edgegen.traffic._pipe import BackgroundTraffic
