@@ -303,14 +303,20 @@ class Core:
         """The checks of ``rule``, a limit with overrides: the identity's override where it
         has one (and the tier gives the limit rates), else the tier's."""
         own = self._overridden(rule, tag) if rule.tiers.get(tier) else None
-        if own is not None:
-            return [
-                Check(rule, OVERRIDE_TIER, b.rate, b.key_head + tag + b.key_tail, cost, b)
-                for b in own
-            ]
         shape = self._own_shapes.get((rule.name, tier)) or self._shape(
             (rule.name, tier), rule, tier
         )
+        if own is not None:
+            # The override replaces the rates; the tier's calendar quotas and concurrency
+            # limit stay.
+            return [
+                Check(rule, OVERRIDE_TIER, b.rate, b.key_head + tag + b.key_tail, cost, b)
+                for b in own
+            ] + [
+                Check(rule, tier, b.rate, b.key_head + tag + b.key_tail, cost, b)
+                for b in shape.blocks
+                if _beside_rates(b)
+            ]
         return [
             Check(rule, tier, b.rate, b.key_head + tag + b.key_tail, cost, b) for b in shape.blocks
         ]
@@ -579,6 +585,10 @@ class Core:
             return [
                 Check(rule, OVERRIDE_TIER, b.rate, b.key_head + tag + b.key_tail, cost, b)
                 for b in own.record_blocks
+            ] + [
+                Check(rule, tier, b.rate, b.key_head + tag + b.key_tail, cost, b)
+                for b in found
+                if _beside_rates(b)
             ]
         return [
             Check(rule, tier, block.rate, block.key_head + tag + block.key_tail, cost, block)
@@ -686,6 +696,12 @@ class Core:
         for block in self._overridden(rule, tag) or ():
             found[block.key_head + tag + block.key_tail] = None
         return list(found)
+
+
+def _beside_rates(block: Block) -> bool:
+    """Whether ``block`` is a tier's calendar quota or concurrency limit, which an
+    override of the tier's rates leaves in place."""
+    return block.calendar is not None or block.lease
 
 
 class QuotaCore(Core):

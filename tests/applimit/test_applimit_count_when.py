@@ -256,3 +256,47 @@ limits:
         assert [r.remaining for r in recorded.results if r.algorithm == "quota:day"] == [expected]
     refused = await limiter.hit("login", None, ip=IP)
     assert [r.algorithm for r in refused.denied_by] == ["quota:day"]
+
+
+async def test_an_override_replaces_rates_and_keeps_quotas_and_concurrency(
+    make_limiter: MakeLimiter, backend: str
+) -> None:
+    """A customer's override gives it its own rates; its tier's calendar quota and
+    concurrency limit still apply (the override carries rates only)."""
+    if backend != "memory":
+        pytest.skip("the overrides' own tests cover Redis and Cluster; this is the planning")
+    limiter = make_limiter(
+        """
+version: 1
+tiers: [free]
+app: { timeout: 2s, override_refresh: 1s }
+limits:
+  - name: api
+    app:
+      algorithm: sliding_log
+      tiers: { free: 2/1m }
+      quotas: { free: { day: 5 } }
+      concurrency: 1
+"""
+    )
+    setting = limiter.limiter.overrides.set(
+        "api", "acme", rates=["100/1m"], reason="contract", by="ops", ttl=60
+    )
+    if limiter.is_async:
+        await setting
+    first = await limiter.hit("api", "acme")
+    assert sorted((r.tier, r.algorithm, r.quota) for r in first.results) == [
+        ("free", "lease", 1),
+        ("free", "quota:day", 5),
+        ("override", "sliding_log", 100),
+    ]
+    # The tier's concurrency still holds the override's customer to one at once.
+    assert not (await limiter.hit("api", "acme")).allowed
+    await limiter.release(first)
+    for _ in range(4):
+        decision = await limiter.hit("api", "acme")
+        assert decision.allowed
+        await limiter.release(decision)
+    # Five in the day: the tier's quota refuses, though the override's rate has room.
+    refused = await limiter.hit("api", "acme")
+    assert [r.algorithm for r in refused.denied_by] == ["quota:day"]
