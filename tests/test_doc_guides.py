@@ -1,0 +1,65 @@
+"""docs/selling-an-api.md holds: its policy loads and lints clean, and a client of an app
+under it sees the headers and refusals the guide shows (the WSGI middleware on
+``memory://``, driven by Werkzeug's test client)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import edgegen_policy as policy
+from werkzeug.test import Client
+
+from applimit import Caller, Limiter, RequestInfo
+from applimit.wsgi import RateLimitMiddleware
+
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "selling-an-api.md"
+
+
+def guide_policy() -> policy.Policy:
+    [text] = re.findall(r"```yaml\n(.*?)```", GUIDE.read_text("utf-8"), re.DOTALL)[:1]
+    return policy.loads(text, "selling-an-api.md")
+
+
+def test_the_guides_policy_loads_and_lints_clean() -> None:
+    loaded = guide_policy()
+    findings = [d for d in policy.lint(loaded) if d.severity is not policy.Severity.INFO]
+    assert findings == []
+    assert [o.limit for o in loaded.overrides] == ["api"]
+
+
+def test_a_client_sees_what_the_guide_shows() -> None:
+    """RateLimit headers name the rate and the billing quota; the second export of a free
+    organisation at once is refused by the concurrency limit, with the guide's words."""
+
+    def app(environ: dict[str, object], start_response: object) -> list[bytes]:
+        start_response("200 OK", [("Content-Type", "application/json")])  # type: ignore[operator]
+        return [b"{}"]
+
+    def identify(request: RequestInfo) -> Caller:
+        plan = request.header("x-plan") or "pro"
+        return Caller("alice", tier=plan, keys={"org": f"org-{plan}", "billing_day": "15"})
+
+    with Limiter(guide_policy(), redis_url="memory://selling-an-api") as limiter:
+        client = Client(RateLimitMiddleware(app, limiter=limiter, identify=identify))
+        response = client.get("/v1/items")
+        assert response.status_code == 200
+        assert re.fullmatch(
+            r'"api/1m";q=1000;w=60, "api/billing";q=50000;w=(2419200|2505600|2592000|2678400)',
+            response.headers["RateLimit-Policy"],
+        )
+        assert re.fullmatch(
+            r'"api/1m";r=999;t=\d+, "api/billing";r=49999;t=\d+', response.headers["RateLimit"]
+        )
+        held = client.get("/v1/exports/1", headers={"x-plan": "free"})
+        assert held.status_code == 200
+        refused = client.get("/v1/exports/2", headers={"x-plan": "free"})
+        assert refused.status_code == 429
+        assert refused.headers["Retry-After"] == "1"
+        assert refused.json is not None
+        assert refused.json["detail"] == (
+            "Concurrency limit 'exports' allows 1 request at once for the free tier, and "
+            "that many are running; retry when one has finished."
+        )
+        held.close()
+        assert client.get("/v1/exports/3", headers={"x-plan": "free"}).status_code == 200
