@@ -103,6 +103,20 @@ class Block:
         object.__setattr__(self, "packed_cost_1", bulk(spec))
 
 
+# The kinds of block (block_kind), each what one field of a tier (and of an override,
+# which replaces its tier's blocks kind by kind) gives.
+RATES = "rates"
+QUOTAS = "quotas"
+LEASES = "concurrency"
+
+
+def block_kind(block: Block) -> str:
+    """What ``block`` checks: a rate, a calendar quota or a concurrency limit."""
+    if block.calendar is not None:
+        return QUOTAS
+    return LEASES if block.lease else RATES
+
+
 def blocks(prefix: str, rule: AppRule, tier: str, *, record: bool = False) -> tuple[Block, ...]:
     """The encoded blocks of ``rule`` for ``tier``: one per rate (none if it has none),
     then one per calendar quota (:func:`quota_blocks`), then the concurrency limit's.

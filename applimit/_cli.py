@@ -7,7 +7,8 @@ per-identity overrides (set, list, remove, and their audit trail).
                           [--format text|json] [--redis-url URL] [--cluster] [--timeout 2s]
     applimit reset POLICY --user alice [--limit NAME ...] [--tier T] [--yes]
     applimit override set POLICY --limit api (--user alice | --keys org=acme)
-                          --rate 1000/1m [--rate ...] (--ttl 30d | --expires 2027-06-30)
+                          [--rate 1000/1m ...] [--quota month=2000000 ...]
+                          [--concurrency 8] (--ttl 30d | --expires 2027-06-30)
                           --reason TEXT [--by NAME]
     applimit override list POLICY [--format text|json]
     applimit override remove POLICY --limit api (--user alice | --keys org=acme)
@@ -192,13 +193,19 @@ def rate_usage(rule: AppRule, tier: str, decision: Decision) -> list[dict[str, A
     return out
 
 
-def lease_usage(decision: Decision) -> dict[str, int] | None:
+def lease_usage(decision: Decision) -> dict[str, Any] | None:
     """A concurrency limit's slots in a peeked decision (``limit``, ``running``,
-    ``free``), or None for a limit without one."""
+    ``free``, and the ``tier`` whose limit it is: ``override`` for the subject's own), or
+    None for a limit without one."""
     for result in decision.results:
         if result.algorithm == LEASE:
             free = max(0, result.remaining)
-            return {"limit": result.quota, "running": result.quota - free, "free": free}
+            return {
+                "limit": result.quota,
+                "running": result.quota - free,
+                "free": free,
+                "tier": result.tier,
+            }
     return None
 
 
@@ -210,6 +217,7 @@ def _tier_lines(tier: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"  {tier['tier']:<12} {'at once':>12}  running {held['running']:>3} of "
             f"{held['limit']:<6} free {held['free']}"
+            + ("  (override)" if held["tier"] == OVERRIDE_TIER else "")
         )
     elif not tier["rates"]:
         lines.append(f"  {tier['tier']:<12} no rate in this tier: not limited")
@@ -226,22 +234,37 @@ def _tier_lines(tier: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"  {'':<12} {label:>12}  used {quota['used']:>6} of "
             f"{quota['quota']:<6} remaining {quota['remaining']:>6}  "
-            f"period ends in {quota['reset_after']:g}s"
+            f"period ends in {_span(quota['reset_after'])}"
+            + ("  (override)" if quota["tier"] == OVERRIDE_TIER else "")
         )
     return lines
 
 
-def quota_usage(rule: AppRule, tier: str, decision: Decision) -> list[dict[str, Any]]:
-    """One entry per calendar quota of ``tier`` in a peeked decision: its period, quota,
-    used, remaining, the period's length and the seconds until it ends."""
+def _span(seconds: float) -> str:
+    """``42.5s``, ``12m 3s``, ``26d 16h``: a wait as a person reads it (the two largest
+    units; a quota's period ends weeks ahead)."""
+    if seconds < 60:
+        return f"{seconds:g}s"
+    whole = round(seconds)
+    parts = [(whole // 86_400, "d"), (whole % 86_400 // 3600, "h"), (whole % 3600 // 60, "m")]
+    parts.append((whole % 60, "s"))
+    first = next(i for i, (count, _) in enumerate(parts) if count)
+    return " ".join(f"{count}{unit}" for count, unit in parts[first : first + 2])
+
+
+def quota_usage(decision: Decision) -> list[dict[str, Any]]:
+    """One entry per calendar quota in a peeked decision (the tier's, or the subject's own
+    override's: ``tier``): its period, quota, used, remaining, the period's length and the
+    seconds until it ends."""
     out = []
-    quotas = rule.quotas.get(tier, ())
-    # The quotas' results follow the rates', in the tier's order.
-    found = [r for r in decision.results if r.algorithm.startswith(f"{CALENDAR}:")]
-    for spec, result in zip(quotas, found, strict=True):
+    head = f"{CALENDAR}:"
+    for result in decision.results:
+        if not result.algorithm.startswith(head):
+            continue
         out.append(
             {
-                "period": spec.period,
+                "period": result.algorithm.removeprefix(head),
+                "tier": result.tier,
                 "quota": result.quota,
                 "window": result.window,
                 "used": max(0, result.quota - result.remaining),
@@ -328,7 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _override_parsers(sub: Any) -> None:
     override = sub.add_parser(
-        "override", help="give one identity its own rates for one limit, at run time"
+        "override",
+        help="give one identity its own rates, quotas or concurrency for one limit, at run time",
     )
     actions = override.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     actions.required = True
@@ -338,10 +362,23 @@ def _override_parsers(sub: Any) -> None:
     change.add_argument(
         "--rate",
         action="append",
-        required=True,
         dest="rates",
         metavar="RATE",
-        help="a rate of the identity's own, e.g. 1000/1m (repeatable)",
+        help="a rate of the identity's own, e.g. 1000/1m (repeatable); replaces its tier's",
+    )
+    change.add_argument(
+        "--quota",
+        action="append",
+        dest="quotas",
+        metavar="PERIOD=UNITS",
+        help="a calendar quota of its own, e.g. month=2000000 (repeatable; day, week, month, "
+        "billing); replaces its tier's",
+    )
+    change.add_argument(
+        "--concurrency",
+        type=int,
+        metavar="N",
+        help="its own limit of requests at once; replaces its tier's",
     )
     change.add_argument("--ttl", metavar="DURATION", help="how long it lasts, e.g. 30d")
     change.add_argument("--expires", metavar="TIME", help="when it ends: 2027-06-30 or a UTC time")
@@ -519,8 +556,9 @@ def _limit_usage(
                 "rates": rate_usage(rule, name, decision),
                 "concurrency": lease_usage(decision),
             }
-            if rule.quotas.get(name):
-                entry["quotas"] = quota_usage(rule, name, decision)
+            quotas = quota_usage(decision)
+            if quotas:
+                entry["quotas"] = quotas
             tiers.append(entry)
     return {
         "name": rule.name,
@@ -675,14 +713,42 @@ def _until(args: argparse.Namespace) -> dict[str, Any]:
         raise CommandError(f"--expires: {shown(str(error))}.", USAGE_ERROR) from None
 
 
+def _quotas(given: list[str] | None) -> dict[str, int] | None:
+    """``--quota month=2000000`` (repeatable) as a dict, or None when none is given."""
+    if not given:
+        return None
+    found: dict[str, int] = {}
+    for text in given:
+        period, _, units = text.partition("=")
+        if not units.strip().isdigit() or period.strip() in found:
+            raise CommandError(
+                f"--quota '{shown(text)}' is not PERIOD=UNITS given once per period; e.g. "
+                "--quota month=2000000.",
+                USAGE_ERROR,
+            )
+        found[period.strip()] = int(units)
+    return found
+
+
 def _override_set(args: argparse.Namespace, limiter: Limiter, url: str, out: TextIO) -> int:
     rule, value = _identity(args, limiter)
+    if not (args.rates or args.quotas or args.concurrency is not None):
+        raise CommandError(
+            "say what the identity gets: --rate 1000/1m, --quota month=2000000 or "
+            "--concurrency 8 (or several).",
+            USAGE_ERROR,
+        )
     done = limiter.overrides.set(
-        rule.name, value, rates=args.rates, reason=args.reason, by=_by(args), **_until(args)
+        rule.name,
+        value,
+        rates=args.rates,
+        quotas=_quotas(args.quotas),
+        concurrency=args.concurrency,
+        reason=args.reason,
+        by=_by(args),
+        **_until(args),
     )
-    out.write(
-        f"set {done.describe()}: {', '.join(done.rates)} until {_when(done.expires)} in {url}\n"
-    )
+    out.write(f"set {done.describe()}: {done.gives()} until {_when(done.expires)} in {url}\n")
     return OK
 
 
@@ -698,10 +764,10 @@ def _override_remove(
     rule, value = _identity(args, limiter)
     what = f"the override of limit {rule.name!r} for {rule.kind} '{shown(value)}'"
     if not args.yes:
-        _confirm(what, url, stdin, err, verb="remove", lost="override's rates")
+        _confirm(what, url, stdin, err, verb="remove", lost="override's limits")
     if not limiter.overrides.remove(rule.name, value, by=_by(args), reason=args.reason):
         raise CommandError(f"{what} is not set in {url}; nothing was removed.", FAILED)
-    out.write(f"removed {what} in {url}: its tier's rates apply\n")
+    out.write(f"removed {what} in {url}: its tier's limits apply\n")
     return OK
 
 
@@ -723,7 +789,7 @@ def _override_list(args: argparse.Namespace, limiter: Limiter, url: str, out: Te
     for o in found:
         state = "expired" if o.expires <= now else f"until {_when(o.expires)}"
         out.write(
-            f"{o.limit} {o.kind} '{shown(o.value)}': {', '.join(o.rates)} {state} "
+            f"{o.limit} {o.kind} '{shown(o.value)}': {o.gives()} {state} "
             f"({o.source}, by {shown(o.by)}: {shown(o.reason)})\n"
         )
     return OK
@@ -740,13 +806,13 @@ def _override_log(args: argparse.Namespace, limiter: Limiter, url: str, out: Tex
         return OK
     for change in changes:
         target = "?" if change.override is None else change.override.describe()
-        rates = (
+        gives = (
             ""
             if change.override is None or change.op != "set"
-            else (": " + ", ".join(change.override.rates))
+            else (": " + change.override.gives())
         )
         out.write(
-            f"{_when(change.at)} {change.op} {shown(target)}{rates} by {shown(change.by)}: "
+            f"{_when(change.at)} {change.op} {shown(target)}{gives} by {shown(change.by)}: "
             f"{shown(change.reason)}\n"
         )
     return OK

@@ -26,7 +26,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -508,13 +508,17 @@ class Overrides:
         limit: str,
         identity: str,
         *,
-        rates: Sequence[str],
+        rates: Sequence[str] | None = None,
         reason: str,
         by: str,
         ttl: float | None = None,
         expires: float | datetime.datetime | None = None,
+        quotas: Mapping[str, int] | None = None,
+        concurrency: int | None = None,
     ) -> Override:
-        """Give ``identity`` its own ``rates`` (``["1000/1m"]``) for ``limit`` until
+        """Give ``identity`` its own ``rates`` (``["1000/1m"]``), calendar ``quotas``
+        (``{"month": 2000000}``, on a limit that has quotas) or ``concurrency`` for
+        ``limit``, each replacing its tier's (what is not given stays the tier's), until
         ``expires`` (Unix seconds or an aware datetime), or for ``ttl`` seconds; ``reason``
         and ``by`` go to the audit trail. Replaces the identity's earlier override."""
         source = self._source(writing=True)
@@ -530,6 +534,8 @@ class Overrides:
             reason=reason,
             by=by,
             now=now,
+            quotas=quotas,
+            concurrency=concurrency,
         )
         source.change("set", override, override.by, override.reason)
         self.refresh()
@@ -581,11 +587,13 @@ class AsyncOverrides:
         limit: str,
         identity: str,
         *,
-        rates: Sequence[str],
+        rates: Sequence[str] | None = None,
         reason: str,
         by: str,
         ttl: float | None = None,
         expires: float | datetime.datetime | None = None,
+        quotas: Mapping[str, int] | None = None,
+        concurrency: int | None = None,
     ) -> Override:
         """As :meth:`Overrides.set`."""
         return await asyncio.to_thread(
@@ -597,6 +605,8 @@ class AsyncOverrides:
             by=by,
             ttl=ttl,
             expires=expires,
+            quotas=quotas,
+            concurrency=concurrency,
         )
 
     async def remove(self, limit: str, identity: str, *, by: str, reason: str) -> bool:

@@ -1,16 +1,18 @@
-"""Per-customer overrides: one identity's own rates for one limit, as values. No I/O.
+"""Per-customer overrides: one identity's own limits for one limit, as values. No I/O.
 
 An :class:`Override` gives one identity (a user, or the value of an app key such as
-``org``) its own list of rates for one limit, replacing the rates of its tier, until it
-expires; it carries a reason and who set it. Overrides come from two places: set at run
+``org``) its own rates, calendar quotas or concurrency limit for one limit, until it
+expires: each it gives replaces its tier's, each it leaves out keeps the tier's. It
+carries a reason and who set it. Overrides come from two places: set at run
 time in Redis (``applimit override set``, :class:`~applimit.Overrides`; see
 ``_override_store.py``) and written in the policy file (``overrides:``, reviewed with the
 policy). :func:`checked` is the one gate of a run-time override; :func:`table` turns every
 override in force into what the planner reads: per (limit, hash tag), the encoded blocks
-of the override's rates (``_calls.blocks``, under the tier name :data:`OVERRIDE_TIER`).
+of what the override gives (``_calls.blocks``, under the tier name :data:`OVERRIDE_TIER`)
+and the kinds of block they replace.
 
-The shape leaves room for the other kinds of limit an override may later carry (quotas
-on calendar periods, concurrency): each would be a field beside ``rates``.
+An override's quotas count on the same keys as its tier's (the keys name the period, not
+the tier): a raised monthly quota starts from what the identity used this month.
 """
 
 from __future__ import annotations
@@ -20,15 +22,15 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeGuard
 
-from edgegen_policy import Policy, Rate, checked_rates, period_us
+from edgegen_policy import Period, Policy, Rate, checked_rates, period_us
 
 from . import _keys
 from ._arguments import check_identity, check_rule
-from ._calls import Block, blocks
+from ._calls import LEASES, QUOTAS, RATES, Block, block_kind, blocks
 from ._errors import InvalidArgumentError
-from ._rules import AppRule, CompiledPolicy, RateSpec
+from ._rules import AppRule, CompiledPolicy, QuotaSpec, RateSpec
 
 # The tier name a decision's results carry when an override's rates applied.
 OVERRIDE_TIER = "override"
@@ -36,6 +38,8 @@ OVERRIDE_TIER = "override"
 FORMAT = 1
 # Bounds of what an override may hold.
 MAX_RATES = 8
+MAX_UNITS = 10**15
+MAX_CONCURRENCY = 1_000_000
 MAX_REASON = 500
 MAX_BY = 200
 MAX_VALUE = 1024
@@ -49,10 +53,12 @@ FILE = "file"
 
 @dataclass(frozen=True, slots=True)
 class Override:
-    """One identity's own rates for one limit, until ``expires`` (Unix seconds).
+    """One identity's own limits for one limit, until ``expires`` (Unix seconds).
 
     ``kind`` is what the limit counts by: ``user``, or the app key's name (``org``);
-    ``value`` the user id or the key's value. ``by`` and ``at`` say who set it and when;
+    ``value`` the user id or the key's value. ``rates`` (``("1000/1m",)``), ``quotas``
+    (``(("month", 2000000),)``, shortest period first) and ``concurrency`` replace the
+    tier's; empty (None) keeps the tier's. ``by`` and ``at`` say who set it and when;
     ``source`` is ``runtime`` (set in Redis) or ``file`` (the policy's ``overrides:``).
     """
 
@@ -65,6 +71,8 @@ class Override:
     by: str = ""
     at: float = 0.0
     source: str = RUNTIME
+    quotas: tuple[tuple[str, int], ...] = ()
+    concurrency: int | None = None
 
     @property
     def field(self) -> str:
@@ -75,6 +83,18 @@ class Override:
         """``limit 'api' for org 'acme'``: for messages."""
         return f"limit {self.limit!r} for {self.kind} {self.value!r}"
 
+    def gives(self) -> str:
+        """What it gives, as the policy's review shows it (``edgegen_policy.Override``):
+        ``rates 1000/1m + 20000/1h; quotas 2000000/month; concurrency 8``."""
+        parts = []
+        if self.rates:
+            parts.append("rates " + " + ".join(self.rates))
+        if self.quotas:
+            parts.append("quotas " + ", ".join(f"{n}/{period}" for period, n in self.quotas))
+        if self.concurrency is not None:
+            parts.append(f"concurrency {self.concurrency}")
+        return "; ".join(parts)
+
     def document(self) -> dict[str, Any]:
         """The override as a JSON object (Redis, ``applimit override list --format json``)."""
         return {
@@ -83,6 +103,8 @@ class Override:
             "kind": self.kind,
             "value": self.value,
             "rates": list(self.rates),
+            "quotas": dict(self.quotas),
+            "concurrency": self.concurrency,
             "expires": self.expires,
             "reason": self.reason,
             "by": self.by,
@@ -107,8 +129,14 @@ def parse(text: str | bytes) -> Override:
     if not isinstance(rates, list) or not all(isinstance(s, str) for s in strings):
         raise ValueError("an override document without its limit, kind, value or rates")
     expires = raw.get("expires")
-    if not isinstance(expires, int | float) or isinstance(expires, bool):
+    if not _number(expires):
         raise ValueError("an override document without its expiry")
+    quotas = raw.get("quotas") or {}
+    concurrency = raw.get("concurrency")
+    if not isinstance(quotas, dict) or not all(_number(v) for v in quotas.values()):
+        raise ValueError("an override document whose quotas are not periods and units")
+    if concurrency is not None and not _number(concurrency):
+        raise ValueError("an override document whose concurrency is not a number")
     return Override(
         limit=str(raw["limit"]),
         kind=str(raw["kind"]),
@@ -119,7 +147,13 @@ def parse(text: str | bytes) -> Override:
         by=str(raw.get("by", "")),
         at=float(raw.get("at", 0.0)),
         source=RUNTIME,
+        quotas=tuple((str(period), int(units)) for period, units in quotas.items()),
+        concurrency=None if concurrency is None else int(concurrency),
     )
+
+
+def _number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def counted_kind(rule: AppRule) -> str | None:
@@ -142,7 +176,10 @@ def _text(argument: str, value: object, bound: int) -> str:
 
 
 def checked_rates_of(rates: object, argument: str = "rates") -> tuple[str, ...]:
-    """``rates`` (``["100/1m", "5000/1d"]``) checked and written as the policy writes them."""
+    """``rates`` (``["100/1m", "5000/1d"]``) checked and written as the policy writes them;
+    None: none given."""
+    if rates is None:
+        return ()
     if isinstance(rates, str) or not isinstance(rates, Iterable):
         raise InvalidArgumentError(argument, f"{argument} must be a list such as ['100/1m'].")
     parsed: list[Rate] = []
@@ -158,6 +195,59 @@ def checked_rates_of(rates: object, argument: str = "rates") -> tuple[str, ...]:
     return tuple(str(rate) for rate in parsed)
 
 
+def checked_quotas_of(rule: AppRule, quotas: object) -> tuple[tuple[str, int], ...]:
+    """``quotas`` (``{"month": 2000000}``) checked against ``rule``, shortest period first;
+    None: none given."""
+    if quotas is None:
+        return ()
+    periods = [p.value for p in Period]
+    if not isinstance(quotas, Mapping) or not quotas:
+        raise InvalidArgumentError("quotas", "quotas must be a dict such as {'month': 2000000}.")
+    for period, units in quotas.items():
+        if period not in periods:
+            raise InvalidArgumentError(
+                "quotas", f"quotas: {period!r} is not a period; use {', '.join(periods)}."
+            )
+        if isinstance(units, bool) or not isinstance(units, int) or not 1 <= units <= MAX_UNITS:
+            raise InvalidArgumentError(
+                "quotas", f"quotas: the units per {period} must be an int from 1 to {MAX_UNITS}."
+            )
+    if not rule.quotas:
+        raise InvalidArgumentError(
+            "quotas",
+            f"limit {rule.name!r} has no calendar quotas; give a tier of it quotas in the "
+            "policy first (an override changes a quota, it does not start counting one).",
+        )
+    if "billing" in quotas and rule.billing_day_from is None:
+        raise InvalidArgumentError(
+            "quotas",
+            f"limit {rule.name!r} has no billing_day_from, so it cannot count a billing "
+            "quota; use month, or set billing_day_from in the policy.",
+        )
+    return tuple((p, quotas[p]) for p in periods if p in quotas)
+
+
+def checked_concurrency_of(rule: AppRule, concurrency: object) -> int | None:
+    """``concurrency`` checked against ``rule``; None: none given."""
+    if concurrency is None:
+        return None
+    if (
+        isinstance(concurrency, bool)
+        or not isinstance(concurrency, int)
+        or not 1 <= concurrency <= MAX_CONCURRENCY
+    ):
+        raise InvalidArgumentError(
+            "concurrency", f"concurrency must be an int from 1 to {MAX_CONCURRENCY:,}."
+        )
+    if rule.approximate:
+        raise InvalidArgumentError(
+            "concurrency",
+            f"limit {rule.name!r} is approximate, and a concurrency limit needs mode: exact "
+            "(a slot is taken and given back in Redis).",
+        )
+    return concurrency
+
+
 def checked(
     policy: CompiledPolicy,
     limit: object,
@@ -169,6 +259,8 @@ def checked(
     reason: object,
     by: object,
     now: float,
+    quotas: object = None,
+    concurrency: object = None,
 ) -> Override:
     """A run-time override, every argument checked against ``policy``; the package's own
     errors say what is wrong and how to fix it."""
@@ -197,25 +289,50 @@ def checked(
             "expires must lie in the future, at most 400 days ahead; write a longer contract "
             "rate under overrides: in the policy, where it is reviewed.",
         )
+    own_rates = checked_rates_of(rates)
+    own_quotas = checked_quotas_of(rule, quotas)
+    own_concurrency = checked_concurrency_of(rule, concurrency)
+    if not own_rates and not own_quotas and own_concurrency is None:
+        raise InvalidArgumentError(
+            "rates", "give the override rates, quotas or concurrency (or several)."
+        )
     return Override(
         limit=rule.name,
         kind=wanted,
         value=name,
-        rates=checked_rates_of(rates),
+        rates=own_rates,
         expires=float(expires),
         reason=_text("reason", reason, MAX_REASON),
         by=_text("by", by, MAX_BY),
         at=now,
+        quotas=own_quotas,
+        concurrency=own_concurrency,
     )
 
 
 @dataclass(frozen=True, slots=True)
 class Applied:
-    """An override as the planner uses it: its blocks for a hit, and for ``record``."""
+    """An override as the planner uses it: its blocks for a hit, and for ``record``, and
+    the kinds of block (``_calls.block_kind``) of the tier's that they replace."""
 
     override: Override
     blocks: tuple[Block, ...]
     record_blocks: tuple[Block, ...]
+    replaces: frozenset[str]
+
+    def merged(
+        self, tier_blocks: Iterable[Block], tier: str, *, record: bool = False
+    ) -> list[tuple[str, Block]]:
+        """The blocks a decision runs, each with the tier its results name: the
+        override's (:data:`OVERRIDE_TIER`), and those of ``tier`` of the kinds it leaves
+        in place, in the order ``_calls.blocks`` gives (rates, quotas, lease)."""
+        own = self.record_blocks if record else self.blocks
+        found = [(OVERRIDE_TIER, b) for b in own]
+        found += [(tier, b) for b in tier_blocks if block_kind(b) not in self.replaces]
+        return sorted(found, key=lambda pair: _ORDER[block_kind(pair[1])])
+
+
+_ORDER = {RATES: 0, QUOTAS: 1, LEASES: 2}
 
 
 def tag(rule: AppRule, value: str) -> str:
@@ -242,13 +359,40 @@ def applied(policy: CompiledPolicy, override: Override) -> tuple[tuple[str, str]
         specs = _specs(override.rates)
     except ValueError:
         return None
-    own = replace(rule, tiers=MappingProxyType({OVERRIDE_TIER: specs}))
+    if override.quotas and (
+        not rule.quotas or ("billing" in dict(override.quotas) and not rule.billing_day_from)
+    ):
+        # The policy no longer counts quotas for this limit (or billing days).
+        return None
+    if override.concurrency is not None and rule.approximate:
+        return None
+    own = replace(
+        rule,
+        tiers=MappingProxyType({OVERRIDE_TIER: specs}),
+        quotas=MappingProxyType(
+            {OVERRIDE_TIER: tuple(QuotaSpec(p, units) for p, units in override.quotas)}
+        ),
+        concurrency=MappingProxyType(
+            {} if override.concurrency is None else {OVERRIDE_TIER: override.concurrency}
+        ),
+    )
+    replaces = frozenset(
+        kind
+        for kind, given in (
+            (RATES, override.rates),
+            (QUOTAS, override.quotas),
+            (LEASES, override.concurrency is not None),
+        )
+        if given
+    )
     prefix = policy.key_prefix
     entry = Applied(
         override,
-        # The checks keep the policy's rule; only the rates and the tier name differ.
+        # The checks keep the policy's rule; only what the override gives and the tier's
+        # name differ.
         blocks(prefix, own, OVERRIDE_TIER),
         blocks(prefix, own, OVERRIDE_TIER, record=True),
+        replaces,
     )
     return (rule.name, tag(rule, override.value)), entry
 
@@ -285,11 +429,16 @@ def from_file(policy: Policy) -> tuple[Override, ...]:
             limit=entry.limit,
             kind=entry.kind,
             value=entry.value,
-            rates=tuple(str(rate) for rate in entry.rates),
+            rates=tuple(str(rate) for rate in entry.rates or ()),
             expires=entry.expires_at,
             reason=entry.reason,
             by="policy file",
             source=FILE,
+            quotas=tuple(
+                (period.value, units)
+                for period, units in (entry.quotas.periods() if entry.quotas else ())
+            ),
+            concurrency=entry.concurrency,
         )
         for entry in policy.overrides
     )

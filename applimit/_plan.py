@@ -211,11 +211,6 @@ class Core:
         self._planned.entries.clear()
         self._requested.entries.clear()
 
-    def _overridden(self, rule: AppRule, tag: str) -> tuple[Block, ...] | None:
-        """The blocks of the override of ``rule`` for the identity of ``tag``, if any."""
-        found = self.overrides.get((rule.name, tag))
-        return None if found is None else found.blocks
-
     def matching(
         self, method: str, path: str, host: str | None, mount: str = ""
     ) -> tuple[AppRule, ...]:
@@ -301,25 +296,12 @@ class Core:
 
     def _own_checks(self, rule: AppRule, tier: str, tag: str, cost: int) -> list[Check]:
         """The checks of ``rule``, a limit with overrides: the identity's override where it
-        has one (and the tier gives the limit rates), else the tier's."""
-        own = self._overridden(rule, tag) if rule.tiers.get(tier) else None
+        has one (and the tier has the limit), else the tier's."""
         shape = self._own_shapes.get((rule.name, tier)) or self._shape(
             (rule.name, tier), rule, tier
         )
-        if own is not None:
-            # The override replaces the rates; the tier's calendar quotas and concurrency
-            # limit stay.
-            return [
-                Check(rule, OVERRIDE_TIER, b.rate, b.key_head + tag + b.key_tail, cost, b)
-                for b in own
-            ] + [
-                Check(rule, tier, b.rate, b.key_head + tag + b.key_tail, cost, b)
-                for b in shape.blocks
-                if _beside_rates(b)
-            ]
-        return [
-            Check(rule, tier, b.rate, b.key_head + tag + b.key_tail, cost, b) for b in shape.blocks
-        ]
+        own = self.overrides.get((rule.name, tag)) if shape.blocks else None
+        return _with_override(rule, tier, tag, cost, found=shape.blocks, own=own, record=False)
 
     def for_limit(
         self,
@@ -581,19 +563,7 @@ class Core:
             if found and rule.name in self._overridden_limits
             else None
         )
-        if own is not None:
-            return [
-                Check(rule, OVERRIDE_TIER, b.rate, b.key_head + tag + b.key_tail, cost, b)
-                for b in own.record_blocks
-            ] + [
-                Check(rule, tier, b.rate, b.key_head + tag + b.key_tail, cost, b)
-                for b in found
-                if _beside_rates(b)
-            ]
-        return [
-            Check(rule, tier, block.rate, block.key_head + tag + block.key_tail, cost, block)
-            for block in found
-        ]
+        return _with_override(rule, tier, tag, cost, found=found, own=own, record=True)
 
     def prepare(
         self, operation: Operation, checks: Sequence[Check], parts: CallParts | None = None
@@ -676,16 +646,22 @@ class Core:
         rule = check_rule(policy, name)
         tag = limit_tag(policy, rule, identity, ip, keys)
         tiers = [check_tier(policy, tier)] if tier is not None else list(rule.tiers)
-        checks = self._known([c for t in tiers for c in self.checks(rule, t, tag, 1)], keys)
-        found = {c.key: None for c in checks}
+        checks = [c for t in tiers for c in self.checks(rule, t, tag, 1)]
         # The identity's override may have periods its tiers lack.
-        for block in self._overridden(rule, tag) or ():
-            found[block.key_head + tag + block.key_tail] = None
-        return list(found)
+        own = self.overrides.get((rule.name, tag))
+        for block in own.blocks if own is not None else ():
+            checks.append(
+                Check(
+                    rule, OVERRIDE_TIER, block.rate, block.key_head + tag + block.key_tail, 1, block
+                )
+            )
+        return list({c.key: None for c in self._known(checks, keys)})
 
     def keys_of(self, rule: AppRule, tiers: Sequence[str], tag: str) -> list[str]:
         """The keys of ``rule`` for the identity of ``tag`` under ``tiers``, and those of
-        the identity's override (whose periods the tiers may not have)."""
+        the identity's override (whose periods the tiers may not have); a calendar quota's
+        without its period: a cached denial is answered only when every check of the
+        decision has one, and a limit with quotas has rates, whose keys these hold."""
         found: dict[str, None] = {}
         for each in tiers:
             shape = self._shapes.entries.get((rule.name, each))
@@ -693,15 +669,30 @@ class Core:
                 shape = self._shape((rule.name, each), rule, each)
             for block in shape.blocks:
                 found[block.key_head + tag + block.key_tail] = None
-        for block in self._overridden(rule, tag) or ():
+        own = self.overrides.get((rule.name, tag))
+        for block in own.blocks if own is not None else ():
             found[block.key_head + tag + block.key_tail] = None
         return list(found)
 
 
-def _beside_rates(block: Block) -> bool:
-    """Whether ``block`` is a tier's calendar quota or concurrency limit, which an
-    override of the tier's rates leaves in place."""
-    return block.calendar is not None or block.lease
+def _with_override(
+    rule: AppRule,
+    tier: str,
+    tag: str,
+    cost: int,
+    *,
+    found: Sequence[Block],
+    own: Applied | None,
+    record: bool,
+) -> list[Check]:
+    """The checks of ``rule`` for ``tier`` from its blocks ``found``, with the identity's
+    override ``own`` (if any) in place of the kinds of block it gives."""
+    if own is None:
+        return [Check(rule, tier, b.rate, b.key_head + tag + b.key_tail, cost, b) for b in found]
+    return [
+        Check(rule, name, b.rate, b.key_head + tag + b.key_tail, cost, b)
+        for name, b in own.merged(found, tier, record=record)
+    ]
 
 
 class QuotaCore(Core):

@@ -294,10 +294,7 @@ def _quotas_text(app: AppLimit) -> str:
     """The calendar quotas of every tier: ``pro: 50000/month; free: 1000/day``, or none."""
     if not app.quotas:
         return "none"
-    return "; ".join(
-        f"{tier}: " + ", ".join(f"{units}/{period.value}" for period, units in q.periods())
-        for tier, q in app.quotas.items()
-    )
+    return "; ".join(f"{tier}: {q.text()}" for tier, q in app.quotas.items())
 
 
 def _failure_policy(loaded: Policy, app: AppLimit) -> str:
@@ -706,7 +703,7 @@ def semantic_changes(old: Version, new: Version) -> list[Change]:
 
 
 def _override_text(entry: Override) -> str:
-    return f"{_rates_text(entry.rates)} until {entry.expires} ({entry.reason})"
+    return f"{entry.gives()} until {entry.expires} ({entry.reason})"
 
 
 def _override_changes(old: Policy, new: Policy) -> list[Change]:
@@ -738,11 +735,7 @@ def _override_changes(old: Policy, new: Policy) -> list[Change]:
                     (limit, who, _override_text(entry)),
                 )
             )
-        elif (previous.rates, previous.expires, previous.reason) != (
-            entry.rates,
-            entry.expires,
-            entry.reason,
-        ):
+        elif previous != entry:
             out.append(
                 Change(
                     "override_changed",
@@ -758,7 +751,7 @@ def _override_changes(old: Policy, new: Policy) -> list[Change]:
                 Change(
                     "override_removed",
                     limit,
-                    "limit {0}: the override for {1} is removed (was {2}): the tier's rates apply",
+                    "limit {0}: the override for {1} is removed (was {2}): the tier's limits apply",
                     (limit, f"{kind} {value}", _override_text(entry)),
                 )
             )

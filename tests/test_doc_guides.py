@@ -25,7 +25,10 @@ def test_the_guides_policy_loads_and_lints_clean() -> None:
     loaded = guide_policy()
     findings = [d for d in policy.lint(loaded) if d.severity is not policy.Severity.INFO]
     assert findings == []
-    assert [o.limit for o in loaded.overrides] == ["api"]
+    assert [(o.limit, o.gives()) for o in loaded.overrides] == [
+        ("api", "rates 5000/1m; quotas 1000000/month"),
+        ("exports", "concurrency 8"),
+    ]
 
 
 def test_a_client_sees_what_the_guide_shows() -> None:
@@ -63,3 +66,52 @@ def test_a_client_sees_what_the_guide_shows() -> None:
         )
         held.close()
         assert client.get("/v1/exports/3", headers={"x-plan": "free"}).status_code == 200
+
+
+def test_a_customer_on_a_contract_sees_its_own_terms() -> None:
+    """acme's override: its own rate and monthly quota in the headers, in place of pro's
+    rate and billing quota; eight exports at once, though its tier allows four."""
+    import threading
+
+    running = threading.Barrier(9)
+    release = threading.Event()
+
+    def app(environ: dict[str, object], start_response: object) -> list[bytes]:
+        start_response("200 OK", [("Content-Type", "application/json")])  # type: ignore[operator]
+        if str(environ["PATH_INFO"]).startswith("/v1/exports"):
+            running.wait(10)
+            release.wait(10)
+        return [b"{}"]
+
+    def identify(request: RequestInfo) -> Caller:
+        return Caller("ann", tier="pro", keys={"org": "acme", "billing_day": "15"})
+
+    with Limiter(guide_policy(), redis_url="memory://selling-an-api-acme") as limiter:
+        client = Client(RateLimitMiddleware(app, limiter=limiter, identify=identify))
+        response = client.get("/v1/items")
+        assert re.fullmatch(
+            r'"api/1m";q=5000;w=60, "api/month";q=1000000;w=\d+',
+            response.headers["RateLimit-Policy"],
+        )
+        statuses: list[int] = []
+        exports = [
+            threading.Thread(
+                target=lambda: statuses.append(client.get("/v1/exports/x").status_code)
+            )
+            for _ in range(8)
+        ]
+        for thread in exports:
+            thread.start()
+        running.wait(10)
+        # Eight running at once; a ninth is refused, naming the customer's own terms.
+        refused = client.get("/v1/exports/y")
+        assert refused.status_code == 429
+        assert refused.json is not None
+        assert refused.json["detail"] == (
+            "Concurrency limit 'exports' allows 8 requests at once under this caller's own "
+            "terms, and that many are running; retry when one has finished."
+        )
+        release.set()
+        for thread in exports:
+            thread.join(10)
+        assert statuses == [200] * 8

@@ -22,6 +22,7 @@ from edgegen_policy import LEASE, has_control_character
 from .._decision import Decision, LimitResult
 from .._errors import ConfigurationError
 from .._memo import Memo
+from .._overrides import OVERRIDE_TIER
 from ._client_ip import TrustedProxies
 from ._headers import (
     PROBLEM_JSON,
@@ -438,8 +439,8 @@ class Gate:
             status=429,
             detail=(
                 f"Rate limit {worst.limit!r} allows {worst.quota} requests per "
-                f"{worst.period or period_text(worst.window)} for the {tier} tier; retry in "
-                f"{seconds_text(retry)}."
+                f"{worst.period or period_text(worst.window)} "
+                f"{_whose(decision, worst.limit, tier)}; retry in {seconds_text(retry)}."
             ),
             extra={
                 "limit": worst.limit,
@@ -472,8 +473,9 @@ class Gate:
             title="Too Many Requests",
             status=429,
             detail=(
-                f"Concurrency limit {held.name!r} allows {held.quota} {requests} at once for "
-                f"the {tier} tier, and that many are running; retry when one has finished."
+                f"Concurrency limit {held.name!r} allows {held.quota} {requests} at once "
+                f"{_whose(decision, held.name, tier)}, and that many are running; retry when "
+                "one has finished."
             ),
             extra={"limit": held.name, "concurrency": held.quota, "retry-after": retry},
         )
@@ -640,3 +642,10 @@ def bad_path(request: RequestInfo) -> Refusal | None:
         ("Cache-Control", "no-store"),
     )
     return Refusal(status=400, headers=headers, body=body)
+
+
+def _whose(decision: Decision, limit: str, tier: str) -> str:
+    """Whose allowance refused: ``for the pro tier``, or the caller's own (an override)."""
+    if any(r.tier == OVERRIDE_TIER for r in decision.denied_by if r.name == limit):
+        return "under this caller's own terms"
+    return f"for the {tier} tier"

@@ -571,6 +571,9 @@ class Replay:
                     "replayed: recorded requests carry no app keys"
                 )
                 continue
+            if entry.rates is None:
+                # Its quotas and concurrency are not replayed (as the tiers' are not).
+                continue
             checks = []
             for rate in checked_rates(entry.rates):
                 row = Row(

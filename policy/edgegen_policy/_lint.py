@@ -16,6 +16,9 @@ L005    error     app        an app limit's ``per`` names no usable key (not a l
 L006    error     app        an override names a limit that has no app part
 L007    error     app        an override names another kind of identity than its limit counts
 L008    error     app        two overrides name one limit and identity
+L009    error     app        an override gives what its limit cannot count (quotas on a limit
+                             without quotas, a billing quota without billing_day_from,
+                             concurrency in approximate mode)
 L101    warning              a higher tier gets less than a lower one
 L102    warning              an edge limit is stricter than the app's lowest tier on its route
 L103    warning              a sliding log whose limit makes memory per identity large
@@ -30,7 +33,8 @@ L111    info                 a limit counts per an app key in the app, per IP at
 L112    info                 app.redis_url is memory://: each process counts alone
 L020    error     app        an app limit's quota_timezone is not in the time zone database
 L120    warning              a calendar quota below a rate whose period fits in the quota's
-L113    warning              an override is looser than the limit's highest tier
+L113    warning              an override is looser than the limit's highest tier (rates,
+                             quotas or concurrency)
 L114    warning              an override has expired
 ======  ========  =========  ====================================================
 
@@ -52,7 +56,7 @@ from ._edge import credentialed_rate
 from ._errors import Diagnostic, Layer, Severity
 from ._loader import FieldPath, format_path
 from ._model import AppLimit, CookieKey, EdgeLimit, HeaderKey, JwtKey, Limit, Override, Policy
-from ._vocab import Algorithm, AppKey, Duration, KeyName, Rate
+from ._vocab import Algorithm, AppKey, Duration, KeyName, Mode, Rate
 
 # A check contributed by a consumer of the policy (edgegen's placement): it returns its
 # findings, each made with diagnostic_at so that it names its place in the file.
@@ -510,7 +514,7 @@ def _edge_who(edge: EdgeLimit) -> str:
 
 
 class _Overrides:
-    """The checks of the file's ``overrides:`` (L006-L008, L113, L114)."""
+    """The checks of the file's ``overrides:`` (L006-L009, L113, L114)."""
 
     def __init__(self, linter: _Linter, now: float) -> None:
         self.linter = linter
@@ -565,36 +569,97 @@ class _Overrides:
             )
             return
         self.seen[identity] = index
+        if not self.countable(base, entry, app):
+            return
         if entry.expires_at <= self.now:
             add(
                 "L114",
                 Severity.WARNING,
                 (*base, "expires"),
                 f"the override of {entry.limit!r} for {entry.kind} {entry.value!r} expired on "
-                f"{entry.expires}: the tier's rates apply; remove it or extend it",
+                f"{entry.expires}: the tier's limits apply; remove it or extend it",
                 entry.limit,
             )
         self.looser(base, entry, app)
 
+    def countable(self, base: FieldPath, entry: Override, app: AppLimit) -> bool:
+        """L009: whether the limit can count what the override gives."""
+        whose = f"the override of {entry.limit!r} for {entry.kind} {entry.value!r}"
+        problem: tuple[str, str] | None = None
+        if entry.quotas is not None and not app.quotas:
+            problem = (
+                "quotas",
+                f"{whose} gives quotas, but limit {entry.limit!r} has none; give a tier of "
+                "the limit quotas first (quotas: {TIER: {month: N}}), or drop the override's",
+            )
+        elif entry.quotas is not None and entry.quotas.billing and app.billing_day_from is None:
+            problem = (
+                "quotas",
+                f"{whose} gives a billing quota, but limit {entry.limit!r} has no "
+                "billing_day_from to read a caller's billing day from; set it, or use month",
+            )
+        elif entry.concurrency is not None and app.mode is Mode.APPROXIMATE:
+            problem = (
+                "concurrency",
+                f"{whose} gives a concurrency limit, which needs mode: exact (a slot is "
+                f"taken and given back in Redis), and limit {entry.limit!r} is approximate",
+            )
+        if problem is None:
+            return True
+        self.linter.add(
+            "L009", Severity.ERROR, (*base, problem[0]), problem[1], entry.limit, stops={Layer.APP}
+        )
+        return False
+
     def looser(self, base: FieldPath, entry: Override, app: AppLimit) -> None:
-        tiers = [t for t in self.linter.policy.tiers if app.tiers.get(t)]
-        if not tiers:
-            return
-        top = app.tiers[tiers[-1]]
+        """L113: the first of the override's rates, quotas and concurrency that admits more
+        than the limit's highest tier that has one."""
+        found = self.looser_rates(entry, app) or self.looser_quotas(entry, app)
+        found = found or self.looser_concurrency(entry, app)
+        if found is not None:
+            field, tier, what = found
+            self.linter.add(
+                "L113",
+                Severity.WARNING,
+                (*base, field),
+                f"the override of {entry.limit!r} for {entry.kind} {entry.value!r} admits "
+                f"more than the highest tier {tier!r} ({what}); check it is the contract's",
+                entry.limit,
+            )
+
+    def top(self, tiers: Iterable[str]) -> str | None:
+        """The highest tier of the policy among ``tiers``."""
+        among = set(tiers)
+        return next((t for t in reversed(self.linter.policy.tiers) if t in among), None)
+
+    def looser_rates(self, entry: Override, app: AppLimit) -> tuple[str, str, str] | None:
+        tier = self.top(t for t, rates in app.tiers.items() if rates)
+        if entry.rates is None or tier is None:
+            return None
+        top = app.tiers[tier]
         for window in sorted({r.period.ms for r in (*top, *entry.rates)}):
-            if allowance(entry.rates, window) > allowance(top, window):
-                self.linter.add(
-                    "L113",
-                    Severity.WARNING,
-                    (*base, "rates"),
-                    f"the override of {entry.limit!r} for {entry.kind} {entry.value!r} admits "
-                    f"more than the highest tier {tiers[-1]!r} "
-                    f"({_fmt(allowance(entry.rates, window))} vs {_fmt(allowance(top, window))} "
-                    f"per {_window(window)}); check it is the "
-                    "contract's rate",
-                    entry.limit,
-                )
-                return
+            own, theirs = allowance(entry.rates, window), allowance(top, window)
+            if own > theirs:
+                return "rates", tier, f"{_fmt(own)} vs {_fmt(theirs)} per {_window(window)}"
+        return None
+
+    def looser_quotas(self, entry: Override, app: AppLimit) -> tuple[str, str, str] | None:
+        if entry.quotas is None:
+            return None
+        by_tier = {t: dict(q.periods()) for t, q in (app.quotas or {}).items()}
+        for period, units in entry.quotas.periods():
+            tier = self.top(t for t, periods in by_tier.items() if period in periods)
+            if tier is not None and units > by_tier[tier][period]:
+                theirs = by_tier[tier][period]
+                return "quotas", tier, f"{units:,} vs {theirs:,} per {period.value}"
+        return None
+
+    def looser_concurrency(self, entry: Override, app: AppLimit) -> tuple[str, str, str] | None:
+        slots = app.concurrency_of(self.linter.policy.tiers)
+        tier = self.top(slots)
+        if entry.concurrency is None or tier is None or entry.concurrency <= slots[tier]:
+            return None
+        return "concurrency", tier, f"{entry.concurrency} vs {slots[tier]} at once"
 
 
 def _fmt(value: float) -> str:

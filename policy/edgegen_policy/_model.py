@@ -502,6 +502,10 @@ class Quotas(_Model):
         found = ((period, getattr(self, period.value)) for period in Period)
         return tuple((period, units) for period, units in found if units is not None)
 
+    def text(self) -> str:
+        """``1000/day, 50000/month``: as messages and reviews show them."""
+        return ", ".join(f"{units}/{period.value}" for period, units in self.periods())
+
 
 class AppLimit(_Model):
     """A per-user (or per-IP), per-tier limit enforced in the app through Redis."""
@@ -1064,7 +1068,8 @@ class App(_Model):
 
 
 class Override(_Model):
-    """One identity's own rates for one limit, reviewed with the policy (``overrides:``)."""
+    """One identity's own rates, quotas or concurrency for one limit, reviewed with the
+    policy (``overrides:``). Each one given replaces its tier's; each left out keeps it."""
 
     limit: str = Field(min_length=1, description="The limit's name; it must have an app part.")
     user: str | None = Field(
@@ -1074,8 +1079,20 @@ class Override(_Model):
         default=None,
         description="The app key and its value, e.g. {org: acme}, for a per: <key> limit.",
     )
-    rates: Rates = Field(
-        description="The identity's own rates, e.g. [1000/1m], replacing its tier's."
+    rates: Rates | None = Field(
+        default=None,
+        description="The identity's own rates, e.g. [1000/1m], replacing its tier's.",
+    )
+    quotas: Quotas | None = Field(
+        default=None,
+        description="The identity's own calendar quotas, e.g. {month: 2000000}, replacing "
+        "its tier's (the limit must have quotas).",
+    )
+    concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="The identity's own concurrency limit, replacing its tier's.",
     )
     expires: str = Field(description="When it ends: a date (2027-06-30) or a UTC time.")
     reason: str = Field(min_length=1, max_length=500, description="Why (a contract, a ticket).")
@@ -1093,8 +1110,17 @@ class Override(_Model):
             raise ValueError("contains a control character (newline, tab, ...); remove it")
         return value
 
+    @field_validator("concurrency", mode="before")
+    @classmethod
+    def _concurrency(cls, value: object) -> object:
+        return _not_a_flag(value)
+
     @model_validator(mode="after")
     def _one_identity(self) -> Override:
+        if self.rates is None and self.quotas is None and self.concurrency is None:
+            raise ValueError(
+                "an override gives rates, quotas or concurrency (or several); e.g. rates: [1000/1m]"
+            )
         if (self.user is None) == (self.key is None):
             raise ValueError("name exactly one identity: user: ID, or key: {NAME: VALUE}")
         if self.key is not None and (len(self.key) != 1 or not all(self.key.values())):
@@ -1119,6 +1145,17 @@ class Override(_Model):
     def expires_at(self) -> float:
         """``expires`` as Unix seconds (a date ends at its midnight, UTC)."""
         return override_expiry(self.expires)
+
+    def gives(self) -> str:
+        """What it gives: ``rates 1000/1m + 20000/1h; quotas 2000000/month; concurrency 8``."""
+        parts = []
+        if self.rates is not None:
+            parts.append("rates " + " + ".join(str(r) for r in self.rates))
+        if self.quotas is not None:
+            parts.append("quotas " + self.quotas.text())
+        if self.concurrency is not None:
+            parts.append(f"concurrency {self.concurrency}")
+        return "; ".join(parts)
 
 
 def override_expiry(text: str) -> float:

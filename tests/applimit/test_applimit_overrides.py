@@ -10,15 +10,18 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import edgegen_policy
 import pytest
 import redis
 from harness import RedisCluster, RedisServer
+from limiter_support import Driver, MakeLimiter
 
 from applimit import AsyncLimiter, InvalidArgumentError, Limiter, UnknownLimitError
 from applimit._cli import main
@@ -664,3 +667,323 @@ def test_cli_set_refuses_when_the_app_reads_no_overrides(
     assert redis_client.exists(override_keys("ov")[0]) == 0
     code, out, _ = run("override", "list", str(path))
     assert code == 0 and "no overrides" in out
+
+
+# --- an override's own quotas and concurrency ------------------------------------------------
+
+OWN_LIMITS = """
+version: 1
+tiers: [free, pro]
+app: { timeout: 2s, key_prefix: own, override_refresh: 1s }
+limits:
+  - name: api
+    app:
+      algorithm: sliding_log
+      tiers: { free: 100/1m, pro: 200/1m }
+      quotas: { free: { day: 3 }, pro: { day: 10, month: 100 } }
+      concurrency: { free: 1, pro: 4 }
+"""
+
+
+async def changed(limiter: Driver, setting: Any) -> Any:
+    """What ``limiter.overrides.set``/``remove`` returned, awaited on an AsyncLimiter."""
+    return await setting if limiter.is_async else setting
+
+
+def shown(decision: Any) -> list[tuple[str, str, int]]:
+    return sorted((r.tier, r.algorithm, r.quota) for r in decision.results)
+
+
+async def test_an_override_gives_its_own_quota_and_concurrency(make_limiter: MakeLimiter) -> None:
+    """An override's quota and concurrency replace the tier's, counted on the same keys (a
+    raised daily quota starts from what the caller used today); the tier's rate stays;
+    removing the override restores the tier's, with what was used meanwhile counted."""
+    limiter = make_limiter(OWN_LIMITS)
+    for _ in range(3):
+        decision = await limiter.hit("api", "acme")
+        assert decision.allowed
+        await limiter.release(decision)
+    refused = await limiter.hit("api", "acme")
+    assert [r.algorithm for r in refused.denied_by] == ["quota:day"]
+    overrides = limiter.limiter.overrides
+    done = await changed(
+        limiter,
+        overrides.set("api", "acme", quotas={"day": 6}, concurrency=2, reason="c", by="o", ttl=60),
+    )
+    assert (done.rates, done.quotas, done.concurrency) == ((), (("day", 6),), 2)
+    first = await limiter.hit("api", "acme")
+    assert shown(first) == [
+        ("free", "sliding_log", 100),
+        ("override", "lease", 2),
+        ("override", "quota:day", 6),
+    ]
+    second = await limiter.hit("api", "acme")
+    assert second.allowed
+    third = await limiter.hit("api", "acme")
+    assert [r.algorithm for r in third.denied_by] == ["lease"]
+    await limiter.release(first)
+    fourth = await limiter.hit("api", "acme")
+    assert fourth.allowed
+    await limiter.release(second)
+    await limiter.release(fourth)
+    refused = await limiter.hit("api", "acme")
+    assert [(r.tier, r.algorithm) for r in refused.denied_by] == [("override", "quota:day")]
+    # Others keep their tier; the tier's own concurrency of one still holds them.
+    other = await limiter.hit("api", "initech")
+    assert other.allowed and not (await limiter.hit("api", "initech")).allowed
+    assert await changed(limiter, overrides.remove("api", "acme", by="o", reason="ended"))
+    after = await limiter.hit("api", "acme")
+    assert [(r.tier, r.algorithm) for r in after.denied_by] == [("free", "quota:day")]
+
+
+async def test_an_override_replaces_rates_and_keeps_quotas_and_concurrency(
+    make_limiter: MakeLimiter,
+) -> None:
+    """A customer's override of rates gives it its own rates; its tier's calendar quota
+    and concurrency limit still apply (an override replaces only what it gives)."""
+    limiter = make_limiter(
+        """
+version: 1
+tiers: [free]
+app: { timeout: 2s, override_refresh: 1s }
+limits:
+  - name: api
+    app:
+      algorithm: sliding_log
+      tiers: { free: 2/1m }
+      quotas: { free: { day: 5 } }
+      concurrency: 1
+"""
+    )
+    setting = limiter.limiter.overrides.set(
+        "api", "acme", rates=["100/1m"], reason="contract", by="ops", ttl=60
+    )
+    if limiter.is_async:
+        await setting
+    first = await limiter.hit("api", "acme")
+    assert sorted((r.tier, r.algorithm, r.quota) for r in first.results) == [
+        ("free", "lease", 1),
+        ("free", "quota:day", 5),
+        ("override", "sliding_log", 100),
+    ]
+    # The tier's concurrency still holds the override's customer to one at once.
+    assert not (await limiter.hit("api", "acme")).allowed
+    await limiter.release(first)
+    for _ in range(4):
+        decision = await limiter.hit("api", "acme")
+        assert decision.allowed
+        await limiter.release(decision)
+    # Five in the day: the tier's quota refuses, though the override's rate has room.
+    refused = await limiter.hit("api", "acme")
+    assert [r.algorithm for r in refused.denied_by] == ["quota:day"]
+
+
+async def test_an_override_of_one_kind_keeps_the_tiers_others(make_limiter: MakeLimiter) -> None:
+    """Rates alone keep the tier's quotas and concurrency (and the other way round), for
+    the tier the caller is on. Quotas replace the tier's as a whole, as rates do: a pro
+    caller given a day of its own has no monthly quota left from pro."""
+    limiter = make_limiter(OWN_LIMITS)
+    overrides = limiter.limiter.overrides
+    await changed(limiter, overrides.set("api", "acme", rates=["7/1m"], reason="c", by="o", ttl=60))
+    first = await limiter.hit("api", "acme")
+    assert shown(first) == [
+        ("free", "lease", 1),
+        ("free", "quota:day", 3),
+        ("override", "sliding_log", 7),
+    ]
+    await limiter.release(first)
+    await changed(
+        limiter, overrides.set("api", "bolt", quotas={"day": 50}, reason="c", by="o", ttl=60)
+    )
+    pro = await limiter.hit("api", "bolt", tier="pro")
+    assert shown(pro) == [
+        ("override", "quota:day", 50),
+        ("pro", "lease", 4),
+        ("pro", "sliding_log", 200),
+    ]
+    await limiter.release(pro)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "rates, quotas or concurrency"),
+        ({"quotas": {"year": 5}}, "not a period"),
+        ({"quotas": {"day": 0}}, "from 1"),
+        ({"quotas": {"day": True}}, "from 1"),
+        ({"quotas": []}, "dict"),
+        ({"quotas": {"billing": 5}}, "billing_day_from"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"concurrency": 2.5}, "concurrency"),
+    ],
+)
+def test_checks_of_an_overrides_quotas_and_concurrency(
+    options: dict[str, Any], message: str
+) -> None:
+    """What an override gives is checked against its limit: nothing is stored otherwise."""
+    limiter = Limiter(edgegen_policy.loads(OWN_LIMITS), redis_url="memory://overrides-own")
+    with pytest.raises(InvalidArgumentError, match=message):
+        limiter.overrides.set("api", "a", reason="r", by="o", ttl=60, **options)
+    assert limiter.overrides.stored() == []
+
+
+def test_an_override_cannot_start_a_quota_or_lease_where_the_limit_cannot(
+    tmp_path: Path,
+) -> None:
+    """A quota on a limit without quotas, and concurrency on an approximate limit, say
+    what to change in the policy."""
+    limiter = Limiter.from_policy(write(tmp_path, "memory://overrides-own-b"))
+    with pytest.raises(InvalidArgumentError, match="has no calendar quotas"):
+        limiter.overrides.set("api", "a", quotas={"day": 5}, reason="r", by="o", ttl=60)
+    path = tmp_path / "approx.yaml"
+    path.write_text(APPROXIMATE.replace("overrides-h", "overrides-own-c"))
+    approximate = Limiter.from_policy(path)
+    with pytest.raises(InvalidArgumentError, match="approximate"):
+        approximate.overrides.set("api", "a", concurrency=3, reason="r", by="o", ttl=60)
+
+
+def test_another_instance_sees_an_overrides_quota(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """A quota set on one instance reaches the others' decisions within the refresh; the
+    document in Redis and the audit trail carry it; the CLI sets and lists it."""
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        OWN_LIMITS.replace(
+            "override_refresh: 1s", f'override_refresh: 200ms, redis_url: "{redis_server.url}"'
+        )
+    )
+    one, two = Limiter.from_policy(path), Limiter.from_policy(path)
+    for _ in range(3):
+        two.release(two.hit("api", "kim"))
+    assert not two.hit("api", "kim").allowed
+    code, out, err = run(
+        "override", "set", str(path), "--limit", "api", "--user", "kim",
+        "--quota", "day=5", "--concurrency", "3", "--ttl", "1d", "--reason", "trial", "--by", "ann",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "quotas 5/day; concurrency 3" in out
+    until(lambda: two.peek("api", "kim").results[1].tier == "override")
+    assert sum(two.hit("api", "kim").allowed for _ in range(4)) == 2
+    code, out, _ = run("override", "list", str(path), "--format", "json")
+    [listed] = json.loads(out)["overrides"]
+    assert (listed["rates"], listed["quotas"], listed["concurrency"]) == ([], {"day": 5}, 3)
+    code, out, _ = run("override", "log", str(path))
+    assert "set limit 'api' for user 'kim': quotas 5/day; concurrency 3 by ann: trial" in out
+    one.close()
+    two.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--limit", "api", "--user", "a", "--ttl", "1d", "--reason", "r"), "--quota"),
+        (("--limit", "api", "--user", "a", "--quota", "day", "--ttl", "1d", "--reason", "r"),
+         "PERIOD=UNITS"),
+        (("--limit", "api", "--user", "a", "--quota", "day=1", "--quota", "day=2", "--ttl", "1d",
+          "--reason", "r"), "once per period"),
+        (("--limit", "api", "--user", "a", "--quota", "year=1", "--ttl", "1d", "--reason", "r"),
+         "not a period"),
+        (("--limit", "api", "--user", "a", "--concurrency", "0", "--ttl", "1d", "--reason", "r"),
+         "concurrency"),
+    ],
+)  # fmt: skip
+def test_cli_refuses_bad_quotas_and_concurrency(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis, argv: Any, message: str
+) -> None:
+    """A wrong --quota or --concurrency exits 2 with one line naming the fix."""
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        OWN_LIMITS.replace(
+            "override_refresh: 1s", f'override_refresh: 1s, redis_url: "{redis_server.url}"'
+        )
+    )
+    code, _, err = run("override", "set", str(path), *argv)
+    assert code == 2, err
+    assert message in err and "Traceback" not in err
+    assert redis_client.exists(override_keys("own")[0]) == 0
+
+
+FILE_OWN = """
+overrides:
+  - limit: api
+    user: lou
+    quotas: {day: 4}
+    concurrency: 2
+    expires: "2999-01-01"
+    reason: contract 11
+"""
+
+
+def test_file_override_with_a_quota_and_concurrency(tmp_path: Path) -> None:
+    """The policy file's override gives its quota and concurrency (the tier's rate stays)."""
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        OWN_LIMITS.replace("app: {", 'app: { redis_url: "memory://overrides-own-d",') + FILE_OWN
+    )
+    limiter = Limiter.from_policy(path)
+    held = [limiter.hit("api", "lou") for _ in range(3)]
+    assert [d.allowed for d in held] == [True, True, False]
+    assert [(r.tier, r.algorithm) for r in held[2].denied_by] == [("override", "lease")]
+    for decision in held:
+        limiter.release(decision)
+    # Two of the day's four are spent: two more, one at a time, then the quota refuses.
+    for expected in (True, True, False):
+        decision = limiter.hit("api", "lou")
+        assert decision.allowed is expected
+        limiter.release(decision)
+    assert [r.algorithm for r in decision.denied_by] == ["quota:day"]
+
+
+def test_usage_shows_an_overrides_quota_and_concurrency(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """`applimit usage` shows the identity's own quota and slots, marked as the override's,
+    with what it used before the override counted; the period's end reads in days."""
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        OWN_LIMITS.replace(
+            "override_refresh: 1s", f'override_refresh: 1s, redis_url: "{redis_server.url}"'
+        )
+    )
+    with Limiter.from_policy(path) as limiter:
+        limiter.release(limiter.hit("api", "uma", tier="pro"))
+        limiter.overrides.set(
+            "api", "uma", quotas={"month": 500}, concurrency=3, reason="r", by="o", ttl=60
+        )
+        held = limiter.hit("api", "uma", tier="pro")
+        argv = ("usage", str(path), "--user", "uma", "--tier", "pro")
+        code, out, err = run(*argv, "--format", "json")
+        assert code == 0, err
+        [pro] = json.loads(out)["limits"][0]["tiers"]
+        assert [(q["period"], q["tier"], q["quota"], q["used"]) for q in pro["quotas"]] == [
+            ("month", "override", 500, 2)
+        ]
+        assert pro["concurrency"] == {"limit": 3, "running": 1, "free": 2, "tier": "override"}
+        assert [(r["rate"], r["tier"], r["used"]) for r in pro["rates"]] == [("200/1m", "pro", 2)]
+        code, text, _ = run(*argv)
+        assert "running   1 of 3      free 2  (override)" in text
+        assert re.search(
+            r"500/month  used      2 of 500 .* period ends in \d+d \d+h  \(override\)", text
+        )
+        limiter.release(held)
+
+
+async def test_a_cached_quota_denial_ends_with_the_override_that_made_it(
+    make_limiter: MakeLimiter,
+) -> None:
+    """A quota's denial is cached until the period's end under the key of the period; an
+    override changed meanwhile is decided at once, not answered from that cache. (Without
+    a concurrency limit: a decision that takes a lease is never answered locally.)"""
+    limiter = make_limiter(OWN_LIMITS.replace("      concurrency: { free: 1, pro: 4 }\n", ""))
+    overrides = limiter.limiter.overrides
+    await changed(
+        limiter, overrides.set("api", "ned", quotas={"day": 1}, reason="r", by="o", ttl=60)
+    )
+    await limiter.release(await limiter.hit("api", "ned"))
+    assert not (await limiter.hit("api", "ned")).allowed
+    assert (await limiter.hit("api", "ned")).retry_after > 60  # cached until midnight
+    await changed(
+        limiter, overrides.set("api", "ned", quotas={"day": 2}, reason="r", by="o", ttl=60)
+    )
+    assert (await limiter.hit("api", "ned")).allowed

@@ -1,5 +1,5 @@
 """The policy's ``overrides:`` (contract rates reviewed with the policy): what loads, what
-is refused with its place in the file, and lint's L006-L008, L113 and L114."""
+is refused with its place in the file, and lint's L006-L009, L113 and L114."""
 
 from __future__ import annotations
 
@@ -117,3 +117,79 @@ def test_bad_overrides_are_located_load_errors(tmp_path: Path, body: str, messag
     [diagnostic] = raised.value.diagnostics
     assert message in diagnostic.message
     assert diagnostic.line is not None and diagnostic.line >= 17
+
+
+OWN_HEAD = """version: 1
+tiers: [free, pro]
+limits:
+  - name: exports
+    app:
+      tiers: {free: [1/1m], pro: [10/1m]}
+      quotas: {free: {day: 10}, pro: {day: 100, month: 1000}}
+      concurrency: {free: 1, pro: 3}
+  - name: api
+    app:
+      mode: approximate
+      tiers: {free: [10/1m], pro: [100/1m]}
+overrides:
+  - limit: exports
+    user: alice
+"""
+OWN = """    quotas: {month: 500}
+    concurrency: 2
+    expires: "2999-12-31"
+    reason: contract 12
+"""
+
+
+def load_own(tmp_path: Path, body: str, head: str = OWN_HEAD) -> policy.Policy:
+    path = tmp_path / "policy.yaml"
+    path.write_text(head + body, encoding="utf-8")
+    return policy.load(path)
+
+
+def test_an_override_of_quotas_and_concurrency_loads_without_findings(tmp_path: Path) -> None:
+    """An override may give quotas and concurrency without rates (the tier's stay)."""
+    loaded = load_own(tmp_path, OWN)
+    [entry] = loaded.overrides
+    assert entry.rates is None and entry.concurrency == 2
+    assert entry.quotas is not None and entry.quotas.text() == "500/month"
+    assert entry.gives() == "quotas 500/month; concurrency 2"
+    assert [d.code for d in policy.lint(loaded) if d.code.startswith(("L0", "L11"))] == []
+
+
+@pytest.mark.parametrize(
+    ("body", "head", "code", "line", "message"),
+    [
+        # More than the highest tier's quota of that period, or its concurrency.
+        (OWN.replace("500", "5000"), OWN_HEAD, "L113", 16, "5,000 vs 1,000 per month"),
+        (OWN.replace("month: 500", "day: 101"), OWN_HEAD, "L113", 16, "101 vs 100 per day"),
+        (OWN.replace("concurrency: 2", "concurrency: 4"), OWN_HEAD, "L113", 17, "4 vs 3 at once"),
+        # What the limit cannot count.
+        (OWN, OWN_HEAD.replace("limit: exports", "limit: api").replace(
+            "      concurrency: {free: 1, pro: 3}\n", ""), "L009", 15, "has none"),
+        (OWN.replace("    quotas: {month: 500}\n", ""),
+         OWN_HEAD.replace("limit: exports", "limit: api"), "L009", 16, "approximate"),
+        (OWN.replace("month: 500", "billing: 500"), OWN_HEAD, "L009", 16, "billing_day_from"),
+    ],
+)  # fmt: skip
+def test_lint_of_an_overrides_quotas_and_concurrency(
+    tmp_path: Path, body: str, head: str, code: str, line: int, message: str
+) -> None:
+    """L113 compares each of an override's quotas with the highest tier's of that period
+    and its concurrency with the highest tier's; L009 refuses what the limit cannot count,
+    stopping the app, at the field's line."""
+    loaded = load_own(tmp_path, body, head)
+    [found] = [d for d in policy.lint(loaded) if d.code == code]
+    assert found.line == line and message in found.message, found
+    if code == "L009":
+        assert [d.code for d in policy.check(loaded).stopping(policy.Layer.APP)] == ["L009"]
+
+
+def test_an_override_that_gives_nothing_is_a_load_error(tmp_path: Path) -> None:
+    """An override with neither rates, quotas nor concurrency says what it may give."""
+    body = OWN.replace("    quotas: {month: 500}\n    concurrency: 2\n", "")
+    with pytest.raises(policy.PolicyLoadError) as raised:
+        load_own(tmp_path, body)
+    [diagnostic] = raised.value.diagnostics
+    assert "rates, quotas or concurrency" in diagnostic.message
