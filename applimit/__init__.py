@@ -9,6 +9,8 @@ Public surface::
         .hit(name, identity, tier=, cost=)       consume if allowed
         .peek(name, identity, tier=, cost=)      look, consume nothing
         .check_request(method, path, identity, tier=, cost=, ip=, host=)
+        .match(method, path, host=)              the limits a request matches (RequestMatch),
+                                                 or None: no Redis, for middleware
         .reset(name, identity, tier=)
     Decision, LimitResult                        what a call answers
     Caller, RequestInfo                          who calls (identify's answer), and the request
@@ -52,6 +54,7 @@ from ._eventlog import EventLogObserver
 from ._observe import DecisionEvent, Observer, Outcome, OvershootObserver
 from ._override_store import AsyncOverrides, OverrideChange, Overrides
 from ._overrides import Override
+from ._plan import RequestMatch
 from ._sync import Limiter
 from .web._decorator import RateLimited, rate_limited
 from .web._gate import EXEMPT, Refusal
@@ -80,6 +83,7 @@ __all__ = [
     "RateLimited",
     "Refusal",
     "RequestInfo",
+    "RequestMatch",
     "UnknownLimitError",
     "UnknownTierError",
     "rate_limited",

@@ -105,6 +105,20 @@ class _Shape:
     by_user: bool
 
 
+@dataclass(frozen=True, slots=True)
+class RequestMatch:
+    """The app limits the middleware applies that match a request (``Limiter.match``).
+
+    ``limits``: their names, in policy order, whatever the tier (the tier is known only
+    once the app has identified the caller). ``counts_responses``: one of them has
+    ``count_when``, so the response must be recorded (``record_request``) once its status
+    is known. Where no limit matches there is no match (None), so a match is always true.
+    """
+
+    limits: tuple[str, ...]
+    counts_responses: bool
+
+
 class _Group:
     """The limits that match a request (Core.matching): one object per distinct set, so
     that the plans of requests to different paths that match the same limits are
@@ -114,17 +128,22 @@ class _Group:
     caller is a user (a per-IP limit, or a ``per:`` key limit, which counts a caller
     without the key by address); ``keyed``: whether the set has its key (it is interned);
     one made while the memo of sets keeps no more does not, and the plans of its requests
-    are not remembered.
+    are not remembered. ``found``: the set as ``Core.request_match`` answers it, made once.
     """
 
-    __slots__ = ("after", "by_ip", "keyed", "rules")
+    __slots__ = ("by_ip", "found", "keyed", "rules")
 
     def __init__(self, rules: tuple[AppRule, ...]) -> None:
         self.rules = rules
         self.by_ip = any(rule.per_ip or rule.per_key is not None for rule in rules)
-        # A count_when limit is among them: the response must be recorded.
-        self.after = any(rule.count_when for rule in rules)
         self.keyed = False
+        # counts_responses: a count_when limit is among them, so the response must be
+        # recorded.
+        self.found: RequestMatch | None = (
+            RequestMatch(tuple(rule.name for rule in rules), any(rule.count_when for rule in rules))
+            if rules
+            else None
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +185,7 @@ class Core:
             len(compiled.rules) * len(compiled.tiers) or 1
         )
         # The middleware's limits that match a (method, path, host, mount), every tier: the
-        # middleware asks matches() before identify() and check_request() after it, and
+        # middleware asks match() before identify() and check_request() after it, and
         # both read this instead of decoding the path and walking the matchers twice.
         self._matching: Memo[tuple[str, str, str | None, str], _Group] = Memo(_MATCHING_CACHE)
         # One _Group per distinct set of matching limits (by their names): the plan memo
@@ -218,9 +237,13 @@ class Core:
         (every tier: the tier is applied by the caller). Pure, and remembered."""
         return self._match(method, path, host, mount).rules
 
-    def counts_responses(self, method: str, path: str, host: str | None, mount: str = "") -> bool:
-        """Whether a count_when limit the middleware applies matches this request."""
-        return self._match(method, path, host, mount).after
+    def request_match(
+        self, method: str, path: str, host: str | None, mount: str = ""
+    ) -> RequestMatch | None:
+        """The limits the middleware applies that match this request, and whether one of
+        them counts responses; None when none matches. Pure, and remembered (the lookup
+        ``matching`` makes)."""
+        return self._match(method, path, host, mount).found
 
     def _match(self, method: str, path: str, host: str | None, mount: str = "") -> _Group:
         key = (method, path, host, mount)

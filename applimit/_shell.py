@@ -34,7 +34,7 @@ from ._denials import DenialCache
 from ._errors import ConfigurationError
 from ._flow import UNLIMITED, Decider, Send, Transport, Wait
 from ._observe import Notifier, Observer
-from ._plan import make_core
+from ._plan import RequestMatch, make_core
 from ._replies import Prepared
 from ._rules import CompiledPolicy, compile_policy
 
@@ -336,17 +336,14 @@ class LimiterBase(ABC, Generic[WireT]):
     def matches(self, method: str, path: str, host: str | None = None, mount: str = "") -> bool:
         """True when some app limit the middleware applies matches this request.
 
-        Local and cheap (no Redis): the middleware asks it before running the app's
-        ``identify``, so a request no limit covers (``/healthz``) never reaches the app's
-        auth. Every tier counts, since the tier is only known after ``identify``; limits
-        with ``middleware: false`` are left out, as :meth:`check_request` leaves them out.
-        A limiter built with ``enabled=False`` matches nothing. ``mount`` as for
-        :meth:`check_request`.
+        Local and cheap (no Redis): the middleware asks it (through :meth:`match`) before
+        running the app's ``identify``, so a request no limit covers (``/healthz``) never
+        reaches the app's auth. Every tier counts, since the tier is only known after
+        ``identify``; limits with ``middleware: false`` are left out, as
+        :meth:`check_request` leaves them out. A limiter built with ``enabled=False``
+        matches nothing. ``mount`` as for :meth:`check_request`.
         """
-        if not self.enabled:
-            # Nothing is limited, so nothing needs to know who is calling.
-            return False
-        return bool(self.core.matching(method, path, host, mount))
+        return self.match(method, path, host, mount) is not None
 
     def counts_responses(
         self, method: str, path: str, host: str | None = None, mount: str = ""
@@ -354,9 +351,26 @@ class LimiterBase(ABC, Generic[WireT]):
         """True when a limit with ``count_when`` matches this request: its response must be
         recorded (``record_request``) once its status is known. Local and cheap, like
         :meth:`matches`; False for a limiter built with ``enabled=False``."""
+        found = self.match(method, path, host, mount)
+        return found is not None and found.counts_responses
+
+    def match(
+        self, method: str, path: str, host: str | None = None, mount: str = ""
+    ) -> RequestMatch | None:
+        """The app limits the middleware applies that match this request, or None when
+        none does: :meth:`matches` and :meth:`counts_responses` in one lookup.
+
+        A :class:`~applimit.RequestMatch` names the limits (every tier's, in policy order)
+        and says whether one of them counts responses. The middleware asks it once per
+        request, before ``identify``: None passes the request through, and
+        ``counts_responses`` says whether to call :meth:`record_request` once the response
+        has its status. Local and cheap (no Redis); None for a limiter built with
+        ``enabled=False``. ``mount`` as for :meth:`check_request`.
+        """
         if not self.enabled:
-            return False
-        return self.core.counts_responses(method, path, host, mount)
+            # Nothing is limited, so nothing needs to know who is calling.
+            return None
+        return self.core.request_match(method, path, host, mount)
 
     @property
     def breaker_state(self) -> BreakerState:

@@ -165,18 +165,22 @@ class RateLimitMiddleware:
         if bad is not None:
             await self._refuse(scope, receive, send, bad)
             return
-        if is_preflight(request) or not self.limiter.matches(
-            request.method, request.path, request.host, request.mount
-        ):
+        matched = (
+            None
+            if is_preflight(request)
+            else self.limiter.match(request.method, request.path, request.host, request.mount)
+        )
+        if matched is None:
             await self.app(scope, receive, send)
             return
-        await self._limited(scope, receive, send, request)
+        await self._limited(scope, receive, send, request, matched.counts_responses)
 
     async def _limited(
-        self, scope: Scope, receive: Receive, send: Send, request: RequestInfo
+        self, scope: Scope, receive: Receive, send: Send, request: RequestInfo, counts: bool
     ) -> None:
         """A request some limit matches: the exemptions, ``identify``, one decision of
-        every matching limit, then the app with the headers or the refusal.
+        every matching limit, then the app with the headers or the refusal. ``counts``:
+        a count_when limit matches, so the response's status is recorded.
 
         The Decision is left for the app in ``scope["state"]["applimit_decision"]``
         (``request.state.applimit_decision`` in Starlette and FastAPI): what a shadow
@@ -223,17 +227,16 @@ class RateLimitMiddleware:
         )
         scope.setdefault("state", {})[DECISION_STATE_KEY] = decision
         answer = gate.answer(decision, subject.tier)
+        recorded = _Recorded(subject, cost) if counts else None
         if type(decision) is Leased:
             # A concurrency limit's lease, held until the app is done with the request
             # (its whole body sent, an error, a disconnect, a cancellation).
             try:
-                await self._answer(
-                    scope, receive, send, request, answer=answer, subject=subject, cost=cost
-                )
+                await self._answer(scope, receive, send, request, answer=answer, recorded=recorded)
             finally:
                 await self.limiter.release(decision)
             return
-        await self._answer(scope, receive, send, request, answer=answer, subject=subject, cost=cost)
+        await self._answer(scope, receive, send, request, answer=answer, recorded=recorded)
 
     async def _answer(
         self,
@@ -243,11 +246,10 @@ class RateLimitMiddleware:
         request: RequestInfo,
         *,
         answer: Answer,
-        subject: Subject,
-        cost: int,
+        recorded: _Recorded | None,
     ) -> None:
         """The refusal, or the app with the answer's headers (and, for a request a
-        count_when limit checked, its response recorded)."""
+        count_when limit checked, its response recorded for ``recorded``)."""
         if answer.refusal is not None:
             await self._refuse(
                 scope, receive, send, self.gate.render(answer.refusal, request, request)
@@ -255,8 +257,8 @@ class RateLimitMiddleware:
             return
         if answer is not PASS and answer.headers:
             send = _with_headers(send, answer)
-        if self.limiter.counts_responses(request.method, request.path, request.host, request.mount):
-            await self._counted(scope, receive, send, request, _Recorded(subject, cost))
+        if recorded is not None:
+            await self._counted(scope, receive, send, request, recorded)
             return
         await self.app(scope, receive, send)
 

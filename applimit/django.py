@@ -83,9 +83,9 @@ from .web._views import (
     hit_limit,
     joined,
     known_limit,
+    limits_to_check,
     merge_headers,
     native_cost,
-    needs_check,
     rate_limited_answer,
     record_limit,
     record_response,
@@ -388,7 +388,8 @@ class RateLimitMiddleware:
         bad = bad_path(info)
         if bad is not None:
             return refusal_response(bad)
-        if not config.check_requests or not needs_check(config.limiter, info):
+        matched = limits_to_check(config.limiter, info) if config.check_requests else None
+        if matched is None:
             return self.get_response(request)
         caller, early = (
             (None, EXEMPTED)
@@ -408,25 +409,34 @@ class RateLimitMiddleware:
             _keep(request, decision)
             if answer.refusal is None:
                 _hold(request, decision)
-                response = self._admitted(config, request, info, caller, units)
+                response = self._admitted(
+                    config, request, info, caller, units, counts=matched.counts_responses
+                )
                 return _add_headers(response, answer)
         if answer.refusal is not None:
             return _refused(config, request, info, answer.refusal)
         return _add_headers(self.get_response(request), answer)
 
     def _admitted(
-        self, config: Config, request: Any, info: RequestInfo, caller: Caller | None, units: int
+        self,
+        config: Config,
+        request: Any,
+        info: RequestInfo,
+        caller: Caller | None,
+        units: int,
+        *,
+        counts: bool,
     ) -> Any:
         """The view's response to an admitted request: its status recorded when a
-        count_when limit checked it (Django turns a view's exception into its response,
-        a 500, inside get_response, so every outcome has a status here), its concurrency
-        leases given back once it is sent."""
+        count_when limit checked it (``counts``; Django turns a view's exception into its
+        response, a 500, inside get_response, so every outcome has a status here), its
+        concurrency leases given back once it is sent."""
         try:
             response = self.get_response(request)
         except BaseException:
             _release_held(request, None)
             raise
-        if config.limiter.counts_responses(info.method, info.path, info.host, info.mount):
+        if counts:
             record_response(
                 config.limiter, config.gate, info, caller, cost=units, status=response.status_code
             )

@@ -67,9 +67,9 @@ from .web._views import (
     hit_limit,
     joined,
     known_limit,
+    limits_to_check,
     merge_headers,
     native_cost,
-    needs_check,
     rate_limited_answer,
     record_limit,
     record_response,
@@ -304,7 +304,8 @@ class Limits:
         bad = bad_path(info)
         if bad is not None:
             raise RateLimitExceeded(bad)
-        if not needs_check(self.limiter, info):
+        matched = limits_to_check(self.limiter, info)
+        if matched is None:
             return
         if self._exempt_views and self._view_is_exempt():
             self._keep(EXEMPT)
@@ -316,7 +317,7 @@ class Limits:
         units = request_cost(self.cost, info)
         decision, answer = check_request(self.limiter, self.gate, info, caller, units)
         self._apply(answer, decision, info)
-        if self.limiter.counts_responses(info.method, info.path, info.host, info.mount):
+        if matched.counts_responses:
             # A count_when limit: the response is recorded in _add_headers (Flask runs the
             # after_request hooks for a view's exception too, on its 500).
             request.environ[_RECORD] = (info, caller, units)

@@ -127,17 +127,25 @@ class RateLimitMiddleware:
         bad = bad_path(request)
         if bad is not None:
             return _refuse(start_response, bad)
-        if is_preflight(request) or not self.limiter.matches(
-            request.method, request.path, request.host, request.mount
-        ):
+        matched = (
+            None
+            if is_preflight(request)
+            else self.limiter.match(request.method, request.path, request.host, request.mount)
+        )
+        if matched is None:
             return self.app(environ, start_response)
-        return self._limited(environ, start_response, request)
+        return self._limited(environ, start_response, request, matched.counts_responses)
 
     def _limited(
-        self, environ: WSGIEnvironment, start_response: StartResponse, request: RequestInfo
+        self,
+        environ: WSGIEnvironment,
+        start_response: StartResponse,
+        request: RequestInfo,
+        counts: bool,
     ) -> Iterable[bytes]:
         """A request some limit matches: the exemptions, ``identify``, one decision of
-        every matching limit, then the app with the headers or the refusal.
+        every matching limit, then the app with the headers or the refusal. ``counts``:
+        a count_when limit matches, so the response's status is recorded.
 
         The Decision is left for the app in ``environ["applimit.decision"]``
         (``request.environ`` in Flask): what a shadow limit would have decided, the
@@ -167,7 +175,13 @@ class RateLimitMiddleware:
         if answer is not PASS and answer.headers:
             start_response = _with_headers(start_response, answer)
         return self._admitted(
-            environ, start_response, request, caller=caller, cost=cost, decision=decision
+            environ,
+            start_response,
+            request,
+            caller=caller,
+            cost=cost,
+            decision=decision,
+            counts=counts,
         )
 
     def _admitted(
@@ -179,11 +193,12 @@ class RateLimitMiddleware:
         caller: Caller | None,
         cost: int,
         decision: Decision,
+        counts: bool,
     ) -> Iterable[bytes]:
         """The app for an admitted request: its response recorded when a count_when limit
-        checked it, its concurrency leases held until the server closes the body."""
+        checked it (``counts``), its concurrency leases held until the server closes the
+        body."""
         limiter = self.limiter
-        counts = limiter.counts_responses(request.method, request.path, request.host, request.mount)
         if not counts and type(decision) is not Leased:
             return self.app(environ, start_response)
         run: Callable[[], Iterable[bytes]]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from .._decision import Decision, combine
+from .._plan import RequestMatch
 from .._sync import Limiter
 from ._decorator import RateLimited
 from ._gate import Answer, Gate
@@ -32,16 +33,18 @@ def known_limit(limiter: Limiter, name: str) -> str:
     return name
 
 
-def needs_check(limiter: Limiter, request: RequestInfo) -> bool:
-    """Whether the request check applies at all, decided before ``identify`` runs.
+def limits_to_check(limiter: Limiter, request: RequestInfo) -> RequestMatch | None:
+    """The limits the request check applies, or None when it does not apply at all,
+    decided before ``identify`` runs; the match also says whether the response's status
+    is to be recorded (:func:`record_response`), so the request is matched once.
 
     As in the WSGI middleware: a CORS preflight is neither counted nor refused, and a
     request that no limit the middleware applies matches (``/healthz``) never reaches the
     app's auth code.
     """
     if is_preflight(request):
-        return False
-    return limiter.matches(request.method, request.path, request.host, request.mount)
+        return None
+    return limiter.match(request.method, request.path, request.host, request.mount)
 
 
 def native_cost(cost: int | Callable[[Any], int], request: object, info: RequestInfo) -> int:

@@ -17,7 +17,13 @@ import pytest
 from harness import RedisServer
 from limiter_support import MakeLimiter
 
-from applimit import ConfigurationError, InvalidArgumentError, Limiter, rate_limited
+from applimit import (
+    ConfigurationError,
+    InvalidArgumentError,
+    Limiter,
+    RequestMatch,
+    rate_limited,
+)
 from applimit.fastapi import RateLimit
 
 IP = "203.0.113.7"
@@ -142,6 +148,28 @@ async def test_record_refuses_what_it_cannot_count(make_limiter: MakeLimiter) ->
             await limiter.record_request("POST", "/login", None, status, ip=IP)
     assert (await limiter.peek("login", None, ip=IP)).remaining == 3
     assert (await limiter.peek("api", None, ip=IP)).remaining == 100
+
+
+def test_match_names_the_limits_and_whether_responses_count() -> None:
+    """Limiter.match, the middleware's one lookup: the limits a request matches and
+    whether a count_when limit is among them (what matches() and counts_responses()
+    answer apart); None where no limit the middleware applies matches, or limits are off."""
+    text = login_policy().replace("path_prefix: / }", "path_prefix: /api/ }")
+    with Limiter(policy.loads(text), redis_url="memory://count-when-match") as limiter:
+        login = limiter.match("POST", "/x/../login")
+        assert login == RequestMatch(("login",), counts_responses=True)
+        assert limiter.counts_responses("POST", "/login")
+        api = limiter.match("GET", "/api/items", "api.example.com")
+        assert api == RequestMatch(("api",), counts_responses=False)
+        assert api and limiter.matches("GET", "/api/items")
+        assert not limiter.counts_responses("GET", "/api/items")
+        assert limiter.match("GET", "/login") is None
+        assert not limiter.matches("GET", "/login")
+        assert not limiter.counts_responses("GET", "/login")
+    with Limiter(policy.loads(text), enabled=False) as off:
+        assert off.match("POST", "/login") is None
+        assert not off.matches("POST", "/login")
+        assert not off.counts_responses("POST", "/login")
 
 
 def test_count_when_needs_exact_mode() -> None:

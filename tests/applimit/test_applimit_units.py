@@ -59,6 +59,7 @@ def test_public_surface_is_pinned() -> None:
         "RateLimited",
         "Refusal",
         "RequestInfo",
+        "RequestMatch",
         "UnknownLimitError",
         "UnknownTierError",
         "rate_limited",

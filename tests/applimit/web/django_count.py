@@ -1,7 +1,8 @@
 """Settings and URLs of a Django site with a login form limited by failures only
 (test_web_count_when.py): the example project's settings, this module as the URL conf, and
 no identify (every caller is counted by address). The views count their runs in Redis, as
-the site runs in several gunicorn workers."""
+the site runs in several gunicorn workers, and so do the limiter's lookups of the limits a
+request matches (lookups.py: the name of each one's caller, in the list test:lookups)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,18 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
+from lookups import counting_lookups
 
+from applimit._plan import Core
 from applimit.django import rate_limit
 
 ROOT_URLCONF = "django_count"
 APPLIMIT = {**APPLIMIT, "identify": None}
 
 _RUNS = redis.Redis.from_url(os.environ["REDIS_URL"])
+Core._match = counting_lookups(  # type: ignore[method-assign]
+    lambda caller: _RUNS.rpush("test:lookups", caller)
+)
 
 
 @csrf_exempt

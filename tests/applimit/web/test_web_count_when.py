@@ -10,7 +10,8 @@ the handler and records the status before the response is sent, so the handler r
 most ``limit + (requests in flight - 1)`` times for a caller's failures: every run beyond
 the limit was admitted while another was still running. In-process stacks measure the
 requests in flight around the middleware; under gunicorn, two sync workers run at most
-two at once.
+two at once. Every stack also counts the limiter's lookups of the limits a request
+matches (lookups.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import redis
 from flask import Flask, abort
 from flask import request as flask_request
 from harness import RedisServer
+from lookups import counting_lookups
 from servers import serve_asgi, serve_wsgi
 from test_django import gunicorn, ready_url
 from webcheck import problem
@@ -35,6 +37,7 @@ from webcheck import problem
 from applimit import AsyncLimiter, Limiter
 from applimit import asgi as applimit_asgi
 from applimit import wsgi as applimit_wsgi
+from applimit._plan import Core
 from applimit.flask import Limits
 
 LIMIT = 5
@@ -181,17 +184,20 @@ def counted_wsgi(app: Any, counters: Counters) -> Any:
 
 
 class Site:
-    """A served stack: its client, its handler runs and its bound on requests in flight."""
+    """A served stack: its client, its handler runs, its bound on requests in flight, and
+    its lookups of matching limits since the last call (the caller of each, in order)."""
 
     def __init__(
         self,
         client: httpx.Client,
         runs: Callable[[str], int],
         most_in_flight: Callable[[], int],
+        lookups: Callable[[], list[str]],
     ) -> None:
         self.client = client
         self.runs = runs
         self.most_in_flight = most_in_flight
+        self.lookups = lookups
 
 
 @pytest.fixture(params=[ASGI, WSGI, FLASK, DJANGO])
@@ -200,6 +206,7 @@ def site(
     redis_server: RedisServer,
     redis_client: redis.Redis,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Site]:
     """One stack, served, with the policy above, on a flushed Redis."""
     policy_path = tmp_path / "policy.yaml"
@@ -218,7 +225,25 @@ def site(
 
             # Two sync workers, one request each.
             most: Callable[[], int] = lambda: 2  # noqa: E731
+
+            def lookups() -> list[str]:
+                found, _ = (
+                    redis_client.pipeline()
+                    .lrange("test:lookups", 0, -1)
+                    .delete("test:lookups")
+                    .execute()
+                )
+                return [caller.decode() for caller in found]
+
         else:
+            looked_up: list[str] = []
+            monkeypatch.setattr(Core, "_match", counting_lookups(looked_up.append))
+
+            def lookups() -> list[str]:
+                found = looked_up[:]
+                del looked_up[: len(found)]
+                return found
+
             if request.param == ASGI:
                 limiter: Any = AsyncLimiter.from_policy(policy_path, redis_url=redis_server.url)
                 app = applimit_asgi.RateLimitMiddleware(
@@ -239,7 +264,7 @@ def site(
 
             most = lambda: counters.peak  # noqa: E731
         client = stack.enter_context(httpx.Client(base_url=url, timeout=10))
-        yield Site(client, runs, most)
+        yield Site(client, runs, most, lookups)
 
 
 def post(site: Site, body: bytes, path: str = "/login") -> httpx.Response:
@@ -308,3 +333,19 @@ def test_a_decorated_view_records_its_status(site: Site, request: pytest.Fixture
     assert post(site, WRONG, "/signin").status_code == 401
     assert "signin" in str(problem(post(site, RIGHT, "/signin"), 429))
     assert site.runs("/signin") == 8
+
+
+def test_a_request_is_matched_once(site: Site) -> None:
+    """Each stack looks up the limits a request matches once, before identify, and keeps
+    from it whether a count_when limit is among them: no second lookup to decide whether
+    to record the status. check_request's and record_request's plans each read the
+    core's memo of that lookup themselves (their arguments are the request's, not a
+    match). A request no limit matches costs the one lookup."""
+    site.lookups()  # the server's start (the readiness probe)
+    planned = ["request_match", "for_request", "for_record_request"]
+    assert post(site, WRONG).status_code == 401
+    assert site.lookups() == planned
+    assert post(site, RIGHT).status_code == 200
+    assert site.lookups() == planned
+    assert site.client.get("/healthz").status_code != 429
+    assert site.lookups() == ["request_match"]
