@@ -24,6 +24,7 @@ from edgegen_policy import (
     Rate,
     checked_rates,
     period_us,
+    status_counts,
 )
 from edgegen_policy import check as check_policy
 
@@ -116,7 +117,7 @@ class AppRule:
 
     def counts(self, status: int) -> bool:
         """Whether a response of ``status`` counts against this count_when limit."""
-        return any(low <= status <= high for low, high in self.count_when)
+        return status_counts(self.count_when, status)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,8 @@ Public surface::
                                              limit of one period decides alone
     Matcher, request_paths, canonical_path   request matching, the same at edge and app
     has_control_character                    a path the middlewares and the Worker refuse
+    CountWhen, status_counts                 the statuses a count_when limit counts, and the
+                                             one test of a response's status against them
     ip_bucket                                the key a client address is counted under
     header_key, QUOTA_EXCEEDED               a limit's RateLimit header key, the 429's
                                              problem type: the same at edge and app
@@ -86,6 +88,7 @@ from ._model import (
     Worker,
     is_keyed,
     override_expiry,
+    status_counts,
 )
 from ._net import DEFAULT_IPV6_PREFIX, ip_bucket
 from ._report import (
@@ -205,6 +208,7 @@ __all__ = [
     "period_us",
     "request_paths",
     "sliding_log_bytes",
+    "status_counts",
     "time_zone",
     "write_diagnostics",
 ]

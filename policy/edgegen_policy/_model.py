@@ -732,6 +732,13 @@ StatusRanges = Annotated[
 ]
 
 
+def status_counts(ranges: tuple[tuple[int, int], ...], status: int) -> bool:
+    """Whether a response of ``status`` is counted by count_when's ``ranges`` (its
+    statuses as ``(lowest, highest)`` pairs, ``CountWhen.status``): the one test, for the
+    policy's model and for the plain values applimit compiles it into."""
+    return any(low <= status <= high for low, high in ranges)
+
+
 class CountWhen(_Model):
     """Which answers a limit counts: a request is checked before it runs, and counted only
     when its response is one of these (``count_when: {status: [401, 403]}``)."""
@@ -743,7 +750,7 @@ class CountWhen(_Model):
 
     def counts(self, status: int) -> bool:
         """Whether a response with this status is counted."""
-        return any(low <= status <= high for low, high in self.status)
+        return status_counts(self.status, status)
 
     def describe(self) -> str:
         """The statuses as the policy would write them: ``401, 403, 5xx``."""

@@ -24,6 +24,7 @@ from applimit import (
     RequestMatch,
     rate_limited,
 )
+from applimit._rules import compile_policy
 from applimit.fastapi import RateLimit
 
 IP = "203.0.113.7"
@@ -133,6 +134,25 @@ async def test_status_classes_and_ranges(
     for status in counted:
         assert (await limiter.record("login", None, status, ip=IP)).results[0].consumed
     assert (await limiter.peek("login", None, ip=IP)).remaining == 50 - len(counted)
+
+
+@pytest.mark.parametrize(
+    ("statuses", "how_many"),
+    [("4xx", 100), ("[500-503, 401]", 5), ("429", 1), ("[401, 4xx, 5xx]", 200)],
+)
+def test_the_policy_and_the_compiled_rule_count_the_same_statuses(
+    statuses: str, how_many: int
+) -> None:
+    """CountWhen.counts (edgegen's replay, suggest) and AppRule.counts (the limiter) are
+    one test (edgegen_policy.status_counts), over the same ranges: every status agrees."""
+    loaded = policy.loads(login_policy(statuses=statuses))
+    [limit] = [limit for limit in loaded.limits if limit.name == "login"]
+    assert limit.count_when is not None
+    rule = compile_policy(loaded).by_name["login"]
+    assert rule.count_when == limit.count_when.status
+    for status in range(100, 600):
+        assert rule.counts(status) is limit.count_when.counts(status), status
+    assert sum(rule.counts(status) for status in range(100, 600)) == how_many
 
 
 async def test_record_refuses_what_it_cannot_count(make_limiter: MakeLimiter) -> None:
