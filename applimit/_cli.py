@@ -145,6 +145,16 @@ def counted_by(rule: AppRule, subject: Subject, ipv6_prefix: int) -> Counted:
     return Counted("ip", address)
 
 
+def algorithm_shown(rule: AppRule, tiers: Sequence[Mapping[str, Any]]) -> str | None:
+    """The algorithm ``rule`` counts rates with, or None where it counts none: a limit
+    with no rate in any tier (concurrency alone), unless the subject's override gives it
+    rates (``tiers``: the usage entries, whose rates include the override's). The
+    policy's default algorithm is set on every limit, but means nothing without a rate."""
+    if any(rule.tiers.values()) or any(entry["rates"] for entry in tiers):
+        return rule.algorithm
+    return None
+
+
 def tiers_shown(rule: AppRule, tier: str | None, policy_tiers: Sequence[str]) -> list[str]:
     """The tiers to show ``rule`` under: the one asked for, else every tier it has a rate
     for, in the policy's order (least generous first)."""
@@ -287,7 +297,9 @@ def format_text(document: Mapping[str, Any]) -> str:
             "quota; --tier TIER shows one)"
         )
     for limit in document["limits"]:
-        flags = [limit["algorithm"], f"per {limit['per']}"]
+        flags = [f"per {limit['per']}"]
+        if limit["algorithm"] is not None:
+            flags.insert(0, limit["algorithm"])
         if limit["shadow"]:
             flags.append("shadow")
         if not limit["middleware"]:
@@ -562,7 +574,7 @@ def _limit_usage(
             tiers.append(entry)
     return {
         "name": rule.name,
-        "algorithm": rule.algorithm,
+        "algorithm": algorithm_shown(rule, tiers),
         "per": rule.kind,
         "shadow": rule.shadow,
         "middleware": rule.middleware,

@@ -305,3 +305,43 @@ def test_usage_shows_the_slots_in_use(redis_server: RedisServer, tmp_path: Any) 
             ("pro", {"limit": 2, "running": 1, "free": 1}, []),
         ]
         limiter.release(held)
+
+
+def test_usage_names_no_algorithm_for_a_concurrency_limit_alone(
+    redis_server: RedisServer, tmp_path: Any
+) -> None:
+    """A limit with no rate, only concurrency: no algorithm counts for it, so usage names
+    none (null in JSON, left out of the text), while a limit with rates names its own. An
+    identity whose override gives that limit rates has them counted by the limit's
+    algorithm (the default, sliding_window), which usage then names for that identity."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        POLICY.replace("timeout: 2s", f'timeout: 2s, redis_url: "{redis_server.url}"')
+        + """overrides:
+  - { limit: exports, user: una, rates: [5/1m], expires: "2099-01-01", reason: a contract }
+"""
+    )
+
+    def usage(user: str, *argv: str) -> str:
+        out = io.StringIO()
+        code = main(
+            ["usage", str(path), "--user", user, "--ip", IP, *argv],
+            stdin=io.StringIO(),
+            stdout=out,
+            stderr=io.StringIO(),
+        )
+        assert code == 0
+        return out.getvalue()
+
+    def heads(user: str) -> list[str]:
+        return [line for line in usage(user).splitlines() if not line.startswith(" ")]
+
+    limits = {x["name"]: x for x in json.loads(usage("ivy", "--format", "json"))["limits"]}
+    assert limits["exports"]["algorithm"] is None
+    assert limits["api"]["algorithm"] == "sliding_log"
+    assert "exports (per user): counted by user 'ivy'" in heads("ivy")
+    assert f"api (sliding_log, per ip): counted by ip '{IP}'" in heads("ivy")
+    own = {x["name"]: x for x in json.loads(usage("una", "--format", "json"))["limits"]}
+    assert own["exports"]["algorithm"] == "sliding_window"
+    assert [rate["rate"] for rate in own["exports"]["tiers"][0]["rates"]] == ["5/1m"]
+    assert "exports (sliding_window, per user): counted by user 'una'" in heads("una")
