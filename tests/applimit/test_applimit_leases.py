@@ -301,8 +301,8 @@ def test_usage_shows_the_slots_in_use(redis_server: RedisServer, tmp_path: Any) 
         assert code == 0
         [exports] = [x for x in json.loads(out.getvalue())["limits"] if x["name"] == "exports"]
         assert [(t["tier"], t["concurrency"], t["rates"]) for t in exports["tiers"]] == [
-            ("free", {"limit": 1, "running": 1, "free": 0}, []),
-            ("pro", {"limit": 2, "running": 1, "free": 1}, []),
+            ("free", {"limit": 1, "running": 1, "free": 0, "tier": "free"}, []),
+            ("pro", {"limit": 2, "running": 1, "free": 1, "tier": "pro"}, []),
         ]
         limiter.release(held)
 
