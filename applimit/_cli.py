@@ -145,14 +145,11 @@ def counted_by(rule: AppRule, subject: Subject, ipv6_prefix: int) -> Counted:
     return Counted("ip", address)
 
 
-def algorithm_shown(rule: AppRule, tiers: Sequence[Mapping[str, Any]]) -> str | None:
+def algorithm_shown(rule: AppRule) -> str | None:
     """The algorithm ``rule`` counts rates with, or None where it counts none: a limit
-    with no rate in any tier (concurrency alone), unless the subject's override gives it
-    rates (``tiers``: the usage entries, whose rates include the override's). The
+    with no rate in any tier (concurrency alone; no override may give it rates). The
     policy's default algorithm is set on every limit, but means nothing without a rate."""
-    if any(rule.tiers.values()) or any(entry["rates"] for entry in tiers):
-        return rule.algorithm
-    return None
+    return rule.algorithm if any(rule.tiers.values()) else None
 
 
 def tiers_shown(rule: AppRule, tier: str | None, policy_tiers: Sequence[str]) -> list[str]:
@@ -574,7 +571,7 @@ def _limit_usage(
             tiers.append(entry)
     return {
         "name": rule.name,
-        "algorithm": algorithm_shown(rule, tiers),
+        "algorithm": algorithm_shown(rule),
         "per": rule.kind,
         "shadow": rule.shadow,
         "middleware": rule.middleware,

@@ -290,6 +290,12 @@ def checked(
             "rate under overrides: in the policy, where it is reviewed.",
         )
     own_rates = checked_rates_of(rates)
+    if own_rates and not any(rule.tiers.values()):
+        raise InvalidArgumentError(
+            "rates",
+            f"limit {rule.name!r} has no rates (concurrency alone); give a tier of it rates "
+            "in the policy first (an override changes rates, it does not start counting them).",
+        )
     own_quotas = checked_quotas_of(rule, quotas)
     own_concurrency = checked_concurrency_of(rule, concurrency)
     if not own_rates and not own_quotas and own_concurrency is None:
@@ -365,6 +371,8 @@ def applied(policy: CompiledPolicy, override: Override) -> tuple[tuple[str, str]
         # The policy no longer counts quotas for this limit (or billing days).
         return None
     if override.concurrency is not None and rule.approximate:
+        return None
+    if override.rates and not any(rule.tiers.values()):
         return None
     own = replace(
         rule,

@@ -16,8 +16,8 @@ L005    error     app        an app limit's ``per`` names no usable key (not a l
 L006    error     app        an override names a limit that has no app part
 L007    error     app        an override names another kind of identity than its limit counts
 L008    error     app        two overrides name one limit and identity
-L009    error     app        an override gives what its limit cannot count (quotas on a limit
-                             without quotas, a billing quota without billing_day_from,
+L009    error     app        an override gives what its limit cannot count (rates or quotas on
+                             a limit without any, a billing quota without billing_day_from,
                              concurrency in approximate mode)
 L101    warning              a higher tier gets less than a lower one
 L102    warning              an edge limit is stricter than the app's lowest tier on its route
@@ -586,7 +586,13 @@ class _Overrides:
         """L009: whether the limit can count what the override gives."""
         whose = f"the override of {entry.limit!r} for {entry.kind} {entry.value!r}"
         problem: tuple[str, str] | None = None
-        if entry.quotas is not None and not app.quotas:
+        if entry.rates is not None and not any(app.tiers.values()):
+            problem = (
+                "rates",
+                f"{whose} gives rates, but limit {entry.limit!r} has none (concurrency "
+                "alone); give a tier of the limit rates first, or drop the override's",
+            )
+        elif entry.quotas is not None and not app.quotas:
             problem = (
                 "quotas",
                 f"{whose} gives quotas, but limit {entry.limit!r} has none; give a tier of "

@@ -311,16 +311,9 @@ def test_usage_names_no_algorithm_for_a_concurrency_limit_alone(
     redis_server: RedisServer, tmp_path: Any
 ) -> None:
     """A limit with no rate, only concurrency: no algorithm counts for it, so usage names
-    none (null in JSON, left out of the text), while a limit with rates names its own. An
-    identity whose override gives that limit rates has them counted by the limit's
-    algorithm (the default, sliding_window), which usage then names for that identity."""
+    none (null in JSON, left out of the text), while a limit with rates names its own."""
     path = tmp_path / "policy.yaml"
-    path.write_text(
-        POLICY.replace("timeout: 2s", f'timeout: 2s, redis_url: "{redis_server.url}"')
-        + """overrides:
-  - { limit: exports, user: una, rates: [5/1m], expires: "2099-01-01", reason: a contract }
-"""
-    )
+    path.write_text(POLICY.replace("timeout: 2s", f'timeout: 2s, redis_url: "{redis_server.url}"'))
 
     def usage(user: str, *argv: str) -> str:
         out = io.StringIO()
@@ -341,7 +334,3 @@ def test_usage_names_no_algorithm_for_a_concurrency_limit_alone(
     assert limits["api"]["algorithm"] == "sliding_log"
     assert "exports (per user): counted by user 'ivy'" in heads("ivy")
     assert f"api (sliding_log, per ip): counted by ip '{IP}'" in heads("ivy")
-    own = {x["name"]: x for x in json.loads(usage("una", "--format", "json"))["limits"]}
-    assert own["exports"]["algorithm"] == "sliding_window"
-    assert [rate["rate"] for rate in own["exports"]["tiers"][0]["rates"]] == ["5/1m"]
-    assert "exports (sliding_window, per user): counted by user 'una'" in heads("una")

@@ -830,11 +830,22 @@ def test_checks_of_an_overrides_quotas_and_concurrency(
 def test_an_override_cannot_start_a_quota_or_lease_where_the_limit_cannot(
     tmp_path: Path,
 ) -> None:
-    """A quota on a limit without quotas, and concurrency on an approximate limit, say
-    what to change in the policy."""
+    """A quota on a limit without quotas, rates on a limit of concurrency alone, and
+    concurrency on an approximate limit, say what to change in the policy."""
     limiter = Limiter.from_policy(write(tmp_path, "memory://overrides-own-b"))
     with pytest.raises(InvalidArgumentError, match="has no calendar quotas"):
         limiter.overrides.set("api", "a", quotas={"day": 5}, reason="r", by="o", ttl=60)
+    slots = tmp_path / "slots.yaml"
+    slots.write_text(
+        OWN_LIMITS.replace("app: {", 'app: { redis_url: "memory://overrides-own-e",')
+        + """  - name: exports
+    app: { concurrency: 2 }
+"""
+    )
+    alone = Limiter.from_policy(slots)
+    with pytest.raises(InvalidArgumentError, match="concurrency alone"):
+        alone.overrides.set("exports", "a", rates=["5/1m"], reason="r", by="o", ttl=60)
+    assert alone.overrides.set("exports", "a", concurrency=3, reason="r", by="o", ttl=60)
     path = tmp_path / "approx.yaml"
     path.write_text(APPROXIMATE.replace("overrides-h", "overrides-own-c"))
     approximate = Limiter.from_policy(path)

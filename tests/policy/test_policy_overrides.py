@@ -135,6 +135,12 @@ overrides:
   - limit: exports
     user: alice
 """
+# The exports limit with concurrency alone: no rates, no quotas.
+SLOTS_ONLY = OWN_HEAD.replace(
+    "      tiers: {free: [1/1m], pro: [10/1m]}\n"
+    "      quotas: {free: {day: 10}, pro: {day: 100, month: 1000}}\n",
+    "",
+)
 OWN = """    quotas: {month: 500}
     concurrency: 2
     expires: "2999-12-31"
@@ -171,6 +177,8 @@ def test_an_override_of_quotas_and_concurrency_loads_without_findings(tmp_path: 
         (OWN.replace("    quotas: {month: 500}\n", ""),
          OWN_HEAD.replace("limit: exports", "limit: api"), "L009", 16, "approximate"),
         (OWN.replace("month: 500", "billing: 500"), OWN_HEAD, "L009", 16, "billing_day_from"),
+        (OWN.replace("    quotas: {month: 500}\n", "    rates: [5/1m]\n"), SLOTS_ONLY, "L009",
+         14, "concurrency alone"),
     ],
 )  # fmt: skip
 def test_lint_of_an_overrides_quotas_and_concurrency(
