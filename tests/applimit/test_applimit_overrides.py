@@ -697,8 +697,15 @@ def shown(decision: Any) -> list[tuple[str, str, int]]:
 async def test_an_override_gives_its_own_quota_and_concurrency(make_limiter: MakeLimiter) -> None:
     """An override's quota and concurrency replace the tier's, counted on the same keys (a
     raised daily quota starts from what the caller used today); the tier's rate stays;
-    removing the override restores the tier's, with what was used meanwhile counted."""
-    limiter = make_limiter(OWN_LIMITS)
+    removing the override restores the tier's, with what was used meanwhile counted.
+    Observers hear of the override's quota and slots under the tier 'override'."""
+    heard: list[tuple[str, str, str]] = []
+
+    class Heard:
+        def on_decision(self, event: Any) -> None:
+            heard.append((event.tier, event.algorithm, str(event.outcome)))
+
+    limiter = make_limiter(OWN_LIMITS, observers=[Heard()])
     for _ in range(3):
         decision = await limiter.hit("api", "acme")
         assert decision.allowed
@@ -728,6 +735,12 @@ async def test_an_override_gives_its_own_quota_and_concurrency(make_limiter: Mak
     await limiter.release(fourth)
     refused = await limiter.hit("api", "acme")
     assert [(r.tier, r.algorithm) for r in refused.denied_by] == [("override", "quota:day")]
+    assert {e for e in heard if e[0] == "override"} >= {
+        ("override", "quota:day", "allowed"),
+        ("override", "quota:day", "denied"),
+        ("override", "lease", "allowed"),
+        ("override", "lease", "denied"),
+    }
     # Others keep their tier; the tier's own concurrency of one still holds them.
     other = await limiter.hit("api", "initech")
     assert other.allowed and not (await limiter.hit("api", "initech")).allowed
