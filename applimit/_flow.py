@@ -403,12 +403,13 @@ class Decider:
         breakers = send.breakers
         if self._slow is not None:
             self._confirm_slow(breakers)
-        for call, reply, breaker in zip(send.calls, outcomes, breakers, strict=True):
+        for breaker in breakers:
             # Only during an outage has a breaker anything to learn from a success
-            # (success() does nothing otherwise), and then whether the call wrote
-            # decides if the outage is over.
+            # (success() does nothing otherwise): the replies are looked at only then
+            # (docs/benchmarks-compare.md, "Why each speed trick stays").
             if breaker.in_outage:
-                breaker.success(wrote=wrote(call, reply))
+                _recovering(send, outcomes)
+                break
         try:
             decision, refunds = prepared.decide(outcomes)
         except ValueError as error:
@@ -599,6 +600,14 @@ def drive(
             raise
         step = decider.advance(step, outcomes)
     return step
+
+
+def _recovering(send: Send, outcomes: Sequence[object]) -> None:
+    """Tell each breaker of ``send`` that is in an outage of its call's answer: whether
+    the call wrote decides if the outage is over (see _breaker.py)."""
+    for call, reply, breaker in zip(send.calls, outcomes, send.breakers, strict=True):
+        if breaker.in_outage:
+            breaker.success(wrote=wrote(call, reply))
 
 
 def _refund_failed(error: BaseException) -> None:
