@@ -88,11 +88,15 @@ class Step:
     approximate sequence it belongs to (None for an exact decision).
     """
 
+    # Slotted, every field stored when a step is made: a Send is made for every decision
+    # that goes to Redis, and an instance dict (or a field read through to a class
+    # default) is work on that path (docs/benchmarks-compare.md, "Why each speed trick
+    # stays").
+    __slots__ = ("flow", "request", "started")
+
     request: Prepared
-    # Defaults at class level, not stored per decision: a Send is made for every
-    # decision that goes to Redis, and each store is work on that path.
-    started: float = 0.0
-    flow: Approximate | None = None
+    started: float
+    flow: Approximate | None
 
 
 class Send(Step):
@@ -106,13 +110,15 @@ class Send(Step):
     when they were sent (the denial cache's clock).
     """
 
+    __slots__ = ("breakers", "calls", "carries", "decided", "plan", "refunds", "sent")
+
     plan: Prepared
     calls: tuple[ScriptCall, ...]
     breakers: Sequence[CircuitBreaker]
     sent: float
-    carries: bool = False
-    decided: Decision | None = None
-    refunds: tuple[ScriptCall, ...] = ()
+    carries: bool
+    decided: Decision | None
+    refunds: tuple[ScriptCall, ...]
 
     @property
     def refund(self) -> bool:
@@ -128,8 +134,12 @@ class Wait(Step):
     ``deadline`` (``time.monotonic()`` seconds); advance with ``[]``, or with
     ``[TimeoutError]`` when the deadline passed first."""
 
+    __slots__ = ("deadline", "flight")
+
     def __init__(self, request: Prepared, flight: Flight, deadline: float) -> None:
         self.request = request
+        self.started = 0.0
+        self.flow = None
         self.flight = flight
         self.deadline = deadline
 
@@ -242,14 +252,18 @@ class Decider:
                     ]
                     closed = Breakers.admit(breakers)
                 if closed is None:
-                    # Send has no __init__ (a Python frame per decision): filled here.
+                    # Send has no __init__ (a Python frame per decision): filled here,
+                    # every field (see Step).
                     send = Send()
                     send.request = send.plan = prepared
                     send.calls = calls
                     send.breakers = breakers
                     send.sent = self.clock()
-                    if started:
-                        send.started = started
+                    send.started = started
+                    send.flow = None
+                    send.carries = False
+                    send.decided = None
+                    send.refunds = ()
                     return send
                 decision = self._skipped(prepared, closed)
         if self.observing and not inner:
