@@ -289,13 +289,8 @@ class Decider:
         elif step.decided is not None:
             following = self._refunded(step, outcomes)
         else:
-            # An exact decision's Send; its breakers are read on the failure path only.
-            for outcome in outcomes:
-                if isinstance(outcome, BaseException):
-                    following = self._failed_send(step, outcomes, outcome)
-                    break
-            else:
-                following = self._answered(step, outcomes)
+            # An exact decision's Send; a failed call is found by _answered.
+            following = self._answered(step, outcomes)
         if isinstance(following, Decision):
             if self.observing and not inner:
                 self._observe(step.request, following, step.started, sent=isinstance(step, Send))
@@ -411,9 +406,25 @@ class Decider:
         return step
 
     def _answered(self, send: Send, outcomes: Sequence[object]) -> Decision | Send:
-        """The decision of an exact Send's replies (none failed): the breakers told, a
-        denial cached; or the first of its refunds."""
+        """The decision of an exact Send's outcomes: a failed call's by the failure policy
+        (see :meth:`_failed`); else the replies' (the breakers told, a denial cached), or
+        the first of its refunds.
+
+        A failure is looked for only when the replies cannot be read: ``decide`` reads
+        every reply and refuses (ValueError) whatever is not one, a failed call's
+        exception included, so the outcomes of calls Redis answered are read once
+        (docs/benchmarks-compare.md, "Why each speed trick stays")."""
         prepared = send.plan
+        try:
+            decision, refunds = prepared.decide(outcomes)
+        except ValueError as error:
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    return self._failed_send(send, outcomes, outcome)
+            # A reply of the wrong shape: Redis answered, so this is not an outage, but
+            # the decision can only follow the failure policy.
+            self._log_refusal(error)
+            decision, refunds = prepared.degraded(DEGRADED_RETRY_AFTER), ()
         breakers = send.breakers
         if self._slow is not None:
             self._confirm_slow(breakers)
@@ -424,13 +435,6 @@ class Decider:
             if breaker.in_outage:
                 _recovering(send, outcomes)
                 break
-        try:
-            decision, refunds = prepared.decide(outcomes)
-        except ValueError as error:
-            # A reply of the wrong shape: Redis answered, so this is not an outage, but
-            # the decision can only follow the failure policy.
-            self._log_refusal(error)
-            return prepared.degraded(DEGRADED_RETRY_AFTER)
         if self.denials is not None and not decision.allowed:
             self.denials.record(prepared, decision, send.sent)
         if refunds:
