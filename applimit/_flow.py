@@ -88,11 +88,15 @@ class Step:
     approximate sequence it belongs to (None for an exact decision).
     """
 
+    # Slotted, every field stored when a step is made: a Send is made for every decision
+    # that goes to Redis, and an instance dict (or a field read through to a class
+    # default) is work on that path (docs/benchmarks-compare.md, "Why each speed trick
+    # stays").
+    __slots__ = ("flow", "request", "started")
+
     request: Prepared
-    # Defaults at class level, not stored per decision: a Send is made for every
-    # decision that goes to Redis, and each store is work on that path.
-    started: float = 0.0
-    flow: Approximate | None = None
+    started: float
+    flow: Approximate | None
 
 
 class Send(Step):
@@ -106,13 +110,15 @@ class Send(Step):
     when they were sent (the denial cache's clock).
     """
 
+    __slots__ = ("breakers", "calls", "carries", "decided", "plan", "refunds", "sent")
+
     plan: Prepared
     calls: tuple[ScriptCall, ...]
     breakers: Sequence[CircuitBreaker]
     sent: float
-    carries: bool = False
-    decided: Decision | None = None
-    refunds: tuple[ScriptCall, ...] = ()
+    carries: bool
+    decided: Decision | None
+    refunds: tuple[ScriptCall, ...]
 
     @property
     def refund(self) -> bool:
@@ -128,8 +134,12 @@ class Wait(Step):
     ``deadline`` (``time.monotonic()`` seconds); advance with ``[]``, or with
     ``[TimeoutError]`` when the deadline passed first."""
 
+    __slots__ = ("deadline", "flight")
+
     def __init__(self, request: Prepared, flight: Flight, deadline: float) -> None:
         self.request = request
+        self.started = 0.0
+        self.flow = None
         self.flight = flight
         self.deadline = deadline
 
@@ -242,14 +252,18 @@ class Decider:
                     ]
                     closed = Breakers.admit(breakers)
                 if closed is None:
-                    # Send has no __init__ (a Python frame per decision): filled here.
+                    # Send has no __init__ (a Python frame per decision): filled here,
+                    # every field (see Step).
                     send = Send()
                     send.request = send.plan = prepared
                     send.calls = calls
                     send.breakers = breakers
                     send.sent = self.clock()
-                    if started:
-                        send.started = started
+                    send.started = started
+                    send.flow = None
+                    send.carries = False
+                    send.decided = None
+                    send.refunds = ()
                     return send
                 decision = self._skipped(prepared, closed)
         if self.observing and not inner:
@@ -275,13 +289,8 @@ class Decider:
         elif step.decided is not None:
             following = self._refunded(step, outcomes)
         else:
-            # An exact decision's Send; its breakers are read on the failure path only.
-            for outcome in outcomes:
-                if isinstance(outcome, BaseException):
-                    following = self._failed_send(step, outcomes, outcome)
-                    break
-            else:
-                following = self._answered(step, outcomes)
+            # An exact decision's Send; a failed call is found by _answered.
+            following = self._answered(step, outcomes)
         if isinstance(following, Decision):
             if self.observing and not inner:
                 self._observe(step.request, following, step.started, sent=isinstance(step, Send))
@@ -397,25 +406,35 @@ class Decider:
         return step
 
     def _answered(self, send: Send, outcomes: Sequence[object]) -> Decision | Send:
-        """The decision of an exact Send's replies (none failed): the breakers told, a
-        denial cached; or the first of its refunds."""
+        """The decision of an exact Send's outcomes: a failed call's by the failure policy
+        (see :meth:`_failed`); else the replies' (the breakers told, a denial cached), or
+        the first of its refunds.
+
+        A failure is looked for only when the replies cannot be read: ``decide`` reads
+        every reply and refuses (ValueError) whatever is not one, a failed call's
+        exception included, so the outcomes of calls Redis answered are read once
+        (docs/benchmarks-compare.md, "Why each speed trick stays")."""
         prepared = send.plan
-        breakers = send.breakers
-        if self._slow is not None:
-            self._confirm_slow(breakers)
-        for call, reply, breaker in zip(send.calls, outcomes, breakers, strict=True):
-            # Only during an outage has a breaker anything to learn from a success
-            # (success() does nothing otherwise), and then whether the call wrote
-            # decides if the outage is over.
-            if breaker.in_outage:
-                breaker.success(wrote=wrote(call, reply))
         try:
             decision, refunds = prepared.decide(outcomes)
         except ValueError as error:
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    return self._failed_send(send, outcomes, outcome)
             # A reply of the wrong shape: Redis answered, so this is not an outage, but
             # the decision can only follow the failure policy.
             self._log_refusal(error)
-            return prepared.degraded(DEGRADED_RETRY_AFTER)
+            decision, refunds = prepared.degraded(DEGRADED_RETRY_AFTER), ()
+        breakers = send.breakers
+        if self._slow is not None:
+            self._confirm_slow(breakers)
+        for breaker in breakers:
+            # Only during an outage has a breaker anything to learn from a success
+            # (success() does nothing otherwise): the replies are looked at only then
+            # (docs/benchmarks-compare.md, "Why each speed trick stays").
+            if breaker.in_outage:
+                _recovering(send, outcomes)
+                break
         if self.denials is not None and not decision.allowed:
             self.denials.record(prepared, decision, send.sent)
         if refunds:
@@ -599,6 +618,14 @@ def drive(
             raise
         step = decider.advance(step, outcomes)
     return step
+
+
+def _recovering(send: Send, outcomes: Sequence[object]) -> None:
+    """Tell each breaker of ``send`` that is in an outage of its call's answer: whether
+    the call wrote decides if the outage is over (see _breaker.py)."""
+    for call, reply, breaker in zip(send.calls, outcomes, send.breakers, strict=True):
+        if breaker.in_outage:
+            breaker.success(wrote=wrote(call, reply))
 
 
 def _refund_failed(error: BaseException) -> None:

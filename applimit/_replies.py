@@ -58,6 +58,9 @@ class Prepared:
         Refunds exist only when the checks were split over several calls (Redis Cluster,
         several identities) and the request is denied although some calls consumed; the
         shell runs them after answering, and their failure changes nothing in the decision.
+
+        ValueError when a reply is missing or is not the script's: the decider counts on
+        it to find a failed call, whose outcome stands in the list in place of its reply.
         """
         count = len(replies)
         if count != len(self.calls):

@@ -8,12 +8,12 @@ outside valgrind: only the client's instructions are counted), and writes
 ``bench/results/profiles/<scenario>.txt``: instructions per decision and the top entries of
 ``callgrind_annotate``.
 
-Only the measured loop is counted. Setup (imports, the policy, connecting, a warm-up)
-runs first, uncounted; the loop then runs inside a call of ``functools.reduce`` (over two items, so
-it calls back once), and callgrind collects only while inside it
-(``--collect-atstart=no --toggle-collect=functools_reduce``). Nothing in a decision
-calls ``reduce``, so the counts are the loop's alone, and per decision they are the total over
-the number of decisions.
+Only the measured loop is counted. Setup (imports, the policy, connecting, a warm-up, then
+a full garbage collection) runs first, uncounted; the loop then runs inside a call of
+``functools.reduce`` (over two items, so it calls back once), and callgrind collects only
+while inside it (``--collect-atstart=no --toggle-collect=functools_reduce``). Nothing in a
+decision calls ``reduce``, so the counts are the loop's alone, and per decision they are
+the total over the number of decisions.
 
 Usage (from the repository root; needs ``valgrind`` and ``redis-server`` on the PATH)::
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import os
 import re
 import shutil
@@ -113,6 +114,10 @@ def _counted(loop: Callable[[], None]) -> None:
         ran.append(True)
         return total
 
+    # The collector's counts start from nothing: the loop's collections are those its own
+    # allocations cause, not wherever the setup (which differs between revisions) left the
+    # counts, which decides whether an older generation is collected inside the loop.
+    gc.collect()
     functools.reduce(once, (0, 1))
     if not ran:
         raise RuntimeError("reduce never called back: the loop did not run")

@@ -377,3 +377,94 @@ async def test_a_deadline_is_no_outage_but_a_late_failure_is(
         assert limiter.breaker_state is BreakerState.OPEN
     finally:
         await limiter.aclose()
+
+
+def test_a_failed_call_is_found_whatever_the_plans_shape() -> None:
+    """A failed call's outcome (its exception, where the reply would be) gives the
+    failure policy's decision and tells the breaker, for a plan of one check and for one
+    of several checks in one call; a breaker in an outage is not told of a success."""
+    limiter = _limiter(failure_threshold=10)
+    plans = [
+        limiter.core.for_limit("hit", "log", "gus", None, 1),
+        limiter.core.for_request(
+            "hit", "GET", "/both/x", "gus", tier=None, cost=1, ip="192.0.2.8", host=None
+        ),
+    ]
+    try:
+        for prepared in plans:
+            assert len(prepared.calls) == 1
+            failure = redis.exceptions.ConnectionError(f"refused, {len(prepared.checks)}")
+            decision, _ = _drive(limiter, prepared, lambda calls, failure=failure: [failure])
+            assert decision.degraded and not decision.allowed
+            assert limiter.decider.breakers.main.in_outage
+        assert limiter.decider.breakers.main.outages == 1
+    finally:
+        limiter.close()
+
+
+def test_a_reply_of_the_wrong_shape_is_no_outage_but_an_answer(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis answering with what the script never replies gives the failure policy's
+    decision, logged as a refusal, and is no failure for the breaker; an outage under
+    way ends with it (Redis answered), as with the next decision's proper reply."""
+    caplog.set_level(logging.WARNING, logger="applimit")
+    limiter = _limiter(failure_threshold=10, test_clock=TestClock())
+    breaker = limiter.decider.breakers.main
+    try:
+        down, _ = _drive(
+            limiter,
+            limiter.core.for_limit("hit", "log", "hal", None, 1),
+            lambda calls: [redis.exceptions.ConnectionError("Connection refused")],
+        )
+        assert down.degraded and breaker.in_outage
+        odd, _ = _drive(
+            limiter,
+            limiter.core.for_limit("hit", "log", "hal", None, 1),
+            lambda calls: [[b"not", b"the", b"script's"]],
+        )
+        assert odd.degraded and not odd.allowed
+        assert not breaker.in_outage and breaker.outages == 1
+        events = sorted(getattr(r, "applimit_event", "") for r in caplog.records)
+        assert events == ["redis_outage", "redis_recovered", "redis_refused"]
+        admitted, _ = _drive(
+            limiter,
+            limiter.core.for_limit("hit", "log", "hal", None, 1),
+            lambda calls: _run(redis_client, calls),
+        )
+        assert admitted.allowed and not admitted.degraded
+    finally:
+        limiter.close()
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("shape", ["the reply, then the failure", "the failure alone"])
+def test_a_failed_call_of_several_is_the_decision(
+    shape: str, redis_cluster: RedisCluster, cluster_client: Any
+) -> None:
+    """On Redis Cluster, a request counted by address and by user is one call per slot:
+    when one of them failed (its exception beside the other's reply, or the outcomes
+    stopping at it), the failure policy decides and the failed call's breaker hears it."""
+    limiter = Limiter(
+        policy.loads(POLICY), redis_url=redis_cluster.url, cluster=True, failure_threshold=10
+    )
+    try:
+        prepared = limiter.core.for_request(
+            "hit", "GET", "/both/x", "ida", tier=None, cost=1, ip="192.0.2.9", host=None
+        )
+        assert len(prepared.calls) == 2
+        failure = redis.exceptions.ConnectionError("Connection reset by peer")
+        step = limiter.decider.begin(prepared)
+        assert isinstance(step, Send)
+        if shape == "the failure alone":
+            outcomes: list[object] = [failure]
+            failed = step.breakers[0]
+        else:
+            outcomes = [*_run(cluster_client, step.calls[:1]), failure]
+            failed = step.breakers[1]
+        decision = limiter.decider.advance(step, outcomes)
+        assert isinstance(decision, Decision)
+        assert decision.degraded and not decision.allowed
+        assert failed.in_outage
+    finally:
+        limiter.close()
