@@ -58,6 +58,7 @@ import contextlib
 import json
 import math
 import os
+import random
 import re
 import resource
 import shutil
@@ -340,10 +341,28 @@ class Server:
         return f"http://127.0.0.1:{self.port}/api/items"
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports that are free, below the kernel's ephemeral range:
+    a port the kernel hands out for binding to 0 may also become the source port of an
+    outgoing connection (to Redis, from wrk) before the server binds it, which made a
+    server fail with "address already in use"."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    found: list[int] = []
+    for port in random.sample(
+        range(10_000, max(low, 10_001 + count * 4)), k=min(2000, low - 10_000)
+    ):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == count:
+            return found
+    raise RuntimeError(f"no {count} free ports found below {low}")
 
 
 def _wait_ready(server: Server, log: Path, timeout: float = 60.0) -> None:
@@ -383,10 +402,11 @@ def servers(stacks: dict[str, tuple[str, ...]], url: str, logs: Path) -> Iterato
     """Every variant's server process, started together, ready, and stopped on exit."""
     started: list[Server] = []
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    ports = iter(_free_ports(sum(len(variants) for variants in stacks.values())))
     try:
         for stack, variants in stacks.items():
             for variant in variants:
-                port = _free_port()
+                port = next(ports)
                 with (logs / f"{stack}.{variant}.log").open("wb") as log:
                     process = subprocess.Popen(
                         [
