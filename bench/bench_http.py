@@ -350,10 +350,9 @@ def _free_ports(count: int) -> list[int]:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
+    upper = max(low, 20_000)
     found: list[int] = []
-    for port in random.sample(
-        range(10_000, max(low, 10_001 + count * 4)), k=min(2000, low - 10_000)
-    ):
+    for port in random.sample(range(10_000, upper), k=min(2000, upper - 10_000)):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
@@ -362,7 +361,7 @@ def _free_ports(count: int) -> list[int]:
         found.append(port)
         if len(found) == count:
             return found
-    raise RuntimeError(f"no {count} free ports found below {low}")
+    raise RuntimeError(f"no {count} free ports found below {upper}")
 
 
 def _wait_ready(server: Server, log: Path, timeout: float = 60.0) -> None:
