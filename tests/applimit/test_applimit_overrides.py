@@ -690,6 +690,14 @@ async def changed(limiter: Driver, setting: Any) -> Any:
     return await setting if limiter.is_async else setting
 
 
+async def one_at_a_time(limiter: Driver, who: str, count: int) -> None:
+    """``count`` hits of ``api`` for ``who``, each admitted and its slot given back."""
+    for _ in range(count):
+        decision = await limiter.hit("api", who)
+        assert decision.allowed
+        await limiter.release(decision)
+
+
 def shown(decision: Any) -> list[tuple[str, str, int]]:
     return sorted((r.tier, r.algorithm, r.quota) for r in decision.results)
 
@@ -706,10 +714,7 @@ async def test_an_override_gives_its_own_quota_and_concurrency(make_limiter: Mak
             heard.append((event.tier, event.algorithm, str(event.outcome)))
 
     limiter = make_limiter(OWN_LIMITS, observers=[Heard()])
-    for _ in range(3):
-        decision = await limiter.hit("api", "acme")
-        assert decision.allowed
-        await limiter.release(decision)
+    await one_at_a_time(limiter, "acme", 3)
     refused = await limiter.hit("api", "acme")
     assert [r.algorithm for r in refused.denied_by] == ["quota:day"]
     overrides = limiter.limiter.overrides
@@ -782,10 +787,7 @@ limits:
     # The tier's concurrency still holds the override's customer to one at once.
     assert not (await limiter.hit("api", "acme")).allowed
     await limiter.release(first)
-    for _ in range(4):
-        decision = await limiter.hit("api", "acme")
-        assert decision.allowed
-        await limiter.release(decision)
+    await one_at_a_time(limiter, "acme", 4)
     # Five in the day: the tier's quota refuses, though the override's rate has room.
     refused = await limiter.hit("api", "acme")
     assert [r.algorithm for r in refused.denied_by] == ["quota:day"]
