@@ -185,16 +185,21 @@ limits:
   - name: jobs
     app: {{ concurrency: {LIMIT}, lease: 1m }}
 """
+# The shared caller's contract: its own number at once, in place of the tier's.
+OWN = 5
+WITH_OVERRIDE = f"""{WORKER_POLICY}overrides:
+  - {{ limit: jobs, user: shared, concurrency: {OWN}, expires: "2999-01-01", reason: contract }}
+"""
 
 
-def _worker(url: str, rounds: int, out: Any) -> None:
+def _worker(url: str, rounds: int, out: Any, text: str = WORKER_POLICY) -> None:
     """One process of 8 threads: take a lease, say so in Redis (INCR), do a round trip
     of work, leave (DECR), give the lease back; report the most seen at once."""
     client = redis.Redis.from_url(url)
     most = 0
     admitted = 0
     lock = threading.Lock()
-    with Limiter(policy.loads(WORKER_POLICY), redis_url=url) as limiter:
+    with Limiter(policy.loads(text), redis_url=url) as limiter:
 
         def thread() -> None:
             nonlocal most, admitted
@@ -218,23 +223,28 @@ def _worker(url: str, rounds: int, out: Any) -> None:
     out.put((most, admitted))
 
 
+@pytest.mark.parametrize(
+    ("text", "limit"), [(WORKER_POLICY, LIMIT), (WITH_OVERRIDE, OWN)], ids=["tier", "override"]
+)
 def test_no_more_than_the_limit_run_at_once_across_processes(
-    redis_server: RedisServer, redis_client: redis.Redis
+    redis_server: RedisServer, redis_client: redis.Redis, text: str, limit: int
 ) -> None:
-    """4 processes x 8 threads share a limit of 3 at once: the handlers, counting
-    themselves in Redis, never see more than 3 running; the limit is reached."""
+    """4 processes x 8 threads share a limit of 3 at once (or the caller's override of
+    5): the handlers, counting themselves in Redis, never see more than that running;
+    the limit is reached."""
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
     processes = [
-        context.Process(target=_worker, args=(redis_server.url, 60, out)) for _ in range(PROCESSES)
+        context.Process(target=_worker, args=(redis_server.url, 60, out, text))
+        for _ in range(PROCESSES)
     ]
     for process in processes:
         process.start()
     results = [out.get(timeout=120) for _ in processes]
     for process in processes:
         process.join(30)
-    assert max(most for most, _ in results) == LIMIT
-    assert sum(admitted for _, admitted in results) >= LIMIT
+    assert max(most for most, _ in results) == limit
+    assert sum(admitted for _, admitted in results) >= limit
     assert int(redis_client.get("jobs:running") or 0) == 0
 
 
