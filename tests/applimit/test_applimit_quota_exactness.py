@@ -46,6 +46,12 @@ def end_of(year: int, month: int) -> int:
     return int(following.timestamp()) * US
 
 
+# A contract: one caller's own monthly quota, in place of its tier's 100.
+CONTRACT = """overrides:
+  - {limit: monthly, user: acme, quotas: {month: 150}, expires: "2999-01-01", reason: contract}
+"""
+
+
 def run(
     url: str,
     *,
@@ -53,9 +59,11 @@ def run(
     end_us: int,
     name: str = "monthly",
     keys: dict[str, int] | None = None,
+    identity: str | None = None,
+    text: str = POLICY,
 ) -> tuple[int, int, int]:
     context = multiprocessing.get_context("spawn")
-    identity = uuid.uuid4().hex
+    identity = identity or uuid.uuid4().hex
     with context.Manager() as manager:
         start = manager.Barrier(PROCESSES + 1)
         with ProcessPoolExecutor(PROCESSES, mp_context=context) as pool:
@@ -64,7 +72,7 @@ def run(
                     hammer_period_end,
                     url,
                     cluster,
-                    POLICY,
+                    text,
                     name,
                     identity,
                     THREADS,
@@ -119,3 +127,16 @@ def test_on_a_cluster_as_well(redis_cluster: RedisCluster) -> None:
     """The same on a Redis Cluster: a caller's rate and quota keys share one slot, so one
     script decides them together."""
     assert run(redis_cluster.url, cluster=True, end_us=end_of(2026, 2)) == (100, 100, 0)
+
+
+@pytest.mark.slow
+def test_an_overrides_quota_is_as_exact(redis_server: RedisServer) -> None:
+    """A caller whose override gives it 150 a month: exactly 150 on each side of the end."""
+    outcome = run(
+        redis_server.url,
+        cluster=False,
+        end_us=end_of(2026, 2),
+        identity="acme",
+        text=POLICY + CONTRACT,
+    )
+    assert outcome == (150, 150, 0)
