@@ -357,29 +357,25 @@ def _specs(rates: Iterable[str]) -> tuple[RateSpec, ...]:
 
 def applied(policy: CompiledPolicy, override: Override) -> tuple[tuple[str, str], Applied] | None:
     """The planner's entry for ``override``: its (limit, tag) and blocks; None when the
-    policy no longer has its limit, or the limit counts by something else now."""
+    policy no longer has its limit, the limit counts by something else now, or it cannot
+    count what the override gives (the checks of :func:`checked`)."""
     rule = policy.by_name.get(override.limit)
     if rule is None or counted_kind(rule) != override.kind:
         return None
     try:
-        specs = _specs(override.rates)
+        # Checked again: the policy may have changed since it was set, and Redis holds
+        # what anyone wrote there.
+        specs = _specs(checked_rates_of(list(override.rates)) if override.rates else ())
+        if override.rates and not any(rule.tiers.values()):
+            return None
+        quotas = checked_quotas_of(rule, dict(override.quotas) if override.quotas else None)
+        checked_concurrency_of(rule, override.concurrency)
     except ValueError:
-        return None
-    if override.quotas and (
-        not rule.quotas or ("billing" in dict(override.quotas) and not rule.billing_day_from)
-    ):
-        # The policy no longer counts quotas for this limit (or billing days).
-        return None
-    if override.concurrency is not None and rule.approximate:
-        return None
-    if override.rates and not any(rule.tiers.values()):
         return None
     own = replace(
         rule,
         tiers=MappingProxyType({OVERRIDE_TIER: specs}),
-        quotas=MappingProxyType(
-            {OVERRIDE_TIER: tuple(QuotaSpec(p, units) for p, units in override.quotas)}
-        ),
+        quotas=MappingProxyType({OVERRIDE_TIER: tuple(QuotaSpec(p, units) for p, units in quotas)}),
         concurrency=MappingProxyType(
             {} if override.concurrency is None else {OVERRIDE_TIER: override.concurrency}
         ),

@@ -1013,3 +1013,38 @@ async def test_a_cached_quota_denial_ends_with_the_override_that_made_it(
         limiter, overrides.set("api", "ned", quotas={"day": 2}, reason="r", by="o", ttl=60)
     )
     assert (await limiter.hit("api", "ned")).allowed
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"rates": [], "quotas": {"year": 5}},
+        {"rates": [], "quotas": {"day": -1}},
+        {"rates": [], "quotas": {"day": 10**20}},
+        {"rates": [], "concurrency": 0},
+        {"rates": ["1/1m"] * 50},
+        {"rates": ["1/1m"], "quotas": {"billing": 5}},
+    ],
+)
+def test_an_override_written_into_redis_by_hand_is_checked_again(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis, given: dict[str, Any]
+) -> None:
+    """What Redis holds is read back with the checks of a set: a document no set would
+    have written (an unknown period, units out of range, no slot at all, too many rates,
+    a billing quota without a billing day) is ignored, and the tier decides."""
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        OWN_LIMITS.replace(
+            "override_refresh: 1s", f'override_refresh: 1s, redis_url: "{redis_server.url}"'
+        )
+    )
+    with Limiter.from_policy(path) as limiter:
+        good = limiter.overrides.set("api", "amy", rates=["9/1m"], reason="r", by="o", ttl=60)
+        document = {**good.document(), "value": "bea", **given}
+        field = json.dumps(["api", "user", "bea"])
+        redis_client.hset(override_keys("own")[0], field, json.dumps(document))
+        redis_client.incr(override_keys("own")[1])
+        limiter.overrides.refresh()
+        assert limiter.hit("api", "amy").results[0].tier == "override"
+        decision = limiter.hit("api", "bea")
+        assert decision.allowed and {r.tier for r in decision.results} == {"free"}
