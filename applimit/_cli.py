@@ -629,8 +629,8 @@ def _to_reset(
     for rule in _rules(limiter, names):
         counted = counted_by(rule, subject, limiter.compiled.ipv6_prefix)
         problem = counted.skipped
-        if problem is None and tier is not None and not rule.tiers.get(tier):
-            problem = f"gives tier {tier!r} no rate, so it counts nothing there"
+        if problem is None and tier is not None and tier not in tiers_shown(rule, None, [tier]):
+            problem = f"gives tier {tier!r} no rate or concurrency, so it counts nothing there"
         if problem is None:
             chosen.append(rule)
         elif names is not None:
@@ -729,7 +729,8 @@ def _quotas(given: list[str] | None) -> dict[str, int] | None:
     found: dict[str, int] = {}
     for text in given:
         period, _, units = text.partition("=")
-        if not units.strip().isdigit() or period.strip() in found:
+        units = units.strip()
+        if not (units.isascii() and units.isdigit()) or period.strip() in found:
             raise CommandError(
                 f"--quota '{shown(text)}' is not PERIOD=UNITS given once per period; e.g. "
                 "--quota month=2000000.",

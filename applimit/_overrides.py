@@ -24,7 +24,15 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, TypeGuard
 
-from edgegen_policy import Period, Policy, Rate, checked_rates, period_us
+from edgegen_policy import (
+    OVERRIDE_MAX_RATES,
+    OVERRIDE_MAX_UNITS,
+    Period,
+    Policy,
+    Rate,
+    checked_rates,
+    period_us,
+)
 
 from . import _keys
 from ._arguments import check_identity, check_rule
@@ -37,8 +45,8 @@ OVERRIDE_TIER = "override"
 # The version of an override's JSON document in Redis.
 FORMAT = 1
 # Bounds of what an override may hold.
-MAX_RATES = 8
-MAX_UNITS = 10**15
+MAX_RATES = OVERRIDE_MAX_RATES
+MAX_UNITS = OVERRIDE_MAX_UNITS
 MAX_CONCURRENCY = 1_000_000
 MAX_REASON = 500
 MAX_BY = 200
@@ -120,7 +128,15 @@ def field(limit: str, kind: str, value: str) -> str:
 
 
 def parse(text: str | bytes) -> Override:
-    """An override from its JSON document; ValueError when it is not one."""
+    """An override from its JSON document; ValueError when it is not one (whatever Redis
+    holds: anyone may have written it)."""
+    try:
+        return _parse(text)
+    except (TypeError, OverflowError, RecursionError) as error:
+        raise ValueError(f"not an override document: {error}") from None
+
+
+def _parse(text: str | bytes) -> Override:
     raw = json.loads(text)
     if not isinstance(raw, dict) or raw.get("version") != FORMAT:
         raise ValueError("not an override document of version 1")
@@ -129,14 +145,14 @@ def parse(text: str | bytes) -> Override:
     if not isinstance(rates, list) or not all(isinstance(s, str) for s in strings):
         raise ValueError("an override document without its limit, kind, value or rates")
     expires = raw.get("expires")
-    if not _number(expires):
+    if not _number(expires) or not math.isfinite(expires):
         raise ValueError("an override document without its expiry")
     quotas = raw.get("quotas") or {}
     concurrency = raw.get("concurrency")
-    if not isinstance(quotas, dict) or not all(_number(v) for v in quotas.values()):
+    if not isinstance(quotas, dict) or not all(_whole(v) for v in quotas.values()):
         raise ValueError("an override document whose quotas are not periods and units")
-    if concurrency is not None and not _number(concurrency):
-        raise ValueError("an override document whose concurrency is not a number")
+    if concurrency is not None and not _whole(concurrency):
+        raise ValueError("an override document whose concurrency is not a whole number")
     return Override(
         limit=str(raw["limit"]),
         kind=str(raw["kind"]),
@@ -154,6 +170,11 @@ def parse(text: str | bytes) -> Override:
 
 def _number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _whole(value: object) -> TypeGuard[int]:
+    # JSON's 1e400 and Infinity are floats: refused here, never converted.
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def counted_kind(rule: AppRule) -> str | None:
@@ -405,15 +426,31 @@ def table(
     policy: CompiledPolicy, overrides: Iterable[Override], now: float
 ) -> Mapping[tuple[str, str], Applied]:
     """Every override in force at ``now`` (Unix seconds), by (limit, tag). A run-time
-    override wins over the file's for the same identity and limit."""
+    override wins over the file's for the same identity and limit in what it gives; what
+    it leaves out stays the file's (a contract's terms are not lost to a run-time bump of
+    one of them)."""
     found: dict[tuple[str, str], Applied] = {}
-    for override in sorted(overrides, key=lambda o: o.source == RUNTIME):
-        if override.expires <= now:
+    in_file: dict[str, Override] = {}
+    for given in sorted(overrides, key=lambda o: o.source == RUNTIME):
+        if given.expires <= now:
             continue
-        entry = applied(policy, override)
+        if given.source != RUNTIME:
+            in_file[given.field] = given
+        contract = in_file.get(given.field) if given.source == RUNTIME else None
+        entry = applied(policy, given if contract is None else _over(contract, given))
         if entry is not None:
             found[entry[0]] = entry[1]
     return MappingProxyType(found)
+
+
+def _over(contract: Override, runtime: Override) -> Override:
+    """``runtime``, with what it leaves out taken from the file's ``contract``."""
+    return replace(
+        runtime,
+        rates=runtime.rates or contract.rates,
+        quotas=runtime.quotas or contract.quotas,
+        concurrency=contract.concurrency if runtime.concurrency is None else runtime.concurrency,
+    )
 
 
 def next_expiry(overrides: Iterable[Override], now: float) -> float:

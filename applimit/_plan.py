@@ -581,9 +581,11 @@ class Core:
         if found is None:
             found = blocks(self.policy.key_prefix, rule, tier, record=True)
             self._record_blocks.keep((rule.name, tier), found)
+        # As for a hit: the override applies where the tier has the limit, which a tier of
+        # concurrency alone has, though a record takes no lease (no blocks found).
         own = (
             self.overrides.get((rule.name, tag))
-            if found and rule.name in self._overridden_limits
+            if rule.name in self._overridden_limits and _has(rule, tier)
             else None
         )
         return _with_override(rule, tier, tag, cost, found=found, own=own, record=True)
@@ -668,9 +670,13 @@ class Core:
         policy = self.policy
         rule = check_rule(policy, name)
         tag = limit_tag(policy, rule, identity, ip, keys)
-        tiers = [check_tier(policy, tier)] if tier is not None else list(rule.tiers)
-        checks = [c for t in tiers for c in self.checks(rule, t, tag, 1)]
-        # The identity's override may have periods its tiers lack.
+        tiers = [check_tier(policy, tier)] if tier is not None else _tiers_of(rule)
+        # The tiers' own blocks, those an override replaces included, and the override's.
+        checks = [
+            Check(rule, t, b.rate, b.key_head + tag + b.key_tail, 1, b)
+            for t in tiers
+            for b in blocks(policy.key_prefix, rule, t)
+        ]
         own = self.overrides.get((rule.name, tag))
         for block in own.blocks if own is not None else ():
             checks.append(
@@ -696,6 +702,16 @@ class Core:
         for block in own.blocks if own is not None else ():
             found[block.key_head + tag + block.key_tail] = None
         return list(found)
+
+
+def _has(rule: AppRule, tier: str) -> bool:
+    """Whether ``tier`` has ``rule`` at all: rates (quotas need them) or concurrency."""
+    return bool(rule.tiers.get(tier)) or tier in rule.concurrency
+
+
+def _tiers_of(rule: AppRule) -> list[str]:
+    """The tiers that have ``rule`` (:func:`_has`), rates first."""
+    return [*rule.tiers, *(t for t in rule.concurrency if t not in rule.tiers)]
 
 
 def _with_override(

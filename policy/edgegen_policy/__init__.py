@@ -68,6 +68,8 @@ from ._match import (
     request_paths,
 )
 from ._model import (
+    OVERRIDE_MAX_RATES,
+    OVERRIDE_MAX_UNITS,
     App,
     AppLimit,
     AuthenticatedWhen,
@@ -129,6 +131,8 @@ __all__ = [
     "CREDENTIALED_FACTOR",
     "DEFAULT_IPV6_PREFIX",
     "LEASE",
+    "OVERRIDE_MAX_RATES",
+    "OVERRIDE_MAX_UNITS",
     "QUOTA_EXCEEDED",
     "QUOTA_GRACE_US",
     "SHADOW",

@@ -61,6 +61,9 @@ MAX_NAME_LENGTH = 64
 MAX_LIMITS = 200
 # The most overrides: the file's are for contracts, each reviewed; many more belong in Redis.
 MAX_OVERRIDES = 1000
+# What one override may give, in the file and at run time alike (applimit checks the same).
+OVERRIDE_MAX_RATES = 8
+OVERRIDE_MAX_UNITS = 10**15
 MAX_PATH_CHARS = 1024
 
 
@@ -1121,6 +1124,20 @@ class Override(_Model):
     @classmethod
     def _concurrency(cls, value: object) -> object:
         return _not_a_flag(value)
+
+    @field_validator("rates")
+    @classmethod
+    def _few_rates(cls, value: tuple[Rate, ...] | None) -> tuple[Rate, ...] | None:
+        if value is not None and len(value) > OVERRIDE_MAX_RATES:
+            raise ValueError(f"an override gives at most {OVERRIDE_MAX_RATES} rates")
+        return value
+
+    @field_validator("quotas")
+    @classmethod
+    def _bounded_quotas(cls, value: Quotas | None) -> Quotas | None:
+        if value is not None and any(n > OVERRIDE_MAX_UNITS for _, n in value.periods()):
+            raise ValueError(f"an override's quota is at most {OVERRIDE_MAX_UNITS:,} units")
+        return value
 
     @model_validator(mode="after")
     def _one_identity(self) -> Override:

@@ -910,6 +910,8 @@ def test_another_instance_sees_an_overrides_quota(
           "--reason", "r"), "once per period"),
         (("--limit", "api", "--user", "a", "--quota", "year=1", "--ttl", "1d", "--reason", "r"),
          "not a period"),
+        (("--limit", "api", "--user", "a", "--quota", "month=\u00b2", "--ttl", "1d", "--reason",
+          "r"), "PERIOD=UNITS"),
         (("--limit", "api", "--user", "a", "--concurrency", "0", "--ttl", "1d", "--reason", "r"),
          "concurrency"),
     ],
@@ -1023,6 +1025,8 @@ async def test_a_cached_quota_denial_ends_with_the_override_that_made_it(
         {"rates": [], "quotas": {"day": 10**20}},
         {"rates": [], "concurrency": 0},
         {"rates": ["1/1m"] * 50},
+        {"rates": [], "quotas": {"month": 2.7}},
+        {"rates": [], "concurrency": 3.0},
         {"rates": ["1/1m"], "quotas": {"billing": 5}},
     ],
 )
@@ -1048,3 +1052,130 @@ def test_an_override_written_into_redis_by_hand_is_checked_again(
         assert limiter.hit("api", "amy").results[0].tier == "override"
         decision = limiter.hit("api", "bea")
         assert decision.allowed and {r.tier for r in decision.results} == {"free"}
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        '{"quotas": {"month": 1e400}}',
+        '{"concurrency": Infinity}',
+        '{"expires": NaN}',
+        '{"at": ' + "9" * 400 + "}",
+    ],
+)
+def test_a_document_no_number_can_hold_is_skipped_alone(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis, document: str
+) -> None:
+    """Numbers JSON allows and no override has (1e400, Infinity, NaN, a 400-digit time)
+    make that one document unreadable: the others still apply, and every command still
+    runs, `override remove` of the bad one included."""
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        OWN_LIMITS.replace(
+            "override_refresh: 1s", f'override_refresh: 1s, redis_url: "{redis_server.url}"'
+        )
+    )
+    with Limiter.from_policy(path) as limiter:
+        good = limiter.overrides.set("api", "amy", rates=["9/1m"], reason="r", by="o", ttl=60)
+        text = json.dumps({**good.document(), "value": "bea"})
+        bad = text[:-1] + ", " + document[1:]
+        redis_client.hset(override_keys("own")[0], json.dumps(["api", "user", "bea"]), bad)
+        redis_client.incr(override_keys("own")[1])
+    with Limiter.from_policy(path) as other:
+        until(lambda: other.peek("api", "amy").results[0].tier == "override")
+        assert [o.value for o in other.overrides.stored()] == ["amy"]
+    code, out, err = run("override", "list", str(path))
+    assert code == 0 and "amy" in out and "Traceback" not in err
+    code, _, err = run(
+        "override", "remove", str(path), "--limit", "api", "--user", "bea",
+        "--reason", "unreadable", "--yes",
+    )  # fmt: skip
+    assert code == 0, err
+
+
+COUNTED_SLOTS = """
+version: 1
+tiers: [free, pro]
+app: { timeout: 2s, key_prefix: own, override_refresh: 1s, redis_url: "memory://ov-slots" }
+limits:
+  - name: api
+    count_when: { status: [500] }
+    app:
+      tiers: { free: [100/1m] }
+      quotas: { free: { month: 100 } }
+      concurrency: { pro: 5 }
+"""
+
+
+def test_a_count_when_limit_records_against_an_override_on_a_tier_of_slots_alone(
+    tmp_path: Path,
+) -> None:
+    """A tier with only a concurrency limit has nothing to record against, but a caller's
+    override gives it a quota: the failures count against that quota, as the hit checks."""
+    path = tmp_path / "p.yaml"
+    path.write_text(COUNTED_SLOTS)
+    limiter = Limiter.from_policy(path)
+    limiter.overrides.set("api", "alice", quotas={"month": 2}, reason="r", by="o", ttl=60)
+    admitted = 0
+    for _ in range(5):
+        decision = limiter.hit("api", "alice", tier="pro")
+        limiter.release(decision)
+        if decision.allowed:
+            admitted += 1
+            recorded = limiter.record("api", "alice", 500, tier="pro")
+            assert recorded is not None
+            assert [(r.tier, r.algorithm) for r in recorded.results] == [
+                ("override", "quota:month")
+            ]
+    assert admitted == 2
+
+
+def test_reset_clears_what_an_override_replaces(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """`reset` of an overridden identity clears its tier's counters too (those its override
+    replaces), so that the tier starts afresh when the override ends; and `reset --tier`
+    takes a tier that has only a concurrency limit."""
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        OWN_LIMITS.replace(
+            "override_refresh: 1s", f'override_refresh: 1s, redis_url: "{redis_server.url}"'
+        )
+    )
+    with Limiter.from_policy(path) as limiter:
+        for _ in range(3):
+            limiter.release(limiter.hit("api", "ada"))
+        limiter.overrides.set("api", "ada", quotas={"month": 1000}, reason="r", by="o", ttl=60)
+        assert limiter.reset("api", "ada")
+        limiter.overrides.remove("api", "ada", by="o", reason="ended")
+        decision = limiter.hit("api", "ada")
+        assert decision.allowed, decision.denied_by
+        limiter.release(decision)
+    slots = tmp_path / "slots.yaml"
+    slots.write_text(path.read_text() + "  - name: exports\n    app: { concurrency: { pro: 2 } }\n")
+    code, _, err = run(
+        "reset", str(slots), "--user", "ada", "--limit", "exports", "--tier", "pro", "--yes"
+    )
+    assert code == 0, err
+
+
+def test_a_runtime_override_keeps_the_contracts_other_terms(tmp_path: Path) -> None:
+    """A run-time override of one term (concurrency) over the file's contract (rates and a
+    quota) keeps the contract's rates and quota while it lasts."""
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        OWN_LIMITS.replace("app: {", 'app: { redis_url: "memory://overrides-own-f",')
+        + """overrides:
+  - {limit: api, user: cy, rates: [50/1m], quotas: {day: 20}, expires: "2999-01-01", reason: c}
+"""
+    )
+    limiter = Limiter.from_policy(path)
+    limiter.overrides.set("api", "cy", concurrency=3, reason="bump", by="o", ttl=60)
+    decision = limiter.hit("api", "cy")
+    assert shown(decision) == [
+        ("override", "lease", 3),
+        ("override", "quota:day", 20),
+        ("override", "sliding_log", 50),
+    ]
+    [held] = limiter.overrides.in_force()
+    assert held.gives() == "rates 50/1m; quotas 20/day; concurrency 3"

@@ -194,6 +194,25 @@ def test_lint_of_an_overrides_quotas_and_concurrency(
         assert [d.code for d in policy.check(loaded).stopping(policy.Layer.APP)] == ["L009"]
 
 
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (OWN.replace("quotas: {month: 500}", "rates: [" + ", ".join(["1/1m"] * 9) + "]"),
+         "at most 8 rates"),
+        (OWN.replace("month: 500", "month: 2000000000000000"), "at most 1,000,000,000,000,000"),
+    ],
+)  # fmt: skip
+def test_an_override_beyond_what_the_app_applies_is_a_load_error(
+    tmp_path: Path, body: str, message: str
+) -> None:
+    """The file's override is held to what applimit applies at run time (as many rates and
+    units as a set may give): refused at load, with its line, not ignored by the app."""
+    with pytest.raises(policy.PolicyLoadError) as raised:
+        load_own(tmp_path, body)
+    [diagnostic] = raised.value.diagnostics
+    assert message in diagnostic.message and diagnostic.line is not None
+
+
 def test_an_override_that_gives_nothing_is_a_load_error(tmp_path: Path) -> None:
     """An override with neither rates, quotas nor concurrency says what it may give."""
     body = OWN.replace("    quotas: {month: 500}\n    concurrency: 2\n", "")
