@@ -685,6 +685,17 @@ limits:
 """
 
 
+def own_policy(tmp_path: Path, url: str, refresh: str = "1s") -> Path:
+    """OWN_LIMITS on the server at ``url``, read every ``refresh``, as a file."""
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        OWN_LIMITS.replace(
+            "override_refresh: 1s", f'override_refresh: {refresh}, redis_url: "{url}"'
+        )
+    )
+    return path
+
+
 async def changed(limiter: Driver, setting: Any) -> Any:
     """What ``limiter.overrides.set``/``remove`` returned, awaited on an AsyncLimiter."""
     return await setting if limiter.is_async else setting
@@ -873,12 +884,7 @@ def test_another_instance_sees_an_overrides_quota(
 ) -> None:
     """A quota set on one instance reaches the others' decisions within the refresh; the
     document in Redis and the audit trail carry it; the CLI sets and lists it."""
-    path = tmp_path / "p.yaml"
-    path.write_text(
-        OWN_LIMITS.replace(
-            "override_refresh: 1s", f'override_refresh: 200ms, redis_url: "{redis_server.url}"'
-        )
-    )
+    path = own_policy(tmp_path, redis_server.url, refresh="200ms")
     one, two = Limiter.from_policy(path), Limiter.from_policy(path)
     for _ in range(3):
         two.release(two.hit("api", "kim"))
@@ -920,12 +926,7 @@ def test_cli_refuses_bad_quotas_and_concurrency(
     tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis, argv: Any, message: str
 ) -> None:
     """A wrong --quota or --concurrency exits 2 with one line naming the fix."""
-    path = tmp_path / "p.yaml"
-    path.write_text(
-        OWN_LIMITS.replace(
-            "override_refresh: 1s", f'override_refresh: 1s, redis_url: "{redis_server.url}"'
-        )
-    )
+    path = own_policy(tmp_path, redis_server.url)
     code, _, err = run("override", "set", str(path), *argv)
     assert code == 2, err
     assert message in err and "Traceback" not in err
@@ -968,12 +969,7 @@ def test_usage_shows_an_overrides_quota_and_concurrency(
 ) -> None:
     """`applimit usage` shows the identity's own quota and slots, marked as the override's,
     with what it used before the override counted; the period's end reads in days."""
-    path = tmp_path / "p.yaml"
-    path.write_text(
-        OWN_LIMITS.replace(
-            "override_refresh: 1s", f'override_refresh: 1s, redis_url: "{redis_server.url}"'
-        )
-    )
+    path = own_policy(tmp_path, redis_server.url)
     with Limiter.from_policy(path) as limiter:
         limiter.release(limiter.hit("api", "uma", tier="pro"))
         limiter.overrides.set(
@@ -1036,12 +1032,7 @@ def test_an_override_written_into_redis_by_hand_is_checked_again(
     """What Redis holds is read back with the checks of a set: a document no set would
     have written (an unknown period, units out of range, no slot at all, too many rates,
     a billing quota without a billing day) is ignored, and the tier decides."""
-    path = tmp_path / "p.yaml"
-    path.write_text(
-        OWN_LIMITS.replace(
-            "override_refresh: 1s", f'override_refresh: 1s, redis_url: "{redis_server.url}"'
-        )
-    )
+    path = own_policy(tmp_path, redis_server.url)
     with Limiter.from_policy(path) as limiter:
         good = limiter.overrides.set("api", "amy", rates=["9/1m"], reason="r", by="o", ttl=60)
         document = {**good.document(), "value": "bea", **given}
@@ -1069,12 +1060,7 @@ def test_a_document_no_number_can_hold_is_skipped_alone(
     """Numbers JSON allows and no override has (1e400, Infinity, NaN, a 400-digit time)
     make that one document unreadable: the others still apply, and every command still
     runs, `override remove` of the bad one included."""
-    path = tmp_path / "p.yaml"
-    path.write_text(
-        OWN_LIMITS.replace(
-            "override_refresh: 1s", f'override_refresh: 1s, redis_url: "{redis_server.url}"'
-        )
-    )
+    path = own_policy(tmp_path, redis_server.url)
     with Limiter.from_policy(path) as limiter:
         good = limiter.overrides.set("api", "amy", rates=["9/1m"], reason="r", by="o", ttl=60)
         text = json.dumps({**good.document(), "value": "bea"})
@@ -1136,12 +1122,7 @@ def test_reset_clears_what_an_override_replaces(
     """`reset` of an overridden identity clears its tier's counters too (those its override
     replaces), so that the tier starts afresh when the override ends; and `reset --tier`
     takes a tier that has only a concurrency limit."""
-    path = tmp_path / "p.yaml"
-    path.write_text(
-        OWN_LIMITS.replace(
-            "override_refresh: 1s", f'override_refresh: 1s, redis_url: "{redis_server.url}"'
-        )
-    )
+    path = own_policy(tmp_path, redis_server.url)
     with Limiter.from_policy(path) as limiter:
         for _ in range(3):
             limiter.release(limiter.hit("api", "ada"))
