@@ -49,7 +49,6 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from edgegen_policy import (
-    CALENDAR,
     LEASE,
     CountWhen,
     Duration,
@@ -67,6 +66,7 @@ from ._errors import REDIS_FAILURES, ApplimitError, ConfigurationError
 from ._overrides import OVERRIDE_TIER
 from ._rules import AppRule
 from ._sync import Limiter
+from .web._headers import quota_period
 
 # Where the Redis URL comes from when --redis-url is not given (before the policy's).
 ENV_REDIS_URL = "APPLIMIT_REDIS_URL"
@@ -171,11 +171,7 @@ def rate_usage(rule: AppRule, tier: str, decision: Decision) -> list[dict[str, A
     # or per rate of the subject's override (tier "override"), whose rates it carries; then
     # one per calendar quota (quota_usage) and the concurrency limit's (lease_usage).
     texts = [f"{rate.quota}/{rate.period_text}" for rate in rule.tiers.get(tier, ())]
-    rates = [
-        r
-        for r in decision.results
-        if r.algorithm != LEASE and not r.algorithm.startswith(f"{CALENDAR}:")
-    ]
+    rates = [r for r in decision.results if r.algorithm != LEASE and not quota_period(r)]
     for index, result in enumerate(rates):
         capacity = result.quota
         if rule.algorithm == "gcra" and rule.burst is not None:
@@ -264,13 +260,13 @@ def quota_usage(decision: Decision) -> list[dict[str, Any]]:
     override's: ``tier``): its period, quota, used, remaining, the period's length and the
     seconds until it ends."""
     out = []
-    head = f"{CALENDAR}:"
     for result in decision.results:
-        if not result.algorithm.startswith(head):
+        period = quota_period(result)
+        if not period:
             continue
         out.append(
             {
-                "period": result.algorithm.removeprefix(head),
+                "period": period,
                 "tier": result.tier,
                 "quota": result.quota,
                 "window": result.window,

@@ -127,8 +127,10 @@ def _binding(results: Sequence[LimitResult], allowed: bool) -> LimitResult | Non
     if not results:
         return None
     if allowed:
-        # Every admitted request with several rates comes here: one pass, no key tuples.
-        return _tightest(results)
+        # Every enforced result admits: the tightest of them, or of all when every one is
+        # shadow.
+        best = _scan(results)[1]
+        return best if best is not None else min(results, key=_tightness)
     enforced = [r for r in results if not r.shadow]
     denied = [r for r in enforced if not r.allowed]
     if denied:
@@ -138,23 +140,24 @@ def _binding(results: Sequence[LimitResult], allowed: bool) -> LimitResult | Non
     return min(pool, key=_tightness)
 
 
-def _tightest(results: Sequence[LimitResult]) -> LimitResult:
-    """``min(enforced or results, key=_tightness)`` in one loop: the first of the enforced
-    results (of all, when every one is shadow) with the fewest remaining, then the longest
-    reset."""
+def _scan(results: Sequence[LimitResult]) -> tuple[bool, LimitResult | None]:
+    """Whether every enforced result admits, and then the tightest of them (``min(enforced,
+    key=_tightness)``: the first with the fewest remaining, then the longest reset) in one
+    loop, with no key tuples; (False, None) at the first denial, None when every one is
+    shadow."""
     best: LimitResult | None = None
     for result in results:
         if result.shadow:
             continue
+        if not result.allowed:
+            return False, None
         if (
             best is None
             or result.remaining < best.remaining
             or (result.remaining == best.remaining and result.reset_after > best.reset_after)
         ):
             best = result
-    if best is None:
-        return min(results, key=_tightness)
-    return best
+    return True, best
 
 
 def _tightness(result: LimitResult) -> tuple[int, float]:
@@ -182,23 +185,10 @@ def combine(results: Sequence[LimitResult], *, degraded: bool = False) -> Decisi
     """The decision for a set of results: denied when any enforced result denies."""
     if len(results) == 1:
         return single(results[0], degraded)
-    # One pass for the commonest case, every enforced result admitting: the binding one
-    # is the tightest of them (_tightest), found in the same loop.
-    best: LimitResult | None = None
-    allowed = True
-    for result in results:
-        if result.shadow:
-            continue
-        if not result.allowed:
-            allowed = False
-            break
-        if (
-            best is None
-            or result.remaining < best.remaining
-            or (result.remaining == best.remaining and result.reset_after > best.reset_after)
-        ):
-            best = result
-    if allowed and best is not None:
+    # The commonest case, every enforced result admitting, in one pass: the binding one
+    # is the tightest of them.
+    allowed, best = _scan(results)
+    if best is not None:
         return make_decision(
             True,
             best.quota,

@@ -323,7 +323,7 @@ class Core:
         shape = self._own_shapes.get((rule.name, tier)) or self._shape(
             (rule.name, tier), rule, tier
         )
-        own = self.overrides.get((rule.name, tag)) if shape.blocks else None
+        own = self.overrides.get((rule.name, tag)) if _has(rule, tier) else None
         return _with_override(rule, tier, tag, cost, found=shape.blocks, own=own, record=False)
 
     def for_limit(
@@ -687,10 +687,10 @@ class Core:
         return list({c.key: None for c in self._known(checks, keys)})
 
     def keys_of(self, rule: AppRule, tiers: Sequence[str], tag: str) -> list[str]:
-        """The keys of ``rule`` for the identity of ``tag`` under ``tiers``, and those of
-        the identity's override (whose periods the tiers may not have); a calendar quota's
-        without its period: a cached denial is answered only when every check of the
-        decision has one, and a limit with quotas has rates, whose keys these hold."""
+        """The keys of ``rule`` for the identity of ``tag`` under ``tiers`` (an override's
+        are its blocks'); a calendar quota's without its period: a cached denial is
+        answered only when every check of the decision has one, and a limit with quotas
+        has rates, whose keys these hold."""
         found: dict[str, None] = {}
         for each in tiers:
             shape = self._shapes.entries.get((rule.name, each))
@@ -698,9 +698,6 @@ class Core:
                 shape = self._shape((rule.name, each), rule, each)
             for block in shape.blocks:
                 found[block.key_head + tag + block.key_tail] = None
-        own = self.overrides.get((rule.name, tag))
-        for block in own.blocks if own is not None else ():
-            found[block.key_head + tag + block.key_tail] = None
         return list(found)
 
 

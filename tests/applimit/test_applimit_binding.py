@@ -3,7 +3,7 @@
 ``Decision.binding`` (and the decision's scalar fields) come from the enforced result with
 the fewest remaining, then the longest reset, the first in policy order among equals; when
 denied, from the denying result with the longest wait. The admitted case is found in one
-loop (``_decision._tightest``); this holds it to the definition written with min() and max().
+loop (``_decision._scan``); this holds it to the definition written with min() and max().
 """
 
 from __future__ import annotations
