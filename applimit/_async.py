@@ -27,7 +27,7 @@ from ._errors import REDIS_FAILURES, ConfigurationError
 from ._flow import UNLIMITED, Decider, Send, Wait
 from ._memory import AsyncMemoryWire
 from ._observe import Observer
-from ._override_store import AsyncOverrides, sync_twin
+from ._override_store import AsyncOverrides
 from ._replies import Prepared
 from ._shell import LimiterBase, load_policy, released, releases_of
 
@@ -93,7 +93,7 @@ class AsyncLimiter(LimiterBase[AsyncTransport | AsyncMemoryWire]):
                 self.url, timeout=self.timeout, cluster=self.cluster, max_connections=4
             )
         try:
-            return sync_twin(client, timeout=self.timeout)
+            return _clients.sync_from_async_client(client, timeout=self.timeout, max_connections=4)
         except ConfigurationError as error:
             if self.override_refresh is not None:
                 raise

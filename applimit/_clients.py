@@ -517,6 +517,71 @@ def async_from_client(
     )
 
 
+def sync_from_async_client(
+    client: object, *, timeout: float, max_connections: int
+) -> Callable[[], SyncClient]:
+    """A factory of a blocking client with the settings of the asyncio ``client`` (its
+    address, credentials and TLS, as :func:`sync_from_client` copies them): what the
+    overrides' feed of an :class:`~applimit.AsyncLimiter` reads with, in its thread. A
+    Sentinel-managed client cannot be copied (its manager is asyncio's):
+    ConfigurationError."""
+    timing = _timing(timeout)
+    if isinstance(client, redis.asyncio.cluster.RedisCluster):
+        kwargs = client.connection_kwargs
+        nodes = [(n.host, n.port) for n in client.get_nodes()] or [
+            (n.host, n.port) for n in client.startup_nodes
+        ]
+        ssl = _ssl(kwargs.get("connection_class"))
+
+        def cluster_clone() -> SyncClient:
+            return redis.cluster.RedisCluster(
+                startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in nodes],  # type: ignore[no-untyped-call]
+                retry=_sync_retry(),
+                max_connections=max_connections,
+                ssl=ssl,
+                **_settings(kwargs),
+                **timing,
+            )
+
+        return cluster_clone
+    if isinstance(client, redis.asyncio.Redis) and not isinstance(
+        client.connection_pool, redis.asyncio.sentinel.SentinelConnectionPool
+    ):
+        pool = client.connection_pool
+        kwargs = pool.connection_kwargs
+        connection_class: type[redis.Connection | redis.UnixDomainSocketConnection] = (
+            redis.UnixDomainSocketConnection if kwargs.get("path") else redis.Connection
+        )
+        if _ssl(pool.connection_class):
+            connection_class = redis.SSLConnection
+
+        def clone() -> SyncClient:
+            own = redis.BlockingConnectionPool(  # type: ignore[no-untyped-call]
+                connection_class=connection_class,
+                max_connections=max_connections,
+                timeout=timeout,
+                retry=_sync_retry(),
+                **_address(kwargs),
+                **_settings(kwargs),
+                **timing,
+            )
+            return redis.Redis.from_pool(own)
+
+        return clone
+    raise ConfigurationError(
+        "run-time overrides need the Redis the limiter uses, and this client's settings "
+        "cannot be copied into a blocking one (a Sentinel-managed asyncio client); pass "
+        "redis_url= instead, or leave app.override_refresh out."
+    )
+
+
+def _ssl(connection_class: object) -> bool:
+    """Whether an asyncio client's connections are TLS ones."""
+    return isinstance(connection_class, type) and issubclass(
+        connection_class, redis.asyncio.SSLConnection
+    )
+
+
 # --- targets -------------------------------------------------------------------------------
 
 

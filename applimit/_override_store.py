@@ -30,12 +30,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import redis
-import redis.asyncio
-import redis.asyncio.cluster
-import redis.asyncio.sentinel
-import redis.cluster
-
 from . import _memory
 from ._arguments import check_rule
 from ._errors import REDIS_FAILURES, ConfigurationError, InvalidArgumentError
@@ -399,53 +393,6 @@ class Feed:
                     )
                 self._failing = True
         return self._apply() is not None
-
-
-def sync_twin(client: object, *, timeout: float) -> Callable[[], Any]:
-    """A factory of a blocking client with the settings of the asyncio ``client`` an
-    :class:`~applimit.AsyncLimiter` was given (the feed reads in a thread)."""
-    if isinstance(client, redis.asyncio.cluster.RedisCluster):
-        kwargs = client.connection_kwargs
-        nodes = [(n.host, n.port) for n in client.get_nodes()] or [
-            (n.host, n.port) for n in client.startup_nodes
-        ]
-        settings = {k: v for k, v in kwargs.items() if k in _PLAIN}
-
-        def cluster() -> Any:
-            return redis.cluster.RedisCluster(
-                startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in nodes],  # type: ignore[no-untyped-call]
-                socket_timeout=timeout,
-                socket_connect_timeout=timeout,
-                **settings,
-            )
-
-        return cluster
-    if isinstance(client, redis.asyncio.Redis) and not isinstance(
-        client.connection_pool, redis.asyncio.sentinel.SentinelConnectionPool
-    ):
-        kwargs = client.connection_pool.connection_kwargs
-        settings = {
-            k: v for k, v in kwargs.items() if k in _PLAIN or k in ("host", "port", "db", "path")
-        }
-        path = settings.pop("path", None)
-
-        def standalone() -> Any:
-            if path:
-                return redis.Redis(unix_socket_path=path, socket_timeout=timeout, **settings)
-            return redis.Redis(socket_timeout=timeout, socket_connect_timeout=timeout, **settings)
-
-        return standalone
-    raise ConfigurationError(
-        "run-time overrides need the Redis the limiter uses, and this client's settings "
-        "cannot be copied into a blocking one (a Sentinel-managed asyncio client); pass "
-        "redis_url= instead, or leave app.override_refresh out."
-    )
-
-
-# Settings of a client that carry over to the feed's own (identity, not timing).
-_PLAIN = frozenset(
-    {"username", "password", "ssl", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs"}
-)
 
 
 class _Holder(Protocol):

@@ -1160,3 +1160,32 @@ def test_a_runtime_override_keeps_the_contracts_other_terms(tmp_path: Path) -> N
     ]
     [held] = limiter.overrides.in_force()
     assert held.gives() == "rates 50/1m; quotas 20/day; concurrency 3"
+
+
+@pytest.mark.parametrize(
+    ("url", "connection"),
+    [
+        ("rediss://ann:secret@127.0.0.1:6380/2?ssl_cert_reqs=none", "SSLConnection"),
+        ("redis://ann:secret@127.0.0.1:6380/2", "Connection"),
+        ("unix:///tmp/redis.sock?db=3&password=secret", "UnixDomainSocketConnection"),
+    ],
+)
+def test_the_feeds_blocking_client_keeps_the_async_clients_tls_and_credentials(
+    url: str, connection: str
+) -> None:
+    """The overrides of an AsyncLimiter given an asyncio client are read in a thread with
+    a blocking twin of that client: the same address, credentials and TLS (a TLS client's
+    password never goes out in plain text to its TLS port)."""
+    import redis.asyncio
+
+    from applimit._clients import sync_from_async_client
+
+    given = redis.asyncio.Redis.from_url(url)
+    twin = sync_from_async_client(given, timeout=1.0, max_connections=4)()
+    pool = twin.connection_pool
+    assert pool.connection_class.__name__ == connection
+    for setting in ("password", "db", "host", "port", "path", "username", "ssl_cert_reqs"):
+        assert pool.connection_kwargs.get(setting) == given.connection_pool.connection_kwargs.get(
+            setting
+        ), setting
+    twin.close()
