@@ -33,7 +33,16 @@ from typing import Any, Protocol
 from . import _memory
 from ._arguments import check_rule
 from ._errors import REDIS_FAILURES, ConfigurationError, InvalidArgumentError
-from ._overrides import MAX_REASON, Override, checked, counted_kind, next_expiry, parse
+from ._overrides import (
+    MAX_BY,
+    MAX_REASON,
+    Override,
+    checked,
+    counted_kind,
+    next_expiry,
+    parse,
+    text_argument,
+)
 from ._rules import CompiledPolicy
 
 log = logging.getLogger("applimit")
@@ -138,13 +147,20 @@ def _change(entry_id: object, fields: dict[Any, Any]) -> OverrideChange:
 
 
 def _parsed(raw: dict[Any, Any]) -> list[Override]:
+    """The overrides of the hash ``raw`` (field -> document); a document that does not
+    read, or that names another identity than its field (no set writes one), is skipped."""
     found = []
-    for value in raw.values():
+    for field, value in raw.items():
+        name = _text(field)
         try:
-            found.append(parse(value))
+            override = parse(value)
         except ValueError:
+            override = None
+        if override is None or override.field != name:
             # Written by something else, or by a later format: skipped, and said once.
             log.warning("applimit: an override in Redis could not be read; it is ignored")
+            continue
+        found.append(override)
     return found
 
 
@@ -497,7 +513,9 @@ class Overrides:
         probe = Override(
             limit=rule.name, kind=kind, value=str(identity), rates=(), expires=0.0, reason=""
         )
-        done = source.change("remove", probe, _plain("by", by), _plain("reason", reason)) > 0
+        who = text_argument("by", by, MAX_BY)
+        why = text_argument("reason", reason, MAX_REASON)
+        done = source.change("remove", probe, who, why) > 0
         self.refresh()
         return done
 
@@ -575,18 +593,3 @@ class AsyncOverrides:
     async def refresh(self) -> None:
         """As :meth:`Overrides.refresh`."""
         await asyncio.to_thread(self._sync.refresh)
-
-
-def _plain(argument: str, value: object) -> str:
-    if (
-        not isinstance(value, str)
-        or not value.strip()
-        or len(value) > MAX_REASON
-        or not value.isprintable()
-    ):
-        raise InvalidArgumentError(
-            argument,
-            f"{argument} must be a non-empty str of at most {MAX_REASON} characters, "
-            "without control characters.",
-        )
-    return value

@@ -185,7 +185,8 @@ def counted_kind(rule: AppRule) -> str | None:
     return rule.per_key if rule.per_key is not None else USER
 
 
-def _text(argument: str, value: object, bound: int) -> str:
+def text_argument(argument: str, value: object, bound: int) -> str:
+    """``value`` checked: a non-empty str of at most ``bound`` printable characters."""
     if not isinstance(value, str) or not value.strip():
         raise InvalidArgumentError(argument, f"{argument} must be a non-empty str.")
     if len(value) > bound or not value.isprintable():
@@ -329,8 +330,8 @@ def checked(
         value=name,
         rates=own_rates,
         expires=float(expires),
-        reason=_text("reason", reason, MAX_REASON),
-        by=_text("by", by, MAX_BY),
+        reason=text_argument("reason", reason, MAX_REASON),
+        by=text_argument("by", by, MAX_BY),
         at=now,
         quotas=own_quotas,
         concurrency=own_concurrency,

@@ -17,6 +17,7 @@ from edgegen_policy import Period, period_at, time_zone
 
 from ._calls import Block, Check, dated_block
 from ._errors import InvalidArgumentError
+from ._memo import Memo
 from ._rules import AppRule
 
 _BILLING = Period.BILLING.value
@@ -60,6 +61,10 @@ def _missing(rule: AppRule) -> InvalidArgumentError:
     )
 
 
+# The most dated blocks kept (a block per quota, tier and billing day in use).
+_DATED = 4096
+
+
 class Periods:
     """The dated blocks of calendar quotas, each until its period is over."""
 
@@ -67,8 +72,9 @@ class Periods:
 
     def __init__(self) -> None:
         # (the template block's id, billing day) -> (template, start, end, dated block).
-        # The template is kept to make its id unique for as long as the entry lives.
-        self._dated: dict[tuple[int, int], tuple[Block, int, int, Block]] = {}
+        # The template is kept to make its id unique for as long as the entry lives; every
+        # override change makes new templates, so the memo is bounded.
+        self._dated: Memo[tuple[int, int], tuple[Block, int, int, Block]] = Memo(_DATED)
 
     def date(self, checks: Sequence[Check], keys: object, at: int) -> tuple[Check, ...] | None:
         """``checks`` with each quota's check in the period containing ``at`` (µs since
@@ -127,12 +133,12 @@ class Periods:
     def _block(self, template: Block, rule: AppRule, day: int, at: int) -> tuple[int, int, Block]:
         """The period containing ``at`` (start and end) and ``template``'s dated block."""
         memo = (id(template), day)
-        found = self._dated.get(memo)
+        found = self._dated.entries.get(memo)
         if found is not None and found[0] is template and found[1] <= at < found[2]:
             return found[1], found[2], found[3]
         spec = template.calendar
         assert spec is not None
         start, end, first = period_at(Period(spec.period), at, time_zone(rule.quota_zone), day)
         block = dated_block(template, start, end, first.isoformat())
-        self._dated[memo] = (template, start, end, block)
+        self._dated.keep(memo, (template, start, end, block))
         return start, end, block
