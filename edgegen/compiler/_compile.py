@@ -234,8 +234,10 @@ def _keyed_rules(
     edge = limit.edge
     assert edge is not None and placement.mitigation_timeout is not None
     matcher = limit.match.matcher()
-    with_key, kept = _expr.fitted_expression(matcher, credentialed=presence)
-    without_key, kept_too = _expr.fitted_expression(matcher, presence)
+    # A key with an empty value is no key (an empty cookie as the Worker reads it): such
+    # requests are counted per client IP, never all under "" in one counter.
+    with_key, kept = _expr.fitted_expression(matcher, credentialed=presence, valued=True)
+    without_key, kept_too = _expr.fitted_expression(matcher, presence, valued=True)
     who = key_text(edge.per).removeprefix("the ")
     rules = [
         _rule(

@@ -146,12 +146,16 @@ def header_present(name: str) -> Expr:
     return Expr(f"any(len({HEADERS}[{string(name.lower())}][*])[*] gt 0)")
 
 
-def cookie_present(name: str) -> Expr:
-    """The cookie is sent (with any value).
+def cookie_present(name: str, *, valued: bool = False) -> Expr:
+    """The cookie is sent (with any value); ``valued``: with a non-empty value, as
+    :func:`header_present` tests a header (a key counted per its value, where an empty
+    value is no key: the Worker counts such a request per client IP too).
 
     ``len`` of the cookie's array of values; a comparison on an absent cookie is false,
     so this is true exactly when the cookie appears at least once.
     """
+    if valued:
+        return Expr(f"any(len({COOKIES}[{string(name)}][*])[*] gt 0)")
     return Expr(f"len({COOKIES}[{string(name)}]) gt 0")
 
 
@@ -257,10 +261,11 @@ def host_condition(matcher: Matcher) -> Expr | None:
     return any_of(parts) if parts else None
 
 
-def authenticated(when: AuthenticatedWhen) -> Expr | None:
-    """The request carries a listed credential; None when no credential is listed."""
+def authenticated(when: AuthenticatedWhen, *, valued: bool = False) -> Expr | None:
+    """The request carries a listed credential; None when no credential is listed.
+    ``valued``: a cookie counts only with a non-empty value (:func:`cookie_present`)."""
     parts = [header_present(h) for h in when.headers]
-    parts.extend(cookie_present(c) for c in when.cookies)
+    parts.extend(cookie_present(c, valued=valued) for c in when.cookies)
     return any_of(parts) if parts else None
 
 
@@ -270,6 +275,7 @@ def matcher_expression(
     *,
     credentialed: AuthenticatedWhen | None = None,
     spellings: Spellings = ALL_SPELLINGS,
+    valued: bool = False,
 ) -> Expr:
     """The expression for a policy matcher, optionally limited to the requests without
     (``unauthenticated``) or with (``credentialed``) one of the listed credentials.
@@ -287,11 +293,11 @@ def matcher_expression(
         if part is not None
     ]
     if unauthenticated is not None:
-        credentials = authenticated(unauthenticated)
+        credentials = authenticated(unauthenticated, valued=valued)
         if credentials is not None:
             parts.append(not_(credentials))
     if credentialed is not None:
-        credentials = authenticated(credentialed)
+        credentials = authenticated(credentialed, valued=valued)
         if credentials is not None:
             parts.append(credentials)
     return all_of(parts)
@@ -302,6 +308,7 @@ def fitted_expression(
     unauthenticated: AuthenticatedWhen | None = None,
     *,
     credentialed: AuthenticatedWhen | None = None,
+    valued: bool = False,
 ) -> tuple[str, Spellings]:
     """The expression text with as many path spellings as fit in 4,096 characters.
 
@@ -311,7 +318,7 @@ def fitted_expression(
     expr = TRUE
     for spellings in SPELLING_STEPS:
         expr = matcher_expression(
-            matcher, unauthenticated, credentialed=credentialed, spellings=spellings
+            matcher, unauthenticated, credentialed=credentialed, spellings=spellings, valued=valued
         )
         if len(expr.text) <= MAX_EXPRESSION_LENGTH:
             return expr.text, spellings

@@ -104,6 +104,18 @@ def test_the_mark_is_shared_through_the_cache(tmp_path: Path) -> None:
     assert [reached(r) for r in responses] == [True] * (LIMIT + 1) + [False, True]
 
 
+def test_the_cached_mark_holds_on_every_port(tmp_path: Path) -> None:
+    """The port is the client's to pick among Cloudflare's: the mark another isolate
+    reads from the cache is the same on :8443 as on :443."""
+    worker = forgetful_worker(tmp_path)
+    sent = [login(401) for _ in range(LIMIT + 1)]
+    other_port = login(200, x_forget_isolate="1")
+    other_port["url"] = other_port["url"].replace("api.example.com", "api.example.com:8443")
+    responses = run(job_for(tmp_path, worker, [*sent, other_port]))
+    assert [r["status"] for r in responses] == [401] * (LIMIT + 1) + [429]
+    assert not reached(responses[-1])
+
+
 def test_other_limits_still_count_before_forwarding(tmp_path: Path) -> None:
     """A limit without count_when on the same request counts every request before it is
     forwarded, as before; its refusal does not count toward the count_when limit."""

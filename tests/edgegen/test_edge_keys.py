@@ -226,17 +226,21 @@ def test_ip_nat_rule_counts_by_the_visitor_id_alone() -> None:
 
 
 @pytest.mark.parametrize(
-    ("per", "characteristic", "present"),
+    ("per", "characteristic", "present", "empty"),
     [
-        (KEYS["header"], 'http.request.headers["x-api-key"]', {"headers": {"x-api-key": ["k"]}}),
-        (KEYS["cookie"], 'http.request.cookies["session"]', {"cookies": {"session": ["s"]}}),
+        (KEYS["header"], 'http.request.headers["x-api-key"]', {"headers": {"x-api-key": ["k"]}},
+         {"headers": {"x-api-key": [""]}}),
+        (KEYS["cookie"], 'http.request.cookies["session"]', {"cookies": {"session": ["s"]}},
+         {"cookies": {"session": [""]}}),
     ],
-)
+)  # fmt: skip
 def test_a_header_or_cookie_rule_counts_requests_without_the_key_by_address(
-    per: str, characteristic: str, present: dict[str, Any]
+    per: str, characteristic: str, present: dict[str, Any], empty: dict[str, Any]
 ) -> None:
     """Two rules: the key's values (for requests that carry it) and the client IP (for the
-    others); exactly one of them matches any request."""
+    others); exactly one of them matches any request. A key sent empty (``session=``) is
+    no key, as the Worker reads it: counted by address, never all under "" in one
+    counter that an anonymous client could fill for everyone."""
     artifacts = edgegen.build(load(policy_text("enterprise-arl", per)))
     keyed, unkeyed = rules(artifacts)
     assert keyed["ratelimit"]["characteristics"] == ["cf.colo.id", characteristic]
@@ -245,7 +249,7 @@ def test_a_header_or_cookie_rule_counts_requests_without_the_key_by_address(
     assert keyed["ratelimit"]["requests_per_period"] == 100
     assert unkeyed["ratelimit"]["requests_per_period"] == 100
     base = {"path": "/api/x", "host": "api.example.com", "method": "GET"}
-    for fields, expected in ((present, (True, False)), ({}, (False, True))):
+    for fields, expected in ((present, (True, False)), ({}, (False, True)), (empty, (False, True))):
         request = rules_eval.Request(**base, **fields)
         got = tuple(
             rules_eval.evaluate(rules_eval.parse(r["expression"])[0], request)

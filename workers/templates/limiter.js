@@ -561,12 +561,14 @@ function countsStatus(counter, status) {
 }
 
 /**
- * The Cache API key of a mark: on the request's own host (the Cache API keeps entries for
- * the zone's names), under a path no policy string reaches unescaped.
+ * The Cache API key of a mark: on the request's own host name (the Cache API keeps entries
+ * for the zone's names), without the port, which the client picks among Cloudflare's and
+ * which would give the mark one more key per port; under a path no policy string reaches
+ * unescaped.
  */
 function spentCacheKey(url, counter, key) {
   const binding = encodeURIComponent(counter.binding);
-  return `https://${url.host}/.well-known/edgegen-spent/${binding}/${encodeURIComponent(key)}`;
+  return `https://${url.hostname}/.well-known/edgegen-spent/${binding}/${encodeURIComponent(key)}`;
 }
 
 /** Remember a mark in this isolate, keeping the map bounded. */
