@@ -50,6 +50,7 @@ from typing import Any, TextIO
 
 from edgegen_policy import (
     LEASE,
+    OVERRIDE_TIER,
     CountWhen,
     Duration,
     Policy,
@@ -63,7 +64,6 @@ from edgegen_policy import (
 from ._clients import MEMORY_SCHEME, shown_url
 from ._decision import Decision
 from ._errors import REDIS_FAILURES, ApplimitError, ConfigurationError
-from ._overrides import OVERRIDE_TIER
 from ._rules import AppRule
 from ._sync import Limiter
 from .web._headers import quota_period

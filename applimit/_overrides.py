@@ -27,6 +27,7 @@ from typing import Any, TypeGuard
 from edgegen_policy import (
     OVERRIDE_MAX_RATES,
     OVERRIDE_MAX_UNITS,
+    OVERRIDE_TIER,
     Period,
     Policy,
     Rate,
@@ -40,8 +41,6 @@ from ._calls import LEASES, QUOTAS, RATES, Block, block_kind, blocks
 from ._errors import InvalidArgumentError
 from ._rules import AppRule, CompiledPolicy, QuotaSpec, RateSpec
 
-# The tier name a decision's results carry when an override's rates applied.
-OVERRIDE_TIER = "override"
 # The version of an override's JSON document in Redis.
 FORMAT = 1
 # Bounds of what an override may hold.

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from edgegen_policy import request_paths
+from edgegen_policy import OVERRIDE_TIER, request_paths
 from redis.crc import key_slot
 
 from . import _keys
@@ -57,7 +57,7 @@ from ._calls import (
     script_call,
 )
 from ._memo import Memo
-from ._overrides import OVERRIDE_TIER, Applied
+from ._overrides import Applied
 from ._periods import Periods
 from ._replies import Prepared
 from ._rules import USER_KIND, AppRule, CompiledPolicy

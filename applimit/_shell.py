@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
-from edgegen_policy import Policy, load
+from edgegen_policy import OVERRIDE_TIER, Policy, load
 
 from . import _memory, _override_store, _overrides
 from ._approx import ApproxCache
@@ -315,7 +315,7 @@ class LimiterBase(ABC, Generic[WireT]):
     def _forget(self, keys: list[str]) -> None:
         """Drop what this instance holds of ``keys`` (a local reset): cached denials and
         approximate counts."""
-        tiers = (*self.compiled.tiers, _overrides.OVERRIDE_TIER)
+        tiers = (*self.compiled.tiers, OVERRIDE_TIER)
         if self.decider.denials is not None:
             self.decider.denials.forget(keys, tiers)
         if self.decider.approx is not None:

@@ -17,12 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from edgegen_policy import LEASE, has_control_character
+from edgegen_policy import LEASE, OVERRIDE_TIER, has_control_character
 
 from .._decision import Decision, LimitResult
 from .._errors import ConfigurationError
 from .._memo import Memo
-from .._overrides import OVERRIDE_TIER
 from ._client_ip import TrustedProxies
 from ._headers import (
     PROBLEM_JSON,

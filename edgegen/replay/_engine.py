@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from edgegen_policy import (
+    OVERRIDE_TIER,
     Action,
     CountWhen,
     EdgeTarget,
@@ -42,9 +43,6 @@ from .._capabilities import key_kind, key_text
 from .._routes import route_covers, route_parts
 from ._models import RuleCounter, WorkerCounter, app_model
 from ._types import AppModel, Record
-
-# The tier name of the rows of the policy's overrides (as applimit's decisions name it).
-OVERRIDE_TIER = "override"
 
 # Forget idle counters every this many records (and at the end): cheap, and often enough
 # that memory follows the active identities.
@@ -71,6 +69,14 @@ ASSUMPTIONS = (
     "A limit that counts by an app key (per: org) counts the record's user in its place.",
 )
 # Said in the notes of a replay whose policy has a limit with count_when.
+CALENDAR_NOTE = (
+    "Calendar quotas and concurrency limits are not replayed: a log does not hold a "
+    "caller's use of the period before it began, nor how long each request ran."
+)
+OVERRIDE_EVENTS_NOTE = (
+    "Decision events of an identity's override (tier 'override') are not replayed: the "
+    "event log hashes the identity, so the override it had cannot be told."
+)
 COUNT_WHEN_NOTE = (
     "Limits with count_when check a request before it runs and count it after, when its "
     "logged status is listed: a request that a later layer refused counts as its 429, one "
@@ -411,6 +417,11 @@ class Replay:
             self._app(policy)
         if any(limit.count_when is not None for limit in policy.limits):
             self.notes.append(COUNT_WHEN_NOTE)
+        if ReplayLayer.APP in layers and any(
+            limit.app is not None and (limit.app.quotas or limit.app.concurrency)
+            for limit in policy.limits
+        ):
+            self.notes.append(CALENDAR_NOTE)
         self.result_ = ReplayResult(
             rows=self.rows,
             layers=tuple(layer for layer in ReplayLayer if layer in layers),
@@ -836,6 +847,11 @@ class Replay:
         """A record of the app's decision-event log: one hit of one named limit."""
         limit = self.app_by_name.get(request.limit or "")
         if limit is None:
+            return None
+        if request.tier == OVERRIDE_TIER:
+            # Not the lowest tier's rates, which _tier would give it: not replayed at all.
+            if OVERRIDE_EVENTS_NOTE not in self.notes:
+                self.notes.append(OVERRIDE_EVENTS_NOTE)
             return None
         rates = limit.tiers.get(self._tier(request))
         if not rates:

@@ -70,6 +70,7 @@ from ._match import (
 from ._model import (
     OVERRIDE_MAX_RATES,
     OVERRIDE_MAX_UNITS,
+    OVERRIDE_TIER,
     App,
     AppLimit,
     AuthenticatedWhen,
@@ -133,6 +134,7 @@ __all__ = [
     "LEASE",
     "OVERRIDE_MAX_RATES",
     "OVERRIDE_MAX_UNITS",
+    "OVERRIDE_TIER",
     "QUOTA_EXCEEDED",
     "QUOTA_GRACE_US",
     "SHADOW",

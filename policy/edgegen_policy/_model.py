@@ -64,6 +64,8 @@ MAX_OVERRIDES = 1000
 # What one override may give, in the file and at run time alike (applimit checks the same).
 OVERRIDE_MAX_RATES = 8
 OVERRIDE_MAX_UNITS = 10**15
+# The tier name of what an override gives, in decisions, decision-event logs and replays.
+OVERRIDE_TIER = "override"
 MAX_PATH_CHARS = 1024
 
 

@@ -79,3 +79,33 @@ def test_suggest_leaves_overridden_users_out_of_the_tiers() -> None:
     [free] = [i for i in items if i.limit == "api" and i.tier == "free"]
     assert free.identities == 1 and free.requests == 3
     assert all(i.tier != "override" for i in items)
+
+
+def test_decision_events_of_an_override_are_not_replayed_at_the_lowest_tier() -> None:
+    """The app's decision-event log names an override's decisions with the tier
+    'override', which no policy tier is: they are left out, with a note, rather than
+    replayed against the lowest tier's 5/1m (which would refuse 25 of 30)."""
+    from edgegen.replay._engine import OVERRIDE_EVENTS_NOTE
+
+    events = [
+        Record((T0 + 1) * 1_000_000 + i * 1000, "", "", "", "", "hashed", "override", limit="api")
+        for i in range(30)
+    ]
+    result = replay(policy.loads(POLICY), events)
+    assert result.refused[ReplayLayer.APP] == 0
+    assert OVERRIDE_EVENTS_NOTE in result.notes
+
+
+def test_a_policy_with_quotas_or_concurrency_says_they_are_not_replayed() -> None:
+    """Calendar quotas and concurrency limits are not in the replay's models: a note says
+    so, so that a replay of a policy whose real bound is a monthly quota is not read as
+    the whole story."""
+    from edgegen.replay._engine import CALENDAR_NOTE
+
+    text = POLICY.replace(
+        "      tiers: { free: 5/1m, pro: 50/1m }\n  - name: search",
+        "      tiers: { free: 5/1m, pro: 50/1m }\n      quotas: { free: { day: 100 } }\n"
+        "  - name: search",
+    )
+    assert CALENDAR_NOTE in replay(policy.loads(text), burst("small", 3, 0)).notes
+    assert CALENDAR_NOTE not in replay(policy.loads(POLICY), burst("small", 3, 0)).notes
