@@ -192,28 +192,44 @@ WITH_OVERRIDE = f"""{WORKER_POLICY}overrides:
 """
 
 
-def _worker(url: str, rounds: int, out: Any, text: str = WORKER_POLICY) -> None:
+def _worker(url: str, rounds: int, out: Any, text: str, limit: int) -> None:
     """One process of 8 threads: take a lease, say so in Redis (INCR), do a round trip
-    of work, leave (DECR), give the lease back; report the most seen at once."""
+    of work, leave (DECR), give the lease back; report the most seen at once.
+
+    Until ``limit`` handlers have been seen running together, an admitted handler holds
+    its lease and watches the count: the limit being reached is then certain, not left
+    to how the threads happen to interleave (a limiter that admits fewer than ``limit``
+    at once never opens the gate, and the test fails at its deadline)."""
     client = redis.Redis.from_url(url)
     most = 0
     admitted = 0
     lock = threading.Lock()
+    deadline = time.monotonic() + 60
+
+    def gate(running: int) -> None:
+        while not client.exists("jobs:reached") and time.monotonic() < deadline:
+            if running >= limit:
+                client.set("jobs:reached", 1)
+            running = int(client.get("jobs:running") or 0)
+
     with Limiter(policy.loads(text), redis_url=url) as limiter:
 
         def thread() -> None:
             nonlocal most, admitted
-            for _ in range(rounds):
+            done = 0
+            while done < rounds and time.monotonic() < deadline:
                 decision = limiter.hit("jobs", "shared")
                 if not decision.allowed:
                     continue
                 try:
                     running = int(client.incr("jobs:running"))
+                    gate(running)
                     client.ping()
                     with lock:
-                        most = max(most, running)
+                        most = max(most, running, int(client.get("jobs:running") or 0))
                         admitted += 1
                     client.decr("jobs:running")
+                    done += 1
                 finally:
                     limiter.release(decision)
 
@@ -231,11 +247,12 @@ def test_no_more_than_the_limit_run_at_once_across_processes(
 ) -> None:
     """4 processes x 8 threads share a limit of 3 at once (or the caller's override of
     5): the handlers, counting themselves in Redis, never see more than that running;
-    the limit is reached."""
+    the limit is reached, and every thread's rounds are admitted in the end."""
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
+    rounds = 20
     processes = [
-        context.Process(target=_worker, args=(redis_server.url, 60, out, text))
+        context.Process(target=_worker, args=(redis_server.url, rounds, out, text, limit))
         for _ in range(PROCESSES)
     ]
     for process in processes:
@@ -243,8 +260,9 @@ def test_no_more_than_the_limit_run_at_once_across_processes(
     results = [out.get(timeout=120) for _ in processes]
     for process in processes:
         process.join(30)
+    assert redis_client.exists("jobs:reached"), "the limit was never reached"
     assert max(most for most, _ in results) == limit
-    assert sum(admitted for _, admitted in results) >= limit
+    assert sum(admitted for _, admitted in results) == PROCESSES * THREADS * rounds
     assert int(redis_client.get("jobs:running") or 0) == 0
 
 
