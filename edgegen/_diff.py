@@ -20,19 +20,26 @@ from typing import Any
 
 import edgegen_policy as policy
 from edgegen_policy import (
+    App,
     AppLimit,
+    AuthenticatedWhen,
+    Clients,
+    Cloudflare,
     CookieKey,
     CountWhen,
     Diagnostic,
     EdgeLimit,
     HeaderKey,
+    JwtClaim,
     JwtKey,
     Limit,
     Match,
     Override,
     Policy,
     Rate,
+    Worker,
 )
+from pydantic import BaseModel
 
 from ._placement import check
 from ._text import code, markdown_text, terminal_text
@@ -297,6 +304,11 @@ def _quotas_text(app: AppLimit) -> str:
     return "; ".join(f"{tier}: {q.text()}" for tier, q in app.quotas.items())
 
 
+def _concurrency_text(app: AppLimit) -> str:
+    """Requests of one caller at once: ``3``, ``free: 1, pro: 4``, or none."""
+    return _value_text(app.concurrency)
+
+
 def _failure_policy(loaded: Policy, app: AppLimit) -> str:
     return (app.on_redis_error or loaded.app.on_redis_error).value
 
@@ -318,6 +330,8 @@ def _app_changes(
             str(old.billing_day_from or "none"),
             str(new.billing_day_from or "none"),
         ),
+        ("concurrency", "concurrency", _concurrency_text(old), _concurrency_text(new)),
+        ("lease", "lease", str(old.lease), str(new.lease)),
     ]
     for kind, what, a, b in simple:
         if a != b:
@@ -411,6 +425,19 @@ def _edge_changes(limit: str, old: EdgeLimit, new: EdgeLimit) -> list[Change]:
         ("edge_key", "edge counts per", _edge_key_text(old), _edge_key_text(new)),
         ("edge_tiers", "edge tiers", _yes_no(old.tiers), _yes_no(new.tiers)),
     ]
+    if isinstance(old.per, JwtKey) and isinstance(new.per, JwtKey):
+        # What the Worker checks before it trusts a claim: a change here lets other
+        # tokens in (or keeps valid ones out), so each has its own line.
+        was_jwt, now_jwt = old.per.jwt, new.per.jwt
+        pairs += [
+            ("edge_jwt", f"the edge's JWT {what}", _value_text(a), _value_text(b))
+            for what, a, b in [
+                ("issuer", was_jwt.issuer, now_jwt.issuer),
+                ("audience", was_jwt.audience, now_jwt.audience),
+                ("leeway", was_jwt.leeway, now_jwt.leeway),
+                ("tier claim", was_jwt.tier, now_jwt.tier),
+            ]
+        ]
     for kind, what, a, b in pairs:
         if a != b:
             out.append(
@@ -699,6 +726,102 @@ def semantic_changes(old: Version, new: Version) -> list[Change]:
                 )
             )
     out.extend(_override_changes(old.policy, new.policy))
+    out.extend(_unsaid(None, "", old.policy, new.policy))
+    for name, limit in new_limits.items():
+        before = old_limits.get(name)
+        if before is not None:
+            out.extend(_unsaid(name, "", before, limit))
+    return out
+
+
+# The fields the comparisons above describe in their own words, by model. A field of two
+# models of the same type is walked into; any other field that differs and is not listed
+# here is named by its path (``_unsaid``), so a field the policy gains is never left out of
+# a review (tests/edgegen/test_diff_fields.py changes every field alone to keep it so).
+_SAID: dict[type[BaseModel], frozenset[str]] = {
+    Policy: frozenset(
+        {"version", "cloudflare", "authenticated_when", "tiers", "limits", "overrides"}
+    ),
+    Cloudflare: frozenset({"plan", "worker"}),
+    Worker: frozenset({"name", "routes"}),
+    AuthenticatedWhen: frozenset({"headers", "cookies"}),
+    Clients: frozenset({"ipv6_prefix"}),
+    App: frozenset({"redis_url", "key_prefix", "on_redis_error", "timeout", "override_refresh"}),
+    Limit: frozenset({"name", "description", "edge", "app", "count_when"}),
+    Match: frozenset({"paths", "path_prefix", "methods", "hosts"}),
+    CountWhen: frozenset({"status"}),
+    EdgeLimit: frozenset(
+        {
+            "rate",
+            "per",
+            "action",
+            "timeout",
+            "unauthenticated_only",
+            "credentialed_rate",
+            "target",
+            "tiers",
+            "requests_to_origin",
+        }
+    ),
+    HeaderKey: frozenset({"header"}),
+    CookieKey: frozenset({"cookie"}),
+    JwtClaim: frozenset(
+        {"claim", "header", "cookie", "secret", "jwks", "issuer", "audience", "leeway", "tier"}
+    ),
+    AppLimit: frozenset(
+        {
+            "per",
+            "algorithm",
+            "tiers",
+            "burst",
+            "enforce",
+            "on_redis_error",
+            "mode",
+            "concurrency",
+            "lease",
+            "middleware",
+            "quotas",
+            "quota_timezone",
+            "billing_day_from",
+        }
+    ),
+}
+
+
+def _value_text(value: object) -> str:
+    """A field's value as a reviewer reads it: ``none``, ``30s``, ``free: 1, pro: 4``."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ", ".join(_value_text(v) for v in value) or "none"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {_value_text(v)}" for k, v in value.items()) or "none"
+    if isinstance(value, BaseModel):
+        return _value_text(value.model_dump(mode="json", exclude_defaults=True))
+    return str(getattr(value, "value", value))
+
+
+def _unsaid(limit: str | None, path: str, old: BaseModel, new: BaseModel) -> list[Change]:
+    """Every field of ``old`` and ``new`` that differs and that no comparison above
+    describes, named by its path under the limit (or the policy) with both values."""
+    out: list[Change] = []
+    said = _SAID.get(type(old), frozenset())
+    for name in type(old).model_fields:
+        a, b = getattr(old, name), getattr(new, name)
+        if a == b:
+            continue
+        where = f"{path}.{name}" if path else name
+        if isinstance(a, BaseModel) and type(a) is type(b):
+            out.extend(_unsaid(limit, where, a, b))
+        elif name not in said:
+            values = (where, _value_text(a), _value_text(b))
+            if limit is None:
+                out.append(Change("field", None, "{0} changed from {1} to {2}", values))
+            else:
+                text = "limit {0}: {1} changed from {2} to {3}"
+                out.append(Change("field", limit, text, (limit, *values)))
     return out
 
 
