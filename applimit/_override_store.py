@@ -35,10 +35,13 @@ from ._arguments import check_rule
 from ._errors import REDIS_FAILURES, ConfigurationError, InvalidArgumentError
 from ._overrides import (
     MAX_BY,
+    MAX_LIFETIME,
     MAX_REASON,
+    MAX_SKEW,
     Override,
     checked,
     counted_kind,
+    in_bounds,
     next_expiry,
     parse,
     text_argument,
@@ -58,10 +61,10 @@ MAX_REFRESH = 300.0
 _CHANGE = """
 -- KEYS[1] the hash of overrides, KEYS[2] the version, KEYS[3] the log stream.
 -- ARGV: op ('set' or 'remove'), field, document ('' for remove), by, reason,
---       now in ms, the stream's length.
+--       now in ms, the stream's length, the latest expiry a set could write in ms.
 -- Returns the new version, or 0 when a remove found nothing (nothing written).
 local op, field, doc = ARGV[1], ARGV[2], ARGV[3]
-local now = tonumber(ARGV[6])
+local now, furthest = tonumber(ARGV[6]), tonumber(ARGV[8])
 if op == 'set' then
   redis.call('HSET', KEYS[1], field, doc)
 else
@@ -74,14 +77,16 @@ local latest = 0
 for i = 1, #all, 2 do
   local ok, parsed = pcall(cjson.decode, all[i + 1])
   local expires = ok and type(parsed) == 'table' and tonumber(parsed['expires'])
-  if not expires or expires * 1000 <= now then
+  -- Expired, unreadable, or further than any set writes (by hand; _overrides.in_bounds).
+  if not expires or expires ~= expires or expires * 1000 <= now or expires * 1000 > furthest then
     redis.call('HDEL', KEYS[1], all[i])
   elseif expires * 1000 > latest then
     latest = expires * 1000
   end
 end
 if latest > 0 then
-  redis.call('PEXPIREAT', KEYS[1], math.ceil(latest) + 1000)
+  -- As digits: a Lua number past 1e14 would be sent in exponent form, which Redis refuses.
+  redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', math.ceil(latest) + 1000))
 end
 local version = redis.call('INCR', KEYS[2])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*', 'op', op, 'override', doc,
@@ -218,10 +223,11 @@ class RedisSource:
         self._redis()
         document = json.dumps(override.document()) if op == "set" else ""
         now_ms = round(time.time() * 1000)
+        furthest = now_ms + round((MAX_LIFETIME + MAX_SKEW) * 1000)
         return int(
             self._script(
                 keys=[self.all, self.version_key, self.log],
-                args=[op, override.field, document, by, reason, now_ms, LOG_LENGTH],
+                args=[op, override.field, document, by, reason, now_ms, LOG_LENGTH, furthest],
             )
         )
 
@@ -269,6 +275,15 @@ class MemorySource:
                 return 0
             else:
                 del store.overrides[field]
+            # As the change script does in Redis: drop what has expired, or is unreadable,
+            # or expires further ahead than a set writes.
+            for name, text in list(store.overrides.items()):
+                try:
+                    kept = in_bounds(parse(text).expires, now)
+                except ValueError:
+                    kept = False
+                if not kept:
+                    del store.overrides[name]
             store.override_version += 1
             store.override_log.append(
                 OverrideChange(

@@ -53,6 +53,10 @@ MAX_VALUE = 1024
 # The furthest an override set at run time may expire: contract rates that last longer
 # belong in the reviewed file (``overrides:`` in the policy).
 MAX_LIFETIME = 400 * 86_400.0
+# How far instances' clocks may differ: an override set on a clock this far ahead is still
+# read (and kept by the next change) everywhere. One that expires later than a set could
+# write, counted from now, was written by hand: it is ignored and the next change drops it.
+MAX_SKEW = 86_400.0
 USER = "user"
 RUNTIME = "runtime"
 FILE = "file"
@@ -432,7 +436,7 @@ def table(
     found: dict[tuple[str, str], Applied] = {}
     in_file: dict[str, Override] = {}
     for given in sorted(overrides, key=lambda o: o.source == RUNTIME):
-        if given.expires <= now:
+        if given.expires <= now if given.source != RUNTIME else not in_bounds(given.expires, now):
             continue
         if given.source != RUNTIME:
             in_file[given.field] = given
@@ -451,6 +455,12 @@ def _over(contract: Override, runtime: Override) -> Override:
         quotas=runtime.quotas or contract.quotas,
         concurrency=contract.concurrency if runtime.concurrency is None else runtime.concurrency,
     )
+
+
+def in_bounds(expires: float, now: float) -> bool:
+    """Whether a stored override's expiry is in the future and within what a set could
+    have written (a change script in Redis applies the same rule, see _override_store)."""
+    return now < expires <= now + MAX_LIFETIME + MAX_SKEW
 
 
 def next_expiry(overrides: Iterable[Override], now: float) -> float:

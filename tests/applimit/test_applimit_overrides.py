@@ -26,6 +26,7 @@ from limiter_support import Driver, MakeLimiter
 from applimit import AsyncLimiter, InvalidArgumentError, Limiter, UnknownLimitError
 from applimit._cli import main
 from applimit._errors import ConfigurationError
+from applimit._override_store import MemorySource
 from applimit._override_store import keys as override_keys
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -1189,3 +1190,46 @@ def test_the_feeds_blocking_client_keeps_the_async_clients_tls_and_credentials(
             setting
         ), setting
     twin.close()
+
+
+@pytest.mark.parametrize("far", [1e15, float("inf"), float("nan")])
+@pytest.mark.parametrize("backend", ["redis", "memory"])
+def test_an_expiry_no_set_could_write_is_dropped_not_kept_forever(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    backend: str,
+    far: float,
+) -> None:
+    """A document written by hand to expire centuries ahead (beyond the 400 days a set
+    allows, and the day of clock skew between instances it is given) is not applied, and
+    the next change drops it and still works (before, the hash's expiry overflowed and
+    every set failed; Infinity and NaN, which Redis' JSON reads, stayed for ever); one set
+    on a clock a few hours ahead is kept."""
+    url = redis_server.url if backend == "redis" else f"memory://far-{tmp_path.name}"
+    path = own_policy(tmp_path, url)
+    with Limiter.from_policy(path) as limiter:
+        good = limiter.overrides.set("api", "amy", rates=["9/1m"], reason="r", by="o", ttl=60)
+        far_away = {**good.document(), "value": "bea", "expires": far}
+        ahead = {**good.document(), "value": "cy", "expires": time.time() + 400 * 86_400 + 3600}
+        written = {
+            json.dumps(["api", "user", "bea"]): json.dumps(far_away),
+            json.dumps(["api", "user", "cy"]): json.dumps(ahead),
+        }
+        if backend == "redis":
+            redis_client.hset(override_keys("own")[0], mapping=written)
+            redis_client.incr(override_keys("own")[1])
+        else:
+            source = limiter.override_source
+            assert isinstance(source, MemorySource)
+            with source.store.override_lock:
+                source.store.overrides.update(written)
+                source.store.override_version += 1
+        limiter.overrides.refresh()
+        assert limiter.hit("api", "bea").results[0].tier == "free"
+        assert limiter.hit("api", "cy").results[0].tier == "override"
+        limiter.overrides.set("api", "dan", rates=["7/1m"], reason="r", by="o", ttl=60)
+        assert sorted(o.value for o in limiter.overrides.stored()) == ["amy", "cy", "dan"]
+        if backend == "redis":
+            ttl = redis_client.pttl(override_keys("own")[0])
+            assert 400 * 86_400_000 < ttl <= 400 * 86_400_000 + 3_602_000
