@@ -128,6 +128,7 @@ class Row:
         "refused_by",
         "shadow",
         "tier",
+        "who",
         "windows",
     )
 
@@ -140,10 +141,13 @@ class Row:
         *,
         enforced: bool = True,
         action: str | None = None,
+        who: str | None = None,
     ) -> None:
         self.layer = layer
         self.name = name
         self.tier = tier
+        # The user whose override this row counts (tier "override"), else None.
+        self.who = who
         self.rate = rate
         self.limit = rate.limit
         self.period_us = round(rate.period.seconds * 1_000_000)
@@ -588,7 +592,12 @@ class Replay:
             checks = []
             for rate in checked_rates(entry.rates):
                 row = Row(
-                    ReplayLayer.APP, entry.limit, OVERRIDE_TIER, rate, enforced=not app.shadow
+                    ReplayLayer.APP,
+                    entry.limit,
+                    OVERRIDE_TIER,
+                    rate,
+                    enforced=not app.shadow,
+                    who=entry.user,
                 )
                 self.rows.append(row)
                 model = app_model(limit.app.algorithm, rate, limit.app.burst)

@@ -45,6 +45,8 @@ def _when(at_us: int | None) -> str:
 
 
 def _tier(row: Row) -> str:
+    if row.who is not None:
+        return f"{row.tier} ({row.who})"
     return row.tier if row.tier is not None else "-"
 
 
@@ -66,6 +68,7 @@ def _row_data(row: Row, result: ReplayResult) -> dict[str, Any]:
         "layer": row.layer.value,
         "limit": row.name,
         "tier": row.tier,
+        "user": row.who,
         "rate": str(row.rate),
         "action": row.action,
         "enforced": row.enforced,
@@ -455,6 +458,8 @@ class Impact:
     layer: ReplayLayer
     limit: str
     tier: str | None
+    # The user of an override's row (tier "override"): rows are paired by it too.
+    who: str | None
     rate_before: str | None
     rate_after: str | None
     counted_before: int
@@ -481,14 +486,18 @@ def _refusals(row: Row) -> int:
     return row.refused + row.challenged + row.shadow
 
 
-def _keyed(result: ReplayResult) -> dict[tuple[ReplayLayer, str, str | None, int], Row]:
-    """Rows by (layer, limit, tier, position among that limit and tier's rates)."""
-    out: dict[tuple[ReplayLayer, str, str | None, int], Row] = {}
+_Key = tuple[ReplayLayer, str, str | None, str | None, int]
+
+
+def _keyed(result: ReplayResult) -> dict[_Key, Row]:
+    """Rows by (layer, limit, tier, override's user, position among that limit and tier's
+    rates): one user's override is never paired with another's."""
+    out: dict[_Key, Row] = {}
     for row in result.rows:
         index = 0
-        while (row.layer, row.name, row.tier, index) in out:
+        while (row.layer, row.name, row.tier, row.who, index) in out:
             index += 1
-        out[(row.layer, row.name, row.tier, index)] = row
+        out[(row.layer, row.name, row.tier, row.who, index)] = row
     return out
 
 
@@ -499,7 +508,7 @@ def impact(before: ReplayResult, after: ReplayResult) -> list[Impact]:
     order = list(old) + [key for key in new if key not in old]
     out = []
     for key in order:
-        layer, name, tier, _ = key
+        layer, name, tier, who, _ = key
         a = old.get(key)
         b = new.get(key)
         refused_a: set[Hashable] = set(a.refused_by) if a else set()
@@ -509,6 +518,7 @@ def impact(before: ReplayResult, after: ReplayResult) -> list[Impact]:
                 layer=layer,
                 limit=name,
                 tier=tier,
+                who=who,
                 rate_before=str(a.rate) if a else None,
                 rate_after=str(b.rate) if b else None,
                 counted_before=a.counted if a else 0,
@@ -530,14 +540,23 @@ def _impact_sentence(item: Impact) -> str:
         ReplayLayer.WORKER: "Worker limit",
         ReplayLayer.APP: "app limit",
     }[item.layer]
-    tier = f"{code(item.tier)} tier of " if item.tier else ""
+    if item.who is not None:
+        tier = f"the override for {code(item.who)} of "
+    else:
+        tier = f"{code(item.tier)} tier of " if item.tier else ""
     if item.rate_before == item.rate_after:
         rates = f"{item.rate_before} (unchanged)"
     else:
         rates = f"{item.rate_before or 'none'} -> {item.rate_after or 'none'}"
     if item.counted_before == 0 and item.counted_after == 0:
         return f"{tier}{where} {code(item.limit)} {rates}: no recorded request reached it"
-    whom = "requests" if item.tier is None else f"{item.tier} requests"
+    whom = (
+        "requests"
+        if item.tier is None
+        else f"{item.who}'s requests"
+        if item.who is not None
+        else f"{item.tier} requests"
+    )
     share_before = _share(item.refused_before, item.counted_before)
     share_after = _share(item.refused_after, item.counted_after)
     text = (
@@ -616,6 +635,7 @@ def impact_json(
                 "layer": item.layer.value,
                 "limit": item.limit,
                 "tier": item.tier,
+                "user": item.who,
                 "rate_before": item.rate_before,
                 "rate_after": item.rate_after,
                 "counted_before": item.counted_before,

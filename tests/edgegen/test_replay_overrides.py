@@ -109,3 +109,40 @@ def test_a_policy_with_quotas_or_concurrency_says_they_are_not_replayed() -> Non
     )
     assert CALENDAR_NOTE in replay(policy.loads(text), burst("small", 3, 0)).notes
     assert CALENDAR_NOTE not in replay(policy.loads(POLICY), burst("small", 3, 0)).notes
+
+
+def test_the_diffs_impact_pairs_each_users_override_with_its_own() -> None:
+    """Two users' overrides before, one after: the impact compares big's override with
+    big's, never with another user's row that happens to sit at the same place, and says
+    whose override it is."""
+    from edgegen.replay._report import impact, impact_json, impact_lines
+
+    two = POLICY.replace(
+        "  - limit: search\n",
+        "  - { limit: api, user: huge, rates: [30/1m], expires: '2999-01-01', reason: c5 }\n"
+        "  - limit: search\n",
+    ).replace("2026-12-01T00:00:30Z", "2999-01-01")
+    only_huge = two.replace(
+        '  - limit: api\n    user: big\n    rates: [20/1m]\n    expires: "2999-01-01"\n'
+        "    reason: contract 3\n",
+        "",
+    )
+    assert "user: big" not in only_huge and "huge" in only_huge
+    records = sorted(burst("big", 25, 0) + burst("huge", 25, 0))
+    before = replay(policy.loads(two), records)
+    after = replay(policy.loads(only_huge), records)
+    items = {(i.tier, i.who): i for i in impact(before, after) if i.limit == "api"}
+    # huge's override is unchanged: 25 requests under its 30/1m, none refused either side.
+    huge = items[("override", "huge")]
+    assert (huge.counted_before, huge.counted_after) == (25, 25)
+    assert not huge.changed
+    # big's override is gone: its 25 requests fall to the free tier's 5/1m.
+    big = items[("override", "big")]
+    assert (big.rate_before, big.rate_after, big.refused_before) == ("20/1m", None, 5)
+    free = items[("free", None)]
+    assert (free.counted_before, free.counted_after, free.refused_after) == (0, 25, 20)
+    lines = impact_lines(list(items.values()))
+    assert any(line.startswith("the override for `big` of app limit `api`") for line in lines)
+    assert not any("`huge`" in line for line in lines)
+    found = impact_json(list(items.values()), before, after)["limits"]
+    assert {(x["tier"], x["user"]) for x in found} == {("override", "big"), ("free", None)}
