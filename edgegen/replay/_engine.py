@@ -936,20 +936,25 @@ class Replay:
                     row.shadow += 1
                 else:
                     row.refused += 1
-            elif passed and index in later:
-                self._answers.append(
-                    _Answer(
-                        ReplayLayer.APP,
-                        later[index],
-                        _recorder(check.model, verdict, cost),
-                        identity,
-                        row,
-                        identity,
+            elif index in later:
+                # Counted after the answer, if the request runs and its status is listed.
+                if passed:
+                    self._answers.append(
+                        _Answer(
+                            ReplayLayer.APP,
+                            later[index],
+                            _recorder(check.model, verdict, cost),
+                            identity,
+                            row,
+                            identity,
+                        )
                     )
-                )
-            elif passed:
+            else:
+                # Reached, so counted in the row as _refused counts it, refused by another
+                # limit or not; the model records only what the app records.
                 row.count(identity, at, cost)
-                check.model.record(identity, verdict, at, cost)
+                if passed:
+                    check.model.record(identity, verdict, at, cost)
         return not passed
 
     def sweep(self, now_us: int) -> None:

@@ -203,3 +203,35 @@ limits:
     got = [engine.feed(r) for r in logged]
     worker = ReplayLayer.WORKER
     assert got == [None] * 5 + [None, None, None, worker] + [None] * 5 + [worker]
+
+
+def test_a_limit_beside_a_count_when_one_counts_as_without_it() -> None:
+    """A request refused by one limit still counts at every other limit it reached, the
+    same whether or not a third limit on the path has count_when: 'counted' means one
+    thing in every row (before, a count_when limit on the path made the others skip the
+    requests another limit refused)."""
+    base = """
+version: 1
+tiers: [default]
+limits:
+  - name: tight
+    match: { paths: [/login] }
+    app: { per: ip, algorithm: sliding_log, tiers: { default: 2/1m } }
+  - name: wide
+    match: { paths: [/login] }
+    app: { per: ip, algorithm: sliding_log, tiers: { default: 100/1m } }
+"""
+    with_count_when = base + (
+        "  - name: failures\n    match: { paths: [/login] }\n    count_when: { status: [401] }\n"
+        "    app: { per: ip, algorithm: sliding_log, tiers: { default: 100/1m } }\n"
+    )
+    logged = records([200] * 6)
+
+    def rows(text: str) -> dict[str, tuple[int, int]]:
+        result = replay(policy.loads(text), logged)
+        return {r.name: (r.counted, r.refused) for r in result.rows}
+
+    plain, beside = rows(base), rows(with_count_when)
+    # tight refuses 4 of 6; wide reached all 6 either way.
+    assert plain == {"tight": (6, 4), "wide": (6, 0)}
+    assert {k: v for k, v in beside.items() if k != "failures"} == plain
