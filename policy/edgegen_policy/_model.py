@@ -880,18 +880,12 @@ class AuthenticatedWhen(_Model):
     @field_validator("headers")
     @classmethod
     def _headers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for header in value:
-            if not _HEADER_RE.match(header):
-                raise ValueError(f"{header!r} is not a valid HTTP header name")
-        return tuple(h.lower() for h in value)
+        return tuple(_header_name(h) for h in value)
 
     @field_validator("cookies")
     @classmethod
     def _cookies(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for cookie in value:
-            if not _COOKIE_RE.match(cookie):
-                raise ValueError(f"{cookie!r} is not a valid cookie name")
-        return value
+        return tuple(_cookie_name(c) for c in value)
 
 
 class Clients(_Model):

@@ -287,7 +287,7 @@ CASES = [
         "version: 1\nauthenticated_when: { headers: ['x auth'] }\n",
         2,
         "authenticated_when.headers",
-        "not a valid HTTP header name",
+        "is not an HTTP header name; use letters, digits and -",
     ),
     Case(
         "name-with-newline",
