@@ -657,6 +657,20 @@ def semantic_changes(old: Version, new: Version) -> list[Change]:
             if came not in renamed.values() and _same_but_name(old_limits[gone], new_limits[came]):
                 renamed[gone] = came
                 break
+    kept_old = [renamed.get(n, n) for n in old_limits if n in new_limits or n in renamed]
+    kept_new = [n for n in new_limits if n in old_limits or n in renamed.values()]
+    if kept_old != kept_new:
+        # The edge checks a request against its rules (and the Worker its limits) in the
+        # policy's order, and the first to refuse ends it: an order is a change of meaning.
+        out.append(
+            Change(
+                "limits_reordered",
+                None,
+                "limits are reordered: {0} (the edge checks a request in this order; the "
+                "first to refuse it decides)",
+                (", ".join(kept_new),),
+            )
+        )
     for gone, came in renamed.items():
         out.append(
             Change(
@@ -788,6 +802,10 @@ _SAID: dict[type[BaseModel], frozenset[str]] = {
 }
 
 
+# A field whose name says it may hold a credential: its change is named, its values never.
+_SECRET_FIELD = re.compile(r"url|token|password|secret|credential|private", re.IGNORECASE)
+
+
 def _value_text(value: object) -> str:
     """A field's value as a reviewer reads it: ``none``, ``30s``, ``free: 1, pro: 4``."""
     if value is None:
@@ -816,7 +834,10 @@ def _unsaid(limit: str | None, path: str, old: BaseModel, new: BaseModel) -> lis
         if isinstance(a, BaseModel) and type(a) is type(b):
             out.extend(_unsaid(limit, where, a, b))
         elif name not in said:
-            values = (where, _value_text(a), _value_text(b))
+            if _SECRET_FIELD.search(name):
+                values = (where, "not shown", "not shown")
+            else:
+                values = (where, _value_text(a), _value_text(b))
             if limit is None:
                 out.append(Change("field", None, "{0} changed from {1} to {2}", values))
             else:

@@ -293,3 +293,40 @@ def test_concurrency_and_lease_changes_are_named() -> None:
         "limit 'api': concurrency changed from 'free: 1, pro: 4' to 'free: 2, pro: 4'",
         "limit 'api': lease changed from '30s' to '1m'",
     ]
+
+
+def test_a_reorder_of_limits_is_reported() -> None:
+    """The edge checks a request against its limits in the policy's order and the first to
+    refuse decides: two limits swapped is a change (a renamed one keeps its place)."""
+    limits = list(BASE.limits)
+    limits[0], limits[1] = limits[1], limits[0]
+    [text] = _changes(BASE.model_copy(update={"limits": tuple(limits)}))
+    assert text.startswith("limits are reordered: 'tokens, login, keys, cookies, api, reports'")
+    renamed = list(BASE.limits)
+    renamed[0] = renamed[0].model_copy(update={"name": "signin"})
+    texts = _changes(BASE.model_copy(update={"limits": tuple(renamed)}))
+    assert [t.split(":")[0] for t in texts] == ["limit 'login' is renamed to 'signin'"]
+
+
+def test_a_field_that_may_hold_a_credential_is_named_never_shown() -> None:
+    """A field no comparison describes whose name says credential (url, token, password,
+    secret) is reported as changed without its values."""
+    from pydantic import BaseModel as Model
+
+    from edgegen._diff import _unsaid
+
+    class Settings(Model):
+        audit_url: str
+        api_token: str
+        color: str
+
+    [url, token, color] = _unsaid(
+        "api",
+        "",
+        Settings(audit_url="https://u:pw@a", api_token="t1", color="red"),
+        Settings(audit_url="https://u:pw2@a", api_token="t2", color="blue"),
+    )
+    for change in (url, token):
+        assert "pw" not in change.render(markdown=False) and "t1" not in change.render(False)
+        assert change.render(markdown=False).endswith("from 'not shown' to 'not shown'")
+    assert color.render(markdown=False) == "limit 'api': 'color' changed from 'red' to 'blue'"
