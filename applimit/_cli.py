@@ -64,6 +64,7 @@ from edgegen_policy import (
 from ._clients import MEMORY_SCHEME, shown_url
 from ._decision import Decision
 from ._errors import REDIS_FAILURES, ApplimitError, ConfigurationError
+from ._overrides import EXPIRED, IGNORED, IN_FORCE, status
 from ._rules import AppRule
 from ._sync import Limiter
 from .web._headers import quota_period
@@ -778,7 +779,11 @@ def _override_remove(
 
 
 def _when(moment: float) -> str:
-    return dt.datetime.fromtimestamp(moment, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        return dt.datetime.fromtimestamp(moment, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (ValueError, OverflowError, OSError):
+        # A time no calendar holds (a document written by hand): the number itself.
+        return f"{moment:g} (no date)"
 
 
 def _override_list(args: argparse.Namespace, limiter: Limiter, url: str, out: TextIO) -> int:
@@ -786,14 +791,20 @@ def _override_list(args: argparse.Namespace, limiter: Limiter, url: str, out: Te
     now = time.time()
     found = [*stored, *limiter.file_overrides]
     if args.format == "json":
-        documents = [{**o.document(), "expired": o.expires <= now} for o in found]
+        documents = [
+            {**o.document(), "expired": o.expires <= now, "status": status(o, now)} for o in found
+        ]
         json.dump({"version": 1, "redis": url, "overrides": documents}, out, indent=2)
         out.write("\n")
         return OK
     if not found:
         out.write(f"no overrides in {url} or in the policy\n")
     for o in found:
-        state = "expired" if o.expires <= now else f"until {_when(o.expires)}"
+        state = {
+            IN_FORCE: f"until {_when(o.expires)}",
+            EXPIRED: "expired",
+            IGNORED: f"ignored: expires {_when(o.expires)}, further ahead than a set writes",
+        }[status(o, now)]
         out.write(
             f"{o.limit} {o.kind} '{shown(o.value)}': {o.gives()} {state} "
             f"({o.source}, by {shown(o.by)}: {shown(o.reason)})\n"

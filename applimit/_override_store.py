@@ -76,9 +76,11 @@ local all = redis.call('HGETALL', KEYS[1])
 local latest = 0
 for i = 1, #all, 2 do
   local ok, parsed = pcall(cjson.decode, all[i + 1])
-  local expires = ok and type(parsed) == 'table' and tonumber(parsed['expires'])
-  -- Expired, unreadable, or further than any set writes (by hand; _overrides.in_bounds).
-  if not expires or expires ~= expires or expires * 1000 <= now or expires * 1000 > furthest then
+  local expires = ok and type(parsed) == 'table' and parsed['expires']
+  -- Not an object with a numeric expiry, expired, or further than any set writes (by
+  -- hand): as _kept does for memory://.
+  if type(expires) ~= 'number' or expires ~= expires or expires * 1000 <= now
+      or expires * 1000 > furthest then
     redis.call('HDEL', KEYS[1], all[i])
   elseif expires * 1000 > latest then
     latest = expires * 1000
@@ -247,6 +249,20 @@ class RedisSource:
             client.close()
 
 
+def _kept(text: str, now: float) -> bool:
+    """Whether a change keeps a stored document, as _CHANGE decides in Redis: a JSON object
+    whose expiry is a number, in the future and no further than a set writes. (One that is
+    otherwise unreadable is skipped by readers, and stays until removed.)"""
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    expires = raw.get("expires") if isinstance(raw, dict) else None
+    if isinstance(expires, bool) or not isinstance(expires, int | float):
+        return False
+    return in_bounds(expires, now)
+
+
 class MemorySource:
     """The overrides of a ``memory://`` store: in the store, told to its limiters at once."""
 
@@ -275,14 +291,8 @@ class MemorySource:
                 return 0
             else:
                 del store.overrides[field]
-            # As the change script does in Redis: drop what has expired, or is unreadable,
-            # or expires further ahead than a set writes.
             for name, text in list(store.overrides.items()):
-                try:
-                    kept = in_bounds(parse(text).expires, now)
-                except ValueError:
-                    kept = False
-                if not kept:
+                if not _kept(text, now):
                     del store.overrides[name]
             store.override_version += 1
             store.override_log.append(

@@ -436,7 +436,7 @@ def table(
     found: dict[tuple[str, str], Applied] = {}
     in_file: dict[str, Override] = {}
     for given in sorted(overrides, key=lambda o: o.source == RUNTIME):
-        if given.expires <= now if given.source != RUNTIME else not in_bounds(given.expires, now):
+        if status(given, now) != IN_FORCE:
             continue
         if given.source != RUNTIME:
             in_file[given.field] = given
@@ -461,6 +461,19 @@ def in_bounds(expires: float, now: float) -> bool:
     """Whether a stored override's expiry is in the future and within what a set could
     have written (a change script in Redis applies the same rule, see _override_store)."""
     return now < expires <= now + MAX_LIFETIME + MAX_SKEW
+
+
+IN_FORCE, EXPIRED, IGNORED = "in force", "expired", "ignored"
+
+
+def status(override: Override, now: float) -> str:
+    """Whether ``override`` applies at ``now``: ``in force``, ``expired``, or ``ignored``
+    (one in Redis that expires further ahead than a set could write: written by hand)."""
+    if override.expires <= now:
+        return EXPIRED
+    if override.source == RUNTIME and not in_bounds(override.expires, now):
+        return IGNORED
+    return IN_FORCE
 
 
 def next_expiry(overrides: Iterable[Override], now: float) -> float:

@@ -1233,3 +1233,58 @@ def test_an_expiry_no_set_could_write_is_dropped_not_kept_forever(
         if backend == "redis":
             ttl = redis_client.pttl(override_keys("own")[0])
             assert 400 * 86_400_000 < ttl <= 400 * 86_400_000 + 3_602_000
+        # Listed before a change drops it: shown as ignored, never a traceback.
+        if backend == "redis":
+            redis_client.hset(override_keys("own")[0], json.dumps(["api", "user", "bea"]),
+                              json.dumps(far_away))  # fmt: skip
+            code, out, err = run("override", "list", str(path))
+            assert code == 0 and "Traceback" not in err
+            if far == 1e15:
+                assert "'bea': rates 9/1m ignored: expires 1e+15 (no date)" in out
+            code, out, _ = run("override", "list", str(path), "--format", "json")
+            listed = {o["value"]: o["status"] for o in json.loads(out)["overrides"]}
+            assert listed["amy"] == "in force" and listed["cy"] == "in force"
+            assert listed.get("bea") in ({"ignored"} if far == 1e15 else {None})
+
+
+def test_a_change_drops_the_same_documents_in_redis_and_in_memory(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """Documents of every shape written by hand, then one change: Redis' script and
+    memory:// keep the same ones (a JSON object with a numeric expiry within bounds, even
+    one readers skip) and drop the same ones."""
+    now = time.time()
+    shapes: dict[str, str] = {
+        "good": json.dumps({"expires": now + 60}),
+        "version-2": json.dumps({"version": 2, "expires": now + 60}),
+        "whole-seconds": json.dumps({"expires": int(now) + 60}),
+        "string-expiry": json.dumps({"expires": str(now + 60)}),
+        "bool-expiry": json.dumps({"expires": True}),
+        "no-expiry": json.dumps({"rates": []}),
+        "expired": json.dumps({"expires": now - 1}),
+        "far": json.dumps({"expires": now + 402 * 86_400}),
+        "infinite": json.dumps({"expires": float("inf")}),
+        "nan": json.dumps({"expires": float("nan")}),
+        "huge-int": '{"expires": 1' + "0" * 400 + "}",
+        "list": json.dumps([now + 60]),
+        "not-json": "{",
+    }
+    kept: dict[str, set[str]] = {}
+    for backend in ("redis", "memory"):
+        url = redis_server.url if backend == "redis" else f"memory://shapes-{tmp_path.name}"
+        with Limiter.from_policy(own_policy(tmp_path, url)) as limiter:
+            if backend == "redis":
+                redis_client.hset(override_keys("own")[0], mapping=shapes)
+            else:
+                source = limiter.override_source
+                assert isinstance(source, MemorySource)
+                with source.store.override_lock:
+                    source.store.overrides.update(shapes)
+            limiter.overrides.set("api", "amy", rates=["9/1m"], reason="r", by="o", ttl=60)
+            if backend == "redis":
+                held = redis_client.hkeys(override_keys("own")[0])
+                kept[backend] = {k.decode() for k in held}
+            else:
+                kept[backend] = set(source.store.overrides)
+    amy = json.dumps(["api", "user", "amy"])
+    assert kept["redis"] == kept["memory"] == {"good", "version-2", "whole-seconds", amy}
