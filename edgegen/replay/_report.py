@@ -553,7 +553,7 @@ def _impact_sentence(item: Impact) -> str:
     whom = (
         "requests"
         if item.tier is None
-        else f"{item.who}'s requests"
+        else f"{code(item.who)}'s requests"
         if item.who is not None
         else f"{item.tier} requests"
     )

@@ -146,3 +146,18 @@ def test_the_diffs_impact_pairs_each_users_override_with_its_own() -> None:
     assert not any("`huge`" in line for line in lines)
     found = impact_json(list(items.values()), before, after)["limits"]
     assert {(x["tier"], x["user"]) for x in found} == {("override", "big"), ("free", None)}
+
+
+def test_an_overrides_user_is_never_read_as_markdown() -> None:
+    """A user id is the policy's text, and the impact lands in a PR comment: every place
+    the sentence names it is a code span, so no link or HTML in it is live."""
+    import re
+
+    from edgegen.replay._report import Impact, impact_lines
+
+    who = "[pay here](https://evil.example) <b>x</b>"
+    item = Impact(ReplayLayer.APP, "api", "override", who, "20/1m", None, 10, 0, 2, 0, 1, 0, 0, 1)
+    [line] = impact_lines([item])
+    outside = re.sub(r"`[^`]*`", "", line)
+    assert who not in outside and "evil" not in outside and "<b>" not in outside
+    assert line.count(f"`{who}`") == 2
