@@ -63,7 +63,7 @@ from edgegen_policy import (
 
 from ._clients import MEMORY_SCHEME, shown_url
 from ._decision import Decision
-from ._errors import REDIS_FAILURES, ApplimitError, ConfigurationError
+from ._errors import REDIS_FAILURES, ApplimitError, ConfigurationError, InvalidArgumentError
 from ._overrides import EXPIRED, IGNORED, IN_FORCE, status
 from ._rules import AppRule
 from ._sync import Limiter
@@ -589,7 +589,18 @@ def _statuses(ranges: tuple[tuple[int, int], ...]) -> str | None:
 def _peek(limiter: Limiter, rule: AppRule, subject: Subject, tier: str) -> Decision:
     # A per-IP limit takes the address only as ip=, with no identity (Core._limit_tag).
     identity = None if rule.per_ip else subject.user
-    return limiter.peek(rule.name, identity, tier=tier, ip=subject.ip, keys=subject.keys)
+    try:
+        return limiter.peek(rule.name, identity, tier=tier, ip=subject.ip, keys=subject.keys)
+    except InvalidArgumentError as error:
+        day = rule.billing_day_from
+        if error.argument != "keys" or day is None or day in subject.keys:
+            raise
+        # The library's message tells an app what to pass to hit(); this is a command line.
+        raise CommandError(
+            f"limit {rule.name!r} has a billing quota, counted from the customer's billing "
+            f"day: give it with --keys, e.g. --keys {day}=15 (a day of the month, 1 to 31).",
+            USAGE_ERROR,
+        ) from None
 
 
 def run_reset(args: argparse.Namespace, out: TextIO, stdin: TextIO, err: TextIO) -> int:
@@ -667,6 +678,9 @@ def run_override(args: argparse.Namespace, out: TextIO, stdin: TextIO, err: Text
         if args.action == "list":
             return _override_list(args, limiter, url, out)
         return _override_log(args, limiter, url, out)
+    except BrokenPipeError:
+        # An OSError too, but the reader of a pipe went away, not Redis (main says OK).
+        raise
     except REDIS_FAILURES:
         raise _unreachable(url) from None
     finally:
@@ -703,7 +717,9 @@ def _by(args: argparse.Namespace) -> str:
 
 
 def _until(args: argparse.Namespace) -> dict[str, Any]:
-    if (args.ttl is None) == (args.expires is None):
+    if args.ttl is not None and args.expires is not None:
+        raise CommandError("pass --ttl or --expires, not both.", USAGE_ERROR)
+    if args.ttl is None and args.expires is None:
         raise CommandError("say how long: pass --ttl 30d or --expires 2027-06-30.", USAGE_ERROR)
     if args.ttl is not None:
         try:
@@ -774,7 +790,22 @@ def _override_remove(
         _confirm(what, url, stdin, err, verb="remove", lost="override's limits")
     if not limiter.overrides.remove(rule.name, value, by=_by(args), reason=args.reason):
         raise CommandError(f"{what} is not set in {url}; nothing was removed.", FAILED)
-    out.write(f"removed {what} in {url}: its tier's limits apply\n")
+    now = time.time()
+    contract = next(
+        (
+            o
+            for o in limiter.file_overrides
+            if (o.limit, o.value) == (rule.name, value) and status(o, now) == IN_FORCE
+        ),
+        None,
+    )
+    then = (
+        "its tier's limits apply"
+        if contract is None
+        else f"the policy file's override applies ({contract.gives()} until "
+        f"{_when(contract.expires)})"
+    )
+    out.write(f"removed {what} in {url}: {then}\n")
     return OK
 
 

@@ -125,16 +125,26 @@ def describe(loaded: Policy) -> list[dict[str, Any]]:
         if limit.app:
             app = limit.app
             quotas = app.quotas or {}
+            at_once = app.concurrency_of(loaded.tiers)
+            named = [*app.tiers, *(t for t in loaded.tiers if t in at_once and t not in app.tiers)]
             tiers = ", ".join(
-                f"{tier} {' + '.join([str(r) for r in rates] + _quota_texts(quotas.get(tier)))}"
-                for tier, rates in app.tiers.items()
+                f"{tier} "
+                + " + ".join(
+                    [str(r) for r in app.tiers.get(tier, ())]
+                    + _quota_texts(quotas.get(tier))
+                    + ([f"{at_once[tier]} at once"] if tier in at_once else [])
+                )
+                for tier in named
             )
             if quotas and app.quota_timezone != "UTC":
                 tiers += f" (quotas in {app.quota_timezone})"
             shadow = " (shadow)" if not app.enforce else ""
             approx = " (approximate)" if app.mode.value == "approximate" else ""
-            row["app"] = f"{app.algorithm.value} per {app.per.value}{shadow}{approx}: {tiers}"
-            if app.algorithm.value == "sliding_window":
+            # A limit of concurrency alone counts no rate: no algorithm applies to it.
+            rated = any(app.tiers.values())
+            how = f"{app.algorithm.value} per" if rated else "per"
+            row["app"] = f"{how} {app.per.value}{shadow}{approx}: {tiers}"
+            if rated and app.algorithm.value == "sliding_window":
                 # The previous window's weighted count can hold a refused client for up to
                 # two periods, which fixed-window users do not expect (docs/web.md, 429).
                 row["note"] = "a refused client may wait up to two periods (Retry-After)"

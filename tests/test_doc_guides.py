@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 
 import edgegen_policy as policy
+import redis
+from harness import RedisServer
 from werkzeug.test import Client
 
 from applimit import Caller, Limiter, RequestInfo
@@ -115,3 +117,47 @@ def test_a_customer_on_a_contract_sees_its_own_terms() -> None:
         for thread in exports:
             thread.join(10)
         assert statuses == [200] * 8
+
+
+def _usage(path: Path, url: str, keys: str) -> str:
+    import io
+
+    from applimit._cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["usage", str(path), "--keys", keys, "--tier", "pro", "--redis-url", url]
+    assert main(argv, stdin=io.StringIO(), stdout=out, stderr=err) == 0, err.getvalue()
+    return out.getvalue()
+
+
+def _numbers_free(text: str) -> str:
+    """The usage text with what depends on the clock and the server put aside."""
+    text = re.sub(r"in redis://\S+", "in REDIS", text)
+    text = re.sub(r"resets in [0-9.]+s", "resets in Ts", text)
+    return re.sub(r"period ends in (\d+d \d+h|\d+h \d+m|[0-9.]+s)", "period ends in T", text)
+
+
+def test_support_sees_what_the_guide_shows(
+    redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """`applimit usage` of the guide, on a real Redis after two calls and one export
+    running: the text the guide shows, but for the clock; a customer on a contract shows
+    its own terms, as the guide says."""
+    loaded = guide_policy()
+    [shown] = re.findall(
+        r"```\n\$ applimit usage .*?\n(.*?)```", GUIDE.read_text("utf-8"), re.DOTALL
+    )
+    path = tmp_path / "policy.yaml"
+    [text] = re.findall(r"```yaml\n(.*?)```", GUIDE.read_text("utf-8"), re.DOTALL)[:1]
+    path.write_text(text)
+    with Limiter(loaded, redis_url=redis_server.url) as limiter:
+        for _ in range(2):
+            limiter.hit("api", None, tier="pro", keys={"org": "globex", "billing_day": "15"})
+        held = limiter.hit("exports", None, tier="pro", keys={"org": "globex"})
+        assert held.allowed
+        got = _usage(path, redis_server.url, "org=globex,billing_day=15")
+        assert _numbers_free(got) == _numbers_free(shown)
+        contract = _usage(path, redis_server.url, "org=acme,billing_day=15")
+        assert "5000/1m" in contract and "1000000/month" in contract
+        assert "running   0 of 8" in contract and contract.count("(override)") == 3
+        limiter.release(held)

@@ -53,6 +53,8 @@ OnIdentifyError = Literal["raise", "anonymous", "refuse"]
 # Seconds a client is told to wait after a "refuse": an auth backend's failure is usually
 # brief, and a client that retries at once would only add to its load.
 IDENTIFY_RETRY_AFTER = 5
+# A quota's period as a refusal says it ("3 requests per billing month").
+_PERIOD_WORDS = {"billing": "billing month"}
 ON_IDENTIFY_ERROR: tuple[OnIdentifyError, ...] = ("raise", "anonymous", "refuse")
 
 
@@ -438,7 +440,7 @@ class Gate:
             status=429,
             detail=(
                 f"Rate limit {worst.limit!r} allows {worst.quota} requests per "
-                f"{worst.period or period_text(worst.window)} "
+                f"{_PERIOD_WORDS.get(worst.period, worst.period) or period_text(worst.window)} "
                 f"{_whose(decision, worst.limit, tier)}; retry in {seconds_text(retry)}."
             ),
             extra={

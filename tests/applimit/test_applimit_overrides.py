@@ -342,6 +342,7 @@ def test_cli_set_list_remove_log(
     assert code == 1 and "--yes" in err
     code, out, err = run(*remove, "--reason", "ended", "--yes", "--by", "bo")
     assert code == 0, err
+    assert out.endswith(": its tier's limits apply\n")
     code, out, _ = run("override", "log", path, "--format", "json")
     changes = json.loads(out)["changes"]
     assert [(c["op"], c["by"], c["reason"]) for c in changes] == [
@@ -366,6 +367,8 @@ def test_cli_set_list_remove_log(
          "nope"),
         (("--limit", "api", "--user", "a", "--rate", "x", "--ttl", "1d", "--reason", "r"), "rate"),
         (("--limit", "api", "--user", "a", "--rate", "1/1m", "--ttl", "9", "--reason", "r"), "ttl"),
+        (("--limit", "api", "--user", "a", "--rate", "1/1m", "--ttl", "1d", "--expires",
+          "2027-06-30", "--reason", "r"), "not both"),
     ],
 )  # fmt: skip
 def test_cli_refuses_bad_input(
@@ -1288,3 +1291,55 @@ def test_a_change_drops_the_same_documents_in_redis_and_in_memory(
                 kept[backend] = set(source.store.overrides)
     amy = json.dumps(["api", "user", "amy"])
     assert kept["redis"] == kept["memory"] == {"good", "version-2", "whole-seconds", amy}
+
+
+class _ClosedPipe(io.StringIO):
+    """Standard output whose reader went away (``applimit override log | head -1``)."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+@pytest.mark.parametrize("action", [("list",), ("list", "--format", "json"), ("log",)])
+def test_a_closed_pipe_is_not_a_redis_outage(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis, action: tuple[str, ...]
+) -> None:
+    """Piped into ``head``: the reader goes away; the command ends quietly with 0, never
+    "Redis did not answer" (a BrokenPipeError is an OSError, as Redis' failures are)."""
+    path = str(write(tmp_path, redis_server.url))
+    with Limiter.from_policy(path) as limiter:
+        limiter.overrides.set("api", "amy", rates=["9/1m"], reason="r", by="o", ttl=60)
+    err = io.StringIO()
+    code = main(
+        ["override", action[0], path, *action[1:]],
+        stdin=io.StringIO(),
+        stdout=_ClosedPipe(),
+        stderr=err,
+    )
+    assert (code, err.getvalue()) == (0, "")
+
+
+def test_removing_a_runtime_override_says_the_files_applies(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """Where the policy file gives the identity an override too, removing the run-time one
+    restores the file's, and the command says so (not "its tier's limits apply")."""
+    contract = (
+        "overrides:\n  - { limit: api, user: amy, rates: [5/1m], expires: '2999-01-01', "
+        "reason: contract }\n"
+    )
+    path = str(write(tmp_path, redis_server.url, extra=contract))
+    code, _, err = run(
+        "override", "set", path, "--limit", "api", "--user", "amy", "--rate", "7/1m",
+        "--ttl", "1d", "--reason", "bump",
+    )  # fmt: skip
+    assert code == 0, err
+    code, out, err = run(
+        "override", "remove", path, "--limit", "api", "--user", "amy", "--reason", "done", "--yes"
+    )
+    assert code == 0, err
+    assert out.endswith(
+        ": the policy file's override applies (rates 5/1m until 2999-01-02T00:00:00Z)\n"
+    )
+    with Limiter.from_policy(path) as limiter:
+        assert limiter.peek("api", "amy").results[0].quota == 5

@@ -74,7 +74,12 @@ def test_usage_of_a_billing_quota_without_the_billing_day_says_how_to_pass_it(
     policy_file: Path,
 ) -> None:
     """Without --keys billing_day=DAY the billing quota cannot be placed: exit 2, and the
-    message names the key."""
+    message names the flag that gives it (not the Python call an app makes)."""
     code, _, err = run("usage", str(policy_file), "--user", "alice", "--tier", "pro")
     assert code == 2
-    assert "billing_day" in err
+    assert "--keys billing_day=15" in err and "hit()" not in err
+    # A day that is no day of the month: the key's own check, which names the range.
+    code, _, err = run(
+        "usage", str(policy_file), "--user", "alice", "--tier", "pro", "--keys", "billing_day=32"
+    )
+    assert code == 2 and "1 to 31" in err

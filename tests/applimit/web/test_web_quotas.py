@@ -79,7 +79,7 @@ async def test_quota_headers_and_a_refusal_until_the_period_ends() -> None:
         assert list(parsed.limits) == ["api/billing"]
         problem = refused.json()
         assert problem["violated-policies"] == ["api/billing"]
-        assert "3 requests per billing" in problem["detail"]
+        assert "3 requests per billing month " in problem["detail"]
         # At the period's end the next billing month admits again.
         now[0] += 60
         assert (await client.get("/api/hello", headers=headers)).status_code == 200
