@@ -270,6 +270,12 @@ def checked_concurrency_of(rule: AppRule, concurrency: object) -> int | None:
             f"limit {rule.name!r} is approximate, and a concurrency limit needs mode: exact "
             "(a slot is taken and given back in Redis).",
         )
+    if not rule.concurrency:
+        raise InvalidArgumentError(
+            "concurrency",
+            f"limit {rule.name!r} has no concurrency limit; give a tier of it one in the "
+            "policy first (an override changes a concurrency limit, it does not start one).",
+        )
     return concurrency
 
 

@@ -16,9 +16,9 @@ L005    error     app        an app limit's ``per`` names no usable key (not a l
 L006    error     app        an override names a limit that has no app part
 L007    error     app        an override names another kind of identity than its limit counts
 L008    error     app        two overrides name one limit and identity
-L009    error     app        an override gives what its limit cannot count (rates or quotas on
-                             a limit without any, a billing quota without billing_day_from,
-                             concurrency in approximate mode)
+L009    error     app        an override gives what its limit cannot count (rates, quotas or
+                             concurrency on a limit without any, a billing quota without
+                             billing_day_from, concurrency in approximate mode)
 L101    warning              a higher tier gets less than a lower one
 L102    warning              an edge limit is stricter than the app's lowest tier on its route
 L103    warning              a sliding log whose limit makes memory per identity large
@@ -609,6 +609,13 @@ class _Overrides:
                 "concurrency",
                 f"{whose} gives a concurrency limit, which needs mode: exact (a slot is "
                 f"taken and given back in Redis), and limit {entry.limit!r} is approximate",
+            )
+        elif entry.concurrency is not None and not app.concurrency:
+            problem = (
+                "concurrency",
+                f"{whose} gives a concurrency limit, but limit {entry.limit!r} has none; give "
+                "a tier of the limit one first (concurrency: {TIER: N}), or drop the "
+                "override's",
             )
         if problem is None:
             return True

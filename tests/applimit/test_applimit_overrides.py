@@ -858,13 +858,21 @@ def test_checks_of_an_overrides_quotas_and_concurrency(
 
 
 def test_an_override_cannot_start_a_quota_or_lease_where_the_limit_cannot(
-    tmp_path: Path,
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis
 ) -> None:
-    """A quota on a limit without quotas, rates on a limit of concurrency alone, and
-    concurrency on an approximate limit, say what to change in the policy."""
+    """A quota on a limit without quotas, concurrency on a limit without any, rates on a
+    limit of concurrency alone, and concurrency on an approximate limit, say what to
+    change in the policy."""
     limiter = Limiter.from_policy(write(tmp_path, "memory://overrides-own-b"))
     with pytest.raises(InvalidArgumentError, match="has no calendar quotas"):
         limiter.overrides.set("api", "a", quotas={"day": 5}, reason="r", by="o", ttl=60)
+    with pytest.raises(InvalidArgumentError, match="has no concurrency limit"):
+        limiter.overrides.set("api", "a", concurrency=3, reason="r", by="o", ttl=60)
+    code, _, err = run(
+        "override", "set", str(tmp_path / "policy.yaml"), "--limit", "api", "--user", "a",
+        "--concurrency", "3", "--ttl", "1d", "--reason", "r", "--redis-url", redis_server.url,
+    )  # fmt: skip
+    assert code == 2 and "has no concurrency limit" in err
     slots = tmp_path / "slots.yaml"
     slots.write_text(
         OWN_LIMITS.replace("app: {", 'app: { redis_url: "memory://overrides-own-e",')

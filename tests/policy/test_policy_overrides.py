@@ -179,6 +179,10 @@ def test_an_override_of_quotas_and_concurrency_loads_without_findings(tmp_path: 
         (OWN.replace("month: 500", "billing: 500"), OWN_HEAD, "L009", 16, "billing_day_from"),
         (OWN.replace("    quotas: {month: 500}\n", "    rates: [5/1m]\n"), SLOTS_ONLY, "L009",
          14, "concurrency alone"),
+        # Concurrency on a limit of rates alone (a mistyped limit would cap a whole API).
+        (OWN.replace("    quotas: {month: 500}\n", ""),
+         OWN_HEAD.replace("      concurrency: {free: 1, pro: 3}\n", ""), "L009", 15,
+         "gives a concurrency limit, but limit 'exports' has none"),
     ],
 )  # fmt: skip
 def test_lint_of_an_overrides_quotas_and_concurrency(
