@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import getpass
 import ipaddress
 import json
 import logging
@@ -713,7 +714,11 @@ def _identity(args: argparse.Namespace, limiter: Limiter) -> tuple[AppRule, str]
 def _by(args: argparse.Namespace) -> str:
     if args.by is not None:
         return str(args.by)
-    return os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
+    try:
+        # $LOGNAME, $USER, then the password database: a container's root has no $USER.
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
 
 
 def _until(args: argparse.Namespace) -> dict[str, Any]:
@@ -852,6 +857,8 @@ def _override_log(args: argparse.Namespace, limiter: Limiter, url: str, out: Tex
         json.dump({"version": 1, "redis": url, "changes": documents}, out, indent=2)
         out.write("\n")
         return OK
+    if not changes:
+        out.write(f"no override changes in {url}\n")
     for change in changes:
         target = "?" if change.override is None else change.override.describe()
         gives = (

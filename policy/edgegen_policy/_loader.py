@@ -352,14 +352,31 @@ def parse(text: str, file: str, env: Mapping[str, str] | None = None) -> tuple[A
 def _field_names(model: Any, loc: FieldPath) -> list[str]:
     """The field names allowed at ``loc`` (for "did you mean" on unknown keys)."""
     current: Any = Policy
+    keyed = False
     for part in loc:
         if isinstance(part, int) or current is None:
+            continue
+        if keyed:
+            # A key of a mapping of models (quotas: {TIER: ...}), not a field.
+            keyed = False
             continue
         info = getattr(current, "model_fields", {}).get(part)
         if info is None:
             return []
+        keyed = _is_mapping(info.annotation)
         current = _model_of(info.annotation)
     return list(getattr(current, "model_fields", {}))
+
+
+def _is_mapping(annotation: Any) -> bool:
+    """Whether ``annotation`` is (or may be) a dict, whose keys sit in an error's path."""
+    stack = [annotation]
+    while stack:
+        item = stack.pop()
+        if getattr(item, "__origin__", None) is dict or item is dict:
+            return True
+        stack.extend(getattr(item, "__args__", ()))
+    return False
 
 
 def _model_of(annotation: Any) -> Any:

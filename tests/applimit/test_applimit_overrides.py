@@ -1351,3 +1351,28 @@ def test_removing_a_runtime_override_says_the_files_applies(
     )
     with Limiter.from_policy(path) as limiter:
         assert limiter.peek("api", "amy").results[0].quota == 5
+
+
+def test_the_log_says_when_empty_and_by_defaults_to_the_account(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An empty audit trail says so; without --by, a change is recorded under the
+    account running the command, found without $USER (a container's root has none)."""
+    import pwd
+
+    path = str(write(tmp_path, redis_server.url))
+    code, out, _ = run("override", "log", path)
+    assert code == 0 and out.startswith("no override changes in redis://")
+    for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        monkeypatch.delenv(name, raising=False)
+    code, _, err = run(
+        "override", "set", path, "--limit", "api", "--user", "amy", "--rate", "7/1m",
+        "--ttl", "1d", "--reason", "r",
+    )  # fmt: skip
+    assert code == 0, err
+    code, out, _ = run("override", "log", path, "--format", "json")
+    [change] = json.loads(out)["changes"]
+    assert change["by"] == pwd.getpwuid(os.getuid()).pw_name

@@ -283,6 +283,16 @@ CASES = [
         "is not a tier name",
     ),
     Case(
+        "quota-period-misspelt",
+        _limits("""
+        - name: api
+          app: { tiers: { free: 1/1s }, quotas: { free: { monthly: 10 } } }
+        """),
+        6,
+        "limits[0].app.quotas.free.monthly",
+        "unknown field 'monthly'; did you mean 'month'?",
+    ),
+    Case(
         "bad-header-name",
         "version: 1\nauthenticated_when: { headers: ['x auth'] }\n",
         2,
