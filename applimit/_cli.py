@@ -65,7 +65,7 @@ from edgegen_policy import (
 from ._clients import MEMORY_SCHEME, shown_url
 from ._decision import Decision
 from ._errors import REDIS_FAILURES, ApplimitError, ConfigurationError, InvalidArgumentError
-from ._overrides import EXPIRED, IGNORED, IN_FORCE, status
+from ._overrides import EXPIRED, IGNORED, IN_FORCE, Override, status, unfit
 from ._rules import AppRule
 from ._sync import Limiter
 from .web._headers import quota_period
@@ -800,7 +800,7 @@ def _override_remove(
         (
             o
             for o in limiter.file_overrides
-            if (o.limit, o.value) == (rule.name, value) and status(o, now) == IN_FORCE
+            if (o.limit, o.value) == (rule.name, value) and _status(limiter, o, now)[0] == IN_FORCE
         ),
         None,
     )
@@ -822,13 +822,27 @@ def _when(moment: float) -> str:
         return f"{moment:g} (no date)"
 
 
+NOT_APPLIED = "not applied"
+
+
+def _status(limiter: Limiter, override: Override, now: float) -> tuple[str, str | None]:
+    """An override's status as the limiter would decide now, and why it does not apply
+    where the policy cannot take it (a limit changed since it was set)."""
+    found = status(override, now)
+    if found != IN_FORCE:
+        return found, None
+    why = unfit(limiter.compiled, override)
+    return (IN_FORCE, None) if why is None else (NOT_APPLIED, why)
+
+
 def _override_list(args: argparse.Namespace, limiter: Limiter, url: str, out: TextIO) -> int:
     stored = limiter.overrides.stored()
     now = time.time()
     found = [*stored, *limiter.file_overrides]
     if args.format == "json":
         documents = [
-            {**o.document(), "expired": o.expires <= now, "status": status(o, now)} for o in found
+            {**o.document(), "expired": o.expires <= now, "status": _status(limiter, o, now)[0]}
+            for o in found
         ]
         json.dump({"version": 1, "redis": url, "overrides": documents}, out, indent=2)
         out.write("\n")
@@ -836,11 +850,13 @@ def _override_list(args: argparse.Namespace, limiter: Limiter, url: str, out: Te
     if not found:
         out.write(f"no overrides in {url} or in the policy\n")
     for o in found:
+        kind, why = _status(limiter, o, now)
         state = {
             IN_FORCE: f"until {_when(o.expires)}",
             EXPIRED: "expired",
             IGNORED: f"ignored: expires {_when(o.expires)}, further ahead than a set writes",
-        }[status(o, now)]
+            NOT_APPLIED: f"not applied: {why}",
+        }[kind]
         out.write(
             f"{o.limit} {o.kind} '{shown(o.value)}': {o.gives()} {state} "
             f"({o.source}, by {shown(o.by)}: {shown(o.reason)})\n"

@@ -65,6 +65,9 @@ _CHANGE = """
 -- Returns the new version, or 0 when a remove found nothing (nothing written).
 local op, field, doc = ARGV[1], ARGV[2], ARGV[3]
 local now, furthest = tonumber(ARGV[6]), tonumber(ARGV[8])
+-- Strict JSON, as Python reads it: no hex, leading zeros, Infinity or NaN.
+local json = cjson.new()
+json.decode_invalid_numbers(false)
 if op == 'set' then
   redis.call('HSET', KEYS[1], field, doc)
 else
@@ -75,7 +78,7 @@ end
 local all = redis.call('HGETALL', KEYS[1])
 local latest = 0
 for i = 1, #all, 2 do
-  local ok, parsed = pcall(cjson.decode, all[i + 1])
+  local ok, parsed = pcall(json.decode, all[i + 1])
   local expires = ok and type(parsed) == 'table' and parsed['expires']
   -- Not an object with a numeric expiry, expired, or further than any set writes (by
   -- hand): as _kept does for memory://.
@@ -249,12 +252,17 @@ class RedisSource:
             client.close()
 
 
+def _no_constant(name: str) -> Any:
+    # NaN and Infinity are not JSON: the change script's strict reader refuses them too.
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _kept(text: str, now: float) -> bool:
     """Whether a change keeps a stored document, as _CHANGE decides in Redis: a JSON object
     whose expiry is a number, in the future and no further than a set writes. (One that is
     otherwise unreadable is skipped by readers, and stays until removed.)"""
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, parse_constant=_no_constant)
     except (ValueError, RecursionError):
         return False
     expires = raw.get("expires") if isinstance(raw, dict) else None

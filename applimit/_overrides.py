@@ -386,23 +386,37 @@ def _specs(rates: Iterable[str]) -> tuple[RateSpec, ...]:
     )
 
 
+def unfit(policy: CompiledPolicy, override: Override) -> str | None:
+    """Why ``policy`` cannot apply ``override`` (None: it can). Checked again whenever the
+    overrides are read: the policy may have changed since it was set, and Redis holds what
+    anyone wrote there."""
+    rule = policy.by_name.get(override.limit)
+    if rule is None:
+        return f"the policy has no app limit {override.limit!r}"
+    kind = counted_kind(rule)
+    if kind != override.kind:
+        return f"limit {rule.name!r} counts per {kind or 'client IP'}, not per {override.kind}"
+    try:
+        if override.rates:
+            checked_rates_of(list(override.rates))
+            if not any(rule.tiers.values()):
+                return f"limit {rule.name!r} has no rates (concurrency alone)"
+        checked_quotas_of(rule, dict(override.quotas) if override.quotas else None)
+        checked_concurrency_of(rule, override.concurrency)
+    except ValueError as error:
+        return str(error).rstrip(".")
+    return None
+
+
 def applied(policy: CompiledPolicy, override: Override) -> tuple[tuple[str, str], Applied] | None:
     """The planner's entry for ``override``: its (limit, tag) and blocks; None when the
     policy no longer has its limit, the limit counts by something else now, or it cannot
     count what the override gives (the checks of :func:`checked`)."""
     rule = policy.by_name.get(override.limit)
-    if rule is None or counted_kind(rule) != override.kind:
+    if rule is None or unfit(policy, override) is not None:
         return None
-    try:
-        # Checked again: the policy may have changed since it was set, and Redis holds
-        # what anyone wrote there.
-        specs = _specs(checked_rates_of(list(override.rates)) if override.rates else ())
-        if override.rates and not any(rule.tiers.values()):
-            return None
-        quotas = checked_quotas_of(rule, dict(override.quotas) if override.quotas else None)
-        checked_concurrency_of(rule, override.concurrency)
-    except ValueError:
-        return None
+    specs = _specs(checked_rates_of(list(override.rates)) if override.rates else ())
+    quotas = checked_quotas_of(rule, dict(override.quotas) if override.quotas else None)
     own = replace(
         rule,
         tiers=MappingProxyType({OVERRIDE_TIER: specs}),

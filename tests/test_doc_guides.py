@@ -134,7 +134,7 @@ def _numbers_free(text: str) -> str:
     """The usage text with what depends on the clock and the server put aside."""
     text = re.sub(r"in redis://\S+", "in REDIS", text)
     text = re.sub(r"resets in [0-9.]+s", "resets in Ts", text)
-    return re.sub(r"period ends in (\d+d \d+h|\d+h \d+m|[0-9.]+s)", "period ends in T", text)
+    return re.sub(r"period ends in (\d+[dhm] \d+[hms]|[0-9.]+s)", "period ends in T", text)
 
 
 def test_support_sees_what_the_guide_shows(

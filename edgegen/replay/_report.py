@@ -361,7 +361,9 @@ def to_markdown(result: ReplayResult, traffic_lines: Sequence[str] = ()) -> str:
         lines.append("")
     lines.append("<details><summary>Assumptions</summary>")
     lines.append("")
-    lines.extend(f"- {_md_cell(text)}" for text in (*ASSUMPTIONS, *result.notes))
+    # The assumptions are the tool's own prose; a note may name what the policy names.
+    lines.extend(f"- {text}" for text in ASSUMPTIONS)
+    lines.extend(f"- {markdown_text(text)}" for text in result.notes)
     lines.append("")
     lines.append("</details>")
     return "\n".join(lines) + "\n"
@@ -594,9 +596,10 @@ def impact_markdown(
         f"{_when(before.last_us)}): refused {share_before} -> {share_after} of all requests."
     )
     for warning in _warnings(before, after):
-        lines.extend(["", f"**Warning:** {_md_cell(warning)}."])
+        lines.extend(["", f"**Warning:** {markdown_text(warning)}."])
     lines.append("")
-    lines.extend(f"- {_md_cell(line)}" for line in impact_lines(impacts))
+    # Each name in a sentence is a code span already; a line break would end the item.
+    lines.extend(f"- {' '.join(line.splitlines())}" for line in impact_lines(impacts))
     lines.append("")
     return "\n".join(lines)
 
