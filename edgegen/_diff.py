@@ -662,12 +662,19 @@ def semantic_changes(old: Version, new: Version) -> list[Change]:
     if kept_old != kept_new:
         # The edge checks a request against its rules (and the Worker its limits) in the
         # policy's order, and the first to refuse ends it: an order is a change of meaning.
+        # The app decides all of a request's limits at once, so there it changes none.
+        edged = [n for n in kept_new if new_limits[n].edge is not None]
+        was_edged = [n for n in kept_old if new_limits[n].edge is not None]
+        why = (
+            "the edge checks a request in this order; the first to refuse it decides"
+            if edged != was_edged
+            else "the app decides a request's limits all at once: no decision changes"
+        )
         out.append(
             Change(
                 "limits_reordered",
                 None,
-                "limits are reordered: {0} (the edge checks a request in this order; the "
-                "first to refuse it decides)",
+                f"limits are reordered: {{0}} ({why})",
                 (", ".join(kept_new),),
             )
         )

@@ -330,3 +330,12 @@ def test_a_field_that_may_hold_a_credential_is_named_never_shown() -> None:
         assert "pw" not in change.render(markdown=False) and "t1" not in change.render(False)
         assert change.render(markdown=False).endswith("from 'not shown' to 'not shown'")
     assert color.render(markdown=False) == "limit 'api': 'color' changed from 'red' to 'blue'"
+
+
+def test_a_reorder_of_app_limits_alone_says_no_decision_changes() -> None:
+    """Two limits without an edge part swapped: reported, with what it changes (nothing
+    the app decides), not as an edge order."""
+    limits = list(BASE.limits)
+    limits[4], limits[5] = limits[5], limits[4]
+    [text] = _changes(BASE.model_copy(update={"limits": tuple(limits)}))
+    assert text.endswith("(the app decides a request's limits all at once: no decision changes)")
