@@ -315,6 +315,28 @@ def sync_from_url(
     return standalone
 
 
+def _blocking_clone(
+    connection_class: Any, kwargs: dict[str, Any], timeout: float, max_connections: int
+) -> Callable[[], SyncClient]:
+    """A factory of a blocking client on ``kwargs``' address and settings, through
+    ``connection_class`` (TCP, TLS or a Unix socket)."""
+    timing = _timing(timeout)
+
+    def clone() -> SyncClient:
+        own = redis.BlockingConnectionPool(  # type: ignore[no-untyped-call]
+            connection_class=connection_class,
+            max_connections=max_connections,
+            timeout=timeout,
+            retry=_sync_retry(),
+            **_address(kwargs),
+            **_settings(kwargs),
+            **timing,
+        )
+        return redis.Redis.from_pool(own)
+
+    return clone
+
+
 def sync_from_client(
     client: object, *, timeout: float, max_connections: int
 ) -> tuple[Callable[[], SyncClient], bool]:
@@ -366,19 +388,7 @@ def sync_from_client(
             return sentinel_clone, False
         connection_class = pool.connection_class
 
-        def clone() -> SyncClient:
-            own = redis.BlockingConnectionPool(  # type: ignore[no-untyped-call]
-                connection_class=connection_class,
-                max_connections=max_connections,
-                timeout=timeout,
-                retry=_sync_retry(),
-                **_address(kwargs),
-                **_settings(kwargs),
-                **timing,
-            )
-            return redis.Redis.from_pool(own)
-
-        return clone, False
+        return _blocking_clone(connection_class, kwargs, timeout, max_connections), False
     raise ConfigurationError(
         f"Limiter needs a redis.Redis or redis.cluster.RedisCluster client, not "
         f"{type(client).__module__}.{type(client).__qualname__}; for redis.asyncio clients "
@@ -555,19 +565,7 @@ def sync_from_async_client(
         if _ssl(pool.connection_class):
             connection_class = redis.SSLConnection
 
-        def clone() -> SyncClient:
-            own = redis.BlockingConnectionPool(  # type: ignore[no-untyped-call]
-                connection_class=connection_class,
-                max_connections=max_connections,
-                timeout=timeout,
-                retry=_sync_retry(),
-                **_address(kwargs),
-                **_settings(kwargs),
-                **timing,
-            )
-            return redis.Redis.from_pool(own)
-
-        return clone
+        return _blocking_clone(connection_class, kwargs, timeout, max_connections)
     raise ConfigurationError(
         "run-time overrides need the Redis the limiter uses, and this client's settings "
         "cannot be copied into a blocking one (a Sentinel-managed asyncio client); pass "
