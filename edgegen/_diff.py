@@ -304,11 +304,6 @@ def _quotas_text(app: AppLimit) -> str:
     return "; ".join(f"{tier}: {q.text()}" for tier, q in app.quotas.items())
 
 
-def _concurrency_text(app: AppLimit) -> str:
-    """Requests of one caller at once: ``3``, ``free: 1, pro: 4``, or none."""
-    return _value_text(app.concurrency)
-
-
 def _failure_policy(loaded: Policy, app: AppLimit) -> str:
     return (app.on_redis_error or loaded.app.on_redis_error).value
 
@@ -330,7 +325,8 @@ def _app_changes(
             str(old.billing_day_from or "none"),
             str(new.billing_day_from or "none"),
         ),
-        ("concurrency", "concurrency", _concurrency_text(old), _concurrency_text(new)),
+        # Requests of one caller at once: 3, "free: 1, pro: 4", or none.
+        ("concurrency", "concurrency", _value_text(old.concurrency), _value_text(new.concurrency)),
         ("lease", "lease", str(old.lease), str(new.lease)),
     ]
     for kind, what, a, b in simple:
